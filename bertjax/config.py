@@ -1,0 +1,242 @@
+"""One typed, frozen configuration for every encoder of the BERT family.
+
+Each architectural difference between family members is one field here, read in one place in `bertjax.models`.
+`docs/variants.md` maps every field to every family member. Presets are plain `EncoderConfig` values registered
+by name; `get_config("modernbert-base", num_layers=2)` returns a preset with fields replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Literal
+
+NormKind = Literal["layernorm", "rmsnorm"]
+NormPlacement = Literal["post", "pre"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "tanh"]
+MlpKind = Literal["dense", "glu"]
+PositionKind = Literal["learned", "rope", "none"]
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """Architecture of one encoder. Frozen and hashable, so it can be a static argument of `jax.jit`."""
+
+    # Sizes.
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    num_kv_heads: int | None = None  # None: same as num_heads (MHA); fewer: grouped-query attention.
+    embedding_size: int | None = None  # None: same as hidden_size; smaller: factorised embedding (ALBERT, ELECTRA).
+    max_position_embeddings: int = 512  # longest sequence the model accepts.
+    type_vocab_size: int = 2  # 0: no token-type embedding (RoBERTa keeps 1, ModernBERT has none).
+
+    # Positions.
+    position_embedding: PositionKind = "learned"
+    position_offset: int = 0  # learned positions start here (RoBERTa: pad_token_id + 1).
+    rope_theta_global: float = 10_000.0
+    rope_theta_local: float = 10_000.0
+
+    # Normalisation.
+    norm: NormKind = "layernorm"
+    norm_eps: float = 1e-12
+    norm_bias: bool = True
+    norm_placement: NormPlacement = "post"
+    embedding_norm: bool = True
+    final_norm: bool = False
+    first_layer_attention_norm: bool = True  # ModernBERT's layer 0 has no attention pre-norm (the embedding norm).
+
+    # Linear layers and feed-forward.
+    attention_bias: bool = True
+    mlp_bias: bool = True
+    activation: Activation = "gelu"  # "gelu" is the exact erf GELU, as Hugging Face's "gelu".
+    mlp: MlpKind = "dense"  # "glu": act(x W0) * (x W1) -> GeGLU with gelu, SwiGLU with silu.
+
+    # Attention pattern: layer i is global if i % global_attention_every == 0, else local.
+    global_attention_every: int = 1
+    local_window: int | None = None  # total window; a token sees |i - j| <= local_window // 2.
+    attention_implementation: str = "auto"
+
+    # Layer sharing (ALBERT): num_layers layers computed by this many distinct parameter groups.
+    num_layer_groups: int | None = None
+
+    # Heads.
+    tie_word_embeddings: bool = True
+    decoder_bias: bool = True
+    head_dense_bias: bool = True
+    head_activation: Activation = "gelu"
+    pooler: bool = True  # BertModel/RobertaModel carry a [CLS] tanh pooler; ModernBERT does not.
+
+    # Special tokens.
+    pad_token_id: int = 0
+
+    # Training-time behaviour.
+    dropout_rate: float = 0.0
+    initializer_range: float = 0.02
+    dtype: DType = "float32"  # computation dtype
+    param_dtype: DType = "float32"
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                    "max_position_embeddings", "global_attention_every")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"EncoderConfig.hidden_size ({self.hidden_size}) must be divisible by "
+                             f"num_heads ({self.num_heads})")
+        if self.num_kv_heads is not None:
+            if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+                raise ValueError(f"EncoderConfig.num_kv_heads ({self.num_kv_heads}) must be positive and divide "
+                                 f"num_heads ({self.num_heads})")
+        if self.embedding_size is not None and self.embedding_size <= 0:
+            raise ValueError(f"EncoderConfig.embedding_size must be positive, got {self.embedding_size}")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"EncoderConfig.type_vocab_size must be >= 0, got {self.type_vocab_size}")
+        if self.local_window is not None and self.local_window <= 0:
+            raise ValueError(f"EncoderConfig.local_window must be positive or None, got {self.local_window}")
+        if self.global_attention_every > 1 and self.local_window is None:
+            raise ValueError("EncoderConfig.local_window must be set when global_attention_every > 1 "
+                             "(some layers are local)")
+        if self.num_layer_groups is not None and not 0 < self.num_layer_groups <= self.num_layers:
+            raise ValueError(f"EncoderConfig.num_layer_groups ({self.num_layer_groups}) must be in "
+                             f"[1, num_layers={self.num_layers}]")
+        if self.layer_groups < self.num_layers and self.global_attention_every != 1:
+            raise ValueError("EncoderConfig.num_layer_groups (shared layers) needs global_attention_every=1: "
+                             "layers sharing parameters must share one attention pattern")
+        if self.norm_eps <= 0:
+            raise ValueError(f"EncoderConfig.norm_eps must be positive, got {self.norm_eps}")
+        if self.norm == "rmsnorm" and self.norm_bias:
+            raise ValueError("EncoderConfig.norm_bias must be False with norm='rmsnorm' (RMSNorm has no bias)")
+        if self.position_embedding == "rope" and self.head_dim % 2:
+            raise ValueError(f"EncoderConfig.position_embedding='rope' needs an even head_dim, got {self.head_dim}")
+        if self.position_offset < 0:
+            raise ValueError(f"EncoderConfig.position_offset must be >= 0, got {self.position_offset}")
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"EncoderConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"EncoderConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size)")
+
+    # Derived quantities: computed, never stored, so they cannot disagree with the fields.
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def embed_dim(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def layer_groups(self) -> int:
+        return self.num_layer_groups or self.num_layers
+
+    def is_global_layer(self, layer: int) -> bool:
+        return layer % self.global_attention_every == 0
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of one layer: None for global attention."""
+        return None if self.is_global_layer(layer) else self.local_window
+
+    def layer_rope_theta(self, layer: int) -> float:
+        return self.rope_theta_global if self.is_global_layer(layer) else self.rope_theta_local
+
+    def replace(self, **changes) -> "EncoderConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "EncoderConfig":
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
+        return cls(**values)
+
+
+def _check_types(config: EncoderConfig) -> None:
+    """Reject wrong types by field name (frozen dataclasses do not check annotations themselves)."""
+    hints = typing.get_type_hints(EncoderConfig)
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if not _matches(value, hints[field.name]):
+            raise ValueError(f"EncoderConfig.{field.name} has the wrong type or value: {value!r} "
+                             f"(expected {hints[field.name]})")
+
+
+def _matches(value, annotation) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return value in typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Presets. Values follow the published checkpoints' config.json files.
+
+PRESETS: dict[str, EncoderConfig] = {}
+
+
+def register_preset(name: str, config: EncoderConfig) -> None:
+    if name in PRESETS:
+        raise ValueError(f"preset {name!r} is already registered")
+    PRESETS[name] = config
+
+
+def get_config(name: str, **overrides) -> EncoderConfig:
+    """A registered preset, with any fields replaced by `overrides`."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+
+
+_BERT = EncoderConfig(vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
+                      dropout_rate=0.1)
+_ROBERTA = _BERT.replace(vocab_size=50265, max_position_embeddings=512, type_vocab_size=1, position_offset=2,
+                         norm_eps=1e-5, pad_token_id=1)
+_MODERNBERT = EncoderConfig(
+    vocab_size=50368, hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
+    max_position_embeddings=8192, type_vocab_size=0, position_embedding="rope",
+    rope_theta_global=160_000.0, rope_theta_local=10_000.0,
+    norm_eps=1e-5, norm_bias=False, norm_placement="pre", embedding_norm=True, final_norm=True,
+    first_layer_attention_norm=False, attention_bias=False, mlp_bias=False, activation="gelu", mlp="glu",
+    global_attention_every=3, local_window=128, head_dense_bias=False, head_activation="gelu", pooler=False,
+    pad_token_id=50283, dropout_rate=0.0)
+
+register_preset("bert-base", _BERT)
+register_preset("bert-large", _BERT.replace(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096))
+register_preset("roberta-base", _ROBERTA.replace(max_position_embeddings=514))
+register_preset("roberta-large", _ROBERTA.replace(max_position_embeddings=514, hidden_size=1024, num_layers=24,
+                                                  num_heads=16, intermediate_size=4096))
+register_preset("modernbert-base", _MODERNBERT)
+register_preset("modernbert-large", _MODERNBERT.replace(hidden_size=1024, num_layers=28, num_heads=16,
+                                                        intermediate_size=2624))
+# Tiny presets for tests and CPU experiments: same knobs, small sizes.
+register_preset("bert-tiny", _BERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                           intermediate_size=64, max_position_embeddings=64, dropout_rate=0.0))
+register_preset("roberta-tiny", _ROBERTA.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                                 intermediate_size=64, max_position_embeddings=66,
+                                                 dropout_rate=0.0))
+register_preset("modernbert-tiny", _MODERNBERT.replace(vocab_size=128, hidden_size=32, num_layers=3, num_heads=4,
+                                                       intermediate_size=48, max_position_embeddings=256,
+                                                       local_window=8, pad_token_id=0))

@@ -1,0 +1,34 @@
+"""Self-attention block: projections, rotary positions, and a call to the one attention entry point."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from bertjax import ops
+from bertjax.config import EncoderConfig
+from bertjax.models.common import dense
+from bertjax.models.inputs import EncoderInputs
+
+
+class SelfAttention(nn.Module):
+    config: EncoderConfig
+    local_window: int | None  # None: global layer
+    rope_theta: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, inputs: EncoderInputs) -> jax.Array:
+        cfg = self.config
+        bias = cfg.attention_bias
+        # Kernels keep heads as their own axis so tensor parallelism can split heads without reshapes.
+        q = dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), use_bias=bias, name="query")(x)
+        k = dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed", "kv_heads", "kv"), use_bias=bias, name="key")(x)
+        v = dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed", "kv_heads", "kv"), use_bias=bias, name="value")(x)
+        if cfg.position_embedding == "rope":
+            q = ops.apply_rope(q, inputs.positions, self.rope_theta)
+            k = ops.apply_rope(k, inputs.positions, self.rope_theta)
+        out = ops.attention(q, k, v, segment_ids=inputs.segment_ids, local_window=self.local_window,
+                            implementation=cfg.attention_implementation)
+        out = nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_heads",
+                                               "activation_kv"))
+        return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), use_bias=bias, axis=(-2, -1), name="out")(out)

@@ -1,0 +1,51 @@
+"""Token, position and token-type embeddings, the embedding norm and the ALBERT/ELECTRA factorised projection."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+from bertjax.config import EncoderConfig
+from bertjax.models.common import compute_dtype, dense, norm, param_dtype
+from bertjax.models.inputs import EncoderInputs
+
+
+class Embeddings(nn.Module):
+    config: EncoderConfig
+
+    def setup(self):
+        cfg = self.config
+        init = nn.initializers.truncated_normal(cfg.initializer_range)
+        embed = lambda num, axes, name: nn.Embed(num, cfg.embed_dim, dtype=compute_dtype(cfg),
+                                                 param_dtype=param_dtype(cfg),
+                                                 embedding_init=nn.with_logical_partitioning(init, axes), name=name)
+        self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
+        if cfg.position_embedding == "learned":
+            self.position_embeddings = embed(cfg.max_position_embeddings, ("position", "embed"),
+                                             "position_embeddings")
+        if cfg.type_vocab_size:
+            self.token_type_embeddings = embed(cfg.type_vocab_size, ("token_type", "embed"), "token_type_embeddings")
+        if cfg.embedding_norm:
+            self.norm = norm(cfg, "norm")
+        if cfg.embed_dim != cfg.hidden_size:
+            self.projection = dense(cfg, cfg.hidden_size, ("embed_factor", "embed"), use_bias=True,
+                                    name="projection")
+        self.dropout = nn.Dropout(cfg.dropout_rate)
+
+    def __call__(self, inputs: EncoderInputs, deterministic: bool = True) -> jax.Array:
+        cfg = self.config
+        x = self.word_embeddings(inputs.input_ids)
+        if cfg.position_embedding == "learned":
+            x = x + self.position_embeddings(inputs.positions)
+        if cfg.type_vocab_size:
+            x = x + self.token_type_embeddings(inputs.token_type_ids)
+        if cfg.embedding_norm:
+            x = self.norm(x)
+        x = self.dropout(x, deterministic=deterministic)
+        if cfg.embed_dim != cfg.hidden_size:
+            x = self.projection(x)
+        return nn.with_logical_constraint(x, ("activation_batch", "activation_length", "activation_embed"))
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """Project hidden states onto the vocabulary with the (tied) word-embedding matrix."""
+        return self.word_embeddings.attend(x)

@@ -1,0 +1,54 @@
+"""Task heads: MLM (transform + tied decoder + bias), NSP/SOP classifier, [CLS] pooler."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.config import EncoderConfig
+from bertjax.models.common import ACTIVATIONS, dense, norm, param_dtype, zeros_init
+
+
+class MaskedLMHead(nn.Module):
+    """dense -> activation -> norm -> decoder (the word-embedding matrix when tied) + bias."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, attend) -> jax.Array:
+        cfg = self.config
+        x = dense(cfg, cfg.embed_dim, ("embed", "embed_factor"), use_bias=cfg.head_dense_bias, name="dense")(x)
+        x = norm(cfg, "norm")(ACTIVATIONS[cfg.head_activation](x))
+        if cfg.tie_word_embeddings:
+            logits = attend(x)
+        else:
+            logits = dense(cfg, cfg.vocab_size, ("embed_factor", "vocab"), use_bias=False, name="decoder")(x)
+        if cfg.decoder_bias:
+            logits = logits + self.param("decoder_bias", zeros_init(("vocab",)), (cfg.vocab_size,),
+                                         param_dtype(cfg))
+        return nn.with_logical_constraint(logits.astype(jnp.float32),
+                                          ("activation_batch", "activation_length", "activation_vocab"))
+
+
+class Pooler(nn.Module):
+    """tanh(dense(hidden state of the first token)), as BERT's pooler."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        return jnp.tanh(dense(cfg, cfg.hidden_size, ("embed", "mlp"), use_bias=True, name="dense")(x[:, 0]))
+
+
+class Classifier(nn.Module):
+    """A linear classifier (NSP/SOP: 2 classes)."""
+
+    config: EncoderConfig
+    num_classes: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        logits = dense(self.config, self.num_classes, ("embed", "classes"), use_bias=True, name="dense")(x)
+        return logits.astype(jnp.float32)

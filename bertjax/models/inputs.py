@@ -1,0 +1,61 @@
+"""Turn the user-facing arguments (attention_mask, segment_ids, ...) into what the layers consume."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from bertjax.config import EncoderConfig
+from bertjax.ops import segment_positions
+
+
+@struct.dataclass
+class EncoderInputs:
+    input_ids: jax.Array  # [batch, seq] int32
+    segment_ids: jax.Array  # [batch, seq] int32; 0 = padding
+    positions: jax.Array  # [batch, seq] int32; restart at every packed document
+    token_type_ids: jax.Array | None  # [batch, seq] or None when the model has no token types
+
+
+def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                   segment_ids=None) -> EncoderInputs:
+    input_ids = jnp.asarray(input_ids)
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
+    if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+        raise ValueError(f"input_ids must be integers, got {input_ids.dtype}")
+    batch, seq = input_ids.shape
+    if seq > config.max_position_embeddings:
+        raise ValueError(f"sequence length {seq} exceeds the model's max_position_embeddings "
+                         f"({config.max_position_embeddings})")
+    check_token_ids(input_ids, config.vocab_size)
+    for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
+                        ("position_ids", position_ids), ("segment_ids", segment_ids)):
+        if value is not None and jnp.shape(value) != (batch, seq):
+            raise ValueError(f"{name} must have the shape of input_ids {(batch, seq)}, got {jnp.shape(value)}")
+    if segment_ids is None:
+        segment_ids = jnp.ones((batch, seq), jnp.int32)
+    segment_ids = jnp.asarray(segment_ids, jnp.int32)
+    if attention_mask is not None:
+        segment_ids = segment_ids * (jnp.asarray(attention_mask) != 0)
+    if position_ids is None:
+        position_ids = segment_positions(segment_ids) + config.position_offset
+    if config.type_vocab_size == 0:
+        if token_type_ids is not None:
+            raise ValueError("token_type_ids given but the model has no token-type embedding (type_vocab_size=0)")
+    elif token_type_ids is None:
+        token_type_ids = jnp.zeros((batch, seq), jnp.int32)
+    return EncoderInputs(input_ids=input_ids.astype(jnp.int32), segment_ids=segment_ids,
+                         positions=jnp.asarray(position_ids, jnp.int32),
+                         token_type_ids=None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32))
+
+
+def check_token_ids(input_ids, vocab_size: int) -> None:
+    """Out-of-range ids would silently gather NaN rows inside jit; reject them whenever values are concrete."""
+    if isinstance(input_ids, jax.core.Tracer):
+        return
+    ids = np.asarray(input_ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"token ids must be in [0, {vocab_size}); got min {ids.min()} and max {ids.max()}")

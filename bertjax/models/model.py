@@ -1,0 +1,118 @@
+"""Top-level models. One backbone (embeddings + layer stack) shared by every head.
+
+    model = EncoderForMaskedLM(get_config("modernbert-base"))
+    params = model.init(jax.random.key(0), input_ids)["params"]
+    out = model.apply({"params": params}, input_ids, attention_mask=mask)
+    out.logits  # [batch, seq, vocab]
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from bertjax.config import EncoderConfig
+from bertjax.models.embeddings import Embeddings
+from bertjax.models.encoder import EncoderStack
+from bertjax.models.heads import Classifier, MaskedLMHead, Pooler
+from bertjax.models.inputs import prepare_inputs
+
+
+@struct.dataclass
+class EncoderOutput:
+    last_hidden_state: jax.Array
+    pooler_output: jax.Array | None = None
+
+
+@struct.dataclass
+class MaskedLMOutput:
+    logits: jax.Array  # [batch, seq, vocab], or [batch, num_masked, vocab] when masked_positions is given
+    last_hidden_state: jax.Array
+
+
+@struct.dataclass
+class PreTrainingOutput:
+    logits: jax.Array
+    nsp_logits: jax.Array  # [batch, 2]: is-next / not-next (or in-order / swapped for SOP)
+    last_hidden_state: jax.Array
+
+
+class _Backbone(nn.Module):
+    """Embeddings and layer stack; subclasses add heads. Parameters: embeddings/, encoder/, then head names."""
+
+    config: EncoderConfig
+    remat_policy: str = "none"
+
+    def setup(self):
+        self.embeddings = Embeddings(self.config)
+        self.encoder = EncoderStack(self.config, self.remat_policy)
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+               deterministic: bool = True) -> jax.Array:
+        inputs = prepare_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, segment_ids)
+        return self.encoder(self.embeddings(inputs, deterministic), inputs, deterministic)
+
+
+def gather_positions(hidden: jax.Array, positions: jax.Array | None) -> jax.Array:
+    """hidden [batch, seq, dim] at positions [batch, num] -> [batch, num, dim]; all positions when None.
+
+    Pretraining projects only the masked positions onto the vocabulary (static count per row, as original BERT's
+    max_predictions_per_seq), which removes most of the largest matmul and its logits from the step.
+    """
+    if positions is None:
+        return hidden
+    return jnp.take_along_axis(hidden, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class EncoderModel(_Backbone):
+    """Bare encoder: last_hidden_state, and pooler_output when the config has a pooler."""
+
+    def setup(self):
+        super().setup()
+        if self.config.pooler:
+            self.pooler = Pooler(self.config)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 deterministic: bool = True) -> EncoderOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+        pooled = self.pooler(hidden) if self.config.pooler else None
+        return EncoderOutput(last_hidden_state=hidden, pooler_output=pooled)
+
+
+class EncoderForMaskedLM(_Backbone):
+    def setup(self):
+        super().setup()
+        self.mlm_head = MaskedLMHead(self.config)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 masked_positions=None, deterministic: bool = True) -> MaskedLMOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+        logits = self.mlm_head(gather_positions(hidden, masked_positions), self.embeddings.attend)
+        return MaskedLMOutput(logits=logits, last_hidden_state=hidden)
+
+
+class EncoderForPreTraining(_Backbone):
+    """MLM plus next-sentence (or sentence-order) prediction from the pooled [CLS] state."""
+
+    def setup(self):
+        super().setup()
+        self.mlm_head = MaskedLMHead(self.config)
+        self.pooler = Pooler(self.config)
+        self.nsp_head = Classifier(self.config, 2)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 masked_positions=None, deterministic: bool = True) -> PreTrainingOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+        logits = self.mlm_head(gather_positions(hidden, masked_positions), self.embeddings.attend)
+        return PreTrainingOutput(logits=logits, nsp_logits=self.nsp_head(self.pooler(hidden)),
+                                 last_hidden_state=hidden)
+
+
+# Model classes by head name: the CLI, checkpoint import and training pick one here.
+MODEL_CLASSES: dict[str, type[_Backbone]] = {
+    "encoder": EncoderModel,
+    "masked_lm": EncoderForMaskedLM,
+    "pretraining": EncoderForPreTraining,
+}

@@ -1,0 +1,31 @@
+"""Mask and position helpers derived from segment ids (0 = padding, equal ids = one packed document)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, local_window: int | None,
+                   q_offset: int | jax.Array = 0, kv_offset: int | jax.Array = 0) -> jax.Array:
+    """Boolean [batch, q_len, kv_len] mask: same non-padding segment and, for local layers, |i - j| <= window // 2.
+
+    Offsets give the absolute positions of the first query and key, so blockwise implementations can build the
+    mask of one tile with the same function as the dense reference.
+    """
+    same = (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]) & (q_segment_ids[:, :, None] != 0)
+    if local_window is None:
+        return same
+    q_pos = q_offset + jnp.arange(q_segment_ids.shape[1])[:, None]
+    kv_pos = kv_offset + jnp.arange(kv_segment_ids.shape[1])[None, :]
+    return same & (jnp.abs(q_pos - kv_pos) <= local_window // 2)[None]
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Position of each token inside its own segment: restarts at 0 wherever the segment id changes."""
+    seq = segment_ids.shape[-1]
+    index = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), segment_ids.shape)
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[..., :1], dtype=bool), segment_ids[..., 1:] != segment_ids[..., :-1]], axis=-1)
+    start_index = jax.lax.cummax(jnp.where(starts, index, 0), axis=segment_ids.ndim - 1)
+    return index - start_index
