@@ -1,0 +1,42 @@
+"""`bertjax <command>`: each command lives in its own module under bertjax/commands and is imported only when run.
+
+A command module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int | None`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> module. Add a line here to add a command.
+COMMANDS: dict[str, str] = {}
+
+
+def register_command(name: str, module: str) -> None:
+    COMMANDS[name] = module
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertjax", description="The BERT family of encoders in JAX/Flax.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (ValueError, FileNotFoundError) as error:
+        # Bad input (config, file, checkpoint) is reported in one line, not a traceback.
+        print(f"bertjax {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `bertjax` subcommand (see bertjax/cli.py)."""
