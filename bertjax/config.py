@@ -59,7 +59,8 @@ class EncoderConfig:
     # Attention pattern: layer i is global if i % global_attention_every == 0, else local.
     global_attention_every: int = 1
     local_window: int | None = None  # total window; a token sees |i - j| <= local_window // 2.
-    attention_implementation: str = "auto"
+    attention_implementation: str = "auto"  # a name in bertjax.ops.attention.IMPLEMENTATIONS, or "auto".
+    attention_interpret: bool = False  # run Pallas attention kernels in interpret mode (CPU tests, debugging).
 
     # Layer sharing (ALBERT): num_layers layers computed by this many distinct parameter groups.
     num_layer_groups: int | None = None

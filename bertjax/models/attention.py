@@ -28,7 +28,8 @@ class SelfAttention(nn.Module):
             q = ops.apply_rope(q, inputs.positions, self.rope_theta)
             k = ops.apply_rope(k, inputs.positions, self.rope_theta)
         out = ops.attention(q, k, v, segment_ids=inputs.segment_ids, local_window=self.local_window,
-                            implementation=cfg.attention_implementation)
+                            implementation=cfg.attention_implementation,
+                            interpret=cfg.attention_interpret)
         out = nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_heads",
                                                "activation_kv"))
         return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), use_bias=bias, axis=(-2, -1), name="out")(out)
