@@ -19,10 +19,14 @@ import jax.numpy as jnp
 #   fn(q, k, v, *, segment_ids, local_window, scale, interpret) -> out
 IMPLEMENTATIONS: dict[str, str] = {
     "xla": "bertjax.ops.xla_attention:dense_attention",
+    "xla_blockwise": "bertjax.ops.blockwise_attention:blockwise_local_attention",
+    "xla_auto": "bertjax.ops.blockwise_attention:xla_auto_attention",  # dense or blockwise, by shape
+    "pallas_tpu": "bertjax.ops.pallas_tpu_attention:pallas_tpu_attention",
+    "pallas_gpu": "bertjax.ops.pallas_gpu_attention:pallas_gpu_attention",
 }
 
 # What "auto" means on each JAX platform. A platform missing here falls back to "xla".
-AUTO_BY_PLATFORM: dict[str, str] = {"cpu": "xla"}
+AUTO_BY_PLATFORM: dict[str, str] = {"cpu": "xla_auto", "tpu": "pallas_tpu", "gpu": "pallas_gpu"}
 
 
 def register_implementation(name: str, target: str) -> None:

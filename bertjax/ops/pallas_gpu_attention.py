@@ -1,0 +1,304 @@
+"""bertjax's own Pallas GPU (Triton) flash attention: bidirectional sliding window, packed segments, GQA.
+
+Nothing in JAX covers this on GPU (JAX's Pallas GPU attention has no window and mishandles GQA; cuDNN rejects a
+bidirectional window), so this file implements FlashAttention-2 with three kernels:
+
+- forward: grid (batch, heads, query blocks); each program keeps one query block on chip and streams key/value
+  blocks through an online softmax, saving the log-sum-exp for the backward pass;
+- dq: same grid, streams key blocks again and accumulates dq;
+- dk/dv: grid (batch, kv_heads, key blocks); streams the query blocks of every query head sharing that kv head, so
+  GQA never repeats k or v in memory and dk/dv need no cross-program reduction.
+
+Block skipping: each program loops only over the contiguous range of blocks that `key_block_ranges` returns. It
+keeps a key block when it intersects the window of the query block and the range [min, max] of the non-padding
+segment ids of both blocks overlap. Blocks outside the range are never loaded. For packed rows (segment ids
+non-decreasing along the row, padding at the end) the range is exactly the set of blocks holding a visible key, so
+local attention does O(seq * window) work and a query block made only of padding does none. The same function
+gives the dk/dv kernel its query-block ranges: the visibility rule is symmetric.
+
+Any sequence length works: the wrapper pads the sequence to a block multiple (padding gets segment id 0) and the
+head dimension to a power of two >= 16 (Triton's dot needs it), and slices the result. A query row with no visible
+key (padding) returns zeros and gets zero gradients; nothing divides by zero, so no NaN appears.
+float32 inputs use full-precision matmuls (so tests can be tight); bfloat16 inputs multiply in bfloat16 and
+accumulate in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+# A large finite negative score: exp(MASK - m) underflows to 0 without the inf - inf = NaN of -inf.
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+DEFAULT_BLOCK_Q = 64
+DEFAULT_BLOCK_K = 64
+
+
+def key_block_ranges(segment_ids, local_window: int | None, block_q: int, block_k: int):
+    """Per query block, the half-open range [lo, hi) of key blocks the kernels visit.
+
+    Args:
+      segment_ids: [batch, seq] int, seq a multiple of block_q and block_k; 0 = padding.
+      local_window: None (global) or w: query i sees key j only if |i - j| <= w // 2.
+    Returns:
+      (lo, hi): int32 [batch, seq // block_q]. hi - lo is the number of key blocks loaded for that query block.
+    Works on numpy or jax arrays (eagerly or traced); the kernels call it on the padded segment ids.
+    """
+    segment_ids = jnp.asarray(segment_ids, jnp.int32)
+    batch, seq = segment_ids.shape
+    if seq % block_q or seq % block_k:
+        raise ValueError(f"key_block_ranges: seq ({seq}) must be a multiple of block_q ({block_q}) and "
+                         f"block_k ({block_k})")
+    num_q, num_k = seq // block_q, seq // block_k
+
+    def segment_span(block):
+        ids = segment_ids.reshape(batch, seq // block, block)
+        # Padding (0) belongs to no segment: it must not widen the span. A block of only padding gets an empty span.
+        lowest = jnp.min(jnp.where(ids == 0, jnp.iinfo(jnp.int32).max, ids), axis=-1)
+        return lowest, jnp.max(ids, axis=-1)
+
+    q_min, q_max = segment_span(block_q)
+    k_min, k_max = segment_span(block_k)
+    visible = (k_min[:, None, :] <= q_max[:, :, None]) & (k_max[:, None, :] >= q_min[:, :, None])
+    if local_window is not None:
+        half = local_window // 2
+        q_first = np.arange(num_q) * block_q
+        k_first = np.arange(num_k) * block_k
+        near = ((k_first[None, :] <= q_first[:, None] + block_q - 1 + half)
+                & (k_first[None, :] + block_k - 1 >= q_first[:, None] - half))
+        visible = visible & near[None]
+    index = jnp.arange(num_k, dtype=jnp.int32)
+    hi = jnp.max(jnp.where(visible, index + 1, 0), axis=-1)
+    lo = jnp.minimum(jnp.min(jnp.where(visible, index, num_k), axis=-1), hi)
+    return lo.astype(jnp.int32), hi.astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Compile-time settings shared by the three kernels (hashable: a custom_vjp non-differentiable argument)."""
+
+    scale: float
+    half: int | None  # local_window // 2, or None for global attention
+    block_q: int
+    block_k: int
+    interpret: bool
+    num_warps: int
+    num_stages: int
+
+
+def _visible(q_seg, k_seg, q_first, k_first, half):
+    """[block_q, block_k] mask of one tile: same non-padding segment and, for local attention, inside the window."""
+    mask = (q_seg[:, None] == k_seg[None, :]) & (q_seg[:, None] != 0)
+    if half is not None:
+        q_pos = q_first + lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], k_seg.shape[0]), 0)
+        k_pos = k_first + lax.broadcasted_iota(jnp.int32, (q_seg.shape[0], k_seg.shape[0]), 1)
+        mask = mask & (jnp.abs(q_pos - k_pos) <= half)
+    return mask
+
+
+def _dot(a, b, contract=((1,), (0,))):
+    # float32 inputs: full precision (no TF32) so results match the reference tightly; bfloat16: tensor cores.
+    precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+    return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
+
+
+def _forward_kernel(lo_ref, hi_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, st: _Static, group: int):
+    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    kv_head = lax.div(h, group)
+    q_first = i * st.block_q
+    q = q_ref[...]  # [block_q, head_dim]
+    q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
+
+    def step(j, carry):
+        acc, m, l = carry
+        keys = pl.ds(j * st.block_k, st.block_k)
+        k = k_ref[b, keys, kv_head, :]
+        v = v_ref[b, keys, kv_head, :]
+        mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
+        s = jnp.where(mask, _dot(q, k, ((1,), (1,))) * st.scale, MASK_VALUE)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        # A row with nothing visible so far has m_new == MASK_VALUE and s == MASK_VALUE: exp(0) = 1, hence the
+        # explicit zero for masked entries.
+        p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+        alpha = jnp.exp(m - m_new)
+        acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
+        return acc, m_new, l * alpha + jnp.sum(p, axis=-1)
+
+    init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),
+            jnp.zeros((st.block_q,), jnp.float32))
+    acc, m, l = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], step, init)
+    empty = l == 0.0  # no visible key: output 0, and a log-sum-exp the backward pass never uses
+    safe_l = jnp.where(empty, 1.0, l)
+    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(empty, 0.0, m + jnp.log(safe_l))
+
+
+def _dq_kernel(lo_ref, hi_ref, seg_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, dq_ref, *, st: _Static,
+               group: int):
+    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    kv_head = lax.div(h, group)
+    q_first = i * st.block_q
+    q, do = q_ref[...], do_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
+
+    def step(j, dq):
+        keys = pl.ds(j * st.block_k, st.block_k)
+        k = k_ref[b, keys, kv_head, :]
+        v = v_ref[b, keys, kv_head, :]
+        mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
+        p = jnp.where(mask, jnp.exp(_dot(q, k, ((1,), (1,))) * st.scale - lse[:, None]), 0.0)
+        ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None])
+        return dq + _dot(ds.astype(k.dtype), k)
+
+    dq = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], step, jnp.zeros(q.shape, jnp.float32))
+    dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(lo_ref, hi_ref, seg_ref, k_ref, v_ref, q_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                st: _Static, group: int):
+    b, kv_head, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    k_first = j * st.block_k
+    k, v = k_ref[...], v_ref[...]
+    k_seg = seg_ref[b, pl.ds(k_first, st.block_k)]
+    lo, hi = lo_ref[b, j], hi_ref[b, j]
+
+    def head_step(g, carry):
+        h = kv_head * group + g
+
+        def step(i, carry):
+            dk, dv = carry
+            queries = pl.ds(i * st.block_q, st.block_q)
+            q = q_ref[b, queries, h, :]
+            do = do_ref[b, queries, h, :]
+            mask = _visible(seg_ref[b, queries], k_seg, i * st.block_q, k_first, st.half)
+            p = jnp.where(mask, jnp.exp(_dot(q, k, ((1,), (1,))) * st.scale - lse_ref[b, h, queries][:, None]), 0.0)
+            dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
+            ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None])
+            return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv
+
+        return lax.fori_loop(lo, hi, step, carry)
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, group, head_step, (zeros, zeros))
+    dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _compiler_params(st: _Static):
+    if st.interpret:
+        return None
+    from jax.experimental.pallas import triton as pl_triton  # GPU-only module; interpret mode does not need it
+    return pl_triton.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)
+
+
+def _whole():
+    """Spec of an operand the kernel indexes itself (looped-over blocks, scalars): the whole array."""
+    return pl.no_block_spec
+
+
+def _forward(q, k, v, seg, st: _Static):
+    batch, seq, heads, head_dim = q.shape
+    group = heads // k.shape[2]
+    lo, hi = key_block_ranges(seg, None if st.half is None else 2 * st.half, st.block_q, st.block_k)
+    q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
+    row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, st=st, group=group),
+        grid=(batch, heads, seq // st.block_q),
+        in_specs=[_whole(), _whole(), _whole(), q_block, _whole(), _whole()],
+        out_specs=[q_block, row_block],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
+        compiler_params=_compiler_params(st),
+        interpret=st.interpret,
+        name="bertjax_flash_forward",
+    )(lo, hi, seg, q, k, v)
+
+
+def _backward(q, k, v, seg, out, lse, do, st: _Static):
+    batch, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    window = None if st.half is None else 2 * st.half
+    # delta_i = sum_d dO_id O_id: the softmax-backward row term, cheap enough for XLA to compute outside.
+    delta = jnp.einsum("bshd,bshd->bhs", do.astype(jnp.float32), out.astype(jnp.float32))
+
+    lo, hi = key_block_ranges(seg, window, st.block_q, st.block_k)
+    q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
+    row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, st=st, group=group),
+        grid=(batch, heads, seq // st.block_q),
+        in_specs=[_whole(), _whole(), _whole(), q_block, q_block, row_block, row_block, _whole(), _whole()],
+        out_specs=q_block,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=_compiler_params(st),
+        interpret=st.interpret,
+        name="bertjax_flash_dq",
+    )(lo, hi, seg, q, do, lse, delta, k, v)
+
+    # The visibility rule is symmetric, so the query-block range of a key block is the same function transposed.
+    k_lo, k_hi = key_block_ranges(seg, window, st.block_k, st.block_q)
+    k_block = pl.BlockSpec((None, st.block_k, None, head_dim), lambda b, g, j: (b, j, g, 0))
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, st=st, group=group),
+        grid=(batch, kv_heads, seq // st.block_k),
+        in_specs=[_whole(), _whole(), _whole(), k_block, k_block, _whole(), _whole(), _whole(), _whole()],
+        out_specs=[k_block, k_block],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        compiler_params=_compiler_params(st),
+        interpret=st.interpret,
+        name="bertjax_flash_dkv",
+    )(k_lo, k_hi, seg, k, v, q, do, lse, delta)
+    return dq, dk, dv
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash_attention(q, k, v, seg, st: _Static):
+    return _forward(q, k, v, seg, st)[0]
+
+
+def _flash_attention_fwd(q, k, v, seg, st: _Static):
+    out, lse = _forward(q, k, v, seg, st)
+    return out, (q, k, v, seg, out, lse)
+
+
+def _flash_attention_bwd(st: _Static, residuals, do):
+    q, k, v, seg, out, lse = residuals
+    dq, dk, dv = _backward(q, k, v, seg, out, lse, do, st)
+    return dq, dk, dv, None  # segment ids are integers: no cotangent
+
+
+_flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
+
+
+def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False,
+                         block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K, num_warps: int | None = None,
+                         num_stages: int = 2):
+    """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`."""
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if size < 1 or size & (size - 1):
+            raise ValueError(f"pallas_gpu_attention: {name} must be a power of two, got {size}")
+    batch, seq, heads, head_dim = q.shape
+    padded_seq = -(-seq // max(block_q, block_k)) * max(block_q, block_k)
+    padded_dim = max(16, pl.next_power_of_2(head_dim))
+
+    def pad(x, seq_axis_pad, dim_pad):
+        widths = [(0, 0), (0, seq_axis_pad)] + [(0, 0)] * (x.ndim - 2)
+        if x.ndim == 4:
+            widths[3] = (0, dim_pad)
+        return jnp.pad(x, widths) if seq_axis_pad or dim_pad else x
+
+    tail, extra_dim = padded_seq - seq, padded_dim - head_dim
+    st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
+                 block_k=block_k, interpret=bool(interpret),
+                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages)
+    out = _flash_attention(pad(q, tail, extra_dim), pad(k, tail, extra_dim), pad(v, tail, extra_dim),
+                           pad(segment_ids.astype(jnp.int32), tail, 0), st)
+    return out[:, :seq, :, :head_dim]
