@@ -27,9 +27,11 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
     if not jnp.issubdtype(input_ids.dtype, jnp.integer):
         raise ValueError(f"input_ids must be integers, got {input_ids.dtype}")
     batch, seq = input_ids.shape
-    if seq > config.max_position_embeddings:
+    # Learned positions start at position_offset (RoBERTa: pad_token_id + 1), so the offset eats into the table.
+    if seq + config.position_offset > config.max_position_embeddings:
         raise ValueError(f"sequence length {seq} exceeds the model's max_position_embeddings "
-                         f"({config.max_position_embeddings})")
+                         f"({config.max_position_embeddings}, of which position_offset={config.position_offset} "
+                         "are never used)")
     check_token_ids(input_ids, config.vocab_size)
     for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
                         ("position_ids", position_ids), ("segment_ids", segment_ids)):
