@@ -1,0 +1,86 @@
+"""Read and write the weight files of a Hugging Face checkpoint directory as {name: numpy array}.
+
+Formats, in the order they are looked for: `model.safetensors`, a sharded safetensors index
+(`model.safetensors.index.json`), then `pytorch_model.bin` / `pytorch_model.bin.index.json`. PyTorch files are
+pickles: they are read only through `torch.load(weights_only=True)`, which refuses arbitrary objects, and never
+when torch is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+import numpy as np
+import safetensors.numpy
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    try:
+        return safetensors.numpy.load_file(path)
+    except Exception as error:  # safetensors raises its own error types for truncated or corrupt headers
+        raise ValueError(f"{path}: not a readable safetensors file ({error})") from error
+
+
+def read_torch_bin(path: str) -> dict[str, np.ndarray]:
+    try:
+        import torch
+    except ImportError as error:
+        raise ValueError(f"{path} is a PyTorch pickle: reading it needs torch (pip install torch), which loads it "
+                         "with weights_only=True; bertjax never unpickles a file any other way. "
+                         "Convert it to safetensors, or install torch.") from error
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # weights_only refuses pickles holding anything but tensors and plain containers
+        raise ValueError(f"{path}: torch.load(weights_only=True) refused or failed to read it ({error})") from error
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a flat {{name: tensor}} state dict")
+    # float32 holds bfloat16/float16 values exactly; numpy has no bfloat16 of its own.
+    return {name: (t.detach().float() if t.is_floating_point() else t.detach()).numpy() for name, t in state.items()}
+
+
+def _read_index(directory: str, index_name: str, read_shard: Callable[[str], dict]) -> dict[str, np.ndarray]:
+    index_path = os.path.join(directory, index_name)
+    with open(index_path) as f:
+        try:
+            weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{index_path}: not a checkpoint index with a 'weight_map' ({error})") from error
+    tensors: dict[str, np.ndarray] = {}
+    for shard in sorted(set(weight_map.values())):
+        if not isinstance(shard, str) or os.path.basename(shard) != shard or shard in ("", ".", ".."):
+            raise ValueError(f"{index_path}: shard name {shard!r} must be a file name inside the checkpoint directory")
+        tensors.update(read_shard(os.path.join(directory, shard)))
+    for name, shard in weight_map.items():
+        if name not in tensors:
+            raise ValueError(f"{index_path}: tensor {name!r} is listed in shard {shard!r} but not found there")
+    return {name: tensors[name] for name in weight_map}
+
+
+# File name -> reader of the whole directory, in the order they are looked for.
+READERS: dict[str, Callable[[str], dict[str, np.ndarray]]] = {
+    SAFETENSORS: lambda d: read_safetensors(os.path.join(d, SAFETENSORS)),
+    SAFETENSORS_INDEX: lambda d: _read_index(d, SAFETENSORS_INDEX, read_safetensors),
+    TORCH_BIN: lambda d: read_torch_bin(os.path.join(d, TORCH_BIN)),
+    TORCH_BIN_INDEX: lambda d: _read_index(d, TORCH_BIN_INDEX, read_torch_bin),
+}
+
+
+def read_weights(directory: str) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint in `directory`, by its Hugging Face name."""
+    for name, reader in READERS.items():
+        if os.path.isfile(os.path.join(directory, name)):
+            return reader(directory)
+    raise FileNotFoundError(f"{directory}: no weights found (looked for {', '.join(READERS)})")
+
+
+def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
+    # transformers refuses safetensors files whose metadata does not name the framework.
+    safetensors.numpy.save_file({name: np.ascontiguousarray(t) for name, t in tensors.items()}, path,
+                                metadata={"format": "pt"})
