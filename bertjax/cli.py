@@ -10,7 +10,9 @@ import importlib
 import sys
 
 # command name -> module. Add a line here to add a command.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "convert": "bertjax.commands.convert",
+}
 
 
 def register_command(name: str, module: str) -> None:

@@ -1,0 +1,80 @@
+"""`bertjax convert`: a transformers checkpoint directory <-> a bertjax model directory.
+
+A bertjax model directory holds `bertjax_model.json` ({"head": ..., "config": EncoderConfig fields}) and
+`params/`, an Orbax checkpoint of the parameter pytree, so it restores straight onto a mesh.
+
+    bertjax convert --from-hf hf_dir --out model_dir [--dtype bfloat16]
+    bertjax convert --to-hf model_dir --out hf_dir
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or back."
+MODEL_FILE = "bertjax_model.json"
+PARAMS_DIR = "params"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-hf", metavar="DIR", help="transformers checkpoint directory to read")
+    source.add_argument("--to-hf", metavar="DIR", help="bertjax model directory to write as a transformers checkpoint")
+    parser.add_argument("--out", metavar="DIR", required=True, help="directory to write")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="parameter dtype when reading a transformers checkpoint (default float32)")
+
+
+def save_model_dir(path: str, model, params) -> None:
+    import orbax.checkpoint as ocp
+
+    from bertjax.hf.pretrained import head_of
+
+    path = os.path.abspath(path)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, MODEL_FILE), "w") as f:
+        json.dump({"head": head_of(model), "config": model.config.to_dict()}, f, indent=2)
+        f.write("\n")
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(os.path.join(path, PARAMS_DIR), params, force=True)
+        checkpointer.wait_until_finished()
+
+
+def load_model_dir(path: str):
+    """(model, params) from a directory written by `save_model_dir`."""
+    import orbax.checkpoint as ocp
+
+    from bertjax.config import EncoderConfig
+    from bertjax.hf.pretrained import expected_params
+    from bertjax.models import MODEL_CLASSES
+    from flax import traverse_util
+
+    path = os.path.abspath(path)
+    model_file = os.path.join(path, MODEL_FILE)
+    if not os.path.isfile(model_file):
+        raise FileNotFoundError(f"{path}: no {MODEL_FILE} (not a bertjax model directory)")
+    with open(model_file) as f:
+        description = json.load(f)
+    head = description.get("head")
+    if head not in MODEL_CLASSES:
+        raise ValueError(f"{model_file}: head {head!r} is not one of {sorted(MODEL_CLASSES)}")
+    model = MODEL_CLASSES[head](EncoderConfig.from_dict(description["config"]))
+    abstract = traverse_util.unflatten_dict(expected_params(model))
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore(os.path.join(path, PARAMS_DIR), abstract)
+    return model, params
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertjax import hf
+
+    if args.from_hf:
+        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype)
+        save_model_dir(args.out, model, params)
+    else:
+        model, params = load_model_dir(args.to_hf)
+        hf.save_pretrained(args.out, model, params)
+    print(f"wrote {args.out} ({type(model).__name__}, {model.config.num_layers} layers)")
+    return 0
