@@ -1,0 +1,335 @@
+"""The typed YAML run config of `bertjax pretrain`: frozen dataclasses, one per section.
+
+    model:      {preset: modernbert-tiny, head: masked_lm, overrides: {hidden_size: 64}, remat_policy: none}
+    data:       the data pipeline's own config (bertjax.data), checked by its dataclass
+    optimizer:  {name: stable_adamw, learning_rate: 1.0e-3, ...}
+    schedule:   {name: wsd, warmup: 100, decay: 200, decay_shape: 1-sqrt, unit: steps}
+    train:      {steps: 1000, batch_size: 32, seed: 0, log_every: 10, phases: [...]}
+    eval:       {every: 100, batches: 8}
+    checkpoint: {every: 500, keep: 3}
+    mesh:       {data: -1, fsdp: 1, tensor: 1}
+
+Unknown keys and values of the wrong type are errors that name the dotted key (`optimizer.b1`). Command-line
+overrides are `key=value` pairs on dotted keys (`train.steps=20`), parsed as YAML scalars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names the dotted key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    preset: str  # a name registered in bertjax.config.PRESETS
+    head: Literal["masked_lm", "pretraining"] = "masked_lm"  # "pretraining" adds the NSP/SOP head
+    # EncoderConfig fields replaced on top of the preset; vocab_size and pad_token_id come from the tokenizer.
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    remat_policy: str = "none"  # a name of bertjax.models.encoder.REMAT_POLICIES
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "adamw"  # a name of bertjax.train.optimizers.OPTIMIZERS
+    learning_rate: float = 1e-3  # the peak learning rate; the schedule shapes it
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    no_decay: tuple[str, ...] = (r"bias$", r"norm/")  # regexes over "a/b/c" parameter paths
+    clip_global_norm: float | None = None
+    accumulation_steps: int = 1  # microbatches per update; the batch is split, gradients summed
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+    name: str = "linear"  # a name of bertjax.train.schedules.SCHEDULES
+    unit: Literal["steps", "tokens"] = "steps"  # unit of warmup, decay and total
+    warmup: float = 0.0
+    decay: float | None = None  # wsd: length of the final decay; others decay over everything after warmup
+    decay_shape: Literal["linear", "1-sqrt"] = "linear"  # wsd only
+    total: float | None = None  # None: the whole run (train.steps, or its tokens)
+    final_lr_ratio: float = 0.0  # the learning rate at the end, as a fraction of the peak
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseConfig:
+    """A share of the run trained with different data settings (BERT: 90% of steps at 128 tokens, 10% at 512)."""
+
+    fraction: float  # share of train.steps; the fractions of all phases sum to 1
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)  # data-config fields replaced in this phase
+    batch_size: int | None = None  # global batch size in this phase; None: train.batch_size
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch_size: int  # global batch (rows per optimizer update, over all processes)
+    seed: int = 0
+    log_every: int = 10
+    phases: tuple[PhaseConfig, ...] = ()
+    peak_tflops_per_device: float | None = None  # for MFU; None: looked up by device kind (bertjax.train.flops)
+    progress_bar: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0  # 0: only at the start and the end
+    batches: int = 8  # held-out batches per evaluation
+    at_start: bool = True
+    at_end: bool = True
+    fill_mask_examples: int = 3  # held-out sentences shown with fill-mask predictions at the end
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 1000  # steps between saves; the last step is always saved
+    keep: int = 3  # most recent checkpoints kept
+    async_save: bool = True  # write in the background while training continues
+    restore_step: int | None = None  # None: resume from the latest checkpoint in the workdir
+    checksums: bool = True  # record sha256 of every file, verified before restoring (catches corrupt files)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh shape; -1 on one axis takes all remaining devices."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    train: TrainConfig
+    data: Any = None  # the data pipeline's config dataclass (see `data_config_class`)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def data_config_class() -> type:
+    """The data pipeline's config dataclass (imported lazily: the run config is usable without the data stack)."""
+    from bertjax.data import DataConfig
+    return DataConfig
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading.
+
+def load_run_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
+    """Read a YAML run config, apply `key=value` overrides, and check every key and type."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"run config {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the run config must be a mapping of sections, got {type(raw).__name__}")
+    for override in overrides:
+        apply_override(raw, override)
+    return run_config_from_dict(raw)
+
+
+def run_config_from_dict(raw: Mapping) -> RunConfig:
+    raw = dict(raw)
+    data = raw.pop("data", None)
+    config = parse_dataclass(RunConfig, raw, "")
+    data_cls = data_config_class()
+    return dataclasses.replace(config, data=parse_dataclass(data_cls, data or {}, "data"))
+
+
+def apply_override(raw: dict, override: str) -> None:
+    """Set `a.b.c=value` in the raw config mapping; the value is parsed as YAML (numbers, bools, lists)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like key=value (e.g. train.steps=100)")
+    key, text = override.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {override!r}: empty part in key {key!r}")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {'.'.join(parts[:depth + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def to_dict(config: Any) -> Any:
+    """A config as plain YAML-able values (for writing the resolved config next to a run)."""
+    if dataclasses.is_dataclass(config):
+        return {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, (tuple, list)):
+        return [to_dict(v) for v in config]
+    if isinstance(config, dict):
+        return {k: to_dict(v) for k, v in config.items()}
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Typed parsing of nested dataclasses, shared with the data config.
+
+_FLOAT_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def parse_dataclass(cls: type, values: Any, path: str) -> Any:
+    """Build dataclass `cls` from a mapping, checking keys and types; errors name the dotted key."""
+    where = path or "the run config"
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where} must be a mapping, got {type(values).__name__}: {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in values if k not in fields]
+    if unknown:
+        raise ConfigError(f"unknown key {_join(path, str(unknown[0]))}; known keys here: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, field in fields.items():
+        key = _join(path, name)
+        if name in values:
+            kwargs[name] = parse_value(hints[name], values[name], key)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required key {key}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def parse_value(annotation: Any, value: Any, key: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if dataclasses.is_dataclass(annotation):
+        return parse_dataclass(annotation, value, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key} must be one of {list(args)}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return parse_value(arg, value, key)
+            except ConfigError as error:
+                errors.append(str(error))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key} has the wrong type: {value!r} "
+                          f"(expected {annotation})")
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {type(value).__name__}: {value!r}")
+        item = args[0] if args else Any
+        items = [parse_value(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or annotation is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}: {value!r}")
+        return dict(value)
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if annotation is float:
+        # PyYAML reads "1e-3" (no dot) as a string; accept it as the number everyone means.
+        if isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    if isinstance(annotation, type):
+        if not isinstance(value, annotation):
+            raise ConfigError(f"{key} must be {annotation.__name__}, got {value!r}")
+        return value
+    return value
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cross-field checks (each names its key).
+
+def _validate(config: RunConfig) -> None:
+    from bertjax.config import get_config
+    from bertjax.models.encoder import REMAT_POLICIES
+
+    try:
+        get_config(config.model.preset, **config.model.overrides)
+    except ValueError as error:
+        raise ConfigError(f"model: {error}") from None
+    if config.model.remat_policy not in REMAT_POLICIES:
+        raise ConfigError(f"model.remat_policy must be one of {sorted(REMAT_POLICIES)}, got "
+                          f"{config.model.remat_policy!r}")
+    positive = {"train.steps": config.train.steps, "train.batch_size": config.train.batch_size,
+                "train.log_every": config.train.log_every, "eval.batches": config.eval.batches,
+                "checkpoint.every": config.checkpoint.every, "checkpoint.keep": config.checkpoint.keep,
+                "optimizer.learning_rate": config.optimizer.learning_rate,
+                "optimizer.accumulation_steps": config.optimizer.accumulation_steps}
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if config.eval.every < 0:
+        raise ConfigError(f"eval.every must be >= 0 (0: only at start and end), got {config.eval.every}")
+    for name in ("b1", "b2"):
+        if not 0.0 <= getattr(config.optimizer, name) < 1.0:
+            raise ConfigError(f"optimizer.{name} must be in [0, 1), got {getattr(config.optimizer, name)}")
+    for pattern in config.optimizer.no_decay:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"optimizer.no_decay: bad regex {pattern!r}: {error}") from None
+    total = sum(phase.fraction for phase in config.train.phases)
+    if config.train.phases and abs(total - 1.0) > 1e-9:
+        raise ConfigError(f"train.phases: fractions must sum to 1, got {total}")
+    for i, phase in enumerate(config.train.phases):
+        if phase.fraction <= 0:
+            raise ConfigError(f"train.phases[{i}].fraction must be positive, got {phase.fraction}")
+    for name in ("data", "fsdp", "tensor"):
+        size = getattr(config.mesh, name)
+        if size == 0 or size < -1:
+            raise ConfigError(f"mesh.{name} must be positive or -1 (all remaining devices), got {size}")
+    if [config.mesh.data, config.mesh.fsdp, config.mesh.tensor].count(-1) > 1:
+        raise ConfigError("mesh: at most one of data, fsdp, tensor may be -1")
+    if not 0.0 <= config.schedule.final_lr_ratio <= 1.0:
+        raise ConfigError(f"schedule.final_lr_ratio must be in [0, 1], got {config.schedule.final_lr_ratio}")
+

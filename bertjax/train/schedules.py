@@ -1,0 +1,132 @@
+"""Learning-rate schedules, chosen by name from `SCHEDULES`. Each maps the update count (0-based) to a rate.
+
+- "linear": linear warmup to the peak, then linear decay to the end (BERT).
+- "wsd": warmup-stable-decay (trapezoidal): warmup, a long plateau at the peak, then a final decay whose shape is
+  linear or 1-sqrt (ModernBERT).
+- "cosine": warmup, then a half cosine down to the end.
+- "constant": warmup, then the peak.
+
+Durations are given in steps or in tokens (`schedule.unit`); tokens are converted to steps with the run's
+tokens-per-step (which can change between phases), so a schedule is always a function of the step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.train.run_config import ScheduleConfig
+
+Schedule = Callable  # step (int or traced int) -> learning rate (float32)
+
+
+def _warmup(step, peak: float, warmup: float):
+    """peak * step / warmup during warmup (the first update gets 0, as BERT and Hugging Face do)."""
+    return peak * step / max(warmup, 1e-12)
+
+
+def _fraction(step, start: float, length: float):
+    """Progress through [start, start + length] clipped to [0, 1]."""
+    return jnp.clip((step - start) / max(length, 1e-12), 0.0, 1.0)
+
+
+def linear(peak: float, *, warmup: float, total: float, final: float, **_) -> Schedule:
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        decay = peak + (final - peak) * _fraction(step, warmup, total - warmup)
+        return jnp.where(step < warmup, _warmup(step, peak, warmup), decay)
+    return schedule
+
+
+def cosine(peak: float, *, warmup: float, total: float, final: float, **_) -> Schedule:
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        x = _fraction(step, warmup, total - warmup)
+        decay = final + (peak - final) * 0.5 * (1.0 + jnp.cos(jnp.pi * x))
+        return jnp.where(step < warmup, _warmup(step, peak, warmup), decay)
+    return schedule
+
+
+def constant(peak: float, *, warmup: float, **_) -> Schedule:
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        return jnp.where(step < warmup, _warmup(step, peak, warmup), jnp.float32(peak))
+    return schedule
+
+
+# Decay shapes of the final phase of "wsd": progress x in [0, 1] -> remaining share of (peak - final).
+DECAY_SHAPES: dict[str, Callable] = {
+    "linear": lambda x: 1.0 - x,
+    "1-sqrt": lambda x: 1.0 - jnp.sqrt(x),
+}
+
+
+def warmup_stable_decay(peak: float, *, warmup: float, total: float, final: float, decay: float | None,
+                        decay_shape: str, **_) -> Schedule:
+    if decay is None:
+        raise ValueError("schedule.decay is required for the 'wsd' schedule (length of the final decay)")
+    if warmup + decay > total:
+        raise ValueError(f"schedule: warmup ({warmup}) + decay ({decay}) exceed the run ({total})")
+    shape = DECAY_SHAPES[decay_shape]
+    decay_start = total - decay
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        after = final + (peak - final) * shape(_fraction(step, decay_start, decay))
+        return jnp.where(step < warmup, _warmup(step, peak, warmup), after)
+    return schedule
+
+
+# name -> builder(peak, warmup=, total=, final=, decay=, decay_shape=) -> schedule. Add a line to add a schedule.
+SCHEDULES: dict[str, Callable[..., Schedule]] = {
+    "linear": linear,
+    "wsd": warmup_stable_decay,
+    "cosine": cosine,
+    "constant": constant,
+}
+
+
+class StepClock:
+    """Converts token counts to (fractional) steps for a run whose tokens per step can change by phase.
+
+    `boundaries` are the first steps of each phase (starting with 0) and `tokens_per_step` their token counts.
+    """
+
+    def __init__(self, boundaries: list[int], tokens_per_step: list[int]):
+        if len(boundaries) != len(tokens_per_step) or boundaries[0] != 0:
+            raise ValueError("StepClock: one tokens_per_step per phase, first phase starting at step 0")
+        self.boundaries = np.asarray(boundaries, np.float64)
+        self.tokens_per_step = np.asarray(tokens_per_step, np.float64)
+        lengths = np.diff(self.boundaries)
+        self.start_tokens = np.concatenate([[0.0], np.cumsum(lengths * self.tokens_per_step[:-1])])
+
+    def tokens_at(self, step: float) -> float:
+        phase = int(np.searchsorted(self.boundaries, step, side="right") - 1)
+        return float(self.start_tokens[phase] + (step - self.boundaries[phase]) * self.tokens_per_step[phase])
+
+    def steps_for_tokens(self, tokens: float) -> float:
+        phase = int(np.searchsorted(self.start_tokens, tokens, side="right") - 1)
+        return float(self.boundaries[phase] + (tokens - self.start_tokens[phase]) / self.tokens_per_step[phase])
+
+
+def build_schedule(config: ScheduleConfig, peak: float, total_steps: int, clock: StepClock | None = None) -> Schedule:
+    """The schedule of `config` for a run of `total_steps` updates at peak learning rate `peak`."""
+    if config.name not in SCHEDULES:
+        raise ValueError(f"schedule.name: unknown schedule {config.name!r}; known: {sorted(SCHEDULES)}")
+    if config.unit == "steps":
+        total = float(total_steps if config.total is None else config.total)
+        warmup, decay = config.warmup, config.decay
+    else:
+        if clock is None:
+            raise ValueError("schedule.unit 'tokens' needs the run's tokens per step")
+        total_tokens = clock.tokens_at(total_steps) if config.total is None else config.total
+        total = clock.steps_for_tokens(total_tokens)
+        warmup = clock.steps_for_tokens(config.warmup)
+        # A decay length in tokens ends with the run: it starts where total_tokens - decay tokens are done.
+        decay = None if config.decay is None else total - clock.steps_for_tokens(total_tokens - config.decay)
+    if warmup < 0 or warmup > total:
+        raise ValueError(f"schedule.warmup ({config.warmup} {config.unit}) must be within the run")
+    return SCHEDULES[config.name](peak, warmup=warmup, total=total, final=peak * config.final_lr_ratio,
+                                  decay=decay, decay_shape=config.decay_shape)

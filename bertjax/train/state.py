@@ -1,0 +1,94 @@
+"""The train state (step, float32 master parameters, optimizer state), created already sharded over the mesh.
+
+`create_train_state` never materialises the model on one device: `jax.eval_shape` gives the shapes and logical
+axis names, the mesh rules turn those into shardings, and the initialiser runs under `jax.jit` with those
+`out_shardings`, so each device computes only its own shards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import Mesh, NamedSharding
+
+from bertjax.train import mesh as mesh_lib
+from bertjax.train.optimizers import param_path
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array  # optimizer updates done (int32, replicated)
+    params: Any  # float32 master weights; the model casts them to its compute dtype
+    opt_state: Any
+
+
+def _init_fn(model: nn.Module, optimizer: optax.GradientTransformation, seq_len: int):
+    def init(key: jax.Array) -> TrainState:
+        ids = jnp.zeros((1, seq_len), jnp.int32)
+        params = nn.meta.unbox(model.init({"params": key, "dropout": key}, ids)["params"])
+        return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=optimizer.init(params))
+    return init
+
+
+def param_logical_specs(model: nn.Module, seq_len: int) -> Any:
+    """Logical axis names of every parameter, without allocating anything."""
+    ids = jnp.zeros((1, seq_len), jnp.int32)
+    boxed = jax.eval_shape(lambda key: model.init({"params": key, "dropout": key}, ids)["params"],
+                           jax.random.key(0))
+    return nn.get_partition_spec(boxed)
+
+
+def mirrored_shardings(tree: Any, param_shardings: dict[str, NamedSharding], param_shapes: dict[str, tuple],
+                       mesh: Mesh) -> Any:
+    """Shard each leaf like the parameter whose path its own path ends with (optimizer moments mirror the
+    parameter tree inside whatever wrapper states an optax chain adds); counters and scalars are replicated."""
+    def sharding_of(path, leaf):
+        keys = param_path(path).split("/")
+        for start in range(len(keys)):
+            name = "/".join(keys[start:])
+            if name in param_shardings and tuple(leaf.shape) == param_shapes[name]:
+                return param_shardings[name]
+        return mesh_lib.replicated(mesh)
+    return jax.tree_util.tree_map_with_path(sharding_of, tree)
+
+
+def state_shardings(model: nn.Module, optimizer: optax.GradientTransformation, mesh: Mesh,
+                    seq_len: int = 8) -> tuple[TrainState, TrainState]:
+    """(abstract state, its shardings): the shapes/dtypes of the state and where each leaf lives."""
+    abstract = jax.eval_shape(_init_fn(model, optimizer, seq_len), jax.random.key(0))
+    params = mesh_lib.logical_shardings(param_logical_specs(model, seq_len), abstract.params, mesh)
+    by_path = {param_path(p): s for p, s in jax.tree_util.tree_flatten_with_path(params)[0]}
+    shapes = {param_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(abstract.params)[0]}
+    shardings = TrainState(step=mesh_lib.replicated(mesh), params=params,
+                           opt_state=mirrored_shardings(abstract.opt_state, by_path, shapes, mesh))
+    return abstract, shardings
+
+
+def create_train_state(model: nn.Module, optimizer: optax.GradientTransformation, mesh: Mesh, seed: int,
+                       seq_len: int = 8) -> tuple[TrainState, TrainState]:
+    """(state, shardings): freshly initialised parameters and optimizer state, each leaf born on its shards.
+
+    Random values do not depend on the mesh (JAX's partitionable threefry), so every mesh shape starts from the
+    same parameters as a single device.
+    """
+    _, shardings = state_shardings(model, optimizer, mesh, seq_len)
+    # Not traced under `mesh_lib.activate`: Flax's DenseGeneral initialises kernels flat and reshapes them, and a
+    # logical constraint on the flat kernel would not fit; out_shardings alone places every leaf.
+    state = jax.jit(_init_fn(model, optimizer, seq_len), out_shardings=shardings)(jax.random.key(seed))
+    return state, shardings
+
+
+def abstract_state(model: nn.Module, optimizer: optax.GradientTransformation, mesh: Mesh,
+                   seq_len: int = 8) -> TrainState:
+    """ShapeDtypeStructs carrying their shardings: the target a checkpoint is restored into."""
+    abstract, shardings = state_shardings(model, optimizer, mesh, seq_len)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+
+
+def count_params(params: Any) -> int:
+    return sum(int(x.size) for x in jax.tree.leaves(params))
