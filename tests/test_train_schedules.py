@@ -1,0 +1,62 @@
+"""Learning-rate schedules: exact values at the steps where their pieces meet."""
+
+import numpy as np
+import pytest
+
+from bertjax.train.run_config import ScheduleConfig
+from bertjax.train.schedules import StepClock, build_schedule
+
+
+def _values(config: ScheduleConfig, steps, total=110, peak=1.0, clock=None):
+    schedule = build_schedule(config, peak, total, clock)
+    return [float(schedule(s)) for s in steps]
+
+
+def test_linear_warmup_then_linear_decay():
+    got = _values(ScheduleConfig(name="linear", warmup=10), [0, 5, 10, 60, 110, 150])
+    np.testing.assert_allclose(got, [0.0, 0.5, 1.0, 0.5, 0.0, 0.0], atol=1e-7)
+
+
+def test_linear_decays_to_final_ratio():
+    got = _values(ScheduleConfig(name="linear", warmup=10, final_lr_ratio=0.1), [10, 60, 110], peak=2.0)
+    np.testing.assert_allclose(got, [2.0, 1.1, 0.2], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape, at_quarter", [("linear", 0.75), ("1-sqrt", 0.5)])
+def test_warmup_stable_decay(shape, at_quarter):
+    # warmup 10, plateau to step 80, then 20 steps of decay: a quarter of the way down the decay (step 85) the
+    # linear shape keeps 3/4 of the peak and 1-sqrt keeps 1 - sqrt(1/4) = 1/2.
+    config = ScheduleConfig(name="wsd", warmup=10, decay=20, decay_shape=shape)
+    got = _values(config, [0, 5, 10, 50, 80, 85, 100], total=100)
+    np.testing.assert_allclose(got, [0.0, 0.5, 1.0, 1.0, 1.0, at_quarter, 0.0], atol=1e-6)
+
+
+def test_cosine():
+    got = _values(ScheduleConfig(name="cosine", warmup=10, final_lr_ratio=0.0), [10, 60, 110])
+    np.testing.assert_allclose(got, [1.0, 0.5, 0.0], atol=1e-6)
+
+
+def test_constant_after_warmup():
+    np.testing.assert_allclose(_values(ScheduleConfig(name="constant", warmup=4), [0, 2, 4, 100]),
+                               [0.0, 0.5, 1.0, 1.0], atol=1e-7)
+
+
+def test_durations_in_tokens_across_phases():
+    # 100 steps: steps 0-89 carry 1000 tokens each (90k), steps 90-99 carry 4000 (40k); 130k tokens in all.
+    clock = StepClock([0, 90], [1000, 4000])
+    assert clock.steps_for_tokens(45_000) == 45.0
+    assert clock.steps_for_tokens(98_000) == 92.0
+    assert clock.tokens_at(100) == 130_000
+    # Warmup 10k tokens = 10 steps; decay the last 40k tokens = the last 10 steps (the 512-token phase).
+    config = ScheduleConfig(name="wsd", unit="tokens", warmup=10_000, decay=40_000)
+    got = _values(config, [5, 10, 89, 90, 95, 100], total=100, clock=clock)
+    np.testing.assert_allclose(got, [0.5, 1.0, 1.0, 1.0, 0.5, 0.0], atol=1e-6)
+
+
+def test_schedule_errors_name_the_key():
+    with pytest.raises(ValueError, match="schedule.name"):
+        build_schedule(ScheduleConfig(name="triangle"), 1.0, 10)
+    with pytest.raises(ValueError, match="schedule.decay"):
+        build_schedule(ScheduleConfig(name="wsd", warmup=1), 1.0, 10)
+    with pytest.raises(ValueError, match="schedule.warmup"):
+        build_schedule(ScheduleConfig(name="linear", warmup=20), 1.0, 10)
