@@ -76,17 +76,17 @@ def build_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) 
 
 @contextlib.contextmanager
 def activate(mesh: Mesh):
-    """Trace the train/eval steps under this.
+    """Trace the train/eval steps under this: the mesh is set globally (`jax.set_mesh`), which kernels that run
+    inside `shard_map` (Pallas TPU attention) need.
 
     Parameters and batches are placed by explicit in/out shardings and GSPMD propagates them through the step.
-    The models' activation constraints (`nn.with_logical_constraint`) only act under a global mesh, and setting one
-    (`jax.set_mesh`) currently breaks `model.apply`: Flax's DenseGeneral re-runs the kernel initialiser on the flat
-    [in, out] shape to check shapes, and the 3-axis logical box of the attention kernels is then constrained on a
-    2-d value. Until bertjax/models creates those kernels at full rank, the mesh is therefore not set globally and
-    the activation rules above are not applied.
+    The activation rules above are not made active (`nn.logical_axis_rules`) yet: with both a global mesh and
+    rules, Flax's DenseGeneral re-runs the kernel initialiser on the flat [in, out] shape during `apply` to check
+    shapes, and the 3-axis logical box of the attention kernels ([embed, heads, kv]) is then constrained on a 2-d
+    value and fails. Once bertjax/models creates those kernels at full rank, add
+    `nn.logical_axis_rules(LOGICAL_AXIS_RULES)` here.
     """
-    del mesh
-    with nn.logical_axis_rules(LOGICAL_AXIS_RULES):
+    with jax.set_mesh(mesh):
         yield
 
 

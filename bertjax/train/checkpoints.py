@@ -1,0 +1,208 @@
+"""Checkpoints with orbax: the train state (params, optimizer state, step) and each process's data-iterator state.
+
+Layout under `<workdir>/checkpoints/<step>/`: `state/` (orbax arrays, each process writing its own shards),
+`data/process_<i>-of-<n>.json` (the iterator position of process i, so every host resumes on its own next batch)
+and `checksums.json` (sha256 of every file, written once the asynchronous save has completed).
+
+Orbax writes a step into a temporary directory and renames it when complete, so a process killed mid-save
+(`kill -9`, preemption) leaves the previous checkpoints intact and the half-written one invisible. Files damaged
+later (disk errors, partial copies) are caught by the checksums before restoring, with an error naming the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+from bertjax.train.run_config import CheckpointConfig
+
+log = logging.getLogger(__name__)
+
+CHECKSUMS_FILE = "checksums.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be restored; the message names the step, the file and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The data-iterator state: one JSON file per process (an orbax CheckpointHandler).
+
+class ProcessJsonHandler(ocp.CheckpointHandler):
+    """Saves a JSON-serialisable value per process, as `process_<i>-of-<n>.json`.
+
+    The value is captured when `save` is called (not read from a live iterator later), so an asynchronous save
+    records exactly the position that matches the saved train state.
+    """
+
+    def save(self, directory: epath.Path, args: "ProcessJsonSave") -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / _process_file()).write_text(json.dumps(args.value, sort_keys=True))
+
+    def restore(self, directory: epath.Path, args: "ProcessJsonRestore | None" = None) -> Any:
+        path = directory / _process_file()
+        if not path.exists():
+            present = sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+            raise CheckpointError(f"{path} is missing (this run has {jax.process_count()} processes; the "
+                                  f"checkpoint holds {present}): resume with the process count that saved it")
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise CheckpointError(f"{path} is not valid JSON: {error}") from None
+
+    def metadata(self, directory: epath.Path) -> None:
+        return None
+
+    def finalize(self, directory: epath.Path) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _process_file() -> str:
+    return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+@ocp.args.register_with_handler(ProcessJsonHandler, for_save=True)
+@dataclasses.dataclass
+class ProcessJsonSave(ocp.args.CheckpointArgs):
+    value: Any
+
+
+@ocp.args.register_with_handler(ProcessJsonHandler, for_restore=True)
+@dataclasses.dataclass
+class ProcessJsonRestore(ocp.args.CheckpointArgs):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checksums.
+
+def _file_digests(step_dir: Path) -> dict[str, str]:
+    digests = {}
+    for path in sorted(step_dir.rglob("*")):
+        if path.is_file() and path.name != CHECKSUMS_FILE:
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            digests[str(path.relative_to(step_dir))] = digest.hexdigest()
+    return digests
+
+
+def write_checksums(step_dir: Path) -> None:
+    tmp = step_dir / (CHECKSUMS_FILE + ".tmp")
+    tmp.write_text(json.dumps(_file_digests(step_dir), indent=1, sort_keys=True))
+    tmp.rename(step_dir / CHECKSUMS_FILE)  # atomic: a checksum file is either complete or absent
+
+
+def verify_checksums(step_dir: Path) -> bool:
+    """Raise CheckpointError on a missing or changed file; False when the step has no checksums to check."""
+    recorded_path = step_dir / CHECKSUMS_FILE
+    if not recorded_path.exists():
+        return False
+    try:
+        recorded = json.loads(recorded_path.read_text())
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{recorded_path} is corrupt (not valid JSON)") from None
+    actual = _file_digests(step_dir)
+    for name, digest in recorded.items():
+        if name not in actual:
+            raise CheckpointError(f"checkpoint {step_dir}: file {name} is missing")
+        if actual[name] != digest:
+            raise CheckpointError(f"checkpoint {step_dir}: file {name} is corrupt (sha256 differs from the one "
+                                  f"recorded when it was saved)")
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+class Checkpointer:
+    """Save and restore (train state, data state) by step, keeping the last `config.keep` steps."""
+
+    def __init__(self, directory: str | Path, config: CheckpointConfig):
+        self.directory = Path(directory).absolute()
+        self.config = config
+        async_options = ocp.AsyncOptions(post_finalization_callback=self._after_save) if config.async_save else None
+        options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=True,
+                                               enable_async_checkpointing=config.async_save,
+                                               async_options=async_options)
+        self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                             item_handlers={"state": ocp.StandardCheckpointHandler(),
+                                                            "data": ProcessJsonHandler()})
+
+    def _after_save(self) -> None:
+        """Runs when an asynchronous save has been committed: record checksums of steps that lack them."""
+        if not self.config.checksums or jax.process_index() != 0:
+            return
+        for step in self.manager.all_steps():
+            step_dir = self.step_dir(step)
+            if step_dir.exists() and not (step_dir / CHECKSUMS_FILE).exists():
+                write_checksums(step_dir)
+
+    def step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, state: Any, data_state: Any) -> None:
+        """Start saving (returns before the files are written when async_save is on)."""
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        data=ProcessJsonSave(data_state)), force=True)
+        if not self.config.async_save:
+            self._after_save()
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
+        """(state, data state) of `step`, each array placed by the sharding of its `abstract_state` leaf."""
+        step_dir = self.step_dir(step)
+        if step not in self.manager.all_steps():
+            raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; available steps: "
+                                  f"{self.all_steps()}")
+        try:
+            verified = verify_checksums(step_dir) if self.config.checksums else False
+            if self.config.checksums and not verified:
+                log.warning("checkpoint %s has no checksums (saved without them, or interrupted before they were "
+                            "written); restoring without verification", step_dir)
+            restored = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), data=ProcessJsonRestore()))
+        except CheckpointError as error:
+            raise CheckpointError(f"{error}. {self._hint(step)}") from None
+        except Exception as error:  # orbax/tensorstore raise many types for damaged files
+            raise CheckpointError(f"checkpoint {step_dir} cannot be restored ({type(error).__name__}: "
+                                  f"{_first_line(error)}). {self._hint(step)}") from error
+        return restored["state"], restored["data"]
+
+    def _hint(self, step: int) -> str:
+        earlier = [s for s in self.all_steps() if s < step]
+        if not earlier:
+            return "There is no earlier checkpoint; delete this one to start from scratch."
+        return (f"Restore an earlier one with checkpoint.restore_step={earlier[-1]} (available: {earlier}), "
+                f"or delete {self.step_dir(step)}.")
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+        if self.config.async_save:
+            self._after_save()  # the callback may still be queued when the process is about to exit
+
+    def close(self) -> None:
+        self.wait()
+        self.manager.close()
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else ""
+
