@@ -1,0 +1,338 @@
+"""Checkpoint directory I/O: exact round trips, config formats, and clear errors naming the offending key."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors.numpy
+from flax import traverse_util
+
+import bertjax
+from bertjax.cli import main as cli_main
+from bertjax.hf import config_translation
+from bertjax.hf.pretrained import expected_params
+
+VOCAB = 100
+
+# (preset, head, transformers architecture)
+ARCHITECTURES = [
+    ("bert-tiny", "encoder", "BertModel"),
+    ("bert-tiny", "masked_lm", "BertForMaskedLM"),
+    ("bert-tiny", "pretraining", "BertForPreTraining"),
+    ("roberta-tiny", "encoder", "RobertaModel"),
+    ("roberta-tiny", "masked_lm", "RobertaForMaskedLM"),
+    ("modernbert-tiny", "encoder", "ModernBertModel"),
+    ("modernbert-tiny", "masked_lm", "ModernBertForMaskedLM"),
+]
+
+
+def random_params(model, seed: int = 0) -> dict:
+    """Distinct non-trivial values in every leaf, drawn with numpy on the shapes of `model.init`'s tree."""
+    rng = np.random.default_rng(seed)
+    return traverse_util.unflatten_dict({path: jnp.asarray(rng.standard_normal(spec.shape), spec.dtype)
+                                         for path, spec in expected_params(model).items()})
+
+
+def tiny_model(preset: str, head: str, **overrides):
+    return bertjax.MODEL_CLASSES[head](bertjax.get_config(preset, vocab_size=VOCAB, **overrides))
+
+
+@pytest.fixture(scope="module")
+def bert_mlm_dir(tmp_path_factory) -> str:
+    directory = str(tmp_path_factory.mktemp("bert_mlm"))
+    model = tiny_model("bert-tiny", "masked_lm")
+    bertjax.save_pretrained(directory, model, random_params(model))
+    return directory
+
+
+@pytest.fixture
+def bert_mlm_copy(bert_mlm_dir, tmp_path) -> str:
+    directory = str(tmp_path / "checkpoint")
+    shutil.copytree(bert_mlm_dir, directory)
+    return directory
+
+
+def edit_tensors(directory: str, edit) -> None:
+    path = os.path.join(directory, "model.safetensors")
+    tensors = safetensors.numpy.load_file(path)
+    edit(tensors)
+    safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"})
+
+
+def edit_config(directory: str, **changes) -> None:
+    path = os.path.join(directory, "config.json")
+    with open(path) as f:
+        values = json.load(f)
+    values.update(changes)
+    with open(path, "w") as f:
+        json.dump(values, f)
+
+
+def assert_same_params(a: dict, b: dict) -> None:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for path, x in traverse_util.flatten_dict(a).items():
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(traverse_util.flatten_dict(b)[path]), str(path))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Round trips and what is written
+
+
+@pytest.mark.parametrize("preset,head,architecture", ARCHITECTURES, ids=[a for _, _, a in ARCHITECTURES])
+def test_save_then_load_is_exact(preset, head, architecture, tmp_path):
+    model = tiny_model(preset, head)
+    params = random_params(model)
+    bertjax.save_pretrained(str(tmp_path), model, params)
+    values = json.loads((tmp_path / "config.json").read_text())
+    assert values["architectures"] == [architecture]
+
+    loaded_model, loaded = bertjax.from_pretrained(str(tmp_path))
+    assert type(loaded_model) is type(model)
+    # Only the pooler flag may differ: the MLM classes never build a pooler, so it is not written for them.
+    assert loaded_model.config == model.config.replace(pooler=loaded_model.config.pooler)
+    assert jax.tree.structure(loaded) == jax.tree.structure(
+        jax.eval_shape(lambda: bertjax.init_params(model, jax.random.key(0))))
+    assert_same_params(loaded, params)
+
+
+@pytest.mark.parametrize("preset,decoder_weight,bias_names", [
+    ("bert-tiny", "cls.predictions.decoder.weight", ("cls.predictions.bias", "cls.predictions.decoder.bias")),
+    ("roberta-tiny", "lm_head.decoder.weight", ("lm_head.bias", "lm_head.decoder.bias")),
+    ("modernbert-tiny", "decoder.weight", ("decoder.bias",)),
+])
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_decoder_weight_written_only_when_untied(preset, decoder_weight, bias_names, tied, tmp_path):
+    model = tiny_model(preset, "masked_lm", tie_word_embeddings=tied)
+    params = random_params(model)
+    bertjax.save_pretrained(str(tmp_path), model, params)
+    names = set(safetensors.numpy.load_file(str(tmp_path / "model.safetensors")))
+    assert (decoder_weight in names) is not tied
+    # Tied, transformers writes only the head's own bias; untied, it writes the decoder's bias as well.
+    assert bias_names[0] in names
+    assert all((name in names) is not tied for name in bias_names[1:])
+    _, loaded = bertjax.from_pretrained(str(tmp_path))
+    assert_same_params(loaded, params)
+
+
+def test_modernbert_config_is_written_in_transformers5_format(tmp_path):
+    model = tiny_model("modernbert-tiny", "masked_lm", num_layers=5, global_attention_every=2,
+                       rope_theta_global=1234.0, rope_theta_local=99.0)
+    bertjax.save_pretrained(str(tmp_path), model, random_params(model))
+    values = json.loads((tmp_path / "config.json").read_text())
+    assert values["model_type"] == "modernbert"
+    assert values["layer_types"] == ["full_attention", "sliding_attention", "full_attention", "sliding_attention",
+                                     "full_attention"]
+    assert values["rope_parameters"] == {"full_attention": {"rope_type": "default", "rope_theta": 1234.0},
+                                         "sliding_attention": {"rope_type": "default", "rope_theta": 99.0}}
+    assert "global_attn_every_n_layers" not in values and "global_rope_theta" not in values
+
+
+def modernbert_values(**changes) -> dict:
+    values = {"model_type": "modernbert", "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 6,
+              "num_attention_heads": 4, "intermediate_size": 48, "local_attention": 16, "pad_token_id": 0}
+    values.update(changes)
+    return values
+
+
+def test_legacy_and_transformers5_modernbert_configs_mean_the_same():
+    translate = config_translation.TRANSLATORS["modernbert"].to_encoder_config
+    legacy = translate(modernbert_values(global_attn_every_n_layers=2, global_rope_theta=5e4, local_rope_theta=7e3),
+                       "masked_lm")
+    current = translate(modernbert_values(
+        layer_types=["full_attention", "sliding_attention"] * 3,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e4},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 7e3}}), "masked_lm")
+    assert legacy == current
+    assert (legacy.global_attention_every, legacy.local_window) == (2, 16)
+    assert (legacy.rope_theta_global, legacy.rope_theta_local) == (5e4, 7e3)
+    # Absent keys take transformers' defaults: global every 3rd layer, theta 160k / 10k.
+    default = translate(modernbert_values(), "encoder")
+    assert (default.global_attention_every, default.rope_theta_global, default.rope_theta_local) == (3, 16e4, 1e4)
+
+
+@pytest.mark.parametrize("layer_types", [
+    ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    ["full_attention", "sliding_attention", "full_attention", "full_attention"],
+    ["full_attention", "sliding_attention", "sliding_attention", "full_attention", "full_attention"],
+])
+def test_layer_types_not_global_every_n_is_an_error(layer_types):
+    values = modernbert_values(num_hidden_layers=len(layer_types), layer_types=layer_types)
+    with pytest.raises(ValueError, match="layer_types"):
+        config_translation.TRANSLATORS["modernbert"].to_encoder_config(values, "encoder")
+
+
+def test_dtype_is_applied_to_params_and_config(bert_mlm_dir):
+    model, params = bertjax.from_pretrained(bert_mlm_dir, dtype=jnp.bfloat16)
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    assert (model.config.dtype, model.config.param_dtype) == ("bfloat16", "bfloat16")
+    with pytest.raises(ValueError, match="dtype"):
+        bertjax.from_pretrained(bert_mlm_dir, dtype=jnp.int32)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Load errors: each names the key
+
+
+def test_missing_tensor_is_an_error(bert_mlm_copy):
+    edit_tensors(bert_mlm_copy, lambda t: t.pop("bert.encoder.layer.1.output.dense.weight"))
+    with pytest.raises(ValueError, match=r"missing tensor 'bert\.encoder\.layer\.1\.output\.dense\.weight'"):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
+def test_unexpected_tensor_is_an_error(bert_mlm_copy):
+    edit_tensors(bert_mlm_copy, lambda t: t.update({"bert.encoder.layer.2.output.dense.bias": np.zeros(32, np.float32)}))
+    with pytest.raises(ValueError, match=r"unexpected tensor.*bert\.encoder\.layer\.2\.output\.dense\.bias"):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
+def test_wrong_shape_is_an_error(bert_mlm_copy):
+    edit_tensors(bert_mlm_copy, lambda t: t.update(
+        {"bert.encoder.layer.0.attention.self.key.weight": np.zeros((16, 64), np.float32)}))
+    with pytest.raises(ValueError, match=r"'bert\.encoder\.layer\.0\.attention\.self\.key\.weight' has shape \(16, 64\)"):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"architectures": ["BertForQuestionAnswering"]}, "unsupported architecture 'BertForQuestionAnswering'"),
+    ({"architectures": []}, "architectures"),
+    ({"model_type": "deberta"}, "unknown model_type 'deberta'"),
+    ({"architectures": ["RobertaForMaskedLM"]}, "model_type is 'bert'"),
+    ({"hidden_act": "quick_gelu"}, "hidden_act='quick_gelu'"),
+    ({"is_decoder": True}, "is_decoder"),
+    ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+])
+def test_config_errors_name_the_key(bert_mlm_copy, changes, match):
+    edit_config(bert_mlm_copy, **changes)
+    with pytest.raises(ValueError, match=match):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
+def test_missing_files_are_errors(bert_mlm_copy, tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        bertjax.from_pretrained(str(tmp_path / "nowhere"))
+    os.remove(os.path.join(bert_mlm_copy, "model.safetensors"))
+    with pytest.raises(FileNotFoundError, match="no weights found"):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
+def _as_torch_bin(directory: str) -> None:
+    torch = pytest.importorskip("torch")
+    tensors = safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+    torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, os.path.join(directory, "pytorch_model.bin"))
+    os.remove(os.path.join(directory, "model.safetensors"))
+
+
+def test_pytorch_bin_is_read_with_torch(bert_mlm_dir, bert_mlm_copy):
+    _as_torch_bin(bert_mlm_copy)
+    _, from_bin = bertjax.from_pretrained(bert_mlm_copy)
+    _, from_safetensors = bertjax.from_pretrained(bert_mlm_dir)
+    assert_same_params(from_bin, from_safetensors)
+
+
+def test_pytorch_bin_without_torch_is_a_clear_error(bert_mlm_copy, monkeypatch):
+    _as_torch_bin(bert_mlm_copy)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    with pytest.raises(ValueError, match="needs torch"):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
+class _NotATensor:
+    pass
+
+
+def test_pytorch_bin_with_arbitrary_objects_is_refused(bert_mlm_copy):
+    torch = pytest.importorskip("torch")
+    os.remove(os.path.join(bert_mlm_copy, "model.safetensors"))
+    torch.save({"weight": _NotATensor()}, os.path.join(bert_mlm_copy, "pytorch_model.bin"))
+    with pytest.raises(ValueError, match="weights_only"):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
+def _shard(directory: str, weight_map_edit=None) -> None:
+    """Split model.safetensors into two shards with an index, as transformers' max_shard_size does."""
+    single = os.path.join(directory, "model.safetensors")
+    tensors = safetensors.numpy.load_file(single)
+    os.remove(single)
+    names = sorted(tensors)
+    weight_map = {}
+    for i, part in enumerate((names[::2], names[1::2])):
+        shard = f"model-0000{i + 1}-of-00002.safetensors"
+        safetensors.numpy.save_file({n: tensors[n] for n in part}, os.path.join(directory, shard),
+                                    metadata={"format": "pt"})
+        weight_map.update({n: shard for n in part})
+    if weight_map_edit:
+        weight_map_edit(weight_map)
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+
+
+def test_sharded_index_loads(bert_mlm_dir, bert_mlm_copy):
+    _shard(bert_mlm_copy)
+    assert_same_params(bertjax.from_pretrained(bert_mlm_copy)[1], bertjax.from_pretrained(bert_mlm_dir)[1])
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda m: m.update({"bert.embeddings.LayerNorm.weight": "../elsewhere.safetensors"}), "inside the checkpoint"),
+    (lambda m: m.update({"bert.pooler.dense.weight": "model-00001-of-00002.safetensors"}), "not found there"),
+])
+def test_bad_sharded_index_is_an_error(bert_mlm_copy, edit, match):
+    _shard(bert_mlm_copy, edit)
+    with pytest.raises(ValueError, match=match):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Save refusals
+
+
+@pytest.mark.parametrize("preset,head,overrides,match", [
+    ("bert-tiny", "masked_lm", {"mlp": "glu"}, "mlp='glu'"),
+    ("bert-tiny", "masked_lm", {"num_kv_heads": 2}, "num_kv_heads=2"),
+    ("bert-tiny", "encoder", {"pooler": False}, "pooler=False"),
+    ("roberta-tiny", "masked_lm", {"head_activation": "relu"}, "head_activation='relu'"),
+    ("modernbert-tiny", "masked_lm", {"final_norm": False}, "final_norm=False"),
+    ("modernbert-tiny", "pretraining", {}, "no modernbert architecture"),
+])
+def test_save_refuses_what_the_family_cannot_express(preset, head, overrides, match, tmp_path):
+    model = tiny_model(preset, head, **overrides)
+    with pytest.raises(ValueError, match=match):
+        bertjax.save_pretrained(str(tmp_path), model, random_params(model))
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_save_refuses_params_of_another_structure(tmp_path):
+    model = tiny_model("bert-tiny", "masked_lm")
+    params = random_params(model)
+    params["mlm_head"].pop("decoder_bias")
+    with pytest.raises(ValueError, match="mlm_head/decoder_bias"):
+        bertjax.save_pretrained(str(tmp_path), model, params)
+    params = random_params(model)
+    params["mlm_head"]["decoder_bias"] = jnp.zeros(VOCAB + 1)
+    with pytest.raises(ValueError, match=r"mlm_head/decoder_bias.*shape"):
+        bertjax.save_pretrained(str(tmp_path), model, params)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# bertjax convert
+
+
+def test_convert_round_trip_through_a_bertjax_model_directory(bert_mlm_dir, tmp_path, capsys):
+    native, back = str(tmp_path / "native"), str(tmp_path / "hf")
+    assert cli_main(["convert", "--from-hf", bert_mlm_dir, "--out", native]) == 0
+    assert cli_main(["convert", "--to-hf", native, "--out", back]) == 0
+    original = safetensors.numpy.load_file(os.path.join(bert_mlm_dir, "model.safetensors"))
+    converted = safetensors.numpy.load_file(os.path.join(back, "model.safetensors"))
+    assert original.keys() == converted.keys()
+    for name in original:
+        np.testing.assert_array_equal(original[name], converted[name], name)
+    assert json.loads(open(os.path.join(back, "config.json")).read()) == \
+        json.loads(open(os.path.join(bert_mlm_dir, "config.json")).read())
+    assert cli_main(["convert", "--from-hf", str(tmp_path / "nowhere"), "--out", native]) == 2
+    assert "config.json" in capsys.readouterr().err
