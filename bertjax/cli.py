@@ -12,6 +12,7 @@ import sys
 # command name -> module. Add a line here to add a command.
 COMMANDS: dict[str, str] = {
     "convert": "bertjax.commands.convert",
+    "prepare": "bertjax.commands.prepare",
 }
 
 

@@ -1,0 +1,34 @@
+"""Per-process numpy batches -> global `jax.Array`s sharded over the mesh's data axes.
+
+Each process holds `global_batch_size / process_count` rows; `jax.make_array_from_process_local_data` stitches
+the processes' rows together into one array of the global shape, the batch dimension split over `batch_axes`,
+without any cross-host copy (each host's rows go to its own devices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+
+def batch_sharding(mesh: Mesh, batch_axes: str | Sequence[str] = "data") -> NamedSharding:
+    """Rows split over `batch_axes` (one mesh axis or several, e.g. ("data", "fsdp")), the rest replicated."""
+    axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
+    unknown = [axis for axis in axes if axis not in mesh.axis_names]
+    if unknown:
+        raise ValueError(f"batch axes {unknown} are not axes of the mesh {mesh.axis_names}")
+    return NamedSharding(mesh, PartitionSpec(axes if len(axes) > 1 else axes[0]))
+
+
+def to_global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh,
+                    batch_axes: str | Sequence[str] = "data") -> dict[str, jax.Array]:
+    """The global arrays of one step's batch, from this process's rows (every process calls this)."""
+    sharding = batch_sharding(mesh, batch_axes)
+    sizes = {name: np.shape(value)[0] for name, value in batch.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"batch arrays disagree on the number of rows: {sizes}")
+    return {name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+            for name, value in batch.items()}

@@ -1,0 +1,336 @@
+"""Tokenizers behind one interface: SentencePiece `.model`, Hugging Face `tokenizer.json`, WordPiece `vocab.txt`.
+
+Every tokenizer gives the pipeline what it needs and nothing more:
+- `encode(text)` / `encode_batch(texts)`: token ids as int32 numpy arrays, *without* special tokens (the pipeline
+  adds `[CLS]`/`[SEP]` itself when it lays out rows);
+- `decode(ids)`;
+- the special ids `cls_id sep_id mask_id pad_id unk_id`, and `special_ids` (every id that must never be masked
+  nor drawn as a random replacement);
+- `word_start` (bool per vocabulary id): whether a token begins a word, for whole-word and span masking;
+- `save(directory)`: copy the tokenizer into a run or a prepared-data directory; `fingerprint` identifies it.
+
+`load_tokenizer(path)` picks the implementation from the files present (`TOKENIZER_FILES`).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import json
+import pathlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+# Names the special tokens go by across checkpoints, in order of preference.
+SPECIAL_TOKEN_NAMES: dict[str, tuple[str, ...]] = {
+    "cls": ("[CLS]", "<s>", "<cls>"),
+    "sep": ("[SEP]", "</s>", "<sep>"),
+    "mask": ("[MASK]", "<mask>"),
+    "pad": ("[PAD]", "<pad>"),
+    "unk": ("[UNK]", "<unk>"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    cls: int
+    sep: int
+    mask: int
+    pad: int
+    unk: int
+
+
+class Tokenizer(abc.ABC):
+    """The interface the data pipeline uses. Subclasses fill `_specials`, `_word_start` and `_special_ids`."""
+
+    kind: str  # registry key, stored in prepared-data metadata
+    _specials: SpecialIds
+    _word_start: np.ndarray
+    _special_ids: np.ndarray
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @abc.abstractmethod
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
+
+    @abc.abstractmethod
+    def _files(self) -> dict[str, bytes]:
+        """The files that make up this tokenizer: name -> content (what `save` writes)."""
+
+    def encode(self, text: str) -> np.ndarray:
+        return self.encode_batch([text])[0]
+
+    @property
+    def cls_id(self) -> int:
+        return self._specials.cls
+
+    @property
+    def sep_id(self) -> int:
+        return self._specials.sep
+
+    @property
+    def mask_id(self) -> int:
+        return self._specials.mask
+
+    @property
+    def pad_id(self) -> int:
+        return self._specials.pad
+
+    @property
+    def unk_id(self) -> int:
+        return self._specials.unk
+
+    @property
+    def special_ids(self) -> np.ndarray:
+        """Sorted int32 ids never masked and never used as random replacements."""
+        return self._special_ids
+
+    @property
+    def word_start(self) -> np.ndarray:
+        """bool [vocab_size]: True where a token begins a new word."""
+        return self._word_start
+
+    @property
+    def fingerprint(self) -> str:
+        digest = hashlib.sha256(self.kind.encode())
+        for name, content in sorted(self._files().items()):
+            digest.update(name.encode())
+            digest.update(hashlib.sha256(content).digest())
+        return digest.hexdigest()[:16]
+
+    def save(self, directory: str | pathlib.Path) -> pathlib.Path:
+        """Write this tokenizer's files into `directory` (created); `load_tokenizer(directory)` reads them back."""
+        directory = pathlib.Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, content in self._files().items():
+            (directory / name).write_bytes(content)
+        return directory
+
+    def _finish(self, specials: SpecialIds, word_start: np.ndarray, extra_special_ids: Sequence[int]) -> None:
+        self._specials = specials
+        ids = set(extra_special_ids) | {specials.cls, specials.sep, specials.mask, specials.pad, specials.unk}
+        self._special_ids = np.array(sorted(ids), np.int32)
+        # Specials start words, so that a word never spans a [SEP]/[CLS] boundary.
+        word_start = np.asarray(word_start, bool).copy()
+        word_start[self._special_ids] = True
+        self._word_start = word_start
+
+
+def _find_specials(lookup: Callable[[str], int | None], source: str) -> SpecialIds:
+    found = {}
+    for role, names in SPECIAL_TOKEN_NAMES.items():
+        ids = [lookup(name) for name in names]
+        ids = [i for i in ids if i is not None and i >= 0]
+        if not ids:
+            raise ValueError(f"tokenizer {source} has no {role} token (looked for {', '.join(names)})")
+        found[role] = ids[0]
+    return SpecialIds(**found)
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece `.model`: the ones bertjax trains, and those of converted checkpoints (ALBERT, ...)."""
+
+    kind = "sentencepiece"
+    FILE_NAME = "tokenizer.model"
+
+    def __init__(self, model_proto: bytes, source: str = "<memory>"):
+        import sentencepiece
+
+        self._proto = bytes(model_proto)
+        self._source = source
+        self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
+        size = self._sp.get_piece_size()
+
+        def lookup(piece: str) -> int | None:
+            i = self._sp.piece_to_id(piece)
+            # piece_to_id answers unk_id for unknown pieces; only a piece that really is `piece` counts.
+            return i if self._sp.id_to_piece(i) == piece else None
+
+        pieces = [self._sp.id_to_piece(i) for i in range(size)]
+        special = [i for i in range(size) if self._sp.is_control(i) or self._sp.is_unknown(i) or self._sp.is_unused(i)]
+        self._finish(_find_specials(lookup, source),
+                     np.array([p.startswith("\u2581") for p in pieces], bool), special)
+
+    @classmethod
+    def from_file(cls, path: str | pathlib.Path) -> "SentencePieceTokenizer":
+        path = pathlib.Path(path)
+        return cls(path.read_bytes(), source=str(path))
+
+    def __getstate__(self):  # the C++ processor does not pickle; rebuild it from the proto in worker processes
+        return {"model_proto": self._proto, "source": self._source}
+
+    def __setstate__(self, state):
+        self.__init__(state["model_proto"], state["source"])
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.asarray(ids, np.int32) for ids in self._sp.encode(list(texts), out_type=int)]
+
+    def decode(self, ids) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+    def _files(self) -> dict[str, bytes]:
+        return {self.FILE_NAME: self._proto}
+
+
+# Markers of word boundaries in the vocabularies of the `tokenizers` library: (marker, marks_start).
+# "##" (WordPiece) marks a continuation; "Ġ" (byte-level BPE) and "▁" (SentencePiece-style) mark a word start.
+_WORD_MARKERS: tuple[tuple[str, bool], ...] = (("##", False), ("\u0120", True), ("\u2581", True))
+
+
+class HuggingFaceTokenizer(Tokenizer):
+    """A `tokenizer.json` of a Hugging Face checkpoint, through the `tokenizers` library."""
+
+    kind = "huggingface"
+    FILE_NAME = "tokenizer.json"
+
+    def __init__(self, tokenizer_json: str, source: str = "<memory>"):
+        from tokenizers import Tokenizer as HfTokenizer
+
+        self._json = tokenizer_json
+        self._source = source
+        self._tok = HfTokenizer.from_str(tokenizer_json)
+        vocab = self._tok.get_vocab(with_added_tokens=True)
+        size = max(vocab.values()) + 1
+        pieces = [""] * size
+        for piece, i in vocab.items():
+            pieces[i] = piece
+        added = [i for i, token in self._tok.get_added_tokens_decoder().items() if token.special]
+        self._finish(_find_specials(vocab.get, source), _word_starts(self._tok, pieces), added)
+        self._size = size
+
+    @classmethod
+    def from_file(cls, path: str | pathlib.Path) -> "HuggingFaceTokenizer":
+        path = pathlib.Path(path)
+        return cls(path.read_text(encoding="utf-8"), source=str(path))
+
+    def __getstate__(self):
+        return {"tokenizer_json": self._json, "source": self._source}
+
+    def __setstate__(self, state):
+        self.__init__(state["tokenizer_json"], state["source"])
+
+    @property
+    def vocab_size(self) -> int:
+        return self._size
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, np.int32) for e in encodings]
+
+    def decode(self, ids) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def _files(self) -> dict[str, bytes]:
+        return {self.FILE_NAME: self._json.encode("utf-8")}
+
+
+def _word_starts(tok, pieces: list[str]) -> np.ndarray:
+    model = tok.model
+    prefix = getattr(model, "continuing_subword_prefix", None)
+    if type(model).__name__ == "WordPiece" and prefix:
+        return np.array([not p.startswith(prefix) for p in pieces], bool)
+    counts = {marker: sum(p.startswith(marker) for p in pieces) for marker, _ in _WORD_MARKERS}
+    marker = max(counts, key=counts.get)
+    if counts[marker] == 0:
+        # No marker: every token counts as a word (whole-word masking degrades to token masking).
+        return np.ones(len(pieces), bool)
+    marks_start = dict(_WORD_MARKERS)[marker]
+    return np.array([p.startswith(marker) == marks_start for p in pieces], bool)
+
+
+class WordPieceTokenizer(HuggingFaceTokenizer):
+    """A BERT `vocab.txt` (one token per line), run by the `tokenizers` library's WordPiece with BERT's rules."""
+
+    kind = "wordpiece"
+    FILE_NAME = "vocab.txt"
+
+    def __init__(self, vocab_text: str, lowercase: bool | None = None, source: str = "<memory>"):
+        from tokenizers import Tokenizer as HfTokenizer, decoders, models, normalizers, pre_tokenizers
+
+        tokens = vocab_text.splitlines()
+        if not tokens:
+            raise ValueError(f"WordPiece vocabulary {source} is empty")
+        vocab = {token: i for i, token in enumerate(tokens)}
+        if lowercase is None:
+            # An uncased vocabulary holds no capital letters outside its [BRACKETED] specials.
+            lowercase = not any(c.isupper() for t in tokens if not t.startswith("[") for c in t)
+        self._vocab_text = vocab_text
+        self._lowercase = lowercase
+        unk = next((name for name in SPECIAL_TOKEN_NAMES["unk"] if name in vocab), None)
+        if unk is None:
+            raise ValueError(f"WordPiece vocabulary {source} has no [UNK] token")
+        tok = HfTokenizer(models.WordPiece(vocab, unk_token=unk))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        super().__init__(tok.to_str(), source=source)
+
+    @classmethod
+    def from_file(cls, path: str | pathlib.Path) -> "WordPieceTokenizer":
+        path = pathlib.Path(path)
+        return cls(path.read_text(encoding="utf-8"), lowercase=_lowercase_from_config(path.parent), source=str(path))
+
+    def __getstate__(self):
+        return {"vocab_text": self._vocab_text, "lowercase": self._lowercase, "source": self._source}
+
+    def __setstate__(self, state):
+        self.__init__(state["vocab_text"], state["lowercase"], state["source"])
+
+    def _files(self) -> dict[str, bytes]:
+        files = {self.FILE_NAME: self._vocab_text.encode("utf-8")}
+        files["tokenizer_config.json"] = json.dumps({"do_lower_case": self._lowercase}).encode("utf-8")
+        return files
+
+
+def _lowercase_from_config(directory: pathlib.Path) -> bool | None:
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    value = json.loads(config.read_text(encoding="utf-8")).get("do_lower_case")
+    return value if isinstance(value, bool) else None
+
+
+# What `load_tokenizer` looks for in a directory, in order of preference: tokenizer.json describes a Hugging Face
+# tokenizer completely (offsets, added tokens), so it wins over a bare .model or vocab.txt next to it.
+TOKENIZER_FILES: tuple[tuple[str, Callable[[pathlib.Path], Tokenizer]], ...] = (
+    ("tokenizer.json", HuggingFaceTokenizer.from_file),
+    ("*.model", SentencePieceTokenizer.from_file),
+    ("vocab.txt", WordPieceTokenizer.from_file),
+)
+# A single file is loaded by its suffix.
+TOKENIZER_SUFFIXES: dict[str, Callable[[pathlib.Path], Tokenizer]] = {
+    ".json": HuggingFaceTokenizer.from_file,
+    ".model": SentencePieceTokenizer.from_file,
+    ".txt": WordPieceTokenizer.from_file,
+}
+
+
+def load_tokenizer(path: str | pathlib.Path) -> Tokenizer:
+    """Load the tokenizer in `path`: a file (by suffix) or a directory (by the files present)."""
+    path = pathlib.Path(path)
+    if path.is_file():
+        loader = TOKENIZER_SUFFIXES.get(path.suffix)
+        if loader is None:
+            raise ValueError(f"unknown tokenizer file type {str(path)!r}; expected one of "
+                             f"{', '.join(TOKENIZER_SUFFIXES)}")
+        return loader(path)
+    if path.is_dir():
+        for pattern, loader in TOKENIZER_FILES:
+            matches = sorted(path.glob(pattern))
+            if matches:
+                return loader(matches[0])
+        raise FileNotFoundError(f"no tokenizer in directory {str(path)!r}; expected one of "
+                                f"{', '.join(p for p, _ in TOKENIZER_FILES)}")
+    raise FileNotFoundError(f"tokenizer path {str(path)!r} does not exist")
+
