@@ -14,7 +14,11 @@ What this wrapper adds:
 - splash needs the sequence to be a multiple of its block sizes, and its key blocks must be multiples of 128
   lanes: the sequence is padded to a block multiple with segment id 0 (padding), then sliced back;
 - splash works on one example [heads, seq, head_dim]: the batch is a vmap;
-- the kernel object (with its numpy block-sparsity tables) depends only on static shapes, so it is cached.
+- the kernel object (with its numpy block-sparsity tables) depends only on static shapes, so it is cached;
+- Mosaic kernels cannot be partitioned by XLA ("wrap the call in a shard_map"), so under a mesh set with
+  `jax.set_mesh(mesh)` the call runs inside `jax.shard_map`: batch split as the Flax logical axis rules map
+  "activation_batch" (over every mesh axis when no rules are active), heads as "activation_heads" when both the
+  query and kv head counts divide; sequence and head_dim stay whole on every device.
 Padding tokens (segment id 0) match each other in splash's segment test, so a padding row always sees at least
 itself: its output is finite (not meaningful), as in the dense reference. Valid rows never see padding.
 """
@@ -23,9 +27,13 @@ from __future__ import annotations
 
 import functools
 
+import math
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.sharding import PartitionSpec as P
 
 LANES = 128  # splash's key blocks (and, for segment ids, query blocks) must be multiples of this
 DEFAULT_BLOCK = 512  # a good default on v5e/v5p for head_dim 64..128 (MaxText uses 512 as well)
@@ -47,8 +55,11 @@ def _kernel(seq: int, heads: int, local_window: int | None, block: int, interpre
         head_mask = splash.LocalMask((seq, seq), (half, half), offset=0)
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
-    return splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads), block_sizes=sizes, head_shards=1,
-                                  q_seq_shards=1, interpret=interpret)
+    # The kernel holds its block tables as jax arrays: make them concrete constants, not tracers of whichever trace
+    # first built the kernel, so the cached kernel can be reused by later traces.
+    with jax.ensure_compile_time_eval():
+        return splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads), block_sizes=sizes, head_shards=1,
+                                      q_seq_shards=1, interpret=interpret)
 
 
 def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, block: int | None = None):
@@ -57,16 +68,44 @@ def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     block = _block_size(seq, block)
     padded = -(-seq // block) * block
     tail = padded - seq
-    kernel = _kernel(padded, heads, local_window, block, bool(interpret))
 
     def to_kernel_layout(x):  # [batch, seq, heads, dim] -> [batch, heads, padded, dim]
         return jnp.pad(x, ((0, 0), (0, tail), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
 
+    def local_attention(q, k, v, segment_ids):  # on one device's shard of batch and heads
+        kernel = _kernel(padded, q.shape[2], local_window, block, bool(interpret))
+        seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
+
+        def one_example(q, k, v, seg):
+            return kernel(q, k, v, segment_ids=splash.SegmentIds(q=seg, kv=seg))
+
+        out = jax.vmap(one_example)(to_kernel_layout(q), to_kernel_layout(k), to_kernel_layout(v), seg)
+        return out.transpose(0, 2, 1, 3)[:, :seq]
+
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)
-    seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return local_attention(q, k, v, segment_ids)
+    batch_axes = _mesh_axes(mesh, "activation_batch", batch, default=mesh.axis_names)
+    # kv_heads divides heads, so axes that split the kv heads split the query heads too (GQA groups stay whole).
+    head_axes = _mesh_axes(mesh, "activation_heads", k.shape[2], default=(), taken=batch_axes or ())
+    qkv_spec = P(batch_axes, None, head_axes, None)
+    return jax.shard_map(local_attention, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, P(batch_axes, None)),
+                         out_specs=qkv_spec, check_vma=False)(q, k, v, segment_ids)
 
-    def one_example(q, k, v, seg):
-        return kernel(q, k, v, segment_ids=splash.SegmentIds(q=seg, kv=seg))
 
-    out = jax.vmap(one_example)(to_kernel_layout(q), to_kernel_layout(k), to_kernel_layout(v), seg)
-    return out.transpose(0, 2, 1, 3)[:, :seq]
+def _mesh_axes(mesh, logical_name: str, size: int, default: tuple[str, ...],
+               taken: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """Mesh axes that split a dimension of `size`: from the active Flax logical rules, else `default`.
+
+    None (replicated) when those axes do not divide the dimension: correct, at the cost of a gather.
+    """
+    if nn.get_logical_axis_rules():
+        axes = nn.logical_to_mesh_axes((logical_name,))[0]
+        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    else:
+        axes = tuple(default)
+    axes = tuple(a for a in axes if a in mesh.axis_names and a not in taken)
+    if not axes or size % math.prod(mesh.shape[a] for a in axes):
+        return None
+    return axes

@@ -1,0 +1,85 @@
+"""Compile for a real TPU topology on a machine without one, and read the compiled program's memory.
+
+With the `libtpu` wheel installed (`pip install -e ".[tpu-aot]"`), `jax.experimental.topologies` describes a TPU
+slice (e.g. "v5e:2x2", four chips) whose devices can compile but not run. XLA then does the same sharding
+propagation, Mosaic (Pallas TPU) kernel compilation and buffer assignment as on the real slice, so a program that
+compiles here fits (or not) on the real chips, per `memory_analysis()`.
+
+    mesh = topology_mesh("v5e:2x2", {"data": 4})
+    compiled = aot_compile(step, abstract_params, abstract_batch, mesh=mesh,
+                           in_shardings=(replicated, data_sharded), logical_axis_rules=rules)
+    print(memory_report(compiled))
+
+Arguments are `jax.ShapeDtypeStruct` pytrees: nothing is allocated. Works with JAX_PLATFORMS=cpu.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import topologies
+from jax.sharding import AxisType, Mesh
+
+INSTALL_HINT = 'AOT compilation for TPU needs the libtpu wheel: pip install -e ".[tpu-aot]" (or pip install libtpu)'
+
+
+def libtpu_available() -> bool:
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def topology_devices(topology: str = "v5e:2x2") -> list:
+    """Compile-only devices of a TPU topology such as "v5e:2x2", "v5p:2x2x1", "v4:2x2x1"."""
+    if not libtpu_available():
+        raise RuntimeError(INSTALL_HINT)
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+
+
+def topology_mesh(topology: str = "v5e:2x2", axes: dict[str, int] | None = None) -> Mesh:
+    """A mesh over the topology's devices; `axes` maps names to sizes (default: one "data" axis over all chips).
+
+    Axis types are Auto, so the sharding of intermediates is left to XLA's propagation, as in training.
+    """
+    devices = topology_devices(topology)
+    axes = axes or {"data": len(devices)}
+    if math.prod(axes.values()) != len(devices):
+        raise ValueError(f"mesh axes {axes} need {math.prod(axes.values())} devices; topology {topology!r} has "
+                         f"{len(devices)}")
+    grid = np.array(devices, dtype=object).reshape(tuple(axes.values()))
+    return Mesh(grid, tuple(axes), axis_types=(AxisType.Auto,) * len(axes))
+
+
+def aot_compile(fn: Callable, *args: Any, mesh: Mesh, in_shardings: Any, out_shardings: Any = None,
+                donate_argnums: int | Sequence[int] = (), logical_axis_rules: Sequence | None = None,
+                print_memory: bool = True) -> jax.stages.Compiled:
+    """jit(fn) lowered for `args` (ShapeDtypeStruct pytrees) and compiled for the mesh's devices.
+
+    The mesh is set (`jax.set_mesh`) while tracing so that code which needs it (shard_map around Pallas TPU
+    kernels) finds it, and so are the Flax `logical_axis_rules` when given (`nn.with_logical_constraint`).
+    """
+    jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings, donate_argnums=donate_argnums)
+    rules = nn.logical_axis_rules(logical_axis_rules) if logical_axis_rules is not None else contextlib.nullcontext()
+    with jax.set_mesh(mesh), rules:
+        compiled = jitted.lower(*args).compile()
+    if print_memory:
+        print(memory_report(compiled))
+    return compiled
+
+
+def memory_report(compiled: jax.stages.Compiled) -> str:
+    """Per-device memory of a compiled program, in MiB, one field per line (from `memory_analysis()`)."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return "memory_analysis: not available for this backend"
+    fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+              "generated_code_size_in_bytes")
+    lines = [f"  {name.removesuffix('_size_in_bytes'):<15} {getattr(stats, name) / 2**20:10.1f} MiB" for name in fields]
+    peak = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes \
+        + stats.temp_size_in_bytes
+    lines.append(f"  {'total (a+o-al+t)':<15} {peak / 2**20:10.1f} MiB per device")
+    return "memory_analysis (per device):\n" + "\n".join(lines)

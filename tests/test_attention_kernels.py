@@ -1,0 +1,163 @@
+"""Every attention implementation against the dense XLA reference, forward and dq/dk/dv, on CPU.
+
+Pallas kernels run in interpret mode with small tiles, so each case covers several query and key blocks, block
+skipping, sequence padding, packed documents (one of a single token), a padding tail, and GQA.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import ops
+from bertjax.config import get_config
+from bertjax.models import EncoderForMaskedLM, init_params
+from bertjax.ops.attention import AUTO_BY_PLATFORM, IMPLEMENTATIONS
+from bertjax.ops.blockwise_attention import blockwise_local_attention, xla_auto_attention
+from bertjax.ops.pallas_gpu_attention import key_block_ranges, pallas_gpu_attention
+from bertjax.ops.pallas_tpu_attention import pallas_tpu_attention
+from bertjax.ops.xla_attention import dense_attention
+
+# The implementations under test, with small tiles (kernel parameters) so that tiny shapes span many blocks.
+IMPLEMENTATIONS_UNDER_TEST = {
+    "xla_blockwise": functools.partial(blockwise_local_attention, chunk=8),
+    "xla_auto": xla_auto_attention,
+    "pallas_tpu": functools.partial(pallas_tpu_attention, interpret=True),  # 128 is splash's smallest tile
+    "pallas_gpu": functools.partial(pallas_gpu_attention, interpret=True, block_q=16, block_k=32),
+}
+
+# (seq, heads, kv_heads, head_dim, window, dtype); no seq is a multiple of 8, 16, 32 or 128.
+CASES = {
+    "global": (37, 4, 4, 16, None, jnp.float32),
+    "local_gqa2": (77, 4, 2, 8, 16, jnp.float32),
+    "local_wider_than_seq_gqa4": (29, 4, 1, 24, 200, jnp.float32),
+    "local_bf16_gqa4": (61, 4, 1, 32, 10, jnp.bfloat16),
+    "global_bf16_gqa2": (45, 4, 2, 64, None, jnp.bfloat16),
+}
+# Forward and gradients; bfloat16 is compared with a float32 reference on the same (rounded) inputs.
+TOLERANCE = {jnp.float32: 5e-5, jnp.bfloat16: 5e-2}
+
+
+def packed_segments(seq: int) -> np.ndarray:
+    """Row 0: documents of 9, 1 (a single token), 13 and the rest but 5 tokens, then 5 padding tokens.
+    Row 1: one document filling the row."""
+    row = np.zeros(seq, np.int32)
+    row[:9], row[9], row[10:23], row[23:seq - 5] = 1, 2, 3, 4
+    return np.stack([row, np.ones(seq, np.int32)])
+
+
+def make_inputs(seq, heads, kv_heads, head_dim, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((2, seq, heads, head_dim))
+    k = rng.standard_normal((2, seq, kv_heads, head_dim))
+    v = rng.standard_normal((2, seq, kv_heads, head_dim))
+    seg = packed_segments(seq)
+    # The loss ignores padding positions, so their cotangent is zero; `wild` also fills them, to check for NaN.
+    cotangent = rng.standard_normal((2, seq, heads, head_dim))
+    wild = cotangent.copy()
+    cotangent *= (seg != 0)[:, :, None, None]
+    as_dtype = lambda x: jnp.asarray(x, dtype)
+    return as_dtype(q), as_dtype(k), as_dtype(v), jnp.asarray(seg), as_dtype(cotangent), as_dtype(wild)
+
+
+def forward_and_grads(fn, q, k, v, seg, cotangent, wild, window, scale):
+    def attend(q, k, v):
+        return fn(q, k, v, segment_ids=seg, local_window=window, scale=scale)
+
+    out, vjp = jax.vjp(attend, q, k, v)
+    return out, vjp(cotangent), vjp(wild)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", list(IMPLEMENTATIONS_UNDER_TEST))
+def test_matches_dense_reference_forward_and_backward(name, case):
+    seq, heads, kv_heads, head_dim, window, dtype = CASES[case]
+    q, k, v, seg, cotangent, wild = make_inputs(seq, heads, kv_heads, head_dim, dtype)
+    scale = 1 / np.sqrt(head_dim)
+    out, grads, wild_grads = jax.jit(functools.partial(
+        forward_and_grads, IMPLEMENTATIONS_UNDER_TEST[name], window=window, scale=scale))(q, k, v, seg, cotangent,
+                                                                                           wild)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    ref_out, ref_grads, _ = jax.jit(functools.partial(forward_and_grads, dense_attention, window=window, scale=scale))(
+        f32(q), f32(k), f32(v), seg, f32(cotangent), f32(wild))
+
+    for x in (out, *grads, *wild_grads):  # padding rows included
+        assert np.isfinite(np.asarray(f32(x))).all(), f"{name}: non-finite values"
+    valid = np.asarray(seg) != 0
+    tol = TOLERANCE[dtype]
+    np.testing.assert_allclose(f32(out)[valid], ref_out[valid], atol=tol, rtol=tol, err_msg=f"{name} output")
+    for label, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        np.testing.assert_allclose(f32(got), want, atol=tol, rtol=tol, err_msg=f"{name} {label}")
+    if name == "pallas_gpu":  # a query with no visible key gives exactly zero, not an average of padding
+        assert not np.asarray(f32(out))[~valid].any()
+
+
+def test_registry_and_auto():
+    for name in ("xla", "xla_blockwise", "xla_auto", "pallas_tpu", "pallas_gpu"):
+        assert name in IMPLEMENTATIONS
+    assert AUTO_BY_PLATFORM["tpu"] == "pallas_tpu" and AUTO_BY_PLATFORM["gpu"] == "pallas_gpu"
+    assert ops.resolve_implementation("auto") == "xla_auto"  # tests run on CPU
+    # The public entry point reaches a Pallas kernel (default tiles) in interpret mode.
+    q, k, v, seg, _, _ = make_inputs(21, 2, 1, 8, jnp.float32)
+    got = ops.attention(q, k, v, segment_ids=seg, local_window=6, implementation="pallas_gpu", interpret=True)
+    want = ops.attention(q, k, v, segment_ids=seg, local_window=6, implementation="xla")
+    valid = np.asarray(seg) != 0
+    np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_pallas_gpu_rejects_bad_block_size():
+    q, k, v, seg, _, _ = make_inputs(21, 2, 1, 8, jnp.float32)
+    with pytest.raises(ValueError, match="block_q must be a power of two"):
+        pallas_gpu_attention(q, k, v, segment_ids=seg, local_window=None, scale=1.0, interpret=True, block_q=24)
+
+
+def visited_key_blocks(seq: int, window: int | None, segment_ids=None, block: int = 64) -> int:
+    segment_ids = np.ones((1, seq), np.int32) if segment_ids is None else segment_ids
+    lo, hi = key_block_ranges(segment_ids, window, block, block)
+    return int(np.sum(np.asarray(hi) - np.asarray(lo)))
+
+
+def test_local_attention_work_grows_linearly():
+    lengths = [1024, 2048, 4096, 8192]
+    local = [visited_key_blocks(n, 128) for n in lengths]
+    dense = [visited_key_blocks(n, None) for n in lengths]
+    # Window 128 (|i - j| <= 64) with 64-token tiles: each query block needs itself and one neighbour per side.
+    assert local == [3 * (n // 64) - 2 for n in lengths]
+    for previous, current in zip(local, local[1:]):
+        assert 1.95 < current / previous < 2.05  # linear in seq
+    for previous, current in zip(dense, dense[1:]):
+        assert current / previous == 4.0  # quadratic in seq
+
+
+def test_packing_and_padding_skip_blocks():
+    # Global attention over packed 128-token documents touches only each document's own blocks, and a query block
+    # made only of padding touches none.
+    seq = 1024
+    seg = np.repeat(np.arange(1, seq // 128 + 1), 128)[None].astype(np.int32)
+    assert visited_key_blocks(seq, None, seg) == (seq // 64) * 2
+    seg[:, 512:] = 0
+    lo, hi = key_block_ranges(seg, None, 64, 64)
+    assert (np.asarray(hi - lo)[0, 8:] == 0).all() and (np.asarray(hi - lo)[0, :8] == 2).all()
+
+
+def test_modernbert_logits_match_with_every_implementation():
+    # Window 8 in the tiny preset; 40 tokens span several windows. Layer 0 is global, layers 1 and 2 local.
+    config = get_config("modernbert-tiny")
+    rng = np.random.default_rng(3)
+    seq = 40
+    ids = rng.integers(1, config.vocab_size, (2, seq)).astype(np.int32)
+    seg = np.stack([np.r_[np.full(25, 1), np.full(10, 2), np.zeros(5)], np.ones(seq)]).astype(np.int32)
+    params = init_params(EncoderForMaskedLM(config), jax.random.key(0))
+
+    def logits(implementation):
+        model = EncoderForMaskedLM(config.replace(attention_implementation=implementation, attention_interpret=True))
+        return np.asarray(jax.jit(lambda p: model.apply({"params": p}, ids, segment_ids=seg).logits)(params))
+
+    reference = logits("xla")
+    valid = seg != 0
+    for implementation in ("xla_blockwise", "xla_auto", "pallas_tpu", "pallas_gpu"):
+        got = logits(implementation)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got[valid], reference[valid], atol=1e-4, rtol=1e-4, err_msg=implementation)
