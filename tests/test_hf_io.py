@@ -192,6 +192,35 @@ def test_unexpected_tensor_is_an_error(bert_mlm_copy):
         bertjax.from_pretrained(bert_mlm_copy)
 
 
+def test_mlm_checkpoint_with_pretraining_heads_loads_without_them(bert_mlm_dir, bert_mlm_copy, caplog):
+    """bert-base-uncased says BertForMaskedLM but its file still holds the pooler and NSP head."""
+    extra = {"bert.pooler.dense.weight": np.ones((32, 32), np.float32), "bert.pooler.dense.bias": np.ones(32, np.float32),
+             "cls.seq_relationship.weight": np.ones((2, 32), np.float32),
+             "cls.seq_relationship.bias": np.ones(2, np.float32)}
+    edit_tensors(bert_mlm_copy, lambda t: t.update(extra))
+    with caplog.at_level("WARNING", logger="bertjax.hf.pretrained"):
+        _, params = bertjax.from_pretrained(bert_mlm_copy)
+    assert all(name in caplog.text for name in extra)
+    assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir)[1])
+
+
+def test_tensorflow_era_layer_norm_names_are_accepted(bert_mlm_dir, bert_mlm_copy):
+    def rename(tensors):
+        for name in [n for n in tensors if "LayerNorm." in n]:
+            tensors[name.replace(".weight", ".gamma").replace(".bias", ".beta")] = tensors.pop(name)
+
+    edit_tensors(bert_mlm_copy, rename)
+    assert_same_params(bertjax.from_pretrained(bert_mlm_copy)[1], bertjax.from_pretrained(bert_mlm_dir)[1])
+
+
+def test_nsp_head_is_unexpected_for_roberta(tmp_path):
+    model = tiny_model("roberta-tiny", "masked_lm")
+    bertjax.save_pretrained(str(tmp_path), model, random_params(model))
+    edit_tensors(str(tmp_path), lambda t: t.update({"cls.seq_relationship.bias": np.ones(2, np.float32)}))
+    with pytest.raises(ValueError, match=r"unexpected tensor.*cls\.seq_relationship\.bias"):
+        bertjax.from_pretrained(str(tmp_path))
+
+
 def test_wrong_shape_is_an_error(bert_mlm_copy):
     edit_tensors(bert_mlm_copy, lambda t: t.update(
         {"bert.encoder.layer.0.attention.self.key.weight": np.zeros((16, 64), np.float32)}))

@@ -79,6 +79,10 @@ class TensorRule:
 class KeyMapping:
     rules: list[TensorRule]
     ignored: frozenset[str]  # names accepted in a file and dropped: non-parameter buffers, tied copies
+    # Parameters of the family's other heads that this head does not use. Published MLM checkpoints
+    # (bert-base-uncased, roberta-base) still carry their pretraining pooler and NSP head; transformers drops them
+    # with a warning, and so does bertjax. Any other tensor is an error.
+    unused: frozenset[str] = frozenset()
 
 
 def _rule(key: str, shape: tuple[int, ...], path: ParamPath, layout: Layout = COPY) -> TensorRule:
@@ -93,9 +97,14 @@ def linear(key: str, path: ParamPath, in_dim: int, out_dim: int, bias: bool) -> 
 
 
 def layer_norm(key: str, path: ParamPath, dim: int, bias: bool) -> list[TensorRule]:
-    rules = [_rule(f"{key}.weight", (dim,), path + ("scale",))]
+    # Checkpoints converted from the original TensorFlow BERT name LayerNorm parameters gamma/beta; transformers
+    # still renames them on load, so they are accepted (never written).
+    legacy = key.endswith("LayerNorm")
+    rules = [TensorRule((f"{key}.weight",) + ((f"{key}.gamma",) if legacy else ()), (dim,), (path + ("scale",),),
+                        COPY)]
     if bias:
-        rules.append(_rule(f"{key}.bias", (dim,), path + ("bias",)))
+        rules.append(TensorRule((f"{key}.bias",) + ((f"{key}.beta",) if legacy else ()), (dim,), (path + ("bias",),),
+                                COPY))
     return rules
 
 
@@ -155,13 +164,14 @@ def bert_layer(key: str, path: ParamPath, cfg: EncoderConfig) -> list[TensorRule
 
 
 @dataclasses.dataclass(frozen=True)
-class MlmHeadNames:
-    prefix: str  # "cls.predictions." (BERT) or "lm_head." (RoBERTa)
-    dense: str
-    norm: str
+class HeadNames:
+    mlm_prefix: str  # "cls.predictions." (BERT) or "lm_head." (RoBERTa)
+    mlm_dense: str
+    mlm_norm: str
+    nsp: str | None  # BERT's next-sentence classifier; RoBERTa has none
 
 
-def _bert_like(cfg: EncoderConfig, head: str, base_prefix: str, mlm: MlmHeadNames) -> KeyMapping:
+def _bert_like(cfg: EncoderConfig, head: str, base_prefix: str, names: HeadNames) -> KeyMapping:
     """`base_prefix` names the base model inside the head classes (`bert.`); the bare model has none."""
     h = cfg.hidden_size
     base = "" if head == "encoder" else base_prefix
@@ -178,26 +188,30 @@ def _bert_like(cfg: EncoderConfig, head: str, base_prefix: str, mlm: MlmHeadName
         rules += bert_layer(f"{base}encoder.layer.{i}.", ("encoder", f"layers_{i}"), cfg)
     # Buffers older transformers versions saved alongside the weights.
     ignored = {f"{e}position_ids", f"{e}token_type_ids"}
+    pooler = linear(f"{base}pooler.dense", ("pooler", "dense"), h, h, bias=True)
     if head in ("encoder", "pretraining"):
-        rules += linear(f"{base}pooler.dense", ("pooler", "dense"), h, h, bias=True)
+        rules += pooler
     if head in ("masked_lm", "pretraining"):
-        p = mlm.prefix
-        rules += linear(f"{p}{mlm.dense}", ("mlm_head", "dense"), h, h, bias=True)
-        rules += layer_norm(f"{p}{mlm.norm}", ("mlm_head", "norm"), h, bias=True)
+        p = names.mlm_prefix
+        rules += linear(f"{p}{names.mlm_dense}", ("mlm_head", "dense"), h, h, bias=True)
+        rules += layer_norm(f"{p}{names.mlm_norm}", ("mlm_head", "norm"), h, bias=True)
         decoder_rules, decoder_ignored = mlm_decoder(p, (f"{p}decoder.bias", f"{p}bias"), cfg)
         rules += decoder_rules
         ignored |= decoder_ignored
+    nsp = linear(names.nsp, ("nsp_head", "dense"), h, 2, bias=True) if names.nsp else []
     if head == "pretraining":
-        rules += linear("cls.seq_relationship", ("nsp_head", "dense"), h, 2, bias=True)
-    return KeyMapping(rules, frozenset(ignored))
+        rules += nsp
+    unused = [key for rule in (pooler + nsp if head == "masked_lm" else []) for key in rule.hf_keys]
+    return KeyMapping(rules, frozenset(ignored), frozenset(unused))
 
 
 def bert_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
-    return _bert_like(cfg, head, "bert.", MlmHeadNames("cls.predictions.", "transform.dense", "transform.LayerNorm"))
+    return _bert_like(cfg, head, "bert.", HeadNames("cls.predictions.", "transform.dense", "transform.LayerNorm",
+                                                          "cls.seq_relationship"))
 
 
 def roberta_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
-    return _bert_like(cfg, head, "roberta.", MlmHeadNames("lm_head.", "dense", "layer_norm"))
+    return _bert_like(cfg, head, "roberta.", HeadNames("lm_head.", "dense", "layer_norm", nsp=None))
 
 
 # --------------------------------------------------------------------------------------------------------------

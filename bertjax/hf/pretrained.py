@@ -2,12 +2,14 @@
 
 Loading fills every parameter of `model.init`'s tree from the file and nothing else: a tensor the mapping expects
 but the file lacks, a tensor the file has but nothing consumes, and a tensor of the wrong shape are all errors
-naming the key, so no parameter is ever left at its random initial value.
+naming the key, so no parameter is ever left at its random initial value. The one exception: the pooler and
+NSP head that published BERT/RoBERTa MLM checkpoints still carry are dropped with a warning, as transformers does.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import flax.linen as nn
@@ -20,6 +22,8 @@ from bertjax.config import EncoderConfig
 from bertjax.hf import config_translation, weights
 from bertjax.hf.mapping import KEY_MAPPINGS, KeyMapping, ParamPath
 from bertjax.models import MODEL_CLASSES
+
+logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 LOADABLE_DTYPES = ("float32", "bfloat16", "float16")
@@ -114,7 +118,10 @@ def from_pretrained(path: str, dtype=None) -> tuple[nn.Module, dict]:
                              "from config.json")
         for param_path, array in zip(rule.params, rule.layout.load(np.asarray(tensor))):
             flat[param_path] = jnp.asarray(array, dtype=dtype_name)
-    unexpected = sorted(set(tensors) - consumed)
+    unused = sorted(set(mapping.unused) & set(tensors))
+    if unused:
+        logger.warning("%s: dropping tensors the %s head does not use (as transformers does): %s", path, head, unused)
+    unexpected = sorted(set(tensors) - consumed - set(unused))
     if unexpected:
         raise ValueError(f"{path}: unexpected tensor(s) {unexpected} for a {model_type} {head} model "
                          f"(architecture {values['architectures'][0]})")
