@@ -1,7 +1,8 @@
 """`bertjax convert`: a transformers checkpoint directory <-> a bertjax model directory.
 
-A bertjax model directory holds `bertjax_model.json` ({"head": ..., "config": EncoderConfig fields}) and
-`params/`, an Orbax checkpoint of the parameter pytree, so it restores straight onto a mesh.
+A bertjax model directory holds `model_config.json` ({"head": ..., "config": EncoderConfig fields}, the file a
+pretraining workdir also starts with) and `params/`, an Orbax checkpoint of the parameter pytree, so it restores
+straight onto a mesh.
 
     bertjax convert --from-hf hf_dir --out model_dir [--dtype bfloat16]
     bertjax convert --to-hf model_dir --out hf_dir
@@ -14,7 +15,7 @@ import json
 import os
 
 HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or back."
-MODEL_FILE = "bertjax_model.json"
+MODEL_FILE = "model_config.json"
 PARAMS_DIR = "params"
 
 
