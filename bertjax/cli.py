@@ -13,6 +13,8 @@ import sys
 COMMANDS: dict[str, str] = {
     "convert": "bertjax.commands.convert",
     "prepare": "bertjax.commands.prepare",
+    "pretrain": "bertjax.commands.pretrain",
+    "fill-mask": "bertjax.commands.fill_mask",
 }
 
 

@@ -202,6 +202,33 @@ class Checkpointer:
         self.manager.close()
 
 
+def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> Any:
+    """Only the parameters of a saved train state, on one device (inference: fill-mask, export).
+
+    The optimizer state is not read, so this needs a third of the memory of a full restore.
+    """
+    step_dir = Path(step_dir)
+    state_dir = step_dir / "state"
+    if not state_dir.is_dir():
+        raise CheckpointError(f"{step_dir} is not a checkpoint (no state/ directory)")
+    verify_checksums(step_dir)
+    sharding = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+    checkpointer = ocp.PyTreeCheckpointer()
+    try:
+        metadata = checkpointer.metadata(state_dir)
+        tree = metadata.item_metadata
+        tree = getattr(tree, "tree", tree)
+        target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                                         tree["params"])}
+        restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=sharding), target),
+            partial_restore=True))
+    except Exception as error:
+        raise CheckpointError(f"parameters of checkpoint {step_dir} cannot be read ({type(error).__name__}: "
+                              f"{_first_line(error)})") from error
+    return restored["params"]
+
+
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else ""

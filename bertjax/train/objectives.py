@@ -47,10 +47,13 @@ def mlm_sums(logits: jax.Array, masked_ids: jax.Array, masked_weights: jax.Array
 
 
 def nsp_sums(nsp_logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, ...]:
-    """(loss sum, count, correct sum) over rows; labels 0 = is next (in order), 1 = not next (swapped)."""
-    loss = jnp.sum(cross_entropy(nsp_logits, labels))
-    correct = jnp.sum((jnp.argmax(nsp_logits, axis=-1) == labels).astype(jnp.float32))
-    return loss, jnp.float32(labels.shape[0]), correct
+    """(loss sum, count, correct sum) over rows; labels 0 = is next (in order), 1 = not next (swapped), and -1 on
+    the padding rows of evaluation batches, which do not count."""
+    valid = (labels >= 0).astype(jnp.float32)
+    safe = jnp.maximum(labels, 0)
+    loss = jnp.sum(cross_entropy(nsp_logits, safe) * valid)
+    correct = jnp.sum((jnp.argmax(nsp_logits, axis=-1) == safe) * valid)
+    return loss, jnp.sum(valid), correct
 
 
 def loss_sums(output, batch: dict, with_nsp: bool) -> LossSums:
@@ -71,7 +74,7 @@ class Normalisers:
 
 def normalisers(batch: dict, with_nsp: bool) -> Normalisers:
     mlm = jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0)
-    nsp = jnp.float32(max(batch["nsp_labels"].shape[0], 1)) if with_nsp else jnp.float32(1.0)
+    nsp = jnp.maximum(jnp.sum(batch["nsp_labels"] >= 0).astype(jnp.float32), 1.0) if with_nsp else jnp.float32(1.0)
     return Normalisers(mlm_weight=mlm, nsp_count=nsp)
 
 

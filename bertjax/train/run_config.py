@@ -1,10 +1,11 @@
 """The typed YAML run config of `bertjax pretrain`: frozen dataclasses, one per section.
 
     model:      {preset: modernbert-tiny, head: masked_lm, overrides: {hidden_size: 64}, remat_policy: none}
-    data:       the data pipeline's own config (bertjax.data), checked by its dataclass
+    tokenizer:  {path: null, vocab_size: 8192}  (null: train one on the run's training documents)
+    data:       the data pipeline's own config (bertjax.data.DataConfig): input, seq_len, global_batch_size, ...
     optimizer:  {name: stable_adamw, learning_rate: 1.0e-3, ...}
     schedule:   {name: wsd, warmup: 100, decay: 200, decay_shape: 1-sqrt, unit: steps}
-    train:      {steps: 1000, batch_size: 32, seed: 0, log_every: 10, phases: [...]}
+    train:      {steps: 1000, seed: 0, log_every: 10, phases: [...]}
     eval:       {every: 100, batches: 8}
     checkpoint: {every: 500, keep: 3}
     mesh:       {data: -1, fsdp: 1, tensor: 1}
@@ -67,19 +68,29 @@ class PhaseConfig:
     """A share of the run trained with different data settings (BERT: 90% of steps at 128 tokens, 10% at 512)."""
 
     fraction: float  # share of train.steps; the fractions of all phases sum to 1
-    data: dict[str, Any] = dataclasses.field(default_factory=dict)  # data-config fields replaced in this phase
-    batch_size: int | None = None  # global batch size in this phase; None: train.batch_size
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)  # data fields replaced in this phase (seq_len, ...)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    steps: int
-    batch_size: int  # global batch (rows per optimizer update, over all processes)
+    steps: int  # optimizer updates; the batch size is data.global_batch_size
     seed: int = 0
     log_every: int = 10
     phases: tuple[PhaseConfig, ...] = ()
     peak_tflops_per_device: float | None = None  # for MFU; None: looked up by device kind (bertjax.train.flops)
     progress_bar: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """Which tokenizer the run uses; it is saved into `<workdir>/tokenizer` and reused when the run resumes."""
+
+    path: str | None = None  # a tokenizer file or directory (tokenizer.json, *.model, vocab.txt); None: see below
+    # With no path: the tokenizer of a `bertjax prepare` directory given as data.input, else a SentencePiece model
+    # trained here on the training split of data.input.
+    vocab_size: int = 8192
+    model_type: Literal["bpe", "unigram"] = "bpe"
+    max_lines: int = 200_000  # lines sampled for training
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +107,7 @@ class CheckpointConfig:
     every: int = 1000  # steps between saves; the last step is always saved
     keep: int = 3  # most recent checkpoints kept
     async_save: bool = True  # write in the background while training continues
+    directory: str | None = None  # None: <workdir>/checkpoints; multi-host runs need one all hosts share
     restore_step: int | None = None  # None: resume from the latest checkpoint in the workdir
     checksums: bool = True  # record sha256 of every file, verified before restoring (catches corrupt files)
 
@@ -114,6 +126,7 @@ class RunConfig:
     model: ModelConfig
     train: TrainConfig
     data: Any = None  # the data pipeline's config dataclass (see `data_config_class`)
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
@@ -300,7 +313,7 @@ def _validate(config: RunConfig) -> None:
     if config.model.remat_policy not in REMAT_POLICIES:
         raise ConfigError(f"model.remat_policy must be one of {sorted(REMAT_POLICIES)}, got "
                           f"{config.model.remat_policy!r}")
-    positive = {"train.steps": config.train.steps, "train.batch_size": config.train.batch_size,
+    positive = {"train.steps": config.train.steps, "tokenizer.vocab_size": config.tokenizer.vocab_size,
                 "train.log_every": config.train.log_every, "eval.batches": config.eval.batches,
                 "checkpoint.every": config.checkpoint.every, "checkpoint.keep": config.checkpoint.keep,
                 "optimizer.learning_rate": config.optimizer.learning_rate,

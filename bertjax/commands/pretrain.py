@@ -1,0 +1,70 @@
+"""`bertjax pretrain --config PATH --workdir DIR [key=value ...]`: masked-language-model pretraining.
+
+Rerunning the same command in the same workdir resumes from its latest checkpoint. On several hosts, start the
+same command on each with `--coordinator HOST:PORT --num-processes N --process-id I` (or on a TPU pod slice with
+nothing: the slice is detected). See launch/ for ready-made scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+HELP = "pretrain an encoder (MLM, optionally NSP/SOP) from a YAML run config; resumes in the same workdir"
+
+FILL_MASK_SEED = 0  # which word of each held-out sentence gets masked in the end-of-run demonstration
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bertjax.train import distributed
+
+    parser.add_argument("--config", required=True, metavar="PATH", help="YAML run config (configs/pretrain/)")
+    parser.add_argument("--workdir", required=True, metavar="DIR",
+                        help="where checkpoints, metrics, the tokenizer and loss.png go")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="config overrides on dotted keys, e.g. train.steps=100 eval.every=50")
+    distributed.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertjax.train import distributed
+
+    # Before anything touches a JAX backend: the processes must connect first.
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    from bertjax.train.loop import pretrain
+    from bertjax.train.run_config import load_run_config
+
+    config = load_run_config(args.config, args.overrides)
+    result = pretrain(config, args.workdir)
+
+    import jax
+    if jax.process_index() != 0:
+        return 0
+    print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} in "
+          f"{result.seconds:.0f} s{' (stopped by SIGTERM; rerun to resume)' if result.preempted else ''}")
+    if result.eval_loss_start is not None:
+        print(f"held-out MLM loss at the start: {result.eval_loss_start:.4f}")
+    if result.eval_loss_end is not None:
+        print(f"held-out MLM loss at the end:   {result.eval_loss_end:.4f}")
+    if not result.preempted and config.eval.fill_mask_examples and jax.process_count() == 1:
+        show_fill_mask(config, result)
+    return 0
+
+
+def show_fill_mask(config, result) -> None:
+    """Fill-mask predictions of the trained model on a few held-out sentences, one word masked in each."""
+    from bertjax.commands.fill_mask import format_predictions, make_predictor
+    from bertjax.train import feed as feed_lib
+
+    data = feed_lib.plan_phases(config)[-1].data
+    sentences = feed_lib.held_out_sentences(data, result.tokenizer, config.eval.fill_mask_examples)
+    if not sentences:
+        return
+    predictor = make_predictor(result.model, result.params, result.tokenizer)
+    rng = np.random.default_rng(FILL_MASK_SEED)
+    print("\nfill-mask on held-out sentences (the masked word in brackets is the model's best guess):")
+    for sentence in sentences:
+        masked = feed_lib.mask_a_word(sentence, result.tokenizer, rng)
+        print(f"original: {sentence}")
+        print(format_predictions(masked, predictor(masked, 5)))

@@ -1,0 +1,230 @@
+"""The data side of a training run: its tokenizer, its phases, and global batches for the jitted step.
+
+Each process reads its own share of the data (bertjax.data) and the per-process numpy batches become global
+`jax.Array`s split over the mesh's batch axes. The feed's position ({phase, iterator state}) is saved with every
+checkpoint so that a resumed run continues with exactly the next batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from bertjax.data import build_eval_iterator, build_pretraining_iterator, load_tokenizer, to_global_batch
+from bertjax.train import mesh as mesh_lib
+from bertjax.train.run_config import ConfigError, RunConfig, data_config_class, parse_dataclass, to_dict
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_DIR = "tokenizer"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenizer.
+
+def prepare_tokenizer(config: RunConfig, workdir: Path):
+    """The run's tokenizer, saved in `<workdir>/tokenizer` (where a resumed run and fill-mask find it).
+
+    Multi-host: process 0 prepares it; the others then read it from a shared workdir or, on hosts with their own
+    disk, build the same one (training is deterministic), and every process checks it holds the same tokenizer.
+    """
+    saved = workdir / TOKENIZER_DIR
+    if jax.process_index() == 0 and not saved.exists():
+        _build_tokenizer(config, saved)
+    _barrier("bertjax-tokenizer")
+    if not saved.exists():
+        _build_tokenizer(config, saved)
+    tokenizer = load_tokenizer(saved)
+    _check_same_everywhere(tokenizer.fingerprint)
+    return tokenizer
+
+
+def _build_tokenizer(config: RunConfig, out_dir: Path) -> None:
+    from bertjax.data import open_documents, train_sentencepiece
+
+    tok = config.tokenizer
+    if tok.path is not None:
+        load_tokenizer(tok.path).save(out_dir)
+        return
+    prepared = Path(config.data.input) / TOKENIZER_DIR
+    if "," not in config.data.input and prepared.is_dir():
+        load_tokenizer(prepared).save(out_dir)  # prepared data carries the tokenizer it was made with
+        return
+    documents = open_documents(config.data.input, split="train", text_format=config.data.text_format,
+                               text_field=config.data.text_field, eval_fraction=config.data.eval_fraction)
+    log.info("training a %s tokenizer (vocab %d) on %d documents", tok.model_type, tok.vocab_size, len(documents))
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    train_sentencepiece((documents[i] for i in range(len(documents))), tmp, vocab_size=tok.vocab_size,
+                        model_type=tok.model_type, max_lines=tok.max_lines, seed=config.train.seed)
+    tmp.rename(out_dir)  # a run killed mid-training leaves no half-written tokenizer behind
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+def _check_same_everywhere(fingerprint: str) -> None:
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+    digits = np.frombuffer(fingerprint.encode(), np.uint8).astype(np.int32)
+    gathered = np.asarray(multihost_utils.process_allgather(digits))
+    if not (gathered == gathered[0]).all():
+        raise RuntimeError("processes hold different tokenizers; give tokenizer.path, or a workdir all hosts share")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Phases.
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    index: int
+    start: int  # first step of the phase
+    end: int  # one past its last step
+    data: object  # bertjax.data.DataConfig
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.data.global_batch_size * self.data.seq_len
+
+
+def plan_phases(config: RunConfig) -> list[Phase]:
+    """The run's phases (one when train.phases is empty), with step ranges covering [0, train.steps)."""
+    steps = config.train.steps
+    if not config.train.phases:
+        return [Phase(0, 0, steps, config.data)]
+    phases, start, cumulative = [], 0, 0.0
+    base = to_dict(config.data)
+    for i, phase in enumerate(config.train.phases):
+        cumulative += phase.fraction
+        end = steps if i == len(config.train.phases) - 1 else int(round(cumulative * steps))
+        data = parse_dataclass(data_config_class(), {**base, **phase.data}, f"train.phases[{i}].data")
+        phases.append(Phase(i, start, end, data))
+        start = end
+    return phases
+
+
+def phase_at(phases: list[Phase], step: int) -> Phase:
+    """The phase that trains step `step` (0-based: the step-th update); past the end, the last one."""
+    for phase in phases:
+        if phase.start <= step < phase.end:
+            return phase
+    return phases[-1]
+
+
+def check_batch_fits(phases: list[Phase], mesh, accumulation_steps: int) -> None:
+    """Every global batch must split evenly over the batch shards (and then into microbatches)."""
+    shards = mesh_lib.batch_shards(mesh)
+    for phase in phases:
+        rows = phase.data.global_batch_size
+        if rows % (shards * accumulation_steps):
+            key = "data.global_batch_size" if len(phases) == 1 else f"train.phases[{phase.index}].data"
+            raise ConfigError(f"{key}: global batch {rows} must be divisible by the batch shards of the mesh "
+                              f"(data*fsdp = {shards}) times optimizer.accumulation_steps ({accumulation_steps})")
+        if phase.data.global_batch_size % jax.process_count():
+            raise ConfigError(f"data.global_batch_size ({rows}) must be divisible by the number of processes "
+                              f"({jax.process_count()})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batches.
+
+class TrainFeed:
+    """Global training batches, phase after phase, resumable from `state()`."""
+
+    def __init__(self, phases: list[Phase], tokenizer, mesh, seed: int):
+        self.phases, self.tokenizer, self.mesh, self.seed = phases, tokenizer, mesh, seed
+        self.phase: Phase | None = None
+        self.iterator = None
+
+    def _open(self, phase: Phase, iterator_state: dict | None) -> None:
+        if self.iterator is not None:
+            self.iterator.close()
+        # Each phase reshuffles with its own seed, so a later phase does not replay the first one's order.
+        self.iterator = build_pretraining_iterator(phase.data, self.tokenizer, seed=self.seed + phase.index,
+                                                   process_index=jax.process_index(),
+                                                   process_count=jax.process_count())
+        if iterator_state is not None:
+            self.iterator.set_state(iterator_state)
+        self.phase = phase
+
+    def start(self, step: int, saved: dict | None) -> None:
+        """Position the feed to produce the batch of update `step`, from a checkpoint's feed state if any."""
+        phase = phase_at(self.phases, step)
+        same_phase = saved is not None and saved.get("phase") == phase.index
+        self._open(phase, saved["iterator"] if same_phase else None)
+
+    def next(self, step: int) -> dict[str, jax.Array]:
+        if self.phase is None or not self.phase.start <= step < self.phase.end:
+            self._open(phase_at(self.phases, step), None)
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            raise RuntimeError(f"the training data ran out at step {step} (data.num_epochs="
+                               f"{self.phase.data.num_epochs}); raise it or set it to null (repeat)") from None
+        return to_global_batch(batch, self.mesh, mesh_lib.BATCH_AXES)
+
+    def state(self) -> dict:
+        return {"phase": self.phase.index, "iterator": self.iterator.get_state()}
+
+    def close(self) -> None:
+        if self.iterator is not None:
+            self.iterator.close()
+
+
+def eval_batches(data_config, tokenizer, mesh, count: int) -> list[dict[str, jax.Array]]:
+    """`count` fixed held-out batches (the same each time: no shuffling, masks from a fixed seed).
+
+    Every process yields exactly `count` batches (padded with empty rows if its share of held-out data is
+    smaller), so multi-host evaluation steps stay in lockstep.
+    """
+    iterator = build_eval_iterator(data_config.replace(eval_batches=count), tokenizer, seed=0,
+                                   process_index=jax.process_index(), process_count=jax.process_count())
+    batches = [to_global_batch(b, mesh, mesh_lib.BATCH_AXES) for b in iterator]
+    iterator.close()
+    return batches
+
+
+def held_out_sentences(data_config, tokenizer, count: int, max_chars: int = 160) -> list[str]:
+    """A few short held-out sentences (for showing fill-mask predictions)."""
+    from bertjax.data import open_documents
+
+    documents = open_documents(data_config.input, split="eval", text_format=data_config.text_format,
+                               text_field=data_config.text_field, eval_fraction=data_config.eval_fraction)
+    sentences = []
+    for i in range(len(documents)):
+        document = documents[i]
+        text = document if isinstance(document, str) else tokenizer.decode(document)  # prepared data: token ids
+        for line in text.splitlines():
+            for sentence in line.split(". "):
+                words = sentence.strip().split()
+                if 6 <= len(words) <= 20 and len(sentence) <= max_chars and sentence.strip()[0].isupper():
+                    sentences.append(" ".join(words).rstrip(".") + ".")
+                    if len(sentences) == count:
+                        return sentences
+    return sentences
+
+
+def mask_a_word(sentence: str, tokenizer, rng: np.random.Generator) -> str:
+    """The sentence with one of its longer words replaced by [MASK] when that word is a single token."""
+    words = sentence.split()
+    candidates = [i for i, w in enumerate(words) if w.isalpha() and len(w) >= 4
+                  and len(tokenizer.encode(" " + w)) == 1]
+    if not candidates:
+        candidates = [i for i, w in enumerate(words) if w.isalpha()] or list(range(len(words)))
+    i = int(rng.choice(candidates))
+    return " ".join(words[:i] + ["[MASK]"] + words[i + 1:])
+
+
+def tokens_per_step(phases: list[Phase]) -> list[int]:
+    return [p.tokens_per_step for p in phases]
+
+
+def boundaries(phases: list[Phase]) -> list[int]:
+    return [p.start for p in phases]
