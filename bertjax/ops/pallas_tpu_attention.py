@@ -14,7 +14,8 @@ What this wrapper adds:
 - splash needs the sequence to be a multiple of its block sizes, and its key blocks must be multiples of 128
   lanes: the sequence is padded to a block multiple with segment id 0 (padding), then sliced back;
 - splash works on one example [heads, seq, head_dim]: the batch is a vmap;
-- the kernel object (with its numpy block-sparsity tables) depends only on static shapes, so it is cached;
+- the kernel is built at every trace: it holds its block-sparsity tables as jax arrays, which a cached kernel
+  would leak from one trace into the next; the costly numpy part (`process_mask`) is cached by splash itself;
 - Mosaic kernels cannot be partitioned by XLA ("wrap the call in a shard_map"), so under a mesh set with
   `jax.set_mesh(mesh)` the call runs inside `jax.shard_map`: batch split as the Flax logical axis rules map
   "activation_batch" (over every mesh axis when no rules are active), heads as "activation_heads" when both the
@@ -24,8 +25,6 @@ itself: its output is finite (not meaningful), as in the dense reference. Valid 
 """
 
 from __future__ import annotations
-
-import functools
 
 import math
 
@@ -46,7 +45,6 @@ def _block_size(seq: int, block: int | None) -> int:
     return min(block, -(-seq // LANES) * LANES)  # short sequences: one block, not a mostly-padding 512 block
 
 
-@functools.lru_cache(maxsize=64)
 def _kernel(seq: int, heads: int, local_window: int | None, block: int, interpret: bool):
     if local_window is None:
         head_mask = splash.FullMask((seq, seq))
@@ -55,11 +53,8 @@ def _kernel(seq: int, heads: int, local_window: int | None, block: int, interpre
         head_mask = splash.LocalMask((seq, seq), (half, half), offset=0)
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
-    # The kernel holds its block tables as jax arrays: make them concrete constants, not tracers of whichever trace
-    # first built the kernel, so the cached kernel can be reused by later traces.
-    with jax.ensure_compile_time_eval():
-        return splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads), block_sizes=sizes, head_shards=1,
-                                      q_seq_shards=1, interpret=interpret)
+    return splash.make_splash_mha(splash.MultiHeadMask([head_mask] * heads), block_sizes=sizes, head_shards=1,
+                                  q_seq_shards=1, interpret=interpret)
 
 
 def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, block: int | None = None):
