@@ -2,16 +2,18 @@
 
 No download, present on every machine, and deterministic for one interpreter build. Documents, in this order:
 1. every pydoc help topic (`pydoc_data.topics.topics`, sorted by topic name);
-2. for every standard-library `.py` file (sorted by relative path; tests and site-packages left out): the module,
-   class and function docstrings, one document each, read with `ast` from the source so that nothing is
-   imported or executed;
+2. for every standard-library `.py` file (sorted by relative path; its own tests included, installed
+   third-party packages left out): the module, class and function docstrings, one document each, read with `ast`
+   from the source so that nothing is imported or executed;
 3. for the same files: the prose of their full-line comment blocks, one document per file;
 4. the docstrings of the modules compiled into the interpreter (`sys.builtin_module_names`: already linked in, so
    importing them runs no file and opens nothing) and of their public members.
 
-Parsing some 700 files takes seconds, so the corpus is cached as JSON under `~/.cache/bertjax` (or
-`$BERTJAX_CACHE_DIR`) keyed by the interpreter build. A document belongs to the held-out split when the hash of
-its text falls below `eval_fraction`: stable across runs and machines, independent of document order.
+Repeated texts are kept once. For CPython 3.11: about 12,700 documents, 5 MB, 1.2M tokens with an 8k vocabulary.
+Parsing some 1,800 files takes 20-30 s on a small machine, so the corpus is cached as JSON under
+`~/.cache/bertjax` (or `$BERTJAX_CACHE_DIR`) keyed by the interpreter build. A document belongs to the held-out
+split when the hash of its text falls below `eval_fraction`: stable across runs and machines, independent of
+document order.
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ import os
 import pathlib
 import sys
 import sysconfig
+import warnings
 
 log = logging.getLogger(__name__)
 
 # Bump when the extraction rules change, so stale caches are not reused.
 CORPUS_VERSION = 1
 DEFAULT_EVAL_FRACTION = 0.02
-# Directories of the standard library that hold tests or third-party packages, not documentation.
+# Directories of the standard library's tree that hold third-party packages or bytecode, not documentation.
 _SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__"})
 # Docstrings shorter than this many words ("Docstring.", "XXX") are noise rather than documentation.
 _MIN_WORDS = 3
@@ -134,7 +137,9 @@ def _file_documents(path: pathlib.Path) -> tuple[list[str], str]:
     """The docstrings of one source file and the prose of its comment blocks."""
     try:
         source = path.read_bytes()
-        tree = ast.parse(source, filename=str(path))
+        with warnings.catch_warnings():  # old test files hold invalid escapes ("\("): not our concern
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source, filename=str(path))
     except (SyntaxError, ValueError, OSError):  # a few stdlib files are deliberately invalid (lib2to3 data)
         return [], ""
     return _docstrings(tree), _comment_prose(source.decode("utf-8", errors="replace"), tree)

@@ -18,6 +18,13 @@ MODEL_TYPES: tuple[str, ...] = ("bpe", "unigram")
 DEFAULT_VOCAB_SIZE = 8192  # a multiple of 128 (TPU-friendly embedding), enough for the ~1M-token default corpus
 # SentencePiece ignores longer input lines; documents are fed line by line.
 _MAX_LINE_BYTES = 4192
+_TRAINER_OPTIONS = dict(
+    pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+    control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+    # Byte fallback spells rare characters with byte pieces instead of [UNK].
+    byte_fallback=True, split_digits=True, character_coverage=0.9995,
+    # A small corpus may not support `vocab_size` pieces: a smaller vocabulary beats a failed run.
+    hard_vocab_limit=False, minloglevel=2)
 
 
 def train_sentencepiece(documents: Iterable[str], out_dir: str | pathlib.Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE,
@@ -29,23 +36,18 @@ def train_sentencepiece(documents: Iterable[str], out_dir: str | pathlib.Path, *
 
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-    if vocab_size < 16:
-        raise ValueError(f"vocab_size must be at least 16, got {vocab_size}")
     lines = [line.strip() for doc in documents for line in doc.splitlines()]
     lines = [line for line in lines if line and len(line.encode("utf-8")) <= _MAX_LINE_BYTES]
     if not lines:
         raise ValueError("no text to train the tokenizer on (all documents are empty)")
     sentencepiece.set_random_generator_seed(seed)
     model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type=model_type,
-        input_sentence_size=max_lines, shuffle_input_sentence=True, num_threads=num_threads,
-        pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
-        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
-        # Byte fallback spells rare characters with byte pieces instead of [UNK].
-        byte_fallback=True, split_digits=True, character_coverage=0.9995,
-        # A small corpus may not support `vocab_size` pieces: a smaller vocabulary beats a failed run.
-        hard_vocab_limit=False, minloglevel=2)
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type=model_type,
+            input_sentence_size=max_lines, shuffle_input_sentence=True, num_threads=num_threads, **_TRAINER_OPTIONS)
+    except RuntimeError as error:  # e.g. a vocabulary smaller than the characters + 256 byte pieces
+        raise ValueError(f"SentencePiece training failed (vocab_size={vocab_size}): {error}") from None
     tokenizer = SentencePieceTokenizer(model.getvalue(), source=str(pathlib.Path(out_dir) / "tokenizer.model"))
     tokenizer.save(out_dir)
     return tokenizer

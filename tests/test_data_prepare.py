@@ -1,0 +1,122 @@
+"""`bertjax prepare` and prepared ArrayRecord data; packing efficiency on the default corpus; global batches."""
+
+import collections
+import json
+import re
+
+import numpy as np
+import pytest
+from pydoc_data.topics import topics
+
+from bertjax.cli import main
+from bertjax.data.pipeline import DataConfig, build_eval_iterator, build_pretraining_iterator
+from bertjax.data.sources import open_documents
+from bertjax.data.tokenizers import load_tokenizer
+
+PARAGRAPHS = [p.strip() for name in sorted(topics) for p in re.split(r"\n\s*\n", topics[name]) if p.strip()][:600]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A JSONL corpus with a bad line, prepared through the CLI with a freshly trained tokenizer."""
+    root = tmp_path_factory.mktemp("corpus")
+    lines = [json.dumps({"text": p}) for p in PARAGRAPHS] + ["{broken"]
+    (root / "docs.jsonl").write_text("\n".join(lines))
+    assert main(["prepare", "--input", str(root / "docs.jsonl"), "--train-tokenizer", "--vocab-size", "600",
+                 "--out", str(root / "prepared"), "--eval-fraction", "0.1", "--documents-per-file", "200"]) == 0
+    return root
+
+
+def test_prepare_writes_splits_metadata_and_tokenizer(corpus):
+    metadata = json.loads((corpus / "prepared" / "metadata.json").read_text())
+    assert metadata["dtype"] == "uint16" and metadata["tokenizer"]["vocab_size"] == 600
+    train, held_out = metadata["splits"]["train"], metadata["splits"]["eval"]
+    assert train["documents"] + held_out["documents"] == len(PARAGRAPHS)
+    assert len(train["files"]) == -(-train["documents"] // 200)
+    assert metadata["source_stats"]["skipped"] == {"not_json": 1}
+    tokenizer = load_tokenizer(corpus / "prepared" / "tokenizer")
+    assert tokenizer.fingerprint == metadata["tokenizer"]["fingerprint"]
+    # Prepared documents hold exactly the tokens of the raw documents, split for split.
+    raw = open_documents(str(corpus / "docs.jsonl"), split="eval", eval_fraction=0.1)
+    prepared = open_documents(str(corpus / "prepared"), split="eval")
+    assert len(raw) == len(prepared) == held_out["documents"]
+    for i in range(len(raw)):
+        np.testing.assert_array_equal(prepared[i], tokenizer.encode(raw[i]))
+
+
+def test_prepared_and_raw_inputs_give_the_same_batches(corpus):
+    tokenizer = load_tokenizer(corpus / "prepared" / "tokenizer")
+    cfg = DataConfig(seq_len=64, global_batch_size=4, window_documents=128, eval_fraction=0.1, worker_threads=0)
+    raw = build_pretraining_iterator(cfg.replace(input=str(corpus / "docs.jsonl")), tokenizer, seed=1)
+    prepared = build_pretraining_iterator(cfg.replace(input=str(corpus / "prepared")), tokenizer, seed=1)
+    for _ in range(10):
+        a, b = next(raw), next(prepared)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    held_out = list(build_eval_iterator(cfg.replace(input=str(corpus / "prepared")), tokenizer))
+    assert held_out and all(b["input_ids"].shape == (4, 64) for b in held_out)
+
+
+def test_prepared_data_errors(corpus, tmp_path, capsys):
+    from bertjax.data.tokenizer_training import train_sentencepiece
+
+    different = train_sentencepiece(PARAGRAPHS[:200], tmp_path / "tok", vocab_size=500)
+    with pytest.raises(ValueError, match="another tokenizer"):
+        build_pretraining_iterator(DataConfig(input=str(corpus / "prepared")), different, seed=0)
+    # The CLI reports bad input in one line and exits with 2.
+    assert main(["prepare", "--input", str(tmp_path / "missing.txt"), "--tokenizer", str(tmp_path / "tok"),
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["prepare", "--input", str(corpus / "docs.jsonl"), "--tokenizer", str(tmp_path / "tok"),
+                 "--out", str(corpus / "prepared")]) == 2
+    assert "already holds prepared data" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def default_prepared(tmp_path_factory):
+    """The embedded default corpus, tokenized once (the corpus itself is cached under ~/.cache/bertjax)."""
+    from bertjax.data.prepare import prepare_corpus
+    from bertjax.data.tokenizer_training import train_default_tokenizer
+
+    root = tmp_path_factory.mktemp("default")
+    tokenizer = train_default_tokenizer(root / "tok")
+    prepare_corpus("default", tokenizer, root / "prepared")
+    return root / "prepared", tokenizer
+
+
+@pytest.mark.parametrize("seq_len", [128, 512])
+def test_default_corpus_packs_over_99_percent_without_losing_a_token(default_prepared, seq_len):
+    directory, tokenizer = default_prepared
+    cfg = DataConfig(input=str(directory), seq_len=seq_len, global_batch_size=1, num_epochs=1, worker_threads=2,
+                     prefetch_windows=4)
+    iterator = build_pretraining_iterator(cfg, tokenizer, seed=0)
+    seen = collections.Counter()
+    for batch in iterator:
+        ids = batch["input_ids"].copy()
+        rows, slots = np.nonzero(batch["masked_weights"])
+        ids[rows, batch["masked_positions"][rows, slots]] = batch["masked_ids"][rows, slots]
+        seen.update(ids[(batch["segment_ids"] > 0) & ~np.isin(ids, tokenizer.special_ids)].tolist())
+    assert iterator.stats.packing_efficiency >= 0.99
+    source = open_documents(str(directory), split="train")
+    expected = collections.Counter(np.concatenate([source[i] for i in range(len(source))]).tolist())
+    assert seen == expected
+
+
+def test_global_batch_over_the_local_mesh():
+    import jax
+
+    from bertjax.data.global_batch import batch_sharding, to_global_batch
+
+    devices = np.array(jax.devices())
+    mesh = jax.sharding.Mesh(devices.reshape(-1, 1), ("data", "model"))
+    rows = 2 * len(devices)
+    batch = {"input_ids": np.arange(rows * 8, dtype=np.int32).reshape(rows, 8),
+             "masked_weights": np.ones((rows, 3), np.float32)}
+    global_batch = to_global_batch(batch, mesh)
+    assert global_batch["input_ids"].shape == (rows * jax.process_count(), 8)
+    np.testing.assert_array_equal(np.asarray(global_batch["input_ids"]), batch["input_ids"])
+    assert global_batch["input_ids"].sharding == batch_sharding(mesh, "data")
+    with pytest.raises(ValueError, match="not axes of the mesh"):
+        to_global_batch(batch, mesh, batch_axes="fsdp")
+    with pytest.raises(ValueError, match="disagree"):
+        to_global_batch({"a": np.zeros((2, 1)), "b": np.zeros((4, 1))}, mesh)

@@ -1,0 +1,123 @@
+"""Document sources: formats, the held-out split, and bad inputs (clear errors or counted skips)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertjax.data.default_corpus import _comment_prose, _docstrings, in_split
+from bertjax.data.sources import InMemorySource, open_documents
+
+
+def documents(source):
+    return [source[i] for i in range(len(source))]
+
+
+def test_text_lines_and_paragraphs(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_text("first line\nsecond line\n\nthird, after a blank\n")
+    assert documents(open_documents(str(path), split="all")) == ["first line", "second line", "third, after a blank"]
+    paragraphs = open_documents(str(path), split="all", text_format="paragraphs")
+    assert documents(paragraphs) == ["first line\nsecond line", "third, after a blank"]
+
+
+def test_bad_documents_are_skipped_and_counted(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"good one\n   \n\xff\xfe not utf-8\ngood two\n")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "b.jsonl").write_text('{"text": "json one"}\nnot json\n{"other": 1}\n{"text": 5}\n'
+                                      '{"text": "  "}\n[1, 2]\n{"text": "json two"}\n')
+    source = open_documents(str(tmp_path), split="all")
+    assert sorted(documents(source)) == ["good one", "good two", "json one", "json two"]
+    skipped = source.stats.skipped
+    assert skipped == {"empty_document": 2, "invalid_utf8": 1, "empty_file": 1, "not_json": 1,
+                       "missing_field_text": 2, "field_text_not_text": 1}
+    report = source.stats.report()
+    assert "a.txt:3: invalid_utf8" in report and "b.jsonl:2: not_json" in report
+
+
+def test_jsonl_field_and_parquet(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"body": f"doc {i}"}) for i in range(3)))
+    assert documents(open_documents(str(tmp_path / "d.jsonl"), split="all", text_field="body")) == \
+        ["doc 0", "doc 1", "doc 2"]
+    pq.write_table(pa.table({"content": ["p one", None, "", "p two"]}), tmp_path / "d.parquet")
+    parquet = open_documents(str(tmp_path / "d.parquet"), split="all", text_field="content")
+    assert documents(parquet) == ["p one", "p two"]
+    assert parquet.stats.skipped == {"empty_document": 2}
+    with pytest.raises(ValueError, match="has no column 'text'"):
+        open_documents(str(tmp_path / "d.parquet"), split="all")
+
+
+def test_bad_inputs_raise_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        open_documents(str(tmp_path / "missing.txt"))
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        open_documents(str(tmp_path / "*.txt"))
+    (tmp_path / "table.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="unknown file type .*table.csv"):
+        open_documents(str(tmp_path / "table.csv"))
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    with pytest.raises(ValueError, match="no all documents .*2 empty_document"):
+        open_documents(str(tmp_path / "blank.txt"), split="all")
+    with pytest.raises(ValueError, match="split"):
+        open_documents(str(tmp_path / "blank.txt"), split="test")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no file of a known type"):
+        open_documents(str(tmp_path / "sub"))
+
+
+def test_hash_split_is_disjoint_stable_and_format_independent(tmp_path):
+    texts = [f"document number {i} with some words" for i in range(2000)]
+    train = InMemorySource(texts, split="train", eval_fraction=0.1)
+    held = InMemorySource(texts, split="eval", eval_fraction=0.1)
+    assert set(documents(train)).isdisjoint(documents(held))
+    assert len(train) + len(held) == len(texts)
+    assert abs(len(held) / len(texts) - 0.1) < 0.02
+    assert train.stats.other_split == len(held)
+    # The same text lands in the same split from a text file, whatever its position.
+    (tmp_path / "c.txt").write_text("\n".join(reversed(texts)))
+    from_file = open_documents(str(tmp_path / "c.txt"), split="eval", eval_fraction=0.1)
+    assert sorted(documents(from_file)) == sorted(documents(held))
+    assert all(in_split(t, "eval", 0.1) for t in documents(held))
+
+
+def test_default_corpus_extraction_reads_source_without_importing():
+    import ast
+
+    source = '''"""Module docstring with several words."""
+# A comment block long enough to count as prose about
+# what this module does and why.
+x = """
+# not a comment: inside a string that spans lines
+"""
+
+
+class Thing:
+    """Class docstring here, long enough."""
+
+    def method(self):
+        """Method docstring, three words."""
+        # short
+        return 1
+
+    def no_doc(self):
+        pass
+'''
+    tree = ast.parse(source)
+    assert _docstrings(tree) == ["Module docstring with several words.", "Class docstring here, long enough.",
+                                 "Method docstring, three words."]
+    assert _comment_prose(source, tree) == "A comment block long enough to count as prose about what this " \
+                                           "module does and why."
+
+
+def test_source_indices_are_random_access_and_picklable(tmp_path):
+    import pickle
+
+    (tmp_path / "a.txt").write_text("\n".join(f"line {i}" for i in range(100)))
+    source = open_documents(str(tmp_path / "a.txt"), split="all")
+    copy = pickle.loads(pickle.dumps(source))
+    order = np.random.default_rng(0).permutation(100)
+    assert [copy[int(i)] for i in order] == [f"line {i}" for i in order]
