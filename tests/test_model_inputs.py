@@ -96,3 +96,10 @@ def test_token_types_on_a_model_without_them_are_rejected(masked_lm):
     model, params = masked_lm("modernbert-tiny")
     with pytest.raises(ValueError, match="token_type_ids"):
         run(model, params, [[1, 2, 3]], token_type_ids=jnp.zeros((1, 3), jnp.int32))
+
+
+def test_out_of_range_token_type_ids_are_rejected(masked_lm):
+    model, params = masked_lm("bert-tiny")
+    ids = jnp.asarray([[1, 2, 3]], jnp.int32)
+    with pytest.raises(ValueError, match="token_type_ids must be in"):
+        model.apply({"params": params}, ids, token_type_ids=jnp.asarray([[0, 1, 2]], jnp.int32))

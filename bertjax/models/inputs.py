@@ -32,7 +32,7 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
         raise ValueError(f"sequence length {seq} exceeds the model's max_position_embeddings "
                          f"({config.max_position_embeddings}, of which position_offset={config.position_offset} "
                          "are never used)")
-    check_token_ids(input_ids, config.vocab_size)
+    check_ids(input_ids, config.vocab_size, "token ids")
     for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
                         ("position_ids", position_ids), ("segment_ids", segment_ids)):
         if value is not None and jnp.shape(value) != (batch, seq):
@@ -49,15 +49,17 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
             raise ValueError("token_type_ids given but the model has no token-type embedding (type_vocab_size=0)")
     elif token_type_ids is None:
         token_type_ids = jnp.zeros((batch, seq), jnp.int32)
+    else:
+        check_ids(token_type_ids, config.type_vocab_size, "token_type_ids")
     return EncoderInputs(input_ids=input_ids.astype(jnp.int32), segment_ids=segment_ids,
                          positions=jnp.asarray(position_ids, jnp.int32),
                          token_type_ids=None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32))
 
 
-def check_token_ids(input_ids, vocab_size: int) -> None:
+def check_ids(ids, size: int, what: str) -> None:
     """Out-of-range ids would silently gather NaN rows inside jit; reject them whenever values are concrete."""
-    if isinstance(input_ids, jax.core.Tracer):
+    if isinstance(ids, jax.core.Tracer):
         return
-    ids = np.asarray(input_ids)
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise ValueError(f"token ids must be in [0, {vocab_size}); got min {ids.min()} and max {ids.max()}")
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= size):
+        raise ValueError(f"{what} must be in [0, {size}); got min {ids.min()} and max {ids.max()}")
