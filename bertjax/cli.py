@@ -18,10 +18,6 @@ COMMANDS: dict[str, str] = {
 }
 
 
-def register_command(name: str, module: str) -> None:
-    COMMANDS[name] = module
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertjax", description="The BERT family of encoders in JAX/Flax.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

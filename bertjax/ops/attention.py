@@ -29,10 +29,6 @@ IMPLEMENTATIONS: dict[str, str] = {
 AUTO_BY_PLATFORM: dict[str, str] = {"cpu": "xla_auto", "tpu": "pallas_tpu", "gpu": "pallas_gpu"}
 
 
-def register_implementation(name: str, target: str) -> None:
-    """Add an implementation: `target` is "package.module:function"."""
-    IMPLEMENTATIONS[name] = target
-
 
 def resolve_implementation(implementation: str) -> str:
     if implementation == "auto":
