@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from pydoc_data.topics import topics
 
+from bertjax.data.default_corpus import in_split
 from bertjax.data.pipeline import DataConfig, batch_spec, build_eval_iterator, build_pretraining_iterator
 from bertjax.data.sources import InMemorySource
 from bertjax.data.tokenizer_training import train_sentencepiece
 from bertjax.data.windows import WindowPlan
+from bertjax.ops import segment_positions
 
 # ~1000 real English paragraphs (the pydoc topics), no corpus build needed.
 PARAGRAPHS = [p.strip() for name in sorted(topics) for p in re.split(r"\n\s*\n", topics[name]) if p.strip()][:1000]
@@ -67,6 +69,10 @@ def test_batch_format(tokenizer):
         starts = original == tokenizer.cls_id
         np.testing.assert_array_equal(batch["positions"][starts], 0)
         assert np.all(batch["masked_weights"].sum(1) <= cfg.predictions_per_row)
+        # Independent reference for the positions: the model's own derivation from segment ids.
+        real = batch["segment_ids"] > 0
+        derived = np.asarray(segment_positions(batch["segment_ids"]))
+        np.testing.assert_array_equal(batch["positions"][real], derived[real])
 
 
 def test_same_batches_whatever_the_threads_and_processes(tokenizer):
@@ -179,6 +185,14 @@ def test_eval_batches_are_finite_deterministic_and_padded(tokenizer):
     assert len(fixed) == len(a) + 3
     assert all(np.all(batch["segment_ids"] == 0) for batch in fixed[len(a):])
     assert len(list(build_eval_iterator(cfg.replace(eval_batches=2), tokenizer, source=held_out))) == 2
+    # More processes than held-out documents: the processes without any still yield the same number of batches.
+    few = source(split="eval", texts=[t for t in PARAGRAPHS if in_split(t, "eval", 0.1)][:2])
+    counts = [len(list(build_eval_iterator(cfg.replace(eval_batches=3, global_batch_size=12), tokenizer,
+                                           process_index=p, process_count=3, source=few))) for p in range(3)]
+    assert counts == [3, 3, 3]
+    with pytest.raises(ValueError, match="process 2 of 3 gets no train documents"):
+        build_pretraining_iterator(config(global_batch_size=3), tokenizer, seed=0, process_index=2,
+                                   process_count=3, source=source(texts=PARAGRAPHS[:2]))
 
 
 def test_bad_documents_never_break_a_batch(tokenizer):

@@ -20,8 +20,10 @@ process_count rows, S = seq_len, P = max predictions per row (`DataConfig.predic
     input_ids        int32 [B, S]  token ids after masking ([MASK] / random / kept at the masked positions)
     segment_ids      int32 [B, S]  0 = padding; packed documents numbered 1..k within each row (attention stays
                                    inside a document); with NSP/SOP the whole pair is segment 1
-    positions        int32 [B, S]  0 at each document's [CLS], counting up within the document; 0 on padding
-                                   (the model adds its own position offset, e.g. RoBERTa's, on top)
+    positions        int32 [B, S]  0 at each document's [CLS], counting up within the document; 0 on padding.
+                                   Equal to `bertjax.ops.segment_positions(segment_ids)` on real tokens; add
+                                   `EncoderConfig.position_offset` (RoBERTa: 2) before passing them as
+                                   `position_ids`, or pass only segment_ids and let the model derive them
     token_type_ids   int32 [B, S]  0, or 1 for the B sentence of an NSP/SOP pair
     masked_positions int32 [B, P]  where the predictions are, ascending; padding slots hold 0
     masked_ids       int32 [B, P]  the original tokens there: the MLM labels; padding slots hold 0

@@ -42,7 +42,9 @@ class DataConfig:
     input: str = "default"
     text_format: TextFormat = "lines"  # .txt: one document per line, or "paragraphs" (blank-line separated)
     text_field: str = "text"  # JSONL / Parquet field holding the text
-    eval_fraction: float = 0.02  # documents whose text hash falls below this are held out for evaluation
+    # Documents whose text hash falls below this are held out for evaluation (prepared data keeps the fraction
+    # it was prepared with).
+    eval_fraction: float = 0.02
 
     # Rows and batches.
     seq_len: int = 128
@@ -189,6 +191,10 @@ def _build(config: DataConfig, tokenizer, *, seed, process_index, process_count,
     plan = WindowPlan(num_documents=len(source), window_documents=config.window_documents,
                       process_index=process_index, process_count=process_count,
                       shuffle=config.shuffle and not evaluation, seed=seed)
+    if plan.documents_per_epoch == 0 and not evaluation:
+        # (Evaluation tolerates an empty share: its batches are padding, so every process runs the same steps.)
+        raise ValueError(f"process {process_index} of {process_count} gets no {split} documents: only "
+                         f"{len(source)} in {config.input!r}")
     builder = WindowBuilder(source, tokenizer, plan, seq_len=config.seq_len, packing=config.packing,
                             sentence_objective=config.sentence_objective, short_seq_prob=config.short_seq_prob,
                             masking=config.masking_options(), split=split)

@@ -42,8 +42,6 @@ class WindowPlan:
         if not 0 <= self.process_index < self.process_count:
             raise ValueError(f"process_index ({self.process_index}) must be in [0, process_count="
                              f"{self.process_count})")
-        if self.num_documents < self.process_count:
-            raise ValueError(f"{self.num_documents} documents cannot be shared by {self.process_count} processes")
 
     @property
     def documents_per_epoch(self) -> int:
@@ -56,7 +54,7 @@ class WindowPlan:
 
     def locate(self, window: int) -> tuple[int, int]:
         """Window number -> (epoch, window within the epoch)."""
-        return divmod(window, self.windows_per_epoch)
+        return divmod(window, max(self.windows_per_epoch, 1))
 
     def document_indices(self, window: int) -> np.ndarray:
         epoch, within = self.locate(window)
