@@ -25,8 +25,12 @@ from bertjax.ops.xla_attention import dense_attention
 
 
 def default_chunk(half: int) -> int:
-    """Query chunk length: about the half-window (so n = 1: slabs of 3 chunks), at least 16 rows per matmul."""
-    return max(16, half)
+    """Query chunk length: the half-window (slabs of 3 chunks) within [16, 64] rows.
+
+    Measured on the 2-core CPU, window 128 and 256, seq 2048-4096: 64-row chunks beat 32 (more, smaller matmuls)
+    and 128 (slabs of 384 keys for a 129-key window) by 1.5-3.5x, forward and backward.
+    """
+    return min(64, max(16, half))
 
 
 def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False,
@@ -80,8 +84,9 @@ def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, inte
     return out.reshape(batch, padded, heads, head_dim)[:, :seq].astype(q.dtype)
 
 
-# Measured on the 2-core CPU (docs/benchmarks.md): blockwise beats dense once the window is at most a quarter of the
-# sequence; for wider windows the slab of 3 chunks does nearly the dense amount of work with more overhead.
+# Measured on the 2-core CPU (docs/benchmarks.md, 12 heads x 64, forward+backward): blockwise is 1.3x faster than
+# dense at window/seq = 1/4 (w 32, seq 128), 3.9x at 1/4 (w 128, seq 512), break-even near 1/3 (w 128, seq 384)
+# and 0.6x at 1/2 (w 128, seq 256): its slabs of 3 chunks then do as much work as dense, with gathers on top.
 BLOCKWISE_MAX_WINDOW_FRACTION = 0.25
 
 

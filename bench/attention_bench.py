@@ -1,0 +1,195 @@
+"""Time and memory of every attention implementation on this backend, against the dense XLA reference, same run.
+
+    python -m bench.attention_bench [--seqs 512 2048 8192] [--window 128] [--heads 12] [--head-dim 64]
+                                    [--batch 1] [--dtype float32|bfloat16] [--max-gib 4]
+
+For each sequence length, both layer kinds of ModernBERT (global, and local with the window) and both passes
+(forward; forward + backward through `jax.vjp`) are compiled and timed. Memory is the compiled program's temporary
+buffer size (`memory_analysis().temp_size_in_bytes`: what the attention itself needs beyond inputs and outputs);
+on GPU the device's peak bytes in use are printed as well. A program whose temporaries exceed --max-gib is
+compiled (to report its size) but not run. Ratios are relative to the dense `xla` reference of the same row:
+speed-up = reference time / time, memory = temp / reference temp.
+
+Implementations per backend: CPU runs the XLA paths; GPU adds `pallas_gpu` and cuDNN global attention
+(`jax.nn.dot_product_attention(implementation="cudnn")`, which has no bidirectional window and no packing, so it
+is timed on global layers only, without segment ids); TPU adds `pallas_tpu`. Pallas in interpret mode is a
+correctness tool, not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import ops
+
+IMPLEMENTATIONS_BY_BACKEND = {
+    "cpu": ["xla", "xla_blockwise", "xla_auto"],
+    "gpu": ["xla", "xla_blockwise", "pallas_gpu", "cudnn"],
+    "tpu": ["xla", "xla_blockwise", "pallas_tpu"],
+}
+REFERENCE = "xla"
+
+
+def attention_fn(name: str, window: int | None, scale: float) -> Callable | None:
+    """fn(q, k, v, segment_ids) -> out for one implementation, or None when it cannot express this layer."""
+    if name == "cudnn":
+        if window is not None:
+            return None  # cuDNN rejects a bidirectional window
+
+        def cudnn(q, k, v, segment_ids):
+            del segment_ids  # one unpadded sequence per row in this benchmark
+            return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
+
+        return cudnn
+    return lambda q, k, v, segment_ids: ops.attention(q, k, v, segment_ids=segment_ids, local_window=window,
+                                                      implementation=name, scale=scale)
+
+
+def forward_backward(fn):
+    def run(q, k, v, segment_ids, cotangent):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, segment_ids), q, k, v)
+        return out, vjp(cotangent)
+
+    return run
+
+
+def median_seconds(fn, args, repeats: int, min_seconds: float) -> float:
+    jax.block_until_ready(fn(*args))  # warm-up
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < min_seconds and len(times) < 50):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def measure(name, window, passes, shapes, dtype, repeats, min_seconds, max_bytes) -> dict:
+    batch, seq, heads, head_dim = shapes
+    fn = attention_fn(name, window, 1 / math.sqrt(head_dim))
+    if fn is None:
+        return {"status": "n/a"}
+    keys = jax.random.split(jax.random.key(seq), 4)
+    q, k, v, ct = (jax.random.normal(key, (batch, seq, heads, head_dim), dtype) for key in keys)
+    segment_ids = jnp.ones((batch, seq), jnp.int32)
+    if passes == "forward":
+        program, args = jax.jit(fn), (q, k, v, segment_ids)
+    else:
+        program, args = jax.jit(forward_backward(fn)), (q, k, v, segment_ids, ct)
+    try:
+        compiled = program.lower(*args).compile()
+    except Exception as error:  # e.g. cuDNN unavailable for this shape or GPU generation
+        return {"status": f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}"}
+    stats = compiled.memory_analysis()
+    temp = stats.temp_size_in_bytes if stats is not None else None
+    if temp is not None and temp > max_bytes:
+        return {"status": "skipped", "temp": temp}
+    seconds = median_seconds(compiled, args, repeats, min_seconds)
+    result = {"status": "ok", "seconds": seconds, "temp": temp}
+    device_stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in device_stats:
+        result["device_peak"] = device_stats["peak_bytes_in_use"]
+    return result
+
+
+def machine_description() -> str:
+    device = jax.devices()[0]
+    memory = ""
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        memory = f", {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM"
+    return (f"{jax.default_backend()} ({device.device_kind}), {os.cpu_count()} CPU cores{memory}, "
+            f"{platform.processor() or platform.machine()}; jax {jax.__version__}")
+
+
+def gib(value) -> str:
+    return "-" if value is None else f"{value / 2**30:.3f}"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqs", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--window", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                        help="default: float32 on CPU, bfloat16 on GPU/TPU")
+    parser.add_argument("--implementations", nargs="+", default=None,
+                        help=f"default per backend: {IMPLEMENTATIONS_BY_BACKEND}")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--min-seconds", type=float, default=1.0)
+    parser.add_argument("--max-gib", type=float, default=4.0, help="do not run programs needing more temp memory")
+    args = parser.parse_args(argv)
+
+    backend = jax.default_backend()
+    names = args.implementations or IMPLEMENTATIONS_BY_BACKEND.get(backend, ["xla", "xla_blockwise"])
+    if REFERENCE not in names:
+        names = [REFERENCE, *names]
+    dtype = jnp.dtype(args.dtype or ("float32" if backend == "cpu" else "bfloat16"))
+    print(f"# attention_bench  {datetime.date.today()}  {machine_description()}")
+    print(f"# batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, {dtype.name}; local window "
+          f"{args.window}; memory = compiled temp buffers (GiB); programs over {args.max_gib} GiB are not run\n")
+    print("| seq | layer | pass | implementation | time (ms) | speed-up vs xla | temp (GiB) | memory vs xla |")
+    print("|---:|---|---|---|---:|---:|---:|---:|")
+    results = {}
+    for seq in args.seqs:
+        for window in (None, args.window):
+            for passes in ("forward", "forward+backward"):
+                reference = None
+                for name in names:
+                    r = measure(name, window, passes, (args.batch, seq, args.heads, args.head_dim), dtype,
+                                args.repeats, args.min_seconds, args.max_gib * 2**30)
+                    results[(seq, window, passes, name)] = r
+                    if name == REFERENCE:
+                        reference = r
+                    print(row(seq, window, passes, name, r, reference), flush=True)
+    if backend == "gpu":
+        print_gpu_targets(results, args)
+
+
+def row(seq, window, passes, name, r, reference) -> str:
+    layer = "global" if window is None else f"local {window}"
+    if r["status"] != "ok":
+        status = r["status"] if r["status"] != "skipped" else f"not run: temp {gib(r['temp'])} GiB over limit"
+        return f"| {seq} | {layer} | {passes} | {name} | {status} | | {gib(r.get('temp'))} | |"
+    speedup = memory = ""
+    if reference is not None and reference["status"] == "ok":
+        speedup = f"{reference['seconds'] / r['seconds']:.2f}x"
+        if reference.get("temp") and r.get("temp") is not None:
+            memory = f"{r['temp'] / reference['temp']:.3f}"
+    peak = f" (device peak {gib(r['device_peak'])})" if "device_peak" in r else ""
+    return (f"| {seq} | {layer} | {passes} | {name} | {r['seconds'] * 1e3:.2f} | {speedup} | {gib(r['temp'])}{peak} "
+            f"| {memory} |")
+
+
+def print_gpu_targets(results, args) -> None:
+    """The issue's H200 targets at the longest sequence, forward + backward."""
+    seq = max(args.seqs)
+
+    def get(name, window):
+        return results.get((seq, window, "forward+backward", name), {})
+
+    local, glob, cudnn = get("pallas_gpu", args.window), get("pallas_gpu", None), get("cudnn", None)
+    print(f"\n# targets at seq {seq}, forward+backward")
+    if local.get("status") == "ok" and glob.get("status") == "ok":
+        ratio = glob["seconds"] / local["seconds"]
+        print(f"# pallas_gpu local {args.window} vs its global: {ratio:.2f}x faster (target >= 5x): "
+              f"{'met' if ratio >= 5 else 'NOT met'}")
+    if glob.get("status") == "ok" and cudnn.get("status") == "ok":
+        ratio = cudnn["seconds"] / glob["seconds"]
+        print(f"# pallas_gpu global vs cuDNN global: {ratio:.2f}x cuDNN speed (target >= 0.7x): "
+              f"{'met' if ratio >= 0.7 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
