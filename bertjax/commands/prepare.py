@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if args.train_tokenizer:
         train = open_documents(args.input, split="train", text_format=args.text_format, text_field=args.text_field,
                                eval_fraction=args.eval_fraction)
+        if train.tokenized:
+            raise ValueError(f"{args.input!r} is already prepared data")
         documents = (train[i] for i in _sample(len(train)))
         tokenizer = train_sentencepiece(documents, out / TOKENIZER_DIR, vocab_size=args.vocab_size,
                                         model_type=args.model_type)

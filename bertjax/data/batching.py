@@ -78,19 +78,20 @@ class BatchIterator(grain.DatasetIterator):
         super().__init__()
         self._dataset = dataset
         self.stats = dataset._stats
+        self._windows = None
         self._start(window=0, row=0, batches=0)
 
     def _start(self, window: int, row: int, batches: int) -> None:
         self._close_windows()
-        self._windows = self._dataset.windows_from(window)
+        # Built on the first fetch: a restore right after creation (resuming a run) wastes no window.
+        self._windows: grain.DatasetIterator | None = None
         self._window, self._row, self._batches = window, row, batches
         self._current: dict | None = None  # rows of window self._window, once fetched
         self._exhausted = False
 
     def _close_windows(self) -> None:
-        windows = getattr(self, "_windows", None)
-        if windows is not None:
-            windows.close()
+        if self._windows is not None:
+            self._windows.close()
 
     def get_state(self) -> dict:
         return {"window": self._window, "row": self._row, "batches": self._batches}
@@ -103,6 +104,8 @@ class BatchIterator(grain.DatasetIterator):
 
     def _fetch(self) -> bool:
         """Make self._current the rows of window self._window; False when the data is exhausted."""
+        if self._windows is None:
+            self._windows = self._dataset.windows_from(self._window)
         try:
             element = next(self._windows)
         except StopIteration:

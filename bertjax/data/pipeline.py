@@ -187,7 +187,8 @@ def _build(config: DataConfig, tokenizer, *, seed, process_index, process_count,
         source = open_documents(config.input, split=split, text_format=config.text_format,
                                 text_field=config.text_field, eval_fraction=config.eval_fraction)
     _check_tokenizer(source, tokenizer)
-    log.info("data %s split, process %d/%d: %s", split, process_index, process_count, source.stats.report())
+    report = log.warning if source.stats.skipped else log.info
+    report("data %s split, process %d/%d: %s", split, process_index, process_count, source.stats.report())
     plan = WindowPlan(num_documents=len(source), window_documents=config.window_documents,
                       process_index=process_index, process_count=process_count,
                       shuffle=config.shuffle and not evaluation, seed=seed)
@@ -215,15 +216,12 @@ def _window_number(index: int, _within_epoch: int) -> int:
 
 
 def _check_tokenizer(source: DocumentSource, tokenizer) -> None:
-    metadata = getattr(source, "metadata", None)
-    if metadata is None:
-        return
-    prepared = metadata["tokenizer"]
-    if prepared.get("fingerprint") != tokenizer.fingerprint:
-        raise ValueError(f"the prepared data was tokenized with another tokenizer (fingerprint "
-                         f"{prepared.get('fingerprint')}, vocab {prepared.get('vocab_size')}) than the one given "
-                         f"({tokenizer.fingerprint}, vocab {tokenizer.vocab_size}); load the tokenizer saved in the "
-                         "prepared directory")
+    for prepared in source.prepared_with:
+        if prepared["fingerprint"] != tokenizer.fingerprint:
+            raise ValueError(f"the prepared data was tokenized with another tokenizer (fingerprint "
+                             f"{prepared['fingerprint']}, vocab {prepared['vocab_size']}) than the one given "
+                             f"({tokenizer.fingerprint}, vocab {tokenizer.vocab_size}); load the tokenizer saved in "
+                             "the prepared directory")
 
 
 class _PaddingRows:

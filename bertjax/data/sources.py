@@ -72,6 +72,8 @@ class DocumentSource:
 
     tokenized = False
     stats: SourceStats
+    # Tokenizer metadata ({"fingerprint", "vocab_size", ...}) of each prepared part; empty for raw text.
+    prepared_with: tuple[dict, ...] = ()
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -107,7 +109,7 @@ class InMemorySource(DocumentSource):
 
 
 def default_corpus_source(split: str, eval_fraction: float) -> InMemorySource:
-    # The default corpus splits itself; passing its split on keeps the stats' other_split count right.
+    # Every document goes in and the source keeps its split, so the stats count the other split's documents too.
     return InMemorySource(default_corpus_documents("all"), split, eval_fraction, name="default corpus")
 
 
@@ -315,6 +317,7 @@ class PreparedSource(DocumentSource):
         splits = ("train", "eval") if split == "all" else (split,)
         paths = [str(directory / name) for s in splits for name in metadata["splits"][s]["files"]]
         self.metadata = metadata
+        self.prepared_with = (metadata["tokenizer"],)
         self._dtype = np.dtype(metadata["dtype"])
         self._records = grain.sources.ArrayRecordDataSource(paths) if paths else None
         documents = sum(metadata["splits"][s]["documents"] for s in splits)
@@ -342,9 +345,14 @@ def read_prepared_metadata(directory: pathlib.Path) -> dict:
         raise FileNotFoundError(f"{str(directory)!r} is not prepared data: {PREPARED_METADATA} is missing") from None
     except ValueError as error:
         raise ValueError(f"prepared data metadata {str(path)!r} is not valid JSON: {error}") from None
-    for key in ("format", "dtype", "splits", "tokenizer"):
-        if key not in metadata:
-            raise ValueError(f"prepared data metadata {str(path)!r} lacks the key {key!r}")
+    required = {"": ("format", "dtype", "splits", "tokenizer"), "tokenizer": ("fingerprint", "vocab_size"),
+                "splits": ("train", "eval")}
+    for section, keys in required.items():
+        table = metadata.get(section, {}) if section else metadata
+        for key in keys:
+            if not isinstance(table, dict) or key not in table:
+                where = f"{section}.{key}" if section else key
+                raise ValueError(f"prepared data metadata {str(path)!r} lacks the key {where!r}")
     return metadata
 
 
@@ -357,6 +365,7 @@ class ConcatSource(DocumentSource):
         self._sources = list(sources)
         self._offsets = np.cumsum([0] + [len(s) for s in sources])
         self.tokenized = sources[0].tokenized
+        self.prepared_with = tuple(info for source in sources for info in source.prepared_with)
         self.stats = SourceStats()
         for source in sources:
             self.stats.merge(source.stats)
