@@ -1,8 +1,8 @@
 """`bertjax fill-mask --model DIR "text with [MASK]"`: the most likely tokens at each [MASK].
 
-DIR is either a pretraining workdir (`bertjax pretrain --workdir`: its latest checkpoint and its tokenizer) or a
-directory converted from Hugging Face (`config.json` + weights + tokenizer files, read by `bertjax.from_pretrained`
-and `bertjax.data.load_tokenizer`).
+DIR is a pretraining workdir (`bertjax pretrain --workdir`: its latest checkpoint and its tokenizer), a Hugging Face
+checkpoint directory (`config.json` + weights + tokenizer files, read by `bertjax.from_pretrained` and
+`bertjax.data.load_tokenizer`), or its `bertjax convert --from-hf` output with the tokenizer files copied in.
 """
 
 from __future__ import annotations
@@ -55,6 +55,19 @@ def _is_workdir(path: Path) -> bool:
     return (path / MODEL_CONFIG_FILE).is_file() and (path / "checkpoints").is_dir()
 
 
+def _is_model_dir(path: Path) -> bool:
+    from bertjax.commands.convert import MODEL_FILE, PARAMS_DIR  # `bertjax convert --from-hf` output
+    return (path / MODEL_FILE).is_file() and (path / PARAMS_DIR).is_dir()
+
+
+def _load_model_dir(path: Path):
+    from bertjax.commands.convert import load_model_dir as load_converted
+    from bertjax.data import load_tokenizer
+
+    model, params = load_converted(str(path))
+    return model, params, load_tokenizer(path / "tokenizer" if (path / "tokenizer").is_dir() else path)
+
+
 def _is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
 
@@ -86,6 +99,7 @@ def _load_hf_dir(path: Path):
 # (name, test, loader); the first whose test passes loads the directory.
 MODEL_DIR_KINDS: tuple[tuple[str, Callable[[Path], bool], Callable], ...] = (
     ("pretraining workdir", _is_workdir, _load_workdir),
+    ("bertjax model directory", _is_model_dir, _load_model_dir),
     ("Hugging Face directory", _is_hf_dir, _load_hf_dir),
 )
 
@@ -98,8 +112,9 @@ def load_model_dir(model_dir: str | Path):
     for _, test, loader in MODEL_DIR_KINDS:
         if test(path):
             return loader(path)
-    raise FileNotFoundError(f"--model {path}: neither a pretraining workdir (model_config.json + checkpoints/) "
-                            f"nor a Hugging Face directory (config.json)")
+    raise FileNotFoundError(f"--model {path}: not a pretraining workdir (model_config.json + checkpoints/), a "
+                            f"bertjax model directory (model_config.json + params/) or a Hugging Face directory "
+                            f"(config.json)")
 
 
 # ---------------------------------------------------------------------------------------------------------------

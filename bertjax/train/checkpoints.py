@@ -214,6 +214,11 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
     verify_checksums(step_dir)
     sharding = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
     checkpointer = ocp.PyTreeCheckpointer()
+    # Reading the state item on its own makes orbax warn that the step-level metadata is not in state/; it is
+    # one directory up, as the manager wrote it, and nothing else is missing.
+    absl_logger = logging.getLogger("absl")
+    previous_level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
     try:
         metadata = checkpointer.metadata(state_dir)
         tree = metadata.item_metadata
@@ -226,6 +231,8 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
     except Exception as error:
         raise CheckpointError(f"parameters of checkpoint {step_dir} cannot be read ({type(error).__name__}: "
                               f"{_first_line(error)})") from error
+    finally:
+        absl_logger.setLevel(previous_level)
     return restored["params"]
 
 

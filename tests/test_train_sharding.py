@@ -1,0 +1,41 @@
+"""The sharded train step gives the losses of a single device on every mesh shape (8 fake CPU devices)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from train_helpers import REPO, cpu_env, train_small_tokenizer
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tokenizer = train_small_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+    # XLA_FLAGS take effect only before JAX starts, hence a fresh interpreter.
+    run = subprocess.run([sys.executable, str(REPO / "tests" / "train_sharding_script.py"), str(tokenizer)],
+                         env=cpu_env(devices=8), cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    line = next(l for l in run.stdout.splitlines() if l.startswith("RESULTS "))
+    return {(tuple(r["mesh"]), r["microbatches"]): r for r in json.loads(line.removeprefix("RESULTS "))}
+
+
+@pytest.mark.parametrize("mesh, microbatches", [((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1), ((1, 8, 1), 1),
+                                                ((2, 2, 2), 2)])
+def test_losses_match_one_device(results, mesh, microbatches):
+    reference = results[((1, 1, 1), 1)]
+    got = results[(mesh, microbatches)]
+    assert len(got["losses"]) == 4 and got["losses"][0] > 3.0
+    np.testing.assert_allclose(got["losses"], reference["losses"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got["param_sum"], reference["param_sum"], rtol=1e-5)
+
+
+def test_parameters_and_optimizer_state_are_sharded_by_the_rules(results):
+    # embed -> fsdp, heads -> tensor; the Adam moments live where their parameters do.
+    assert results[((1, 8, 1), 1)]["query_spec"] == ["fsdp", None, None]
+    assert results[((1, 8, 1), 1)]["word_embedding_spec"] == [None, "fsdp"]
+    assert results[((2, 2, 2), 1)]["query_spec"] == ["fsdp", "tensor", None]
+    assert results[((2, 2, 2), 1)]["mu_query_spec"] == ["fsdp", "tensor", None]
+    assert results[((2, 2, 2), 1)]["query_shards"] == 4
+    assert results[((8, 1, 1), 1)]["query_spec"] == [None, None, None]  # pure data parallel: replicated
