@@ -185,6 +185,25 @@ class Checkpointer:
                                   f"{_first_line(error)}). {self._hint(step)}") from error
         return restored["state"], restored["data"]
 
+    def set_aside_after(self, step: int) -> list[int]:
+        """Move the checkpoints after `step` to `<directory>-abandoned/` (a run resumed from an earlier step
+        rewrites those steps; they are kept for inspection, not deleted). Returns the steps moved."""
+        later = [s for s in self.all_steps() if s > step]
+        if later and jax.process_index() == 0:
+            aside = self.directory.with_name(self.directory.name + "-abandoned")
+            aside.mkdir(parents=True, exist_ok=True)
+            for s in later:
+                target = aside / str(s)
+                if target.exists():
+                    target = aside / f"{s}-{len(list(aside.iterdir()))}"
+                self.step_dir(s).rename(target)
+        if later:
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+                multihost_utils.sync_global_devices("bertjax-set-aside-checkpoints")
+            self.manager.reload()
+        return later
+
     def _hint(self, step: int) -> str:
         earlier = [s for s in self.all_steps() if s < step]
         if not earlier:

@@ -155,6 +155,10 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     if restore_step is not None:
         _, shardings = state_shardings(model, optimizer, mesh)
         state, feed_state = checkpointer.restore(restore_step, abstract_state(model, optimizer, mesh))
+        abandoned = checkpointer.set_aside_after(restore_step)
+        if abandoned and primary:
+            log.warning("resuming from step %d: later checkpoints %s moved to %s-abandoned/", restore_step,
+                        abandoned, checkpointer.directory)
     else:
         state, shardings = create_train_state(model, optimizer, mesh, config.train.seed)
         feed_state = None

@@ -1,0 +1,102 @@
+"""Resuming: a run stopped by SIGTERM and by kill -9 and restarted logs exactly the losses of an uninterrupted
+run (bit for bit on CPU); a damaged checkpoint is a clear error while the previous one still restores."""
+
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from bertjax.train.checkpoints import CheckpointError, restore_params
+from train_helpers import REPO, cpu_env, logged_losses, pretrain_command, run_pretrain, train_small_tokenizer, \
+    write_config
+
+STEPS, EVERY = 160, 40
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    tokenizer = train_small_tokenizer(root / "tokenizer")
+    config = write_config(root / "run.yaml", tokenizer, train={"steps": STEPS},
+                          checkpoint={"every": EVERY, "keep": 3})
+    reference = root / "reference"
+    run_pretrain(config, reference)
+    return root, config, reference
+
+
+def _start(config, workdir):
+    return subprocess.Popen(pretrain_command(config, workdir), env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_step(workdir, step, process, timeout=180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"run ended before step {step}:\n{process.stdout.read()}")
+        if max(logged_losses(workdir), default=0) >= step:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def test_sigterm_and_kill9_then_resume_log_the_uninterrupted_losses(setup):
+    root, config, reference = setup
+    want = logged_losses(reference)
+    assert sorted(want) == list(range(1, STEPS + 1))
+    workdir = root / "interrupted"
+
+    run = _start(config, workdir)
+    _wait_for_step(workdir, 10, run)
+    run.send_signal(signal.SIGTERM)
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 0, output
+    assert "SIGTERM" in output
+    stopped = max(logged_losses(workdir))
+    assert stopped < STEPS
+    assert (workdir / "checkpoints" / str(stopped)).is_dir()  # saved where it stopped, not only every EVERY
+
+    run = _start(config, workdir)
+    _wait_for_step(workdir, EVERY + 15, run)
+    run.kill()  # SIGKILL: no chance to save; resumes from the last completed checkpoint
+    run.communicate(timeout=60)
+
+    run_pretrain(config, workdir)
+    got = logged_losses(workdir)
+    assert sorted(got) == sorted(want)
+    assert got == want  # exact float equality
+
+
+def test_corrupt_or_incomplete_checkpoint_is_a_clear_error_and_the_previous_one_restores(setup):
+    root, config, reference = setup
+    workdir = root / "damaged"
+    shutil.copytree(reference, workdir)
+    checkpoints = workdir / "checkpoints"
+    assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [80, 120, 160]
+
+    data_file = max((p for p in (checkpoints / "160" / "state").rglob("*") if p.is_file()),
+                    key=lambda p: p.stat().st_size)
+    content = bytearray(data_file.read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    data_file.write_bytes(bytes(content))
+    with pytest.raises(CheckpointError, match=f"{data_file.name} is corrupt"):
+        restore_params(checkpoints / "160")
+
+    next(p for p in (checkpoints / "120" / "state").rglob("*") if p.is_file() and p.suffix != ".json").unlink()
+    with pytest.raises(CheckpointError, match="is missing"):
+        restore_params(checkpoints / "120")
+
+    params = restore_params(checkpoints / "80")
+    assert params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"].shape == (48, 32)
+
+    # Resuming the run: a one-line error that names the damage and the way back ...
+    more = [f"train.steps={STEPS + 8}"]
+    failed = subprocess.run(pretrain_command(config, workdir, *more), env=cpu_env(), cwd=REPO,
+                            capture_output=True, text=True, timeout=180)
+    assert failed.returncode == 2
+    assert "is corrupt" in failed.stderr and "checkpoint.restore_step=120" in failed.stderr, failed.stderr
+    # ... and the good checkpoint resumes.
+    run_pretrain(config, workdir, *more, "checkpoint.restore_step=80")
+    assert max(logged_losses(workdir)) == STEPS + 8
