@@ -1,0 +1,67 @@
+"""Two-process pretraining on localhost (CPU, gloo collectives): both processes compute the same losses, and the
+checkpoint they wrote together restores in a single process."""
+
+import json
+import socket
+import subprocess
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.train.checkpoints import restore_params
+from train_helpers import REPO, cpu_env, logged_losses, pretrain_command, train_small_tokenizer, write_config
+
+STEPS = 12
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multihost")
+    tokenizer = train_small_tokenizer(root / "tokenizer")
+    config = write_config(root / "run.yaml", tokenizer, train={"steps": STEPS}, checkpoint={"every": 6})
+    workdir = root / "run"
+    coordinator = f"127.0.0.1:{_free_port()}"
+    processes = [subprocess.Popen(pretrain_command(config, workdir, "--coordinator", coordinator,
+                                                   "--num-processes", "2", "--process-id", str(i)),
+                                  env=cpu_env(devices=1), cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = []
+    for process in processes:
+        output, _ = process.communicate(timeout=300)
+        outputs.append(output)
+    for i, process in enumerate(processes):
+        assert process.returncode == 0, f"process {i}:\n{outputs[i]}"
+    return workdir, outputs
+
+
+def test_both_processes_log_the_same_losses(two_process_run):
+    workdir, outputs = two_process_run
+    process0 = logged_losses(workdir)
+    process1 = {}
+    for line in outputs[1].splitlines():
+        if line.startswith("[process 1] "):
+            record = json.loads(line.removeprefix("[process 1] "))
+            process1[record["step"]] = record["loss"]
+    assert sorted(process0) == list(range(1, STEPS + 1))
+    assert process1 == process0
+    assert process0[STEPS] < process0[1]
+
+
+def test_the_two_process_checkpoint_restores_in_one_process(two_process_run):
+    workdir, _ = two_process_run
+    data_files = sorted(p.name for p in (workdir / "checkpoints" / str(STEPS) / "data").glob("process_*"))
+    assert data_files == ["process_0-of-2.json", "process_1-of-2.json"]  # each host's own data position
+    params = restore_params(workdir / "checkpoints" / str(STEPS))
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
+
+    from bertjax.commands.fill_mask import load_predictor
+    predictions = load_predictor(workdir)("The [MASK] statement ends a loop.", 3)
+    assert len(predictions) == 1 and len(predictions[0]) == 3
+    assert 0.0 < sum(p.probability for p in predictions[0]) <= 1.0 + 1e-6
