@@ -167,7 +167,10 @@ def run_config_from_dict(raw: Mapping) -> RunConfig:
     data = raw.pop("data", None)
     config = parse_dataclass(RunConfig, raw, "")
     data_cls = data_config_class()
-    return dataclasses.replace(config, data=parse_dataclass(data_cls, data or {}, "data"))
+    config = dataclasses.replace(config, data=parse_dataclass(data_cls, data or {}, "data"))
+    for i, phase in enumerate(config.train.phases):  # each phase's data must be a valid data config too
+        parse_dataclass(data_cls, {**to_dict(config.data), **phase.data}, f"train.phases[{i}].data")
+    return config
 
 
 def apply_override(raw: dict, override: str) -> None:
