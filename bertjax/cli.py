@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "prepare": "bertjax.commands.prepare",
     "pretrain": "bertjax.commands.pretrain",
     "fill-mask": "bertjax.commands.fill_mask",
+    "compile-check": "bertjax.commands.compile_check",
 }
 
 
