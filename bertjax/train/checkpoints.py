@@ -130,7 +130,11 @@ class Checkpointer:
     """Save and restore (train state, data state) by step, keeping the last `config.keep` steps."""
 
     def __init__(self, directory: str | Path, config: CheckpointConfig):
-        self.directory = Path(directory).absolute()
+        # Multi-host runs checkpoint to storage every host sees, often a bucket ("gs://..."): orbax reaches it
+        # through etils.epath. Checksums are computed on local filesystems only (hashing a bucket means reading
+        # the whole checkpoint back over the network).
+        self.remote = "://" in str(directory)
+        self.directory = epath.Path(directory) if self.remote else Path(directory).absolute()
         self.config = config
         async_options = ocp.AsyncOptions(post_finalization_callback=self._after_save) if config.async_save else None
         options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=True,
@@ -142,14 +146,14 @@ class Checkpointer:
 
     def _after_save(self) -> None:
         """Runs when an asynchronous save has been committed: record checksums of steps that lack them."""
-        if not self.config.checksums or jax.process_index() != 0:
+        if not self.config.checksums or self.remote or jax.process_index() != 0:
             return
         for step in self.manager.all_steps():
             step_dir = self.step_dir(step)
             if step_dir.exists() and not (step_dir / CHECKSUMS_FILE).exists():
                 write_checksums(step_dir)
 
-    def step_dir(self, step: int) -> Path:
+    def step_dir(self, step: int) -> Path | epath.Path:
         return self.directory / str(step)
 
     def all_steps(self) -> list[int]:
@@ -172,8 +176,9 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; available steps: "
                                   f"{self.all_steps()}")
         try:
-            verified = verify_checksums(step_dir) if self.config.checksums else False
-            if self.config.checksums and not verified:
+            checked = self.config.checksums and not self.remote
+            verified = verify_checksums(step_dir) if checked else False
+            if checked and not verified:
                 log.warning("checkpoint %s has no checksums (saved without them, or interrupted before they were "
                             "written); restoring without verification", step_dir)
             restored = self.manager.restore(step, args=ocp.args.Composite(

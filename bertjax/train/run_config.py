@@ -109,7 +109,7 @@ class CheckpointConfig:
     async_save: bool = True  # write in the background while training continues
     directory: str | None = None  # None: <workdir>/checkpoints; multi-host runs need one all hosts share
     restore_step: int | None = None  # None: resume from the latest checkpoint in the workdir
-    checksums: bool = True  # record sha256 of every file, verified before restoring (catches corrupt files)
+    checksums: bool = True  # record sha256 of every file, verified before restoring (local filesystems only)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,189 @@
+"""Training throughput (tokens/s) and model FLOPs utilisation of the jitted train step.
+
+    python -m bench.train_bench                       # CPU: tiny and modernbert-base, short rows
+    python -m bench.train_bench --gpu                 # GPU: modernbert-base, 1024 tokens, bfloat16, against
+                                                      # transformers' ModernBertForMaskedLM on identical batches
+
+The step is the one `bertjax pretrain` runs (StableAdamW, MLM at 30% gathered before the vocabulary projection,
+state donated), fed synthetic packed rows so that only the step is timed. MFU counts model FLOPs
+(bertjax/train/flops.py) against the device's peak: the published bf16 peak on accelerators; on CPU, which has no
+published figure, the float32 matmul rate measured in the same run. Needs no data pipeline (no grain import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.config import get_config
+from bertjax.models import MODEL_CLASSES, init_params
+from bertjax.train import flops as flops_lib
+from bertjax.train import mesh as mesh_lib
+from bertjax.train.optimizers import build_optimizer
+from bertjax.train.run_config import MeshConfig, OptimizerConfig, ScheduleConfig
+from bertjax.train.schedules import build_schedule
+from bertjax.train.state import count_params, create_train_state
+from bertjax.train.step import make_train_step
+
+MLM_RATE = 0.3
+# tiny.yaml's model (configs/pretrain/tiny.yaml) with its tokenizer's vocabulary size.
+TINY = dict(preset="modernbert-tiny", hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256,
+            local_window=64, max_position_embeddings=128, vocab_size=8192)
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    config: object  # EncoderConfig
+    batch: int
+    seq_len: int
+    documents_per_row: int = 2
+
+
+def synthetic_batch(case: Case, seed: int = 0, documents_per_row: int | None = None) -> dict[str, np.ndarray]:
+    """Full rows of `documents_per_row` packed documents, MLM_RATE of each row's tokens to predict."""
+    rng = np.random.default_rng(seed)
+    b, s = case.batch, case.seq_len
+    docs = documents_per_row or case.documents_per_row
+    predictions = int(np.ceil(s * MLM_RATE))
+    segment = np.repeat(np.arange(1, docs + 1), -(-s // docs))[:s]
+    positions = np.concatenate([np.arange((segment == d).sum()) for d in range(1, docs + 1)])
+    masked = np.sort(np.stack([rng.choice(s, predictions, replace=False) for _ in range(b)]), axis=1)
+    ids = rng.integers(5, case.config.vocab_size, (b, s))
+    return {"input_ids": ids.astype(np.int32), "segment_ids": np.tile(segment, (b, 1)).astype(np.int32),
+            "positions": np.tile(positions, (b, 1)).astype(np.int32),
+            "token_type_ids": np.zeros((b, s), np.int32), "masked_positions": masked.astype(np.int32),
+            "masked_ids": np.take_along_axis(ids, masked, 1).astype(np.int32),
+            "masked_weights": np.ones((b, predictions), np.float32)}
+
+
+def time_steps(step, state, batch, steps: int) -> tuple[float, object, float]:
+    """(seconds per step, final state, first loss) after one compiling step."""
+    state, metrics = step(state, batch)
+    first_loss = float(metrics["loss"])
+    start = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    return (time.perf_counter() - start) / steps, state, first_loss
+
+
+def bench_bertjax(case: Case, steps: int, peak_per_device: float) -> dict:
+    model = MODEL_CLASSES["masked_lm"](case.config)
+    schedule = build_schedule(ScheduleConfig(name="constant"), 8e-4, steps + 1)
+    optimizer = build_optimizer(OptimizerConfig(name="stable_adamw", learning_rate=8e-4, weight_decay=1e-5), schedule)
+    mesh = mesh_lib.build_mesh(MeshConfig())
+    state, shardings = create_train_state(model, optimizer, mesh, seed=0)
+    step = make_train_step(model, optimizer, schedule, mesh, shardings, with_nsp=False)
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh, v.ndim)) for k, v in synthetic_batch(case).items()}
+    seconds, _, loss = time_steps(step, state, batch, steps)
+    tokens = case.batch * case.seq_len
+    model_flops = flops_lib.train_flops(case.config, seq_len=case.seq_len, tokens=tokens,
+                                        predictions=float(batch["masked_weights"].sum()), rows=case.batch,
+                                        with_nsp=False)
+    return {"case": case.name, "params_M": count_params(state.params) / 1e6, "batch": case.batch,
+            "seq_len": case.seq_len, "dtype": case.config.dtype, "step_ms": 1e3 * seconds,
+            "tokens_per_sec": tokens / seconds,
+            "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), peak_per_device), "first_loss": loss}
+
+
+def bench_transformers(case: Case, steps: int, jax_params, jax_model) -> dict:
+    """transformers' ModernBertForMaskedLM (sdpa, bf16 autocast, fused AdamW) on the same weights and rows."""
+    import torch
+    import transformers
+
+    import bertjax
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bertjax.save_pretrained(tmp, jax_model, jax.device_get(jax_params))
+        model = transformers.AutoModelForMaskedLM.from_pretrained(tmp, attn_implementation="sdpa",
+                                                                  sparse_prediction=True).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=1e-5,
+                                  fused=True)
+    # transformers has no packing: one document per row, no padding (the bertjax side gets the same rows).
+    rows = synthetic_batch(case, documents_per_row=1)
+    labels = np.full((case.batch, case.seq_len), -100, np.int64)
+    np.put_along_axis(labels, rows["masked_positions"], rows["masked_ids"], axis=1)
+    inputs = {"input_ids": torch.from_numpy(rows["input_ids"].astype(np.int64)).cuda(),
+              "attention_mask": torch.ones(case.batch, case.seq_len, dtype=torch.int64).cuda(),
+              "labels": torch.from_numpy(labels).cuda()}
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    first_loss = float(step())
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / steps
+    return {"case": f"{case.name} (transformers sdpa)", "step_ms": 1e3 * seconds,
+            "tokens_per_sec": case.batch * case.seq_len / seconds, "first_loss": first_loss}
+
+
+def cpu_cases() -> list[Case]:
+    tiny = dict(TINY)
+    tiny_config = get_config(tiny.pop("preset"), **tiny)
+    return [Case("tiny (configs/pretrain/tiny.yaml)", tiny_config, batch=32, seq_len=128),
+            Case("modernbert-base", get_config("modernbert-base"), batch=2, seq_len=128)]
+
+
+def run_cpu(steps: int) -> list[dict]:
+    peak = flops_lib.measure_peak_flops(jnp.float32, size=2048)
+    print(f"CPU float32 matmul rate measured here: {peak / 1e9:.1f} GFLOP/s per device (the MFU reference)")
+    return [bench_bertjax(case, steps, peak) for case in cpu_cases()]
+
+
+def run_gpu(steps: int, batch: int) -> list[dict]:
+    config = get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=1024)
+    case = Case("modernbert-base bf16", config, batch=batch, seq_len=1024, documents_per_row=1)
+    peak = flops_lib.peak_flops_per_device()
+    ours = bench_bertjax(case, steps, peak)
+    # The same initial weights as the bertjax state (same init key), exported for transformers.
+    model = MODEL_CLASSES["masked_lm"](config.replace(dtype="float32"))
+    theirs = bench_transformers(case, steps, init_params(model, jax.random.key(0)), model)
+    ours["speedup_vs_transformers"] = ours["tokens_per_sec"] / theirs["tokens_per_sec"]
+    return [ours, theirs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu", action="store_true", help="the GPU comparison (needs a CUDA JAX and torch)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 5 on CPU, 20 on GPU)")
+    parser.add_argument("--gpu-batch", type=int, default=16, help="rows of 1024 tokens per GPU step")
+    args = parser.parse_args()
+    print(f"{datetime.date.today()}  {platform.platform()}  jax {jax.__version__}  "
+          f"{jax.device_count()} x {jax.devices()[0].device_kind}  cores {os.cpu_count()}")
+    if args.gpu:
+        if jax.default_backend() != "gpu":
+            raise SystemExit("--gpu: JAX sees no GPU here (jax.default_backend() is "
+                             f"{jax.default_backend()!r}); run it on a GPU host")
+        rows = run_gpu(args.steps or 20, args.gpu_batch)
+    else:
+        rows = run_cpu(args.steps or 5)
+    print(f"\n{'case':<40} {'batch x seq':>12} {'step ms':>9} {'tokens/s':>10} {'MFU':>7} {'vs HF':>6}")
+    for row in rows:
+        shape = f"{row['batch']}x{row['seq_len']}" if "batch" in row else ""
+        mfu = f"{100 * row['mfu']:.1f}%" if "mfu" in row else ""
+        ratio = f"{row['speedup_vs_transformers']:.2f}x" if "speedup_vs_transformers" in row else ""
+        print(f"{row['case']:<40} {shape:>12} {row['step_ms']:>9.1f} {row['tokens_per_sec']:>10.0f} {mfu:>7} "
+              f"{ratio:>6}")
+
+
+if __name__ == "__main__":
+    main()
