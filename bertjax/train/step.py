@@ -84,7 +84,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, s
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = objectives.metrics(sums, with_nsp)
-        metrics.update(grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step),
+        metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
                        tokens=jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32),
                        predictions=sums.mlm_weight, rows=jnp.float32(batch["input_ids"].shape[0]))
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

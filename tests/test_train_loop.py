@@ -1,0 +1,60 @@
+"""The loop end to end in-process: BERT-style MLM + NSP over two phases (32- then 64-token rows), held-out
+evaluation, the workdir's files, and fill-mask on the result."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertjax.commands.fill_mask import load_predictor
+from bertjax.train.loop import pretrain
+from bertjax.train.metrics import read_metrics
+from bertjax.train.run_config import run_config_from_dict
+from train_helpers import train_small_tokenizer
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loop")
+    tokenizer = train_small_tokenizer(root / "tokenizer")
+    config = run_config_from_dict({
+        "model": {"preset": "bert-tiny", "head": "pretraining"},
+        "tokenizer": {"path": str(tokenizer)},
+        "data": {"seq_len": 32, "global_batch_size": 8, "packing": "pad", "sentence_objective": "nsp",
+                 "window_documents": 64},
+        "optimizer": {"name": "lamb", "learning_rate": 1.0e-2, "b2": 0.999, "clip_global_norm": 1.0},
+        "schedule": {"name": "linear", "warmup": 1},
+        "train": {"steps": 6, "log_every": 2, "progress_bar": False,
+                  "phases": [{"fraction": 0.5, "data": {"seq_len": 32}},
+                             {"fraction": 0.5, "data": {"seq_len": 64, "max_predictions": 10}}]},
+        "eval": {"every": 3, "batches": 2},
+        "checkpoint": {"every": 3},
+    })
+    return pretrain(config, root / "run")
+
+
+def test_metrics_cover_mlm_nsp_and_held_out_loss(finished_run):
+    records = read_metrics(finished_run.workdir)
+    by_step = {r["step"]: r for r in records}
+    assert sorted(by_step) == [0, 2, 3, 4, 6]  # eval at start and every 3 steps, logs every 2, the last step
+    for name in ("loss", "mlm_loss", "nsp_loss", "nsp_accuracy", "mlm_accuracy", "learning_rate", "grad_norm",
+                 "eval_loss", "eval_nsp_loss"):
+        assert name in by_step[6], name
+    assert "tokens_per_sec" in by_step[4] and 0.0 < by_step[4]["mfu"] < 1.0
+    np.testing.assert_allclose(by_step[6]["loss"], by_step[6]["mlm_loss"] + by_step[6]["nsp_loss"], rtol=1e-6)
+    assert finished_run.eval_loss_start == by_step[0]["eval_loss"]
+    assert finished_run.eval_loss_end == by_step[6]["eval_loss"]
+    assert not finished_run.preempted and finished_run.final_step == 6
+
+
+def test_workdir_holds_everything_and_fill_mask_reads_it(finished_run):
+    workdir = finished_run.workdir
+    for name in ("config.yaml", "model_config.json", "metrics.jsonl", "loss.png", "tokenizer"):
+        assert (workdir / name).exists(), name
+    assert any((workdir / "tensorboard").iterdir())
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["3", "6"]
+    described = json.loads((workdir / "model_config.json").read_text())
+    assert described["head"] == "pretraining" and described["config"]["vocab_size"] == 512
+    predictions = load_predictor(workdir)("The [MASK] statement ends the [MASK] loop.", 4)
+    assert [len(p) for p in predictions] == [4, 4]
+    assert all(p[0].probability >= p[-1].probability for p in predictions)
