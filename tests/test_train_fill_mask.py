@@ -1,0 +1,56 @@
+"""`bertjax fill-mask` on a directory converted from Hugging Face (and its `bertjax convert` output)."""
+
+import jax
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.cli import main
+from bertjax.commands.fill_mask import encode_with_masks, load_model_dir
+from bertjax.data import load_tokenizer
+from train_helpers import train_small_tokenizer
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fill_mask")
+    tokenizer = load_tokenizer(train_small_tokenizer(root / "tokenizer"))
+    config = bertjax.get_config("modernbert-tiny", vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    model = bertjax.EncoderForMaskedLM(config)
+    directory = root / "hf"
+    bertjax.save_pretrained(str(directory), model, bertjax.init_params(model, jax.random.key(0)))
+    tokenizer.save(directory)  # a checkpoint directory carries its tokenizer files
+    return directory, tokenizer
+
+
+def test_masks_become_the_mask_id_between_cls_and_sep(hf_dir):
+    _, tokenizer = hf_dir
+    ids, masks = encode_with_masks(tokenizer, "A [MASK] returns [MASK] value.")
+    assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id
+    assert list(np.flatnonzero(ids == tokenizer.mask_id)) == list(masks) and len(masks) == 2
+    with pytest.raises(ValueError, match="no \\[MASK\\]"):
+        encode_with_masks(tokenizer, "nothing hidden")
+
+
+def test_fill_mask_on_a_hugging_face_directory(hf_dir, capsys):
+    directory, _ = hf_dir
+    assert main(["fill-mask", "--model", str(directory), "--top-k", "3", "The [MASK] statement ends a loop."]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("The [") and lines[1].startswith("  mask 1: ") and lines[1].count(",") >= 2
+
+
+def test_fill_mask_on_converted_model_directory(hf_dir, tmp_path, capsys):
+    directory, tokenizer = hf_dir
+    converted = tmp_path / "converted"
+    assert main(["convert", "--from-hf", str(directory), "--out", str(converted)]) == 0
+    tokenizer.save(converted / "tokenizer")
+    model, params, loaded = load_model_dir(converted)
+    assert loaded.fingerprint == tokenizer.fingerprint
+    capsys.readouterr()
+    assert main(["fill-mask", "--model", str(converted), "A [MASK] returns a value."]) == 0
+    assert "mask 1:" in capsys.readouterr().out
+
+
+def test_unknown_directory_is_a_clear_error(tmp_path, capsys):
+    assert main(["fill-mask", "--model", str(tmp_path), "x [MASK]"]) == 2
+    assert "not a pretraining workdir" in capsys.readouterr().err
