@@ -165,8 +165,8 @@ def row(seq, window, passes, name, r, reference) -> str:
     speedup = memory = ""
     if reference is not None and reference["status"] == "ok":
         speedup = f"{reference['seconds'] / r['seconds']:.2f}x"
-        if reference.get("temp") and r.get("temp") is not None:
-            memory = f"{r['temp'] / reference['temp']:.3f}"
+    if reference is not None and reference.get("temp") and r.get("temp") is not None:
+        memory = f"{r['temp'] / reference['temp']:.3f}"  # known even when the reference was too big to run
     peak = f" (device peak {gib(r['device_peak'])})" if "device_peak" in r else ""
     return (f"| {seq} | {layer} | {passes} | {name} | {r['seconds'] * 1e3:.2f} | {speedup} | {gib(r['temp'])}{peak} "
             f"| {memory} |")

@@ -84,9 +84,10 @@ def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, inte
     return out.reshape(batch, padded, heads, head_dim)[:, :seq].astype(q.dtype)
 
 
-# Measured on the 2-core CPU (docs/benchmarks.md, 12 heads x 64, forward+backward): blockwise is 1.3x faster than
-# dense at window/seq = 1/4 (w 32, seq 128), 3.9x at 1/4 (w 128, seq 512), break-even near 1/3 (w 128, seq 384)
-# and 0.6x at 1/2 (w 128, seq 256): its slabs of 3 chunks then do as much work as dense, with gathers on top.
+# Measured on the 2-core CPU against the dense path (docs/benchmarks.md; 12 heads x 64, float32), speed-up of
+# blockwise forward / forward+backward: window 128: seq 256 (w/seq 1/2) 0.7x / 0.95x, seq 384 (1/3) 1.2x / 1.4x,
+# seq 512 (1/4) 1.6x / 4.2x, seq 2048 7x / 10x; window 32: seq 96 (1/3) 0.8x / 0.8x, seq 128 (1/4) 0.8x / 1.45x.
+# Below ~1/4 the slabs of 3 chunks do nearly the dense amount of work, with slicing on top.
 BLOCKWISE_MAX_WINDOW_FRACTION = 0.25
 
 
