@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
+import os
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -37,6 +38,9 @@ def topology_devices(topology: str = "v5e:2x2") -> list:
     """Compile-only devices of a TPU topology such as "v5e:2x2", "v5p:2x2x1", "v4:2x2x1"."""
     if not libtpu_available():
         raise RuntimeError(INSTALL_HINT)
+    # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so two processes cannot drive one TPU. Compile-only
+    # devices drive nothing, so concurrent compile checks (tests, other jobs) may share the library.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
 
 
