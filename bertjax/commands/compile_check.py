@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.train import flops as flops_lib
     from bertjax.train import mesh as mesh_lib
     from bertjax.train.optimizers import build_optimizer
-    from bertjax.train.run_config import load_run_config
+    from bertjax.train.run_config import ScheduleConfig, load_run_config
     from bertjax.train.schedules import StepClock, build_schedule
     from bertjax.train.state import abstract_state, count_params
     from bertjax.train.step import make_train_step
@@ -57,7 +57,14 @@ def run(args: argparse.Namespace) -> int:
     phases = feed_lib.plan_phases(config)
     feed_lib.check_batch_fits(phases, mesh, config.optimizer.accumulation_steps)
     clock = StepClock(feed_lib.boundaries(phases), feed_lib.tokens_per_step(phases))
-    schedule = build_schedule(config.schedule, config.optimizer.learning_rate, config.train.steps, clock)
+    try:
+        schedule = build_schedule(config.schedule, config.optimizer.learning_rate, config.train.steps, clock)
+    except ValueError as error:
+        # The schedule's numbers do not change the compiled program (the step computes the rate from a traced
+        # step count), so a schedule that no longer fits an overridden batch size need not block the check.
+        print(f"note: {error}; compiling with a constant learning rate instead")
+        schedule = build_schedule(ScheduleConfig(name="constant"), config.optimizer.learning_rate,
+                                  config.train.steps)
     optimizer = build_optimizer(config.optimizer, schedule)
     state = abstract_state(model, optimizer, mesh)
     # `abstract_state` places the state by the mesh rules; the step is built from those same shardings.
