@@ -59,8 +59,13 @@ def main(argv=None) -> None:
           f"seq {args.seq}, {args.dtype}; batch data-parallel, parameters replicated")
     for implementation in args.implementations:
         start = time.perf_counter()
-        compiled = compile_forward_backward(args.model, implementation, args.topology, args.batch, args.seq,
-                                            args.dtype)
+        try:
+            compiled = compile_forward_backward(args.model, implementation, args.topology, args.batch, args.seq,
+                                                args.dtype)
+        except jax.errors.JaxRuntimeError as error:  # e.g. RESOURCE_EXHAUSTED: the program does not fit in HBM
+            print(f"\n[{implementation}] does not compile ({time.perf_counter() - start:.1f} s): "
+                  f"{str(error).splitlines()[0]}")
+            continue
         print(f"\n[{implementation}] compiled in {time.perf_counter() - start:.1f} s")
         print(memory_report(compiled))
         print("raw:", compiled.memory_analysis())
