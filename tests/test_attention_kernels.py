@@ -161,3 +161,21 @@ def test_modernbert_logits_match_with_every_implementation():
         got = logits(implementation)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got[valid], reference[valid], atol=1e-4, rtol=1e-4, err_msg=implementation)
+
+
+def test_pallas_tpu_shard_map_axes_follow_rules_and_divisibility():
+    import flax.linen as nn
+    from jax.sharding import AbstractMesh, AxisType
+
+    from bertjax.ops.pallas_tpu_attention import _mesh_axes
+
+    mesh = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
+    # No rules: the batch goes over as many mesh axes (in order) as divide it; nothing divides 3.
+    assert _mesh_axes(mesh, "activation_batch", 8, default=mesh.axis_names) == ("data", "fsdp", "tensor")
+    assert _mesh_axes(mesh, "activation_batch", 4, default=mesh.axis_names) == ("data", "fsdp")
+    assert _mesh_axes(mesh, "activation_batch", 3, default=mesh.axis_names) is None
+    with nn.logical_axis_rules([("activation_batch", ("data", "fsdp")), ("activation_heads", "tensor")]):
+        batch_axes = _mesh_axes(mesh, "activation_batch", 8, default=mesh.axis_names)
+        assert batch_axes == ("data", "fsdp")
+        assert _mesh_axes(mesh, "activation_heads", 4, default=(), taken=batch_axes) == ("tensor",)
+        assert _mesh_axes(mesh, "activation_heads", 3, default=(), taken=batch_axes) is None  # 3 kv heads

@@ -93,14 +93,17 @@ def _mesh_axes(mesh, logical_name: str, size: int, default: tuple[str, ...],
                taken: tuple[str, ...] = ()) -> tuple[str, ...] | None:
     """Mesh axes that split a dimension of `size`: from the active Flax logical rules, else `default`.
 
-    None (replicated) when those axes do not divide the dimension: correct, at the cost of a gather.
+    Axes are kept in order while their product still divides `size` (e.g. batch 4 over data=2, fsdp=2, tensor=2
+    splits over data and fsdp); None (replicated) when none fits: correct, at the cost of a gather.
     """
     if nn.get_logical_axis_rules():
         axes = nn.logical_to_mesh_axes((logical_name,))[0]
         axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
     else:
         axes = tuple(default)
-    axes = tuple(a for a in axes if a in mesh.axis_names and a not in taken)
-    if not axes or size % math.prod(mesh.shape[a] for a in axes):
-        return None
-    return axes
+    kept = []
+    for axis in axes:
+        if axis in mesh.axis_names and axis not in taken and size % (math.prod(mesh.shape[a] for a in kept)
+                                                                      * mesh.shape[axis]) == 0:
+            kept.append(axis)
+    return tuple(kept) or None
