@@ -32,4 +32,4 @@ class SelfAttention(nn.Module):
                             interpret=cfg.attention_interpret)
         out = nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_heads",
                                                "activation_kv"))
-        return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), use_bias=bias, axis=(-2, -1), name="out")(out)
+        return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), use_bias=bias, in_ndim=2, name="out")(out)

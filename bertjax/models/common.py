@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from bertjax.config import EncoderConfig
@@ -36,13 +37,42 @@ def zeros_init(axes: tuple[str, ...]):
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
+class Linear(nn.Module):
+    """x contracted over its last `in_ndim` axes with a kernel [*in_shape, *features], plus an optional bias.
+
+    Flax's DenseGeneral initialises a flattened 2-d kernel and reshapes it; under a mesh with logical-axis rules
+    that constrains a 3-axis logical box ([embed, heads, kv]) on a 2-d value and fails. This layer creates every
+    kernel at full rank, so its logical names always match its shape.
+    """
+
+    features: tuple[int, ...]
+    in_ndim: int
+    axes: tuple[str, ...]  # logical names of the kernel: input axes, then output axes
+    use_bias: bool
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        in_shape = x.shape[x.ndim - self.in_ndim:]
+        kernel = self.param("kernel", kernel_init(cfg, self.axes), (*in_shape, *self.features), param_dtype(cfg))
+        dtype = compute_dtype(cfg)
+        contract = tuple(range(x.ndim - self.in_ndim, x.ndim))
+        y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
+                                ((contract, tuple(range(self.in_ndim))), ((), ())))
+        if self.use_bias:
+            bias = self.param("bias", zeros_init(self.axes[self.in_ndim:]), self.features, param_dtype(cfg))
+            y = y + bias.astype(dtype)
+        return y
+
+
 def dense(config: EncoderConfig, features, axes: tuple[str, ...], *, use_bias: bool, name: str,
-          axis=-1) -> nn.DenseGeneral:
-    """A DenseGeneral whose kernel and bias carry logical axis names (input axes first, then output axes)."""
-    out_ndim = len(features) if isinstance(features, tuple) else 1
-    return nn.DenseGeneral(features, axis=axis, use_bias=use_bias, dtype=compute_dtype(config),
-                           param_dtype=param_dtype(config), kernel_init=kernel_init(config, axes),
-                           bias_init=zeros_init(axes[-out_ndim:]), name=name)
+          in_ndim: int = 1) -> Linear:
+    """A linear layer whose kernel and bias carry logical axis names (input axes first, then output axes)."""
+    features = features if isinstance(features, tuple) else (features,)
+    if len(axes) != in_ndim + len(features):
+        raise ValueError(f"{name}: {len(axes)} logical axes for a kernel of rank {in_ndim + len(features)}")
+    return Linear(features, in_ndim, axes, use_bias, config, name=name)
 
 
 def norm(config: EncoderConfig, name: str) -> nn.Module:
