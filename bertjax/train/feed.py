@@ -192,23 +192,34 @@ def eval_batches(data_config, tokenizer, mesh, count: int) -> list[dict[str, jax
 
 
 def held_out_sentences(data_config, tokenizer, count: int, max_chars: int = 160) -> list[str]:
-    """A few short held-out sentences (for showing fill-mask predictions)."""
+    """A few short held-out sentences, from documents spread over the held-out split (for fill-mask examples)."""
     from bertjax.data import open_documents
 
     documents = open_documents(data_config.input, split="eval", text_format=data_config.text_format,
                                text_field=data_config.text_field, eval_fraction=data_config.eval_fraction)
     sentences = []
-    for i in range(len(documents)):
+    stride = max(1, len(documents) // (4 * max(count, 1)))
+    for i in range(0, len(documents), stride):
         document = documents[i]
         text = document if isinstance(document, str) else tokenizer.decode(document)  # prepared data: token ids
-        for line in text.splitlines():
-            for sentence in line.split(". "):
-                words = sentence.strip().split()
-                if 6 <= len(words) <= 20 and len(sentence) <= max_chars and sentence.strip()[0].isupper():
-                    sentences.append(" ".join(words).rstrip(".") + ".")
-                    if len(sentences) == count:
-                        return sentences
+        sentence = _first_plain_sentence(text, max_chars)
+        if sentence is not None:
+            sentences.append(sentence)
+            if len(sentences) == count:
+                break
     return sentences
+
+
+def _first_plain_sentence(text: str, max_chars: int) -> str | None:
+    """The first sentence of 6-20 words that reads as prose (capitalised, mostly letters), or None."""
+    for line in text.splitlines():
+        for sentence in line.split(". "):
+            words = sentence.strip().split()
+            if not 6 <= len(words) <= 20 or len(sentence) > max_chars or not words[0][0].isupper():
+                continue
+            if sum(w.isalpha() for w in words) >= 0.7 * len(words):
+                return " ".join(words).rstrip(".") + "."
+    return None
 
 
 def mask_a_word(sentence: str, tokenizer, rng: np.random.Generator) -> str:
