@@ -47,7 +47,7 @@ def test_metrics_cover_mlm_nsp_and_held_out_loss(finished_run):
     assert not finished_run.preempted and finished_run.final_step == 6
 
 
-def test_workdir_holds_everything_and_fill_mask_reads_it(finished_run):
+def test_workdir_holds_everything_and_fill_mask_reads_it(finished_run, monkeypatch):
     workdir = finished_run.workdir
     for name in ("config.yaml", "model_config.json", "metrics.jsonl", "loss.png", "tokenizer"):
         assert (workdir / name).exists(), name
@@ -55,6 +55,7 @@ def test_workdir_holds_everything_and_fill_mask_reads_it(finished_run):
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["3", "6"]
     described = json.loads((workdir / "model_config.json").read_text())
     assert described["head"] == "pretraining" and described["config"]["vocab_size"] == 512
-    predictions = load_predictor(workdir)("The [MASK] statement ends the [MASK] loop.", 4)
+    monkeypatch.chdir(workdir.parent)  # `bertjax fill-mask --model run`: a relative path
+    predictions = load_predictor(workdir.name)("The [MASK] statement ends the [MASK] loop.", 4)
     assert [len(p) for p in predictions] == [4, 4]
     assert all(p[0].probability >= p[-1].probability for p in predictions)

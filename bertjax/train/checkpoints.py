@@ -231,7 +231,7 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
 
     The optimizer state is not read, so this needs a third of the memory of a full restore.
     """
-    step_dir = Path(step_dir)
+    step_dir = Path(step_dir).absolute()  # orbax reads metadata of relative paths as missing
     state_dir = step_dir / "state"
     if not state_dir.is_dir():
         raise CheckpointError(f"{step_dir} is not a checkpoint (no state/ directory)")
