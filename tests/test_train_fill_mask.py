@@ -8,13 +8,13 @@ import bertjax
 from bertjax.cli import main
 from bertjax.commands.fill_mask import encode_with_masks, load_model_dir
 from bertjax.data import load_tokenizer
-from train_helpers import train_small_tokenizer
+from train_helpers import small_tokenizer
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("fill_mask")
-    tokenizer = load_tokenizer(train_small_tokenizer(root / "tokenizer"))
+    tokenizer = load_tokenizer(small_tokenizer())
     config = bertjax.get_config("modernbert-tiny", vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
     model = bertjax.EncoderForMaskedLM(config)
     directory = root / "hf"

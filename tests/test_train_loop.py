@@ -10,13 +10,13 @@ from bertjax.commands.fill_mask import load_predictor
 from bertjax.train.loop import pretrain
 from bertjax.train.metrics import read_metrics
 from bertjax.train.run_config import run_config_from_dict
-from train_helpers import train_small_tokenizer
+from train_helpers import small_tokenizer
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("loop")
-    tokenizer = train_small_tokenizer(root / "tokenizer")
+    tokenizer = small_tokenizer()
     config = run_config_from_dict({
         "model": {"preset": "bert-tiny", "head": "pretraining"},
         "tokenizer": {"path": str(tokenizer)},

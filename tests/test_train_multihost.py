@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax.train.checkpoints import restore_params
-from train_helpers import REPO, cpu_env, logged_losses, pretrain_command, train_small_tokenizer, write_config
+from train_helpers import REPO, cpu_env, logged_losses, pretrain_command, small_tokenizer, write_config
 
 STEPS = 12
 
@@ -24,7 +24,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
-    tokenizer = train_small_tokenizer(root / "tokenizer")
+    tokenizer = small_tokenizer()
     config = write_config(root / "run.yaml", tokenizer, train={"steps": STEPS}, checkpoint={"every": 6})
     workdir = root / "run"
     coordinator = f"127.0.0.1:{_free_port()}"

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from bertjax.train.checkpoints import CheckpointError, restore_params
-from train_helpers import REPO, cpu_env, logged_losses, pretrain_command, run_pretrain, train_small_tokenizer, \
+from bertjax.train.checkpoints import CheckpointError, Checkpointer, restore_params
+from bertjax.train.run_config import CheckpointConfig
+from train_helpers import REPO, cpu_env, logged_losses, pretrain_command, run_pretrain, small_tokenizer, \
     write_config
 
 STEPS, EVERY = 160, 40
@@ -18,7 +19,7 @@ STEPS, EVERY = 160, 40
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    tokenizer = train_small_tokenizer(root / "tokenizer")
+    tokenizer = small_tokenizer()
     config = write_config(root / "run.yaml", tokenizer, train={"steps": STEPS},
                           checkpoint={"every": EVERY, "keep": 3})
     reference = root / "reference"
@@ -97,6 +98,9 @@ def test_corrupt_or_incomplete_checkpoint_is_a_clear_error_and_the_previous_one_
                             capture_output=True, text=True, timeout=180)
     assert failed.returncode == 2
     assert "is corrupt" in failed.stderr and "checkpoint.restore_step=120" in failed.stderr, failed.stderr
-    # ... and the good checkpoint resumes.
-    run_pretrain(config, workdir, *more, "checkpoint.restore_step=80")
-    assert max(logged_losses(workdir)) == STEPS + 8
+    # ... and resuming from the good one (checkpoint.restore_step=80) first sets the later ones aside.
+    checkpointer = Checkpointer(checkpoints, CheckpointConfig())
+    assert checkpointer.set_aside_after(80) == [120, 160]
+    assert checkpointer.all_steps() == [80]
+    assert sorted(p.name for p in (workdir / "checkpoints-abandoned").iterdir()) == ["120", "160"]
+    checkpointer.close()

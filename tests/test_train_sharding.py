@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from train_helpers import REPO, cpu_env, train_small_tokenizer
+from train_helpers import REPO, cpu_env, small_tokenizer
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    tokenizer = train_small_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+    tokenizer = small_tokenizer()
     # XLA_FLAGS take effect only before JAX starts, hence a fresh interpreter.
     run = subprocess.run([sys.executable, str(REPO / "tests" / "train_sharding_script.py"), str(tokenizer)],
                          env=cpu_env(devices=8), cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -3,10 +3,14 @@ in a subprocess (XLA flags, signals and multiple processes need their own interp
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -28,10 +32,13 @@ TINY_RUN = {
 }
 
 
-def train_small_tokenizer(out_dir: Path) -> Path:
-    """A 512-piece SentencePiece model on a slice of the default corpus (about a second)."""
+@functools.lru_cache(maxsize=None)
+def small_tokenizer() -> Path:
+    """A 512-piece SentencePiece model on a slice of the default corpus, trained once per test session."""
     from bertjax.data import default_corpus_documents, train_sentencepiece
 
+    out_dir = Path(tempfile.mkdtemp(prefix="bertjax-test-tokenizer-"))
+    atexit.register(shutil.rmtree, out_dir, ignore_errors=True)
     train_sentencepiece(default_corpus_documents("train")[:1500], out_dir, vocab_size=512, max_lines=20_000)
     return out_dir
 
