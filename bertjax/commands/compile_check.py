@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
           f"compute, attention {model_config.attention_implementation}, remat {config.model.remat_policy}) on "
           f"{args.topology}: {len(devices)} x {kind}, mesh {dict(mesh.shape)}")
     hbm = next((gib for prefix, gib in HBM_GIB.items() if args.topology.startswith(prefix + ":")), None)
-    seen = set()
+    seen, failed = set(), False
     for phase in phases:
         key = (phase.data.seq_len, phase.data.global_batch_size, phase.data.predictions_per_row)
         if key in seen:
@@ -86,7 +86,17 @@ def run(args: argparse.Namespace) -> int:
         batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=mesh_lib.batch_sharding(mesh, len(shape)))
                  for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
         start = time.perf_counter()
-        compiled = step.lower(state, batch).compile()
+        try:
+            compiled = step.lower(state, batch).compile()
+        except jax.errors.JaxRuntimeError as error:
+            if "RESOURCE_EXHAUSTED" not in str(error):
+                raise
+            # XLA's buffer assignment found the step larger than a chip's HBM: the answer to this check.
+            print(f"\nphase {phase.index}: {phase.data.global_batch_size} rows x {phase.data.seq_len} tokens does "
+                  f"NOT fit: {str(error).splitlines()[0]}\n  try a smaller data.global_batch_size, more chips, "
+                  f"mesh.fsdp, or model.remat_policy=full")
+            failed = True
+            continue
         seconds = time.perf_counter() - start
         tokens = phase.data.global_batch_size * phase.data.seq_len
         model_flops = flops_lib.train_flops(model_config, seq_len=phase.data.seq_len, tokens=tokens,
@@ -103,4 +113,4 @@ def run(args: argparse.Namespace) -> int:
                     + stats.temp_size_in_bytes) / 2**30
             print(f"  {'fits' if used < hbm else 'does NOT fit'} in {hbm} GiB of HBM per chip "
                   f"({100 * used / hbm:.0f}%)")
-    return 0
+    return 1 if failed else 0
