@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.config import get_config
 
     config = load_run_config(args.config, args.overrides)
-    overrides = {"vocab_size": config.tokenizer.vocab_size, **config.model.overrides}
+    # The run trains its tokenizer (vocabulary of tokenizer.vocab_size, [PAD] = 0) unless the model overrides these.
+    overrides = {"vocab_size": config.tokenizer.vocab_size, "pad_token_id": 0, **config.model.overrides}
     if overrides.get("attention_implementation", "auto") == "auto":
         overrides["attention_implementation"] = AUTO_BY_PLATFORM["tpu"]
     model_config = get_config(config.model.preset, **overrides)
