@@ -38,7 +38,7 @@ def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> list[
     import transformers
 
     config = bertjax.get_config(name, dropout_rate=0.0)
-    model = bertjax.EncoderModel(config.replace(pooler=False))
+    model = bertjax.EncoderModel(config)  # with its pooler when the family has one, as the HF model
     params = bertjax.init_params(model, jax.random.key(0))
     with tempfile.TemporaryDirectory() as tmp:
         bertjax.save_pretrained(tmp, model, params)
