@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from bertjax.ops.xla_attention import dense_attention
+from bertjax.ops.xla_attention import MASKED, dense_attention
 
 
 def default_chunk(half: int) -> int:
@@ -52,43 +52,53 @@ def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, inte
     padded = num_chunks * chunk
     tail = padded - seq
 
-    def pad_seq(x, before, after):
+    def pad_seq(x, axis, before, after):
         widths = [(0, 0)] * x.ndim
-        widths[1] = (before, after)
+        widths[axis] = (before, after)
         return jnp.pad(x, widths)
 
     # Key slabs: chunk c sees padded chunks c .. c + 2 * reach, i.e. original chunks c - reach .. c + reach.
     # Padding has segment id 0, so it is masked like any padding token.
-    def key_slabs(x):
-        x = pad_seq(x, reach * chunk, tail + reach * chunk)
-        x = x.reshape(batch, num_chunks + 2 * reach, chunk, *x.shape[2:])
-        return jnp.concatenate([x[:, i:i + num_chunks] for i in range(2 * reach + 1)], axis=2)
+    def key_slabs(x, axis):
+        x = pad_seq(x, axis, reach * chunk, tail + reach * chunk)
+        x = x.reshape(x.shape[:axis] + (num_chunks + 2 * reach, chunk) + x.shape[axis + 1:])
+        return jnp.concatenate([lax.slice_in_dim(x, i, i + num_chunks, axis=axis) for i in range(2 * reach + 1)],
+                               axis=axis + 1)
 
-    k_slab = key_slabs(k)  # [batch, chunks, slab, kv_heads, head_dim]
-    v_slab = key_slabs(v)
-    seg_q = pad_seq(segment_ids, 0, tail).reshape(batch, num_chunks, chunk)
-    seg_k = key_slabs(segment_ids)  # [batch, chunks, slab]
+    # As in the dense reference, batch and head axes lead ([batch, kv_heads, chunks, rows, head_dim]) so XLA's
+    # batched matmul needs no transposes inside, and query heads sharing a kv head become extra rows of that head.
+    k_slab = key_slabs(k.transpose(0, 2, 1, 3), 2)  # [batch, kv_heads, chunks, slab, head_dim]
+    v_slab = key_slabs(v.transpose(0, 2, 1, 3), 2)
+    seg_q = pad_seq(segment_ids, 1, 0, tail).reshape(batch, num_chunks, chunk)
+    seg_k = key_slabs(segment_ids, 1)  # [batch, chunks, slab]
 
     # The window part of the mask depends only on positions, so it is a compile-time constant.
     q_pos = np.arange(num_chunks)[:, None] * chunk + np.arange(chunk)[None, :]
     k_pos = (np.arange(num_chunks)[:, None] - reach) * chunk + np.arange(slab)[None, :]
     near = np.abs(q_pos[:, :, None] - k_pos[:, None, :]) <= half  # [chunks, chunk, slab]
-    mask = (seg_q[..., None] == seg_k[:, :, None, :]) & (seg_q[..., None] != 0) & near[None]
+    visible = (seg_q[..., None] == seg_k[:, :, None, :]) & (seg_q[..., None] != 0) & near[None]
+    bias = jnp.where(visible, 0.0, MASKED)[:, None, :, None]  # [batch, 1, chunks, 1, chunk, slab]
 
-    q_chunks = pad_seq(q, 0, tail).reshape(batch, num_chunks, chunk, kv_heads, group, head_dim)
-    scores = jnp.einsum("bcqhgd,bckhd->bchgqk", q_chunks, k_slab, preferred_element_type=jnp.float32) * scale
-    # Same finite floor as the dense reference: padding rows stay finite, and valid rows are unchanged.
-    scores = jnp.where(mask[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bchgqk,bckhd->bcqhgd", probs, v_slab, preferred_element_type=jnp.float32)
-    return out.reshape(batch, padded, heads, head_dim)[:, :seq].astype(q.dtype)
+    qt = (q * jnp.asarray(scale, q.dtype)).reshape(batch, seq, kv_heads, group, head_dim)
+    qt = pad_seq(qt.transpose(0, 2, 3, 1, 4), 3, 0, tail)  # [batch, kv_heads, group, padded, head_dim]
+    qt = qt.reshape(batch, kv_heads, group, num_chunks, chunk, head_dim).transpose(0, 1, 3, 2, 4, 5)
+    qt = qt.reshape(batch, kv_heads, num_chunks, group * chunk, head_dim)
+    scores = jnp.einsum("bhcqd,bhckd->bhcqk", qt, k_slab, preferred_element_type=jnp.float32)
+    scores = scores.reshape(batch, kv_heads, num_chunks, group, chunk, slab) + bias
+    weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
+    denominator = weights.sum(axis=-1, keepdims=True)  # >= 1: the row maximum contributes exp(0)
+    weights = weights.astype(v.dtype).reshape(batch, kv_heads, num_chunks, group * chunk, slab)
+    out = jnp.einsum("bhcqk,bhckd->bhcqd", weights, v_slab, preferred_element_type=jnp.float32)
+    out = out.reshape(batch, kv_heads, num_chunks, group, chunk, head_dim) / denominator
+    out = out.transpose(0, 2, 4, 1, 3, 5).reshape(batch, padded, heads, head_dim)
+    return out[:, :seq].astype(q.dtype)
 
 
-# Measured on the 2-core CPU against the dense path (docs/benchmarks.md; 12 heads x 64, float32), speed-up of
-# blockwise forward / forward+backward: window 128: seq 256 (w/seq 1/2) 0.7x / 0.95x, seq 384 (1/3) 1.2x / 1.4x,
-# seq 512 (1/4) 1.6x / 4.2x, seq 2048 7x / 10x; window 32: seq 96 (1/3) 0.8x / 0.8x, seq 128 (1/4) 0.8x / 1.45x.
-# Below ~1/4 the slabs of 3 chunks do nearly the dense amount of work, with slicing on top.
-BLOCKWISE_MAX_WINDOW_FRACTION = 0.25
+# Measured on the 2-core CPU against the dense path (12 heads x 64,
+# float32, batch 2, window 128), speed-up of blockwise forward / forward+backward after both paths moved to the
+# heads-leading layout: seq 256 (w/seq 1/2) 0.99x / 1.22x, seq 384 (1/3) 1.62x / 1.62x, seq 512 (1/4) 2.1x / 2.2x.
+# Wider windows relative to the sequence leave nothing to skip, and dense does the same work without the slabs.
+BLOCKWISE_MAX_WINDOW_FRACTION = 0.5
 
 
 def xla_auto_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False):
