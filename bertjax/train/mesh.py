@@ -122,6 +122,31 @@ def logical_shardings(logical_specs: Any, abstract: Any, mesh: Mesh) -> Any:
                         logical_specs, abstract, is_leaf=lambda s: isinstance(s, PartitionSpec))
 
 
+def gathered_for_compute(params: Any, shardings: Any) -> Any:
+    """The parameters constrained to their layout minus the `fsdp` split, for use inside a step.
+
+    FSDP stores parameters split over `fsdp` but computes with whole weights: XLA all-gathers each weight for the
+    forward and backward passes and reduce-scatters its gradient (the transpose of this constraint). Left to
+    itself, GSPMD may instead keep a weight split and propagate that split onto the activations (splitting the
+    hidden axis and replicating the batch), which multiplies activation memory by the fsdp size (measured on a
+    v5e:2x2 compile of modernbert-base: 7.3 GiB of temporaries instead of 1.3 GiB). Tensor-parallel splits are
+    kept.
+    """
+    def constrain(param, sharding):
+        spec = [_without_fsdp(axes) for axes in sharding.spec]
+        return jax.lax.with_sharding_constraint(param, NamedSharding(sharding.mesh, PartitionSpec(*spec)))
+    return jax.tree.map(constrain, params, shardings)
+
+
+def _without_fsdp(axes):
+    if axes is None or axes == "fsdp":
+        return None
+    if isinstance(axes, str):
+        return axes
+    kept = tuple(a for a in axes if a != "fsdp")
+    return kept[0] if len(kept) == 1 else (kept or None)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 

@@ -58,6 +58,7 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, s
     base_key = jax.random.key(seed)
 
     def loss_fn(params, batch, norm, key):
+        params = mesh_lib.gathered_for_compute(params, shardings.params)
         output = model.apply({"params": params}, **model_inputs(config, batch), deterministic=False,
                              rngs={"dropout": key})
         sums = objectives.loss_sums(output, batch, with_nsp)
@@ -126,6 +127,7 @@ def make_eval_step(model: nn.Module, mesh: Mesh, param_shardings, *,
     config: EncoderConfig = model.config
 
     def eval_step(params, batch):
+        params = mesh_lib.gathered_for_compute(params, param_shardings)
         output = model.apply({"params": params}, **model_inputs(config, batch), deterministic=True)
         return objectives.loss_sums(output, batch, with_nsp)
 
