@@ -112,8 +112,7 @@ def plot_loss(workdir: str | Path) -> Path | None:
         axes.plot(*zip(*held_out), "o-", label="held-out loss")
     axes.set_xlabel("step")
     axes.set_ylabel("loss (MLM + NSP when on)")
-    axes.set_yscale("log")
-    axes.grid(True, which="both", alpha=0.3)
+    axes.grid(True, alpha=0.3)
     axes.legend()
     path = Path(workdir) / PLOT_FILE
     figure.tight_layout()
