@@ -14,7 +14,6 @@ import contextlib
 import math
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
@@ -79,7 +78,8 @@ def activate(mesh: Mesh):
     """Trace the train/eval steps under this: the mesh is set globally (`jax.set_mesh`), which kernels that run
     inside `shard_map` (Pallas TPU attention) need.
 
-    Parameters and batches are placed by explicit in/out shardings and GSPMD propagates them through the step.
+    Parameters and batches are placed by explicit in/out shardings, weights are gathered over `fsdp` for compute
+    (`gathered_for_compute`), and GSPMD propagates the rest through the step.
     The activation rules above are not made active (`nn.logical_axis_rules`) yet: with both a global mesh and
     rules, Flax's DenseGeneral re-runs the kernel initialiser on the flat [in, out] shape during `apply` to check
     shapes, and the 3-axis logical box of the attention kernels ([embed, heads, kv]) is then constrained on a 2-d
