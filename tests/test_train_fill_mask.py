@@ -43,7 +43,7 @@ def test_fill_mask_on_converted_model_directory(hf_dir, tmp_path, capsys):
     directory, tokenizer = hf_dir
     converted = tmp_path / "converted"
     assert main(["convert", "--from-hf", str(directory), "--out", str(converted)]) == 0
-    tokenizer.save(converted / "tokenizer")
+    assert (converted / tokenizer.FILE_NAME).is_file()  # convert carries the tokenizer along
     model, params, loaded = load_model_dir(converted)
     assert loaded.fingerprint == tokenizer.fingerprint
     capsys.readouterr()

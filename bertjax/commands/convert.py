@@ -11,8 +11,10 @@ straight onto a mesh.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import shutil
 
 HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or back."
 MODEL_FILE = "model_config.json"
@@ -68,14 +70,30 @@ def load_model_dir(path: str):
     return model, params
 
 
+# Tokenizer files travel with the weights, so `bertjax fill-mask --model OUT` works on the converted directory.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "*.model")
+
+
+def copy_tokenizer_files(source: str, destination: str) -> list[str]:
+    copied = []
+    for pattern in TOKENIZER_FILES:
+        for path in sorted(glob.glob(os.path.join(glob.escape(source), pattern))):
+            if os.path.isfile(path):
+                shutil.copyfile(path, os.path.join(destination, os.path.basename(path)))
+                copied.append(os.path.basename(path))
+    return copied
+
+
 def run(args: argparse.Namespace) -> int:
     from bertjax import hf
 
     if args.from_hf:
         model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype)
         save_model_dir(args.out, model, params)
+        copy_tokenizer_files(args.from_hf, args.out)
     else:
         model, params = load_model_dir(args.to_hf)
         hf.save_pretrained(args.out, model, params)
+        copy_tokenizer_files(args.to_hf, args.out)
     print(f"wrote {args.out} ({type(model).__name__}, {model.config.num_layers} layers)")
     return 0

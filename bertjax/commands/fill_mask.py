@@ -2,7 +2,7 @@
 
 DIR is a pretraining workdir (`bertjax pretrain --workdir`: its latest checkpoint and its tokenizer), a Hugging Face
 checkpoint directory (`config.json` + weights + tokenizer files, read by `bertjax.from_pretrained` and
-`bertjax.data.load_tokenizer`), or its `bertjax convert --from-hf` output with the tokenizer files copied in.
+`bertjax.data.load_tokenizer`), or its `bertjax convert --from-hf` output (which carries the tokenizer files along).
 """
 
 from __future__ import annotations
