@@ -14,6 +14,7 @@ import contextlib
 import math
 from typing import Any, Sequence
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
@@ -76,17 +77,13 @@ def build_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) 
 @contextlib.contextmanager
 def activate(mesh: Mesh):
     """Trace the train/eval steps under this: the mesh is set globally (`jax.set_mesh`), which kernels that run
-    inside `shard_map` (Pallas TPU attention) need.
+    inside `shard_map` (Pallas TPU attention) need, and the logical-axis rules above are active, so the models'
+    activation constraints (`nn.with_logical_constraint`) become real sharding annotations for GSPMD.
 
-    Parameters and batches are placed by explicit in/out shardings, weights are gathered over `fsdp` for compute
-    (`gathered_for_compute`), and GSPMD propagates the rest through the step.
-    The activation rules above are not made active (`nn.logical_axis_rules`) yet: with both a global mesh and
-    rules, Flax's DenseGeneral re-runs the kernel initialiser on the flat [in, out] shape during `apply` to check
-    shapes, and the 3-axis logical box of the attention kernels ([embed, heads, kv]) is then constrained on a 2-d
-    value and fails. Once bertjax/models creates those kernels at full rank, add
-    `nn.logical_axis_rules(LOGICAL_AXIS_RULES)` here.
+    Parameters and batches are placed by explicit in/out shardings; the activation constraints pin the layout at
+    layer boundaries so propagation cannot drift (e.g. split the hidden axis and replicate the batch).
     """
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
         yield
 
 
