@@ -8,9 +8,9 @@ by name; `get_config("modernbert-base", num_layers=2)` returns a preset with fie
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from typing import Literal
+
+from bertjax.typecheck import check_field_types
 
 NormKind = Literal["layernorm", "rmsnorm"]
 NormPlacement = Literal["post", "pre"]
@@ -82,7 +82,7 @@ class EncoderConfig:
     param_dtype: DType = "float32"
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_field_types(self)
         positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                     "max_position_embeddings", "global_attention_every")
         for name in positive:
@@ -165,31 +165,6 @@ class EncoderConfig:
         if unknown:
             raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
         return cls(**values)
-
-
-def _check_types(config: EncoderConfig) -> None:
-    """Reject wrong types by field name (frozen dataclasses do not check annotations themselves)."""
-    hints = typing.get_type_hints(EncoderConfig)
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if not _matches(value, hints[field.name]):
-            raise ValueError(f"EncoderConfig.{field.name} has the wrong type or value: {value!r} "
-                             f"(expected {hints[field.name]})")
-
-
-def _matches(value, annotation) -> bool:
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        return value in typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, annotation)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import types
-import typing
 from typing import Literal
 
 import grain
@@ -24,6 +22,7 @@ from bertjax.data.masking import MaskingOptions
 from bertjax.data.sources import DocumentSource, open_documents
 from bertjax.data.stats import PipelineStats
 from bertjax.data.windows import WindowBuilder, WindowPlan
+from bertjax.typecheck import check_field_types
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ class DataConfig:
     prefetch_windows: int = 2
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_field_types(self)
         for name in ("seq_len", "global_batch_size", "window_documents", "span_max_words", "prefetch_windows"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"DataConfig.{name} must be positive, got {getattr(self, name)}")
@@ -121,29 +120,6 @@ class DataConfig:
             raise ValueError(f"DataConfig.global_batch_size ({self.global_batch_size}) must be divisible by the "
                              f"number of processes ({process_count})")
         return self.global_batch_size // process_count
-
-
-def _check_types(config: DataConfig) -> None:
-    hints = typing.get_type_hints(type(config))
-    for field in dataclasses.fields(config):
-        value, annotation = getattr(config, field.name), hints[field.name]
-        if not _matches(value, annotation):
-            raise ValueError(f"DataConfig.{field.name} must be {annotation}, got {value!r}")
-
-
-def _matches(value, annotation) -> bool:
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        return value in typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(annotation))
-    if annotation is type(None):
-        return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, annotation)
 
 
 def batch_spec(config: DataConfig, process_count: int = 1) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -1,0 +1,38 @@
+"""Runtime check of a frozen dataclass's field values against its annotations.
+
+Frozen dataclasses do not check their annotations, and a config that silently holds "32" for an int, or 1 for a
+bool, fails much later and far from the cause. Configs call `check_field_types(self)` in `__post_init__`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Literal
+
+
+def check_field_types(instance) -> None:
+    """Raise ValueError naming `Class.field` for the first field whose value does not match its annotation."""
+    cls = type(instance)
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(instance):
+        value, annotation = getattr(instance, field.name), hints[field.name]
+        if not matches(value, annotation):
+            raise ValueError(f"{cls.__name__}.{field.name} must be {annotation}, got {value!r}")
+
+
+def matches(value, annotation) -> bool:
+    """Whether `value` fits `annotation` (Literal, unions, None, and plain classes; bool is not an int here)."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return value in typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(matches(value, arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
