@@ -28,11 +28,9 @@ from bertjax.config import get_config
 from bertjax.models import MODEL_CLASSES, init_params
 from bertjax.train import flops as flops_lib
 from bertjax.train import mesh as mesh_lib
-from bertjax.train.optimizers import build_optimizer
-from bertjax.train.run_config import MeshConfig, OptimizerConfig, ScheduleConfig
-from bertjax.train.schedules import build_schedule
-from bertjax.train.state import count_params, create_train_state
-from bertjax.train.step import make_train_step
+from bertjax.train.run_config import run_config_from_dict
+from bertjax.train.setup import setup_run
+from bertjax.train.state import count_params
 
 MLM_RATE = 0.3
 # tiny.yaml's model (configs/pretrain/tiny.yaml) with its tokenizer's vocabulary size.
@@ -47,6 +45,16 @@ class Case:
     batch: int
     seq_len: int
     documents_per_row: int = 2
+    objective: str = "mlm"
+
+    def run_config(self, steps: int):
+        """The run config of `bertjax pretrain` for this case: the model's every field as an override."""
+        return run_config_from_dict({
+            "model": {"preset": "bert-base", "overrides": self.config.to_dict()},
+            "objective": {"name": self.objective},
+            "data": {"seq_len": self.seq_len, "global_batch_size": self.batch, "mlm_probability": MLM_RATE},
+            "optimizer": {"name": "stable_adamw", "learning_rate": 8e-4, "weight_decay": 1e-5},
+            "schedule": {"name": "constant"}, "train": {"steps": steps + 1}})
 
 
 def synthetic_batch(case: Case, seed: int = 0, documents_per_row: int | None = None) -> dict[str, np.ndarray]:
@@ -78,21 +86,17 @@ def time_steps(step, state, batch, steps: int) -> tuple[float, object, float]:
 
 
 def bench_bertjax(case: Case, steps: int, peak_per_device: float) -> dict:
-    model = MODEL_CLASSES["masked_lm"](case.config)
-    schedule = build_schedule(ScheduleConfig(name="constant"), 8e-4, steps + 1)
-    optimizer = build_optimizer(OptimizerConfig(name="stable_adamw", learning_rate=8e-4, weight_decay=1e-5), schedule)
-    mesh = mesh_lib.build_mesh(MeshConfig())
-    state, shardings = create_train_state(model, optimizer, mesh, seed=0)
-    step = make_train_step(model, optimizer, schedule, mesh, shardings, with_nsp=False)
-    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh, v.ndim)) for k, v in synthetic_batch(case).items()}
-    seconds, _, loss = time_steps(step, state, batch, steps)
+    setup = setup_run(case.run_config(steps), vocab_size=case.config.vocab_size, pad_id=case.config.pad_token_id)
+    state = setup.fresh_state()
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(setup.mesh, v.ndim))
+             for k, v in synthetic_batch(case).items()}
+    seconds, _, loss = time_steps(lambda s, b: setup.train_step(s, setup.frozen, b), state, batch, steps)
     tokens = case.batch * case.seq_len
-    model_flops = flops_lib.train_flops(case.config, seq_len=case.seq_len, tokens=tokens,
-                                        predictions=float(batch["masked_weights"].sum()), rows=case.batch,
-                                        with_nsp=False)
+    model_flops = setup.objective.train_flops(seq_len=case.seq_len, tokens=tokens,
+                                              predictions=float(batch["masked_weights"].sum()), rows=case.batch)
     return {"case": case.name, "params_M": count_params(state.params) / 1e6, "batch": case.batch,
             "seq_len": case.seq_len, "dtype": case.config.dtype, "step_ms": 1e3 * seconds,
-            "tokens_per_sec": tokens / seconds,
+            "tokens_per_sec": tokens / seconds, "model_flops": model_flops,
             "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), peak_per_device), "first_loss": loss}
 
 

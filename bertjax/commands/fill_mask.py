@@ -85,6 +85,8 @@ def _load_workdir(path: Path):
     if not steps:
         raise FileNotFoundError(f"{path / 'checkpoints'} holds no checkpoint yet")
     params = restore_params(path / "checkpoints" / str(steps[-1]))
+    if described.get("params_key"):  # the checkpoint trains several models (ELECTRA): take the main one
+        params = params[described["params_key"]]
     return model, params, load_tokenizer(path / "tokenizer")
 
 

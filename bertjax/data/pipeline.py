@@ -14,14 +14,10 @@ import logging
 import math
 from typing import Literal
 
-import grain
 import numpy as np
 
-from bertjax.data.batching import BatchIterator, BatchIterDataset
 from bertjax.data.masking import MaskingOptions
 from bertjax.data.sources import DocumentSource, open_documents
-from bertjax.data.stats import PipelineStats
-from bertjax.data.windows import WindowBuilder, WindowPlan
 from bertjax.typecheck import check_field_types
 
 log = logging.getLogger(__name__)
@@ -136,7 +132,7 @@ def batch_spec(config: DataConfig, process_count: int = 1) -> dict[str, tuple[tu
 
 def build_pretraining_iterator(config: DataConfig, tokenizer, *, seed: int, process_index: int = 0,
                                process_count: int = 1, split: str = "train",
-                               source: DocumentSource | None = None) -> BatchIterator:
+                               source: DocumentSource | None = None) -> "BatchIterator":
     """The (by default endless) iterator of per-process training batches; see `bertjax.data` for the format.
 
     `source` overrides `config.input` (tests, notebooks: e.g. `sources.InMemorySource(texts)`).
@@ -146,7 +142,7 @@ def build_pretraining_iterator(config: DataConfig, tokenizer, *, seed: int, proc
 
 
 def build_eval_iterator(config: DataConfig, tokenizer, *, seed: int = 0, process_index: int = 0,
-                        process_count: int = 1, source: DocumentSource | None = None) -> BatchIterator:
+                        process_count: int = 1, source: DocumentSource | None = None) -> "BatchIterator":
     """A finite, deterministic iterator over the held-out split: one pass, no shuffling, fixed masks for a seed.
 
     The last batch is completed with padding rows (all segment ids 0, weights 0, `nsp_labels` -1). With
@@ -158,6 +154,13 @@ def build_eval_iterator(config: DataConfig, tokenizer, *, seed: int = 0, process
 
 
 def _build(config: DataConfig, tokenizer, *, seed, process_index, process_count, split, source, evaluation):
+    # Imported here so that DataConfig and batch_spec (run setup, compile-check, benchmarks) need no grain.
+    import grain
+
+    from bertjax.data.batching import BatchIterDataset
+    from bertjax.data.stats import PipelineStats
+    from bertjax.data.windows import WindowBuilder, WindowPlan
+
     batch_size = config.batch_size_per_process(process_count)
     if source is None:
         source = open_documents(config.input, split=split, text_format=config.text_format,

@@ -50,13 +50,13 @@ def forward_flops_per_row_nsp(config: EncoderConfig) -> float:
     return 2 * config.hidden_size * config.hidden_size + 2 * config.hidden_size * 2
 
 
-def train_flops(config: EncoderConfig, *, seq_len: int, tokens: float, predictions: float, rows: float,
-                with_nsp: bool) -> float:
-    """Model FLOPs of one training step over a batch with `tokens` real tokens and `predictions` masked ones."""
-    forward = tokens * forward_flops_per_token(config, seq_len) + predictions * forward_flops_per_prediction(config)
-    if with_nsp:
-        forward += rows * forward_flops_per_row_nsp(config)
-    return 3.0 * forward
+def mlm_forward_flops(config: EncoderConfig, *, seq_len: int, tokens: float, predictions: float) -> float:
+    """Forward FLOPs of an encoder over `tokens` real tokens plus its MLM head at `predictions` masked positions.
+
+    Objectives (bertjax/train/objectives) build their training FLOPs from this: 3x for what they train, 1x for a
+    frozen model they only run forward (a distillation teacher).
+    """
+    return tokens * forward_flops_per_token(config, seq_len) + predictions * forward_flops_per_prediction(config)
 
 
 # Peak dense bf16 matmul FLOP/s per chip, from vendor specifications, matched against `device.device_kind`
