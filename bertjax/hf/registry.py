@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from bertjax.hf import bert, modernbert, roberta
+from bertjax.hf import albert, bert, distilbert, modernbert, roberta
 from bertjax.hf.family import HfFamily
 
 FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     bert.FAMILY,
     roberta.FAMILY,
     modernbert.FAMILY,
+    albert.FAMILY,
+    distilbert.FAMILY,
 )}
 
 # transformers class name (config.architectures[0]) -> (model_type, bertjax head).
