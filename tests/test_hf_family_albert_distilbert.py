@@ -273,3 +273,31 @@ def test_export_of_an_unknown_family_or_head_is_a_clear_error(tmp_path):
     model, params = tiny("distilbert-tiny", "pretraining")
     with pytest.raises(ValueError, match="no distilbert architecture for the bertjax head 'pretraining'"):
         bertjax.save_pretrained(str(tmp_path), model, params)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The config fields this family work added
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"layers_per_group": 0}, "layers_per_group"),
+    ({"family": ""}, "EncoderConfig.family"),
+    ({"position_embedding": "sinusoidal", "embedding_size": 16}, "sinusoidal"),
+    ({"layers_per_group": 2, "global_attention_every": 2, "local_window": 8}, "num_layer_groups"),
+])
+def test_new_config_fields_are_checked(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        bertjax.get_config("bert-tiny", **overrides)
+
+
+def test_presets_name_their_family_and_published_sizes():
+    sizes = {name: (c.family, c.hidden_size, c.num_layers, c.num_heads, c.intermediate_size, c.embed_dim)
+             for name, c in bertjax.config.PRESETS.items()}
+    assert sizes["albert-base-v2"] == ("albert", 768, 12, 12, 3072, 128)
+    assert sizes["albert-large-v2"] == ("albert", 1024, 24, 16, 4096, 128)
+    assert sizes["albert-xlarge-v2"] == ("albert", 2048, 24, 16, 8192, 128)
+    assert sizes["albert-xxlarge-v2"] == ("albert", 4096, 12, 64, 16384, 128)
+    assert sizes["distilbert-base"] == ("distilbert", 768, 6, 12, 3072, 768)
+    assert {c.family for c in bertjax.config.PRESETS.values()} <= set(bertjax.hf.FAMILIES)
+    for config in bertjax.config.PRESETS.values():  # every preset's own family can write it (raises otherwise)
+        assert bertjax.hf.FAMILIES[config.family].to_hf_config(config, "masked_lm")["model_type"] == config.family
