@@ -16,7 +16,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 NormPlacement = Literal["post", "pre"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "tanh"]
 MlpKind = Literal["dense", "glu"]
-PositionKind = Literal["learned", "rope", "none"]
+PositionKind = Literal["learned", "sinusoidal", "rope", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
 
 
@@ -38,7 +38,12 @@ class EncoderConfig:
     attention_head_dim: int | None = None
     type_vocab_size: int = 2  # 0: no token-type embedding (RoBERTa keeps 1, ModernBERT has none).
 
-    # Positions.
+    # Which Hugging Face family (transformers `model_type`) this architecture is: export writes that family's
+    # checkpoint and refuses knobs it cannot express; import sets it from config.json. Never changes the math.
+    # Names: "bert", "roberta", "modernbert", "albert", "distilbert", ... (keys of bertjax.hf.registry.FAMILIES).
+    family: str = "bert"
+
+    # Positions. "sinusoidal": DistilBERT's fixed (not trained) sin/cos table, computed, not a parameter.
     position_embedding: PositionKind = "learned"
     position_offset: int = 0  # learned positions start here (RoBERTa: pad_token_id + 1).
     rope_theta_global: float = 10_000.0
@@ -65,8 +70,12 @@ class EncoderConfig:
     attention_implementation: str = "auto"  # a name in bertjax.ops.attention.IMPLEMENTATIONS, or "auto".
     attention_interpret: bool = False  # run Pallas attention kernels in interpret mode (CPU tests, debugging).
 
-    # Layer sharing (ALBERT): num_layers layers computed by this many distinct parameter groups.
+    # Layer sharing (ALBERT): num_layers steps computed by this many distinct parameter groups (HF
+    # num_hidden_groups); step i uses group int(i / (num_layers / groups)), as transformers does.
     num_layer_groups: int | None = None
+    # Distinct layers inside each group, applied one after the other at every step (HF ALBERT inner_group_num):
+    # the stack applies num_layers * layers_per_group layers.
+    layers_per_group: int = 1
 
     # Heads.
     tie_word_embeddings: bool = True
@@ -90,7 +99,7 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         check_field_types(self)
         positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                    "max_position_embeddings", "global_attention_every")
+                    "max_position_embeddings", "global_attention_every", "layers_per_group")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)}")
@@ -116,7 +125,12 @@ class EncoderConfig:
         if self.num_layer_groups is not None and not 0 < self.num_layer_groups <= self.num_layers:
             raise ValueError(f"EncoderConfig.num_layer_groups ({self.num_layer_groups}) must be in "
                              f"[1, num_layers={self.num_layers}]")
-        if self.layer_groups < self.num_layers and self.global_attention_every != 1:
+        if not self.family:
+            raise ValueError("EncoderConfig.family must name a Hugging Face model_type, e.g. 'bert'")
+        if self.position_embedding == "sinusoidal" and self.hidden_size != self.embed_dim:
+            raise ValueError("EncoderConfig.position_embedding='sinusoidal' needs embedding_size=None (DistilBERT's "
+                             "table has the hidden width)")
+        if self.shares_layers and self.global_attention_every != 1:
             raise ValueError("EncoderConfig.num_layer_groups (shared layers) needs global_attention_every=1: "
                              "layers sharing parameters must share one attention pattern")
         if not self.mlm_head_transform and self.tie_word_embeddings and self.embed_dim != self.hidden_size:
@@ -152,6 +166,15 @@ class EncoderConfig:
     @property
     def layer_groups(self) -> int:
         return self.num_layer_groups or self.num_layers
+
+    @property
+    def shares_layers(self) -> bool:
+        return self.layer_groups < self.num_layers or self.layers_per_group > 1
+
+    def layer_group(self, step: int) -> int:
+        """The parameter group computing step `step` of num_layers; transformers' ALBERT formula, float division
+        included, so a checkpoint with groups not dividing the depth runs the same groups here."""
+        return int(step / (self.num_layers / self.layer_groups))
 
     def is_global_layer(self, layer: int) -> bool:
         return layer % self.global_attention_every == 0
@@ -199,12 +222,12 @@ def get_config(name: str, **overrides) -> EncoderConfig:
     return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
 
 
-_BERT = EncoderConfig(vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
+_BERT = EncoderConfig(family="bert", vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
                       dropout_rate=0.1)
-_ROBERTA = _BERT.replace(vocab_size=50265, max_position_embeddings=512, type_vocab_size=1, position_offset=2,
+_ROBERTA = _BERT.replace(family="roberta", vocab_size=50265, max_position_embeddings=512, type_vocab_size=1, position_offset=2,
                          norm_eps=1e-5, pad_token_id=1)
 _MODERNBERT = EncoderConfig(
-    vocab_size=50368, hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
+    family="modernbert", vocab_size=50368, hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
     max_position_embeddings=8192, type_vocab_size=0, position_embedding="rope",
     rope_theta_global=160_000.0, rope_theta_local=10_000.0,
     norm_eps=1e-5, norm_bias=False, norm_placement="pre", embedding_norm=True, final_norm=True,
