@@ -256,7 +256,7 @@ register_preset("modernbert-tiny", _MODERNBERT.replace(vocab_size=128, hidden_si
 # ELECTRA (Clark et al. 2020): BERT's layers without a pooler, a factorised embedding in the generators (and in
 # electra-small), and the generator's MLM transform always the exact GELU. Generators share their discriminator's
 # embedding_size so the two can share word/position/type embeddings during pretraining.
-_ELECTRA = _BERT.replace(pooler=False, head_activation="gelu")
+_ELECTRA = _BERT.replace(family="electra", pooler=False, head_activation="gelu")
 
 
 def _electra(hidden: int, layers: int, heads: int, embedding: int) -> EncoderConfig:
@@ -279,7 +279,7 @@ register_preset("electra-tiny-generator", get_config("electra-tiny-discriminator
 # EuroBERT (Boizard et al. 2025): a Llama-style encoder. RMSNorm pre-norm with a final norm and no embedding norm,
 # no biases, SwiGLU, RoPE (theta 250k), grouped-query attention, an untied one-matrix LM head.
 _EUROBERT = EncoderConfig(
-    vocab_size=128256, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
+    family="eurobert", vocab_size=128256, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
     max_position_embeddings=8192, type_vocab_size=0, position_embedding="rope",
     rope_theta_global=250_000.0, rope_theta_local=250_000.0, norm="rmsnorm", norm_eps=1e-5, norm_bias=False,
     norm_placement="pre", embedding_norm=False, final_norm=True, attention_bias=False, mlp_bias=False,

@@ -8,14 +8,15 @@ head_dim that is not hidden / heads and 2:1 grouped-query attention. Every param
 
 from __future__ import annotations
 
+import json
+
+import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import traverse_util
 
 import bertjax
 from bertjax.hf import electra, eurobert
-from bertjax.hf.pretrained import expected_params
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -69,54 +70,56 @@ CASES = [
 ]
 
 
-def params_from_state_dict(family, config, head: str, model, state: dict) -> dict:
-    """bertjax params from a transformers state dict through the family's key mapping (every parameter once)."""
-    mapping = family.key_mapping(config, head)
-    flat = {}
-    for rule in mapping.rules:
-        key = next(k for k in rule.hf_keys if k in state)
-        tensor = state[key]
-        assert tuple(tensor.shape) == rule.hf_shape, (key, tensor.shape, rule.hf_shape)
-        for path, array in zip(rule.params, rule.layout.load(tensor)):
-            flat[path] = jnp.asarray(array)
-    assert set(flat) == set(expected_params(model))
-    leftover = set(state) - {k for rule in mapping.rules for k in rule.hf_keys} - mapping.ignored
-    assert not leftover, leftover
-    return traverse_util.unflatten_dict(flat)
-
-
-def reference(name: str, factory, seed: int):
+def reference(name: str, factory, seed: int, directory: str):
+    """A perturbed random transformers model, saved to `directory` with transformers' own save_pretrained."""
     hf_config = factory()
+    torch.manual_seed(seed)
     hf_model = getattr(transformers, name)(hf_config).eval()
     perturb_(hf_model, seed)
-    if getattr(hf_config, "tie_word_embeddings", False):  # the tie survives the perturbation only if re-tied
-        hf_model.tie_weights()
-    return hf_config, hf_model
+    hf_model.save_pretrained(directory)
+    return hf_model
+
+
+def outputs(hf_model, ids, mask, extra) -> np.ndarray:
+    with torch.no_grad():
+        out = hf_model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                       **{k: torch.tensor(v) for k, v in extra.items()})
+    return (out.last_hidden_state if hasattr(out, "last_hidden_state") else out.logits).numpy()
 
 
 @pytest.mark.parametrize("case_id,name,factory,family", CASES, ids=[c[0] for c in CASES])
-def test_forward_matches_transformers(case_id, name, factory, family):
-    hf_config, hf_model = reference(name, factory, seed=len(case_id))
-    head = family.ARCHITECTURES[name]
-    config = family.to_encoder_config(hf_config.to_dict(), head)
-    model = bertjax.MODEL_CLASSES[head](config)
-    state = {k: v.detach().numpy() for k, v in hf_model.state_dict().items()}
-    params = params_from_state_dict(family, config, head, model, state)
+def test_parity_and_round_trip(case_id, name, factory, family, tmp_path):
+    """transformers -> bertjax: equal outputs; bertjax -> transformers: equal outputs; and back: equal params."""
+    hf_model = reference(name, factory, seed=len(case_id), directory=str(tmp_path / "hf"))
+    model, params = bertjax.from_pretrained(str(tmp_path / "hf"))
+    head = family.FAMILY.architectures[name]
+    assert type(model) is bertjax.MODEL_CLASSES[head] and model.config.family == family.MODEL_TYPE
 
-    ids, mask = padded_batch(pad_id=hf_config.pad_token_id)
-    kwargs = {}
+    ids, mask = padded_batch(pad_id=hf_model.config.pad_token_id)
+    extra = {}
     if family is electra:
-        kwargs["token_type_ids"] = np.random.default_rng(1).integers(0, hf_config.type_vocab_size, ids.shape)
-    with torch.no_grad():
-        expected = hf_model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
-                            **{k: torch.tensor(v) for k, v in kwargs.items()})
-    out = model.apply({"params": params}, ids, attention_mask=mask, **kwargs)
+        extra["token_type_ids"] = np.random.default_rng(1).integers(0, hf_model.config.type_vocab_size, ids.shape)
+    expected = outputs(hf_model, ids, mask, extra)
+    out = model.apply({"params": params}, ids, attention_mask=mask, **extra)
+    got = out.last_hidden_state if head == "encoder" else out.logits
+    assert got.shape == expected.shape  # the discriminator's logits are [batch, seq]
+    if head != "encoder":
+        assert got.dtype == jnp.float32
     real = mask.astype(bool)
-    if head == "encoder":
-        np.testing.assert_allclose(np.asarray(out.last_hidden_state)[real],
-                                   expected.last_hidden_state.numpy()[real], atol=ATOL, rtol=0)
-    else:
-        assert out.logits.dtype == jnp.float32
-        assert out.logits.shape == tuple(expected.logits.shape)  # [batch, seq] for the discriminator
-        np.testing.assert_allclose(np.asarray(out.logits)[real], expected.logits.numpy()[real], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(got)[real], expected[real], atol=ATOL, rtol=0)
 
+    # bertjax writes the same family and architecture back, and transformers reads it as the same model.
+    bertjax.save_pretrained(str(tmp_path / "bj"), model, params)
+    with open(tmp_path / "bj" / "config.json") as f:
+        written = json.load(f)
+    assert written["model_type"] == family.MODEL_TYPE and written["architectures"] == [name]
+    reloaded = getattr(transformers, name).from_pretrained(str(tmp_path / "bj")).eval()
+    original, back = hf_model.state_dict(), reloaded.state_dict()
+    assert original.keys() == back.keys()
+    for key in original:
+        np.testing.assert_array_equal(back[key].numpy(), original[key].numpy(), err_msg=key)
+    # transformers picks its default attention kernel on reload, hence a tolerance rather than equality.
+    np.testing.assert_allclose(outputs(reloaded, ids, mask, extra)[real], expected[real], atol=ATOL, rtol=0)
+    again_model, again = bertjax.from_pretrained(str(tmp_path / "bj"))
+    assert again_model.config == model.config
+    chex.assert_trees_all_equal(again, params)

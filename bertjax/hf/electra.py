@@ -10,17 +10,12 @@ the model's family, never by trying BERT first.
 from __future__ import annotations
 
 from bertjax.config import EncoderConfig
-from bertjax.hf.config_translation import ACTIVATION_TO_HF, _Problems, _Reader
-from bertjax.hf.mapping import COPY, KeyMapping, TensorRule, bert_layer, embedding, layer_norm, linear
+from bertjax.hf.bert import bert_layer
+from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
+from bertjax.hf.family import HfFamily
+from bertjax.hf.mapping import KeyMapping, TensorRule, embedding, layer_norm, linear, mlm_decoder
 
 MODEL_TYPE = "electra"
-
-# config.architectures[0] -> head in bertjax.models.MODEL_CLASSES.
-ARCHITECTURES = {
-    "ElectraModel": "encoder",
-    "ElectraForMaskedLM": "masked_lm",
-    "ElectraForPreTraining": "replaced_token_detection",
-}
 
 # transformers' ElectraConfig defaults (they describe electra-small), so a trimmed config.json means the same.
 DEFAULTS = {"vocab_size": 30522, "embedding_size": 128, "hidden_size": 256, "num_hidden_layers": 12,
@@ -30,12 +25,12 @@ DEFAULTS = {"vocab_size": 30522, "embedding_size": 128, "hidden_size": 256, "num
 
 
 def to_encoder_config(values: dict, head: str) -> EncoderConfig:
-    read = _Reader(values, DEFAULTS)
+    read = ConfigReader(values, DEFAULTS)
     read.expect("is_decoder", (False,))
     read.expect("add_cross_attention", (False,))
     read.expect("position_embedding_type", ("absolute",))  # older files carry it; relative kinds are refused
     return EncoderConfig(
-        vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),
+        family=MODEL_TYPE, vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),
         num_heads=read("num_attention_heads"), intermediate_size=read("intermediate_size"),
         embedding_size=read("embedding_size"), max_position_embeddings=read("max_position_embeddings"),
         type_vocab_size=read("type_vocab_size"), position_embedding="learned", position_offset=0,
@@ -49,19 +44,17 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:
-    problems = _Problems(config, MODEL_TYPE)
     cfg = config
-    problems.check(cfg.kv_heads == cfg.num_heads, f"num_kv_heads={cfg.num_kv_heads} (grouped-query attention)")
-    problems.check(cfg.layer_groups == cfg.num_layers, f"num_layer_groups={cfg.num_layer_groups} (layer sharing)")
-    problems.check(cfg.attention_head_dim in (None, cfg.hidden_size // cfg.num_heads),
-                   f"attention_head_dim={cfg.attention_head_dim} (ELECTRA heads are hidden_size // num_heads wide)")
-    problems.check(cfg.activation in ACTIVATION_TO_HF, f"activation={cfg.activation!r}")
-    problems.check(cfg.type_vocab_size >= 1, "type_vocab_size=0 (ELECTRA always has token types)")
-    problems.need(norm="layernorm", norm_bias=True, norm_placement="post", embedding_norm=True, final_norm=False,
-                  position_embedding="learned", position_offset=0, attention_bias=True, mlp_bias=True, mlp="dense",
-                  global_attention_every=1, pooler=False, head_dense_bias=True, decoder_bias=True,
-                  head_activation="gelu", mlm_head_transform=True)
-    problems.raise_if_any()
+    refuse = Refusals(cfg, MODEL_TYPE)
+    refuse.common(factorised_embedding=True)
+    refuse.check(cfg.attention_head_dim in (None, cfg.hidden_size // cfg.num_heads),
+                 f"attention_head_dim={cfg.attention_head_dim} (ELECTRA heads are hidden_size // num_heads wide)")
+    refuse.check(cfg.type_vocab_size >= 1, "type_vocab_size=0 (ELECTRA always has token types)")
+    refuse.need(norm_bias=True, norm_placement="post", embedding_norm=True, final_norm=False,
+                position_embedding="learned", position_offset=0, attention_bias=True, mlp_bias=True, mlp="dense",
+                global_attention_every=1, pooler=False, head_dense_bias=True, decoder_bias=True,
+                head_activation="gelu", mlm_head_transform=True)
+    refuse.raise_if_any()
     return {
         "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size, "embedding_size": cfg.embed_dim,
         "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
@@ -93,14 +86,20 @@ def key_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
     if head == "masked_lm":
         rules += linear("generator_predictions.dense", ("mlm_head", "dense"), h, e, bias=True)
         rules += layer_norm("generator_predictions.LayerNorm", ("mlm_head", "norm"), e, bias=True)
-        rules.append(TensorRule(("generator_lm_head.bias",), (cfg.vocab_size,), (("mlm_head", "decoder_bias"),),
-                                COPY))
-        if cfg.tie_word_embeddings:
-            ignored.add("generator_lm_head.weight")  # a tied copy of the word embeddings
-        else:
-            rules += linear("generator_lm_head", ("mlm_head", "decoder"), e, cfg.vocab_size, bias=False)
+        decoder_rules, decoder_ignored = mlm_decoder("generator_lm_head", ("generator_lm_head.bias",), cfg)
+        rules += decoder_rules
+        ignored |= decoder_ignored
     if head == "replaced_token_detection":
         rules += linear("discriminator_predictions.dense", ("rtd_head", "dense"), h, h, bias=True)
         rules += linear("discriminator_predictions.dense_prediction", ("rtd_head", "prediction"), h, 1, bias=True)
     return KeyMapping(rules, frozenset(ignored))
 
+
+FAMILY = HfFamily(
+    model_type=MODEL_TYPE,
+    architectures={"ElectraModel": "encoder", "ElectraForMaskedLM": "masked_lm",
+                   "ElectraForPreTraining": "replaced_token_detection"},
+    to_encoder_config=to_encoder_config,
+    to_hf_config=to_hf_config,
+    key_mapping=key_mapping,
+)

@@ -13,16 +13,12 @@ checkpoints (written by transformers 4 / the EuroBERT remote code) carry a top-l
 from __future__ import annotations
 
 from bertjax.config import EncoderConfig
-from bertjax.hf.config_translation import ACTIVATION_TO_HF, _Problems, _Reader
-from bertjax.hf.mapping import (COPY, KeyMapping, ParamPath, TensorRule, embedding, heads_bias, heads_in, heads_out,
-                                layer_norm, linear)
+from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
+from bertjax.hf.family import HfFamily
+from bertjax.hf.mapping import (KeyMapping, ParamPath, TensorRule, attention_output, attention_projection, embedding,
+                                layer_norm, linear, mlm_decoder)
 
 MODEL_TYPE = "eurobert"
-
-ARCHITECTURES = {
-    "EuroBertModel": "encoder",
-    "EuroBertForMaskedLM": "masked_lm",
-}
 
 # transformers' EuroBertConfig defaults (EuroBERT-210m's sizes), so a trimmed config.json means the same.
 DEFAULTS = {"vocab_size": 128256, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
@@ -31,7 +27,7 @@ DEFAULTS = {"vocab_size": 128256, "hidden_size": 768, "intermediate_size": 3072,
             "attention_bias": False, "mlp_bias": False, "rope_theta": 10_000.0}
 
 
-def rope_theta(read: _Reader, values: dict) -> float:
+def rope_theta(read: ConfigReader, values: dict) -> float:
     """The RoPE base from `rope_parameters` (transformers 5) or the legacy top-level `rope_theta`."""
     scaling = values.get("rope_scaling")
     if scaling is not None and (not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type"))
@@ -50,15 +46,15 @@ def rope_theta(read: _Reader, values: dict) -> float:
 
 def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     del head  # every EuroBERT class has the same backbone
-    read = _Reader(values, DEFAULTS)
+    read = ConfigReader(values, DEFAULTS)
     hidden, heads = read("hidden_size"), read("num_attention_heads")
-    head_dim = values.get("head_dim")
+    head_dim, kv_heads = values.get("head_dim"), values.get("num_key_value_heads")
     theta = rope_theta(read, values)
     mlp_bias = read("mlp_bias")
     return EncoderConfig(
-        vocab_size=read("vocab_size"), hidden_size=hidden, num_layers=read("num_hidden_layers"), num_heads=heads,
-        num_kv_heads=values.get("num_key_value_heads"), intermediate_size=read("intermediate_size"),
-        # Stored only when it differs from the default width, so equal configs compare equal.
+        family=MODEL_TYPE, vocab_size=read("vocab_size"), hidden_size=hidden, num_layers=read("num_hidden_layers"), num_heads=heads,
+        num_kv_heads=kv_heads if kv_heads not in (None, heads) else None, intermediate_size=read("intermediate_size"),
+        # GQA and the head width are stored only where they differ from the defaults, so equal configs compare equal.
         attention_head_dim=head_dim if head_dim not in (None, hidden // heads) else None,
         max_position_embeddings=read("max_position_embeddings"), type_vocab_size=0, position_embedding="rope",
         rope_theta_global=theta, rope_theta_local=theta, norm="rmsnorm", norm_eps=float(read("rms_norm_eps")),
@@ -73,20 +69,20 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
 def to_hf_config(config: EncoderConfig, head: str) -> dict:
     del head
     cfg = config
-    problems = _Problems(cfg, MODEL_TYPE)
-    problems.check(cfg.embed_dim == cfg.hidden_size, f"embedding_size={cfg.embedding_size} (factorised embedding)")
-    problems.check(cfg.layer_groups == cfg.num_layers, f"num_layer_groups={cfg.num_layer_groups} (layer sharing)")
-    problems.check(cfg.rope_theta_local == cfg.rope_theta_global,
-                   f"rope_theta_local={cfg.rope_theta_local} (EuroBERT has one theta: {cfg.rope_theta_global})")
-    problems.check(cfg.activation in ACTIVATION_TO_HF, f"activation={cfg.activation!r}")
-    problems.check(cfg.hidden_size % cfg.num_heads == 0,
-                   f"hidden_size={cfg.hidden_size} not divisible by num_heads={cfg.num_heads} (transformers' "
-                   "EuroBertConfig refuses it)")
-    problems.need(norm="rmsnorm", norm_placement="pre", embedding_norm=False, final_norm=True,
-                  first_layer_attention_norm=True, position_embedding="rope", type_vocab_size=0, position_offset=0,
-                  mlp="glu", global_attention_every=1, pooler=False, mlm_head_transform=False,
-                  decoder_bias=cfg.mlp_bias)
-    problems.raise_if_any()
+    refuse = Refusals(cfg, MODEL_TYPE)
+    refuse.check(cfg.embed_dim == cfg.hidden_size, f"embedding_size={cfg.embedding_size} (factorised embedding)")
+    refuse.check(cfg.layer_groups == cfg.num_layers, f"num_layer_groups={cfg.num_layer_groups} (layer sharing)")
+    refuse.check(cfg.rope_theta_local == cfg.rope_theta_global,
+                 f"rope_theta_local={cfg.rope_theta_local} (EuroBERT has one theta: {cfg.rope_theta_global})")
+    refuse.exportable_activation("activation")
+    refuse.check(cfg.hidden_size % cfg.num_heads == 0,
+                 f"hidden_size={cfg.hidden_size} not divisible by num_heads={cfg.num_heads} (transformers' "
+                 "EuroBertConfig refuses it)")
+    refuse.need(norm="rmsnorm", norm_placement="pre", embedding_norm=False, final_norm=True,
+                first_layer_attention_norm=True, position_embedding="rope", type_vocab_size=0, position_offset=0,
+                mlp="glu", global_attention_every=1, pooler=False, mlm_head_transform=False,
+                decoder_bias=cfg.mlp_bias, layers_per_group=1)
+    refuse.raise_if_any()
     return {
         "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
@@ -97,31 +93,20 @@ def to_hf_config(config: EncoderConfig, head: str) -> dict:
         "attention_bias": cfg.attention_bias, "attention_dropout": 0.0, "mlp_bias": cfg.mlp_bias,
         "tie_word_embeddings": cfg.tie_word_embeddings, "pad_token_id": cfg.pad_token_id,
         # The tokenizer owns the other special tokens; transformers' defaults would point outside small vocabs.
-        "bos_token_id": None, "eos_token_id": None, "mask_token_id": None,
+        # (mask_token_id must be an integer for transformers and is left at its default: the model never reads it.)
+        "bos_token_id": None, "eos_token_id": None,
     }
 
 
-def _projection(key: str, path: ParamPath, cfg: EncoderConfig, heads: int) -> list[TensorRule]:
-    d = cfg.head_dim
-    rules = [TensorRule((f"{key}.weight",), (heads * d, cfg.hidden_size), (path + ("kernel",),), heads_in(heads, d))]
-    if cfg.attention_bias:
-        rules.append(TensorRule((f"{key}.bias",), (heads * d,), (path + ("bias",),), heads_bias(heads, d)))
-    return rules
-
-
 def _layer(key: str, path: ParamPath, cfg: EncoderConfig) -> list[TensorRule]:
-    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
     attention = path + ("attention",)
     rules = [
-        *_projection(f"{key}self_attn.q_proj", attention + ("query",), cfg, cfg.num_heads),
-        *_projection(f"{key}self_attn.k_proj", attention + ("key",), cfg, cfg.kv_heads),
-        *_projection(f"{key}self_attn.v_proj", attention + ("value",), cfg, cfg.kv_heads),
-        # o_proj reads num_heads * head_dim, which differs from hidden_size when head_dim is set explicitly.
-        TensorRule((f"{key}self_attn.o_proj.weight",), (h, cfg.num_heads * d), (attention + ("out", "kernel"),),
-                   heads_out(cfg.num_heads, d)),
+        *attention_projection(f"{key}self_attn.q_proj", attention + ("query",), cfg, cfg.num_heads),
+        *attention_projection(f"{key}self_attn.k_proj", attention + ("key",), cfg, cfg.kv_heads),
+        *attention_projection(f"{key}self_attn.v_proj", attention + ("value",), cfg, cfg.kv_heads),
+        *attention_output(f"{key}self_attn.o_proj", attention + ("out",), cfg),
     ]
-    if cfg.attention_bias:
-        rules += [TensorRule((f"{key}self_attn.o_proj.bias",), (h,), (attention + ("out", "bias"),), COPY)]
     rules += layer_norm(f"{key}input_layernorm", path + ("attention_norm",), h, bias=False)
     rules += layer_norm(f"{key}post_attention_layernorm", path + ("mlp_norm",), h, bias=False)
     rules += linear(f"{key}mlp.gate_proj", path + ("mlp", "wi_0"), h, i, cfg.mlp_bias)  # activated
@@ -139,11 +124,16 @@ def key_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
         rules += _layer(f"{base}layers.{i}.", ("encoder", f"layers_{i}"), cfg)
     rules += layer_norm(f"{base}norm", ("encoder", "final_norm"), h, bias=False)
     ignored: set[str] = set()
-    if head == "masked_lm":
-        if cfg.decoder_bias:
-            rules.append(TensorRule(("lm_head.bias",), (cfg.vocab_size,), (("mlm_head", "decoder_bias"),), COPY))
-        if cfg.tie_word_embeddings:
-            ignored.add("lm_head.weight")  # a tied copy of the word embeddings
-        else:
-            rules += linear("lm_head", ("mlm_head", "decoder"), h, cfg.vocab_size, bias=False)
+    if head == "masked_lm":  # lm_head's bias exists only with mlp_bias (= decoder_bias)
+        decoder_rules, ignored = mlm_decoder("lm_head", ("lm_head.bias",), cfg)
+        rules += decoder_rules
     return KeyMapping(rules, frozenset(ignored))
+
+
+FAMILY = HfFamily(
+    model_type=MODEL_TYPE,
+    architectures={"EuroBertModel": "encoder", "EuroBertForMaskedLM": "masked_lm"},
+    to_encoder_config=to_encoder_config,
+    to_hf_config=to_hf_config,
+    key_mapping=key_mapping,
+)
