@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -123,3 +124,65 @@ def test_parity_and_round_trip(case_id, name, factory, family, tmp_path):
     again_model, again = bertjax.from_pretrained(str(tmp_path / "bj"))
     assert again_model.config == model.config
     chex.assert_trees_all_equal(again, params)
+
+
+def test_published_eurobert_config_layout_means_the_same():
+    """EuroBERT's published config.json (top-level rope_theta, rope_scaling: null) reads as transformers 5's."""
+    current = eurobert_config(rope_parameters={"rope_type": "default", "rope_theta": 250_000.0}).to_dict()
+    legacy = {k: v for k, v in current.items() if k != "rope_parameters"}
+    legacy.update(rope_theta=250_000.0, rope_scaling=None)
+    assert transformers.EuroBertConfig(**legacy).rope_parameters == current["rope_parameters"]
+    config = eurobert.to_encoder_config(current, "masked_lm")
+    assert eurobert.to_encoder_config(legacy, "masked_lm") == config
+    assert config.rope_theta_global == config.rope_theta_local == 250_000.0
+    assert (config.head_dim, config.kv_heads, config.num_heads) == (12, 2, 4)
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}, "rope_type='linear'"),
+    ({"rope_parameters": None, "rope_theta": 1e4, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+     "rope_scaling"),
+    ({"hidden_act": "mish"}, "hidden_act='mish'"),
+])
+def test_eurobert_config_refusals_name_the_key(changes, match):
+    values = {**eurobert_config().to_dict(), **changes}
+    with pytest.raises(ValueError, match=match):
+        eurobert.to_encoder_config(values, "masked_lm")
+
+
+def test_electra_relative_positions_are_refused():
+    values = {**electra_config().to_dict(), "position_embedding_type": "relative_key"}
+    with pytest.raises(ValueError, match="position_embedding_type"):
+        electra.to_encoder_config(values, "masked_lm")
+
+
+@pytest.mark.parametrize("preset,head,overrides,match", [
+    ("electra-tiny-discriminator", "replaced_token_detection", {"pooler": True}, "pooler=True"),
+    ("electra-tiny-generator", "masked_lm", {"head_activation": "gelu_tanh"}, "head_activation='gelu_tanh'"),
+    ("electra-tiny-discriminator", "pretraining", {}, "no electra architecture"),
+    ("eurobert-tiny", "masked_lm", {"rope_theta_local": 10.0}, "rope_theta_local=10.0"),
+    ("eurobert-tiny", "masked_lm", {"mlm_head_transform": True}, "mlm_head_transform=True"),
+    ("eurobert-tiny", "replaced_token_detection", {}, "no eurobert architecture"),
+    ("bert-tiny", "replaced_token_detection", {}, "no bert architecture"),
+])
+def test_save_refuses_what_the_family_cannot_express(preset, head, overrides, match, tmp_path):
+    model = bertjax.MODEL_CLASSES[head](bertjax.get_config(preset, **overrides))
+    with pytest.raises(ValueError, match=match):
+        bertjax.save_pretrained(str(tmp_path), model, {})  # refused before the params are looked at
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("preset,head,architecture", [
+    ("electra-tiny-discriminator", "replaced_token_detection", "ElectraForPreTraining"),
+    ("electra-tiny-generator", "masked_lm", "ElectraForMaskedLM"),
+    ("eurobert-tiny", "masked_lm", "EuroBertForMaskedLM"),
+])
+def test_presets_export_as_their_family(preset, head, architecture, tmp_path):
+    """A preset-built model (the ELECTRA generator/discriminator pretraining writes) loads in transformers whole."""
+    model = bertjax.MODEL_CLASSES[head](bertjax.get_config(preset))
+    bertjax.save_pretrained(str(tmp_path), model, bertjax.init_params(model, jax.random.key(0)))
+    hf_model, info = getattr(transformers, architecture).from_pretrained(str(tmp_path), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert hf_model.config.model_type == bertjax.get_config(preset).family
+    model_back, _ = bertjax.from_pretrained(str(tmp_path))
+    assert model_back.config == bertjax.get_config(preset)
