@@ -33,6 +33,9 @@ class EncoderConfig:
     num_kv_heads: int | None = None  # None: same as num_heads (MHA); fewer: grouped-query attention.
     embedding_size: int | None = None  # None: same as hidden_size; smaller: factorised embedding (ALBERT, ELECTRA).
     max_position_embeddings: int = 512  # longest sequence the model accepts.
+    # ELECTRA/EuroBERT knob: width of one attention head. None: hidden_size // num_heads. EuroBERT's
+    # config allows any head_dim, so q/k/v project to num_heads * attention_head_dim, not to hidden_size.
+    attention_head_dim: int | None = None
     type_vocab_size: int = 2  # 0: no token-type embedding (RoBERTa keeps 1, ModernBERT has none).
 
     # Which Hugging Face family (transformers `model_type`) this architecture is: export writes that family's
@@ -79,6 +82,9 @@ class EncoderConfig:
     decoder_bias: bool = True
     head_dense_bias: bool = True
     head_activation: Activation = "gelu"
+    # ELECTRA/EuroBERT knob: False drops the MLM head's dense -> activation -> norm transform, so the decoder
+    # reads the last hidden state directly (EuroBERT's lm_head is one linear layer after the final norm).
+    mlm_head_transform: bool = True
     pooler: bool = True  # BertModel/RobertaModel carry a [CLS] tanh pooler; ModernBERT does not.
 
     # Special tokens.
@@ -97,9 +103,12 @@ class EncoderConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
+        if self.attention_head_dim is not None and self.attention_head_dim <= 0:
+            raise ValueError(f"EncoderConfig.attention_head_dim must be positive or None, got "
+                             f"{self.attention_head_dim}")
+        if self.attention_head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(f"EncoderConfig.hidden_size ({self.hidden_size}) must be divisible by "
-                             f"num_heads ({self.num_heads})")
+                             f"num_heads ({self.num_heads}) unless attention_head_dim is set")
         if self.num_kv_heads is not None:
             if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
                 raise ValueError(f"EncoderConfig.num_kv_heads ({self.num_kv_heads}) must be positive and divide "
@@ -124,6 +133,10 @@ class EncoderConfig:
         if self.shares_layers and self.global_attention_every != 1:
             raise ValueError("EncoderConfig.num_layer_groups (shared layers) needs global_attention_every=1: "
                              "layers sharing parameters must share one attention pattern")
+        if not self.mlm_head_transform and self.tie_word_embeddings and self.embed_dim != self.hidden_size:
+            raise ValueError("EncoderConfig.mlm_head_transform=False with a tied decoder needs embedding_size == "
+                             f"hidden_size (the decoder reads hidden states of width {self.hidden_size}, the "
+                             f"embedding matrix has width {self.embed_dim})")
         if self.norm_eps <= 0:
             raise ValueError(f"EncoderConfig.norm_eps must be positive, got {self.norm_eps}")
         if self.norm == "rmsnorm" and self.norm_bias:
@@ -140,7 +153,7 @@ class EncoderConfig:
     # Derived quantities: computed, never stored, so they cannot disagree with the fields.
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
 
     @property
     def kv_heads(self) -> int:
@@ -259,3 +272,45 @@ register_preset("albert-tiny", _ALBERT.replace(vocab_size=128, embedding_size=16
 register_preset("distilbert-tiny", _DISTILBERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
                                                        intermediate_size=64, max_position_embeddings=64,
                                                        dropout_rate=0.0))
+
+# ELECTRA (Clark et al. 2020): BERT's layers without a pooler, a factorised embedding in the generators (and in
+# electra-small), and the generator's MLM transform always the exact GELU. Generators share their discriminator's
+# embedding_size so the two can share word/position/type embeddings during pretraining.
+_ELECTRA = _BERT.replace(family="electra", pooler=False, head_activation="gelu")
+
+
+def _electra(hidden: int, layers: int, heads: int, embedding: int) -> EncoderConfig:
+    return _ELECTRA.replace(hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=4 * hidden,
+                            embedding_size=embedding)
+
+
+register_preset("electra-small-discriminator", _electra(256, 12, 4, 128))
+register_preset("electra-small-generator", _electra(256, 12, 4, 128))
+register_preset("electra-base-discriminator", _electra(768, 12, 12, 768))
+register_preset("electra-base-generator", _electra(256, 12, 4, 768))
+register_preset("electra-large-discriminator", _electra(1024, 24, 16, 1024))
+register_preset("electra-large-generator", _electra(256, 24, 4, 1024))
+register_preset("electra-tiny-discriminator", _ELECTRA.replace(
+    vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, embedding_size=32,
+    max_position_embeddings=64, dropout_rate=0.0))
+register_preset("electra-tiny-generator", get_config("electra-tiny-discriminator", hidden_size=16, num_heads=1,
+                                                      intermediate_size=32))
+
+# EuroBERT (Boizard et al. 2025): a Llama-style encoder. RMSNorm pre-norm with a final norm and no embedding norm,
+# no biases, SwiGLU, RoPE (theta 250k), grouped-query attention, an untied one-matrix LM head.
+_EUROBERT = EncoderConfig(
+    family="eurobert", vocab_size=128256, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
+    max_position_embeddings=8192, type_vocab_size=0, position_embedding="rope",
+    rope_theta_global=250_000.0, rope_theta_local=250_000.0, norm="rmsnorm", norm_eps=1e-5, norm_bias=False,
+    norm_placement="pre", embedding_norm=False, final_norm=True, attention_bias=False, mlp_bias=False,
+    activation="silu", mlp="glu", tie_word_embeddings=False, decoder_bias=False, mlm_head_transform=False,
+    pooler=False, pad_token_id=128001, dropout_rate=0.0)
+
+register_preset("eurobert-210m", _EUROBERT)
+register_preset("eurobert-610m", _EUROBERT.replace(hidden_size=1152, num_layers=26, num_heads=18, num_kv_heads=6,
+                                                   intermediate_size=4096))
+register_preset("eurobert-2.1b", _EUROBERT.replace(hidden_size=2304, num_layers=32, num_heads=18, num_kv_heads=6,
+                                                   intermediate_size=6144))
+register_preset("eurobert-tiny", _EUROBERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                                   num_kv_heads=2, intermediate_size=64, max_position_embeddings=256,
+                                                   pad_token_id=0))

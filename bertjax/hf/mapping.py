@@ -123,7 +123,8 @@ def attention_projection(key: str, path: ParamPath, cfg: EncoderConfig, heads: i
 
 
 def attention_output(key: str, path: ParamPath, cfg: EncoderConfig) -> list[TensorRule]:
-    rules = [_rule(f"{key}.weight", (cfg.hidden_size, cfg.hidden_size), path + ("kernel",),
+    # The input is num_heads * head_dim wide, which is not hidden_size when head_dim is explicit (EuroBERT).
+    rules = [_rule(f"{key}.weight", (cfg.hidden_size, cfg.num_heads * cfg.head_dim), path + ("kernel",),
                    heads_out(cfg.num_heads, cfg.head_dim))]
     if cfg.attention_bias:
         rules.append(_rule(f"{key}.bias", (cfg.hidden_size,), path + ("bias",)))

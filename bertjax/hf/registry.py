@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from bertjax.hf import albert, bert, distilbert, modernbert, roberta
+from bertjax.hf import albert, bert, distilbert, electra, eurobert, modernbert, roberta
 from bertjax.hf.family import HfFamily
 
 FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
@@ -12,6 +12,8 @@ FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     modernbert.FAMILY,
     albert.FAMILY,
     distilbert.FAMILY,
+    electra.FAMILY,
+    eurobert.FAMILY,
 )}
 
 # transformers class name (config.architectures[0]) -> (model_type, bertjax head).
