@@ -266,3 +266,89 @@ def test_distillation_counts_the_teacher_forward_once(monkeypatch):
 def test_options_are_frozen_dataclasses_named_like_the_registry():
     for name, cls in OBJECTIVES.items():
         assert cls.name == name and dataclasses.is_dataclass(cls.options_class)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ELECTRA
+
+from bertjax.train.objectives.electra import generator_config, replace_at, sample_replacements  # noqa: E402
+
+ELECTRA = get_config("electra-tiny-discriminator", vocab_size=50)
+
+
+def test_generator_is_a_fraction_of_the_discriminator_sharing_its_embedding_size():
+    small = get_config("electra-small-discriminator")
+    assert generator_config(small, None).hidden_size == 64  # 1/3 of 4 heads rounds to 1 head of 64
+    base = get_config("electra-base-discriminator")
+    g = generator_config(base, None)  # 1/4
+    assert (g.hidden_size, g.num_heads, g.intermediate_size, g.embed_dim) == (192, 3, 768, 768)
+    g = generator_config(base, 1 / 3)
+    assert (g.hidden_size, g.num_heads, g.intermediate_size, g.num_layers) == (256, 4, 1024, 12)
+
+
+def test_sampled_replacements_follow_the_generator_distribution():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
+    draws = jax.vmap(lambda k: sample_replacements(k, logits, 1.0))(jax.random.split(jax.random.key(0), 20000))
+    counts = np.bincount(np.asarray(draws).ravel(), minlength=4)
+    expected = 20000 * np.array([0.5, 0.3, 0.15, 0.05])
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 16.27, (counts, chi2)  # 3 degrees of freedom, p = 0.001
+    # temperature sharpens: T = 0.5 squares the probabilities (renormalised)
+    draws = jax.vmap(lambda k: sample_replacements(k, logits, 0.5))(jax.random.split(jax.random.key(1), 20000))
+    frequency = np.bincount(np.asarray(draws).ravel(), minlength=4) / 20000
+    sharpened = np.array([0.5, 0.3, 0.15, 0.05]) ** 2
+    np.testing.assert_allclose(frequency, sharpened / sharpened.sum(), atol=0.015)
+
+
+def test_replacements_never_touch_padding_or_unused_slots():
+    ids = jnp.asarray([[7, 8, 9, 0, 0]])
+    positions = jnp.asarray([[1, 4, 3]])  # slots 2 and 3 point at padding, but are unused
+    used = jnp.asarray([[True, False, False]])
+    out = replace_at(ids, positions, used, jnp.asarray([[42, 43, 44]]))
+    np.testing.assert_array_equal(out, [[7, 42, 9, 0, 0]])
+
+
+def test_electra_loss_equals_numpy_reference_and_shares_embeddings():
+    objective = objective_for("electra", ELECTRA, rtd_weight=50.0, temperature=1e-4)  # ~argmax sampling
+    params, batch = params_of(objective), tiny_batch(ELECTRA)
+    assert "word_embeddings" not in params["generator"]["embeddings"]  # read from the discriminator
+    loss, sums = loss_of(objective, params, batch)
+
+    generator, discriminator = objective.exports(params)["generator"], objective.exports(params)["discriminator"]
+    gen = generator[0].apply({"params": generator[1]}, **model_inputs(ELECTRA, batch),
+                             masked_positions=batch["masked_positions"])
+    w = batch["masked_weights"]
+    mlm = (_numpy_cross_entropy(gen.logits, batch["masked_ids"]) * w).sum() / w.sum()
+    sampled = np.asarray(gen.logits).argmax(-1)
+    corrupted, original = np.array(batch["input_ids"]), np.array(batch["input_ids"])
+    for row in range(w.shape[0]):
+        for slot in range(w.shape[1]):
+            if w[row, slot]:
+                corrupted[row, batch["masked_positions"][row, slot]] = sampled[row, slot]
+                original[row, batch["masked_positions"][row, slot]] = batch["masked_ids"][row, slot]
+    real = batch["segment_ids"] > 0
+    labels = (corrupted != original) & real
+    disc = discriminator[0].apply({"params": discriminator[1]}, **model_inputs(ELECTRA, batch, corrupted))
+    z = np.asarray(disc.logits, np.float64)
+    bce = np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z)))
+    np.testing.assert_allclose(loss, mlm + 50.0 * bce[real].mean(), rtol=1e-5)
+    metrics = objective.metrics(sums)
+    np.testing.assert_allclose(float(metrics["replacement_rate"]), labels[real].mean(), rtol=1e-6)
+    predicted = (z > 0) & real
+    np.testing.assert_allclose(float(metrics["rtd_recall"]), (predicted & labels).sum() / max(labels.sum(), 1),
+                               rtol=1e-6)
+
+
+def test_electra_generator_gets_no_gradient_through_the_samples():
+    """The RTD loss alone (generator MLM weight removed) leaves the generator's own parameters untouched."""
+    objective = objective_for("electra", ELECTRA, rtd_weight=1.0)
+    params, batch = params_of(objective), tiny_batch(ELECTRA)
+
+    def rtd_only(p):
+        sums = objective.loss_sums(p, {}, batch, jax.random.key(0), deterministic=True)
+        return sums["rtd_loss"]
+
+    grads = jax.grad(rtd_only)(params)
+    generator_norm = sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(grads["generator"]))
+    assert generator_norm == 0.0
+    assert float(jnp.abs(grads["discriminator"]["embeddings"]["word_embeddings"]["embedding"]).sum()) > 0

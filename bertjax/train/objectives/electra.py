@@ -79,7 +79,7 @@ def with_shared_embeddings(generator: dict, discriminator: dict) -> dict:
 def replace_at(ids: jax.Array, positions: jax.Array, used: jax.Array, values: jax.Array) -> jax.Array:
     """ids [batch, seq] with `values` [batch, slots] written at `positions` where `used`; unused slots (which may
     point anywhere, padding included) are dropped, so padding is never touched."""
-    rows = jnp.arange(ids.shape[0])[:, None]
+    ids, rows = jnp.asarray(ids), jnp.arange(ids.shape[0])[:, None]
     target = jnp.where(used, positions, ids.shape[1])  # out of range: dropped
     return ids.at[rows, target].set(values.astype(ids.dtype), mode="drop")
 
