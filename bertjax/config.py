@@ -222,10 +222,10 @@ def get_config(name: str, **overrides) -> EncoderConfig:
     return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
 
 
-_BERT = EncoderConfig(family="bert", vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
-                      dropout_rate=0.1)
-_ROBERTA = _BERT.replace(family="roberta", vocab_size=50265, max_position_embeddings=512, type_vocab_size=1, position_offset=2,
-                         norm_eps=1e-5, pad_token_id=1)
+_BERT = EncoderConfig(family="bert", vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12,
+                      intermediate_size=3072, dropout_rate=0.1)
+_ROBERTA = _BERT.replace(family="roberta", vocab_size=50265, max_position_embeddings=512, type_vocab_size=1,
+                         position_offset=2, norm_eps=1e-5, pad_token_id=1)
 _MODERNBERT = EncoderConfig(
     family="modernbert", vocab_size=50368, hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
     max_position_embeddings=8192, type_vocab_size=0, position_embedding="rope",

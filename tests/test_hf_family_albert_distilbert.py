@@ -17,6 +17,8 @@ import safetensors.numpy
 from flax import traverse_util
 
 import bertjax
+from bertjax.config import PRESETS
+from bertjax.hf import FAMILIES
 from bertjax.models.embeddings import sinusoidal_table
 from test_hf_parity import (LENGTHS, SEQ, TINY, VOCAB, assert_outputs_close, bertjax_outputs, padded_batch, perturb_,
                             random_bertjax_params)
@@ -142,11 +144,11 @@ def test_matches_transformers_on_padded_batch(case_id, checkpoint):
 
 def test_albert_sharing_and_sinusoidal_configs_are_read():
     """The knobs the parity cases exercise really are the ones read (not a coincidence of defaults)."""
-    config = bertjax.hf.FAMILIES["albert"].to_encoder_config(albert_config(
+    config = FAMILIES["albert"].to_encoder_config(albert_config(
         num_hidden_layers=5, num_hidden_groups=2, inner_group_num=2).to_dict(), "encoder")
     assert (config.num_layers, config.layer_groups, config.layers_per_group, config.embed_dim) == (5, 2, 2, 16)
     assert [config.layer_group(i) for i in range(5)] == [int(i / (5 / 2)) for i in range(5)] == [0, 0, 0, 1, 1]
-    config = bertjax.hf.FAMILIES["distilbert"].to_encoder_config(
+    config = FAMILIES["distilbert"].to_encoder_config(
         distilbert_config(sinusoidal_pos_embds=True).to_dict(), "masked_lm")
     assert (config.position_embedding, config.type_vocab_size, config.norm_eps) == ("sinusoidal", 0, 1e-12)
 
@@ -292,12 +294,29 @@ def test_new_config_fields_are_checked(overrides, match):
 
 def test_presets_name_their_family_and_published_sizes():
     sizes = {name: (c.family, c.hidden_size, c.num_layers, c.num_heads, c.intermediate_size, c.embed_dim)
-             for name, c in bertjax.config.PRESETS.items()}
+             for name, c in PRESETS.items()}
     assert sizes["albert-base-v2"] == ("albert", 768, 12, 12, 3072, 128)
     assert sizes["albert-large-v2"] == ("albert", 1024, 24, 16, 4096, 128)
     assert sizes["albert-xlarge-v2"] == ("albert", 2048, 24, 16, 8192, 128)
     assert sizes["albert-xxlarge-v2"] == ("albert", 4096, 12, 64, 16384, 128)
     assert sizes["distilbert-base"] == ("distilbert", 768, 6, 12, 3072, 768)
-    assert {c.family for c in bertjax.config.PRESETS.values()} <= set(bertjax.hf.FAMILIES)
-    for config in bertjax.config.PRESETS.values():  # every preset's own family can write it (raises otherwise)
-        assert bertjax.hf.FAMILIES[config.family].to_hf_config(config, "masked_lm")["model_type"] == config.family
+    assert {c.family for c in PRESETS.values()} <= set(FAMILIES)
+    for config in PRESETS.values():  # every preset's own family can write it (raises otherwise)
+        assert FAMILIES[config.family].to_hf_config(config, "masked_lm")["model_type"] == config.family
+
+
+def test_convert_round_trip_keeps_the_family_and_sharing(checkpoint, tmp_path):
+    """`bertjax convert` through a bertjax model directory and back writes the same ALBERT checkpoint."""
+    from bertjax.cli import main as cli_main
+
+    _, directory = checkpoint("albert-model-5steps-2groups-2inner")
+    native, back = str(tmp_path / "native"), str(tmp_path / "hf")
+    assert cli_main(["convert", "--from-hf", directory, "--out", native]) == 0
+    assert cli_main(["convert", "--to-hf", native, "--out", back]) == 0
+    original = safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+    converted = safetensors.numpy.load_file(os.path.join(back, "model.safetensors"))
+    assert original.keys() == converted.keys()
+    for name in original:
+        np.testing.assert_array_equal(original[name], converted[name], name)
+    written = json.loads(open(os.path.join(back, "config.json")).read())
+    assert (written["model_type"], written["num_hidden_groups"], written["inner_group_num"]) == ("albert", 2, 2)

@@ -94,5 +94,8 @@ class Refusals:
 
     def raise_if_any(self) -> None:
         if self.items:
-            raise ValueError(f"this EncoderConfig cannot be written as a Hugging Face {self.model_type} checkpoint: "
+            # A model directory written before EncoderConfig.family existed reads back as the default 'bert';
+            # saying which field picked the family points at the fix.
+            raise ValueError(f"this EncoderConfig cannot be written as a Hugging Face {self.model_type} checkpoint "
+                             f"(the family EncoderConfig.family={self.config.family!r} names): "
                              + "; ".join(self.items))
