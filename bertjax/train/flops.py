@@ -36,7 +36,8 @@ def forward_flops_per_token(config: EncoderConfig, seq_len: int) -> float:
         flops += 2 * config.embed_dim * h
     for layer in range(config.num_layers):
         scores_and_values = 2 * 2 * config.num_heads * d * attention_span(config, layer, seq_len)
-        flops += q_and_out + k_and_v + mlp + scores_and_values
+        # ALBERT's inner groups: each of the num_layers steps runs layers_per_group distinct layers.
+        flops += config.layers_per_group * (q_and_out + k_and_v + mlp + scores_and_values)
     return flops
 
 
