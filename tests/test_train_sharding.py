@@ -48,7 +48,7 @@ def test_parameters_and_optimizer_state_are_sharded_by_the_rules(results):
 def test_electra_step_matches_one_device():
     """Generator and discriminator trained jointly (sampling included) give the single-device losses."""
     results = run_script("electra")
-    for mesh, microbatches in (((2, 2, 2), 1), ((4, 2, 1), 2)):
+    for mesh, microbatches in (((2, 2, 2), 1), ((2, 2, 2), 2)):
         reference = results[((1, 1, 1), microbatches)]
         assert reference["losses"][0] > 1.0
         got = results[(mesh, microbatches)]

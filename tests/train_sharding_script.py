@@ -19,7 +19,7 @@ RUNS = {
     "mlm": [((1, 1, 1), 1, 1), ((8, 1, 1), 8, 1), ((2, 4, 1), 8, 1), ((2, 2, 2), 8, 1), ((1, 8, 1), 8, 1),
             ((2, 2, 2), 8, 2)],
     # Sampling keys depend on the microbatch, so microbatched runs are compared with one device's microbatched run.
-    "electra": [((1, 1, 1), 1, 1), ((2, 2, 2), 8, 1), ((1, 1, 1), 1, 2), ((4, 2, 1), 8, 2)],
+    "electra": [((1, 1, 1), 1, 1), ((2, 2, 2), 8, 1), ((1, 1, 1), 1, 2), ((2, 2, 2), 8, 2)],
 }
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 48}
 MODELS = {"mlm": ("modernbert-tiny", {**TINY, "local_window": 8}),
