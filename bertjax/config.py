@@ -222,10 +222,10 @@ def get_config(name: str, **overrides) -> EncoderConfig:
     return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
 
 
-_BERT = EncoderConfig(family="bert", vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
-                      dropout_rate=0.1)
-_ROBERTA = _BERT.replace(family="roberta", vocab_size=50265, max_position_embeddings=512, type_vocab_size=1, position_offset=2,
-                         norm_eps=1e-5, pad_token_id=1)
+_BERT = EncoderConfig(family="bert", vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12,
+                      intermediate_size=3072, dropout_rate=0.1)
+_ROBERTA = _BERT.replace(family="roberta", vocab_size=50265, max_position_embeddings=512, type_vocab_size=1,
+                         position_offset=2, norm_eps=1e-5, pad_token_id=1)
 _MODERNBERT = EncoderConfig(
     family="modernbert", vocab_size=50368, hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
     max_position_embeddings=8192, type_vocab_size=0, position_embedding="rope",
@@ -235,6 +235,13 @@ _MODERNBERT = EncoderConfig(
     global_attention_every=3, local_window=128, head_dense_bias=False, head_activation="gelu", pooler=False,
     pad_token_id=50283, dropout_rate=0.0)
 
+# ALBERT (published albert-*-v2 config.json values): E=128 factorised embedding, one layer shared by all steps
+# (num_hidden_groups=1, inner_group_num=1), gelu_new, no dropout in v2, SOP through EncoderForPreTraining.
+_ALBERT = _BERT.replace(family="albert", vocab_size=30000, embedding_size=128, num_layer_groups=1,
+                        activation="gelu_tanh", head_activation="gelu_tanh", dropout_rate=0.0)
+# DistilBERT (distilbert-base-uncased config.json): BERT-base halved in depth, no token types, no pooler.
+_DISTILBERT = _BERT.replace(family="distilbert", num_layers=6, type_vocab_size=0, pooler=False)
+
 register_preset("bert-base", _BERT)
 register_preset("bert-large", _BERT.replace(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096))
 register_preset("roberta-base", _ROBERTA.replace(max_position_embeddings=514))
@@ -243,6 +250,14 @@ register_preset("roberta-large", _ROBERTA.replace(max_position_embeddings=514, h
 register_preset("modernbert-base", _MODERNBERT)
 register_preset("modernbert-large", _MODERNBERT.replace(hidden_size=1024, num_layers=28, num_heads=16,
                                                         intermediate_size=2624))
+register_preset("albert-base-v2", _ALBERT)
+register_preset("albert-large-v2", _ALBERT.replace(hidden_size=1024, num_layers=24, num_heads=16,
+                                                  intermediate_size=4096))
+register_preset("albert-xlarge-v2", _ALBERT.replace(hidden_size=2048, num_layers=24, num_heads=16,
+                                                   intermediate_size=8192))
+register_preset("albert-xxlarge-v2", _ALBERT.replace(hidden_size=4096, num_layers=12, num_heads=64,
+                                                    intermediate_size=16384))
+register_preset("distilbert-base", _DISTILBERT)
 # Tiny presets for tests and CPU experiments: same knobs, small sizes.
 register_preset("bert-tiny", _BERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
                                            intermediate_size=64, max_position_embeddings=64, dropout_rate=0.0))
@@ -252,6 +267,11 @@ register_preset("roberta-tiny", _ROBERTA.replace(vocab_size=128, hidden_size=32,
 register_preset("modernbert-tiny", _MODERNBERT.replace(vocab_size=128, hidden_size=32, num_layers=3, num_heads=4,
                                                        intermediate_size=48, max_position_embeddings=256,
                                                        local_window=8, pad_token_id=0))
+register_preset("albert-tiny", _ALBERT.replace(vocab_size=128, embedding_size=16, hidden_size=32, num_layers=3,
+                                               num_heads=4, intermediate_size=64, max_position_embeddings=64))
+register_preset("distilbert-tiny", _DISTILBERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                                       intermediate_size=64, max_position_embeddings=64,
+                                                       dropout_rate=0.0))
 
 # ELECTRA (Clark et al. 2020): BERT's layers without a pooler, a factorised embedding in the generators (and in
 # electra-small), and the generator's MLM transform always the exact GELU. Generators share their discriminator's

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from bertjax.hf import bert, electra, eurobert, modernbert, roberta
+from bertjax.hf import albert, bert, distilbert, electra, eurobert, modernbert, roberta
 from bertjax.hf.family import HfFamily
 
 FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     bert.FAMILY,
     roberta.FAMILY,
     modernbert.FAMILY,
+    albert.FAMILY,
+    distilbert.FAMILY,
     electra.FAMILY,
     eurobert.FAMILY,
 )}
