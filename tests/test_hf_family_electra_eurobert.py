@@ -164,6 +164,9 @@ def test_electra_relative_positions_are_refused():
     ("eurobert-tiny", "masked_lm", {"mlm_head_transform": True}, "mlm_head_transform=True"),
     ("eurobert-tiny", "replaced_token_detection", {}, "no eurobert architecture"),
     ("bert-tiny", "replaced_token_detection", {}, "no bert architecture"),
+    ("bert-tiny", "masked_lm", {"attention_head_dim": 16}, "attention_head_dim=16"),
+    ("electra-tiny-generator", "masked_lm", {"mlm_head_transform": False, "tie_word_embeddings": False},
+     "mlm_head_transform=False"),
 ])
 def test_save_refuses_what_the_family_cannot_express(preset, head, overrides, match, tmp_path):
     model = bertjax.MODEL_CLASSES[head](bertjax.get_config(preset, **overrides))

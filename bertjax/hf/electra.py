@@ -30,7 +30,8 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     read.expect("add_cross_attention", (False,))
     read.expect("position_embedding_type", ("absolute",))  # older files carry it; relative kinds are refused
     return EncoderConfig(
-        family=MODEL_TYPE, vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),
+        family=MODEL_TYPE,
+        vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),
         num_heads=read("num_attention_heads"), intermediate_size=read("intermediate_size"),
         embedding_size=read("embedding_size"), max_position_embeddings=read("max_position_embeddings"),
         type_vocab_size=read("type_vocab_size"), position_embedding="learned", position_offset=0,
