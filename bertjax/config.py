@@ -285,6 +285,8 @@ def _electra(hidden: int, layers: int, heads: int, embedding: int) -> EncoderCon
 
 
 register_preset("electra-small-discriminator", _electra(256, 12, 4, 128))
+# The published small generator is as wide as its discriminator (its model card warns of this); the paper's recipe
+# trains small with a generator 1/4 as wide, which the ELECTRA objective derives from the discriminator.
 register_preset("electra-small-generator", _electra(256, 12, 4, 128))
 register_preset("electra-base-discriminator", _electra(768, 12, 12, 768))
 register_preset("electra-base-generator", _electra(256, 12, 4, 768))
@@ -306,6 +308,7 @@ _EUROBERT = EncoderConfig(
     activation="silu", mlp="glu", tie_word_embeddings=False, decoder_bias=False, mlm_head_transform=False,
     pooler=False, pad_token_id=128001, dropout_rate=0.0)
 
+# Non-embedding parameters: 113M, 460M, 1.81B; the untied LM head adds vocab_size * hidden_size again.
 register_preset("eurobert-210m", _EUROBERT)
 register_preset("eurobert-610m", _EUROBERT.replace(hidden_size=1152, num_layers=26, num_heads=18, num_kv_heads=6,
                                                    intermediate_size=4096))

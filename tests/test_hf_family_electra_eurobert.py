@@ -164,6 +164,9 @@ def test_electra_relative_positions_are_refused():
     ("eurobert-tiny", "masked_lm", {"mlm_head_transform": True}, "mlm_head_transform=True"),
     ("eurobert-tiny", "replaced_token_detection", {}, "no eurobert architecture"),
     ("bert-tiny", "replaced_token_detection", {}, "no bert architecture"),
+    ("bert-tiny", "masked_lm", {"attention_head_dim": 16}, "attention_head_dim=16"),
+    ("electra-tiny-generator", "masked_lm", {"mlm_head_transform": False, "tie_word_embeddings": False},
+     "mlm_head_transform=False"),
 ])
 def test_save_refuses_what_the_family_cannot_express(preset, head, overrides, match, tmp_path):
     model = bertjax.MODEL_CLASSES[head](bertjax.get_config(preset, **overrides))
@@ -186,3 +189,32 @@ def test_presets_export_as_their_family(preset, head, architecture, tmp_path):
     assert hf_model.config.model_type == bertjax.get_config(preset).family
     model_back, _ = bertjax.from_pretrained(str(tmp_path))
     assert model_back.config == bertjax.get_config(preset)
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "base", "large"])
+def test_electra_generator_and_discriminator_embeddings_have_one_shape(size):
+    """The ELECTRA objective shares word/position/type embeddings and their norm: the shapes must agree."""
+    generator = bertjax.EncoderForMaskedLM(bertjax.get_config(f"electra-{size}-generator"))
+    discriminator = bertjax.EncoderForReplacedTokenDetection(bertjax.get_config(f"electra-{size}-discriminator"))
+    shared = ("word_embeddings", "position_embeddings", "token_type_embeddings", "norm")
+    shapes = [{k: jax.tree_util.tree_map(lambda x: x.shape, v) for k, v in params["embeddings"].items() if k in shared}
+              for params in (expected_tree(generator), expected_tree(discriminator))]
+    assert shapes[0] == shapes[1] and set(shapes[0]) == set(shared)
+
+
+def expected_tree(model) -> dict:
+    from flax import traverse_util
+
+    from bertjax.hf.pretrained import expected_params
+    return traverse_util.unflatten_dict(expected_params(model))
+
+
+def test_head_dim_and_mlm_transform_knobs_are_validated():
+    base = bertjax.get_config("eurobert-tiny")
+    assert base.replace(attention_head_dim=12, hidden_size=30).head_dim == 12  # hidden need not divide by heads
+    with pytest.raises(ValueError, match="attention_head_dim"):
+        base.replace(attention_head_dim=0)
+    with pytest.raises(ValueError, match="num_heads"):
+        base.replace(hidden_size=30)
+    with pytest.raises(ValueError, match="mlm_head_transform"):
+        base.replace(tie_word_embeddings=True, embedding_size=16)

@@ -81,7 +81,8 @@ class Refusals:
         self.check(value in ACTIVATION_TO_HF, f"{field}={value!r} (no Hugging Face name)")
 
     def common(self, *, factorised_embedding: bool = False, layer_sharing: bool = False) -> None:
-        """Knobs most families lack: GQA, RMSNorm, and (unless the family has them) E != H and shared layers."""
+        """Knobs most families lack: GQA, RMSNorm, an explicit head width, an MLM head without its transform, and
+        (unless the family has them) E != H and shared layers."""
         cfg = self.config
         self.check(cfg.kv_heads == cfg.num_heads, f"num_kv_heads={cfg.num_kv_heads} (grouped-query attention)")
         if not factorised_embedding:
@@ -91,6 +92,10 @@ class Refusals:
             self.need(layers_per_group=1)
         self.need(norm="layernorm")
         self.exportable_activation("activation")
+        # Only EuroBERT's config has a head width of its own and an MLM head without the dense/norm transform.
+        self.check(cfg.attention_head_dim in (None, cfg.hidden_size // cfg.num_heads),
+                   f"attention_head_dim={cfg.attention_head_dim} (heads are hidden_size // num_heads wide)")
+        self.need(mlm_head_transform=True)
 
     def raise_if_any(self) -> None:
         if self.items:

@@ -30,7 +30,8 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     read.expect("add_cross_attention", (False,))
     read.expect("position_embedding_type", ("absolute",))  # older files carry it; relative kinds are refused
     return EncoderConfig(
-        family=MODEL_TYPE, vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),
+        family=MODEL_TYPE,
+        vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),
         num_heads=read("num_attention_heads"), intermediate_size=read("intermediate_size"),
         embedding_size=read("embedding_size"), max_position_embeddings=read("max_position_embeddings"),
         type_vocab_size=read("type_vocab_size"), position_embedding="learned", position_offset=0,
@@ -47,13 +48,11 @@ def to_hf_config(config: EncoderConfig, head: str) -> dict:
     cfg = config
     refuse = Refusals(cfg, MODEL_TYPE)
     refuse.common(factorised_embedding=True)
-    refuse.check(cfg.attention_head_dim in (None, cfg.hidden_size // cfg.num_heads),
-                 f"attention_head_dim={cfg.attention_head_dim} (ELECTRA heads are hidden_size // num_heads wide)")
     refuse.check(cfg.type_vocab_size >= 1, "type_vocab_size=0 (ELECTRA always has token types)")
     refuse.need(norm_bias=True, norm_placement="post", embedding_norm=True, final_norm=False,
                 position_embedding="learned", position_offset=0, attention_bias=True, mlp_bias=True, mlp="dense",
                 global_attention_every=1, pooler=False, head_dense_bias=True, decoder_bias=True,
-                head_activation="gelu", mlm_head_transform=True)
+                head_activation="gelu")
     refuse.raise_if_any()
     return {
         "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size, "embedding_size": cfg.embed_dim,

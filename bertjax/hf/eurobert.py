@@ -52,7 +52,8 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     theta = rope_theta(read, values)
     mlp_bias = read("mlp_bias")
     return EncoderConfig(
-        family=MODEL_TYPE, vocab_size=read("vocab_size"), hidden_size=hidden, num_layers=read("num_hidden_layers"), num_heads=heads,
+        family=MODEL_TYPE,
+        vocab_size=read("vocab_size"), hidden_size=hidden, num_layers=read("num_hidden_layers"), num_heads=heads,
         num_kv_heads=kv_heads if kv_heads not in (None, heads) else None, intermediate_size=read("intermediate_size"),
         # GQA and the head width are stored only where they differ from the defaults, so equal configs compare equal.
         attention_head_dim=head_dim if head_dim not in (None, hidden // heads) else None,

@@ -42,7 +42,10 @@ def forward_flops_per_token(config: EncoderConfig, seq_len: int) -> float:
 
 
 def forward_flops_per_prediction(config: EncoderConfig) -> float:
-    """MLM head for one masked position: transform dense, then the vocabulary projection."""
+    """MLM head for one masked position: transform dense (absent in EuroBERT's one-matrix head), then the
+    vocabulary projection."""
+    if not config.mlm_head_transform:
+        return 2 * config.hidden_size * config.vocab_size
     return 2 * config.hidden_size * config.embed_dim + 2 * config.embed_dim * config.vocab_size
 
 
