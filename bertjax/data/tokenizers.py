@@ -4,6 +4,8 @@ Every tokenizer gives the pipeline what it needs and nothing more:
 - `encode(text)` / `encode_batch(texts)`: token ids as int32 numpy arrays, *without* special tokens (the pipeline
   adds `[CLS]`/`[SEP]` itself when it lays out rows);
 - `decode(ids)`;
+- `encode_with_offsets(text)`: the ids and, per token, the [start, end) character span of `text` it covers
+  (extractive question answering maps answers to tokens and back through these);
 - the special ids `cls_id sep_id mask_id pad_id unk_id`, and `special_ids` (every id that must never be masked
   nor drawn as a random replacement);
 - `word_start` (bool per vocabulary id): whether a token begins a word, for whole-word and span masking;
@@ -59,6 +61,10 @@ class Tokenizer(abc.ABC):
 
     @abc.abstractmethod
     def decode(self, ids: Sequence[int] | np.ndarray) -> str: ...
+
+    @abc.abstractmethod
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids as `encode` gives them, int32 [tokens, 2] character spans [start, end) of `text`)."""
 
     @abc.abstractmethod
     def _files(self) -> dict[str, bytes]:
@@ -123,6 +129,18 @@ class Tokenizer(abc.ABC):
         self._word_start = word_start
 
 
+def _trim_spans(text: str, spans) -> np.ndarray:
+    """int32 [tokens, 2] character spans without the whitespace a word-initial piece carries (an answer span
+    starts at its first visible character)."""
+    out = np.zeros((len(spans), 2), np.int32)
+    for i, (start, end) in enumerate(spans):
+        start, end = int(start), int(end)
+        while start < end and text[start].isspace():
+            start += 1
+        out[i] = start, end
+    return out
+
+
 def _find_specials(lookup: Callable[[str], int | None], source: str) -> SpecialIds:
     found = {}
     for role, names in SPECIAL_TOKEN_NAMES.items():
@@ -179,6 +197,15 @@ class SentencePieceTokenizer(Tokenizer):
     def decode(self, ids) -> str:
         return self._sp.decode([int(i) for i in ids])
 
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        # SentencePiece reports byte offsets into the UTF-8 input (byte-fallback pieces of one character share
+        # them); map them onto character offsets.
+        pieces = self._sp.EncodeAsProto(text).pieces
+        byte_lengths = [len(c.encode("utf-8")) for c in text]
+        char_of_byte = np.append(np.repeat(np.arange(len(text)), byte_lengths), len(text))
+        spans = [(char_of_byte[p.begin], char_of_byte[p.end]) for p in pieces]
+        return np.asarray([p.id for p in pieces], np.int32), _trim_spans(text, spans)
+
     def _files(self) -> dict[str, bytes]:
         return {self.FILE_NAME: self._proto}
 
@@ -230,6 +257,10 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return np.asarray(encoding.ids, np.int32), _trim_spans(text, encoding.offsets)
 
     def _files(self) -> dict[str, bytes]:
         return {self.FILE_NAME: self._json.encode("utf-8")}
