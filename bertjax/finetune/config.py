@@ -1,0 +1,143 @@
+"""The typed run config of `bertjax finetune`: frozen dataclasses per section, parsed by the same machinery as
+pretraining's (bertjax.train.run_config: unknown keys, wrong types and impossible values name the dotted key).
+
+    task:       {num_labels: null, problem_type: null}   (null: from the training labels)
+    train:      {epochs: 3, batch_size: 32, learning_rate: 2.0e-5, weight_decay: 0.01, warmup_ratio: 0.1, seed: 0}
+    data:       {max_length: 128, packing: false, truncation: true, doc_stride: 128, text_column: text, ...}
+    eval:       {every: 0, batch_size: 64}   (every 0: at the end of each epoch)
+    checkpoint: {every: 1000, keep: 3, ...}  (as pretraining's; a checkpoint is also written at every evaluation)
+    mesh:       {data: -1, fsdp: 1, tensor: 1}
+
+The defaults are BERT's and RoBERTa's fine-tuning settings (AdamW, linear warmup over 10% then linear decay,
+weight decay 0.01, 3 epochs, batch 32); each task's preset (configs/finetune/) adjusts what its papers do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal, Mapping
+
+import yaml
+
+from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, parse_dataclass,
+                                      to_dict)
+
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    num_labels: int | None = None  # None: the number of distinct training labels (1 for numeric labels)
+    problem_type: Literal["single_label_classification", "multi_label_classification", "regression"] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneTrainConfig:
+    epochs: int = 3
+    batch_size: int = 32  # examples per optimizer update (multiple choice: questions, each with all its choices)
+    learning_rate: float = 2e-5  # the peak; linear warmup then linear decay to 0
+    weight_decay: float = 0.01  # not on biases and norms
+    warmup_ratio: float = 0.1  # share of the updates spent warming up
+    max_grad_norm: float | None = 1.0  # global-norm clipping, as transformers' Trainer
+    seed: int = 0  # head initialisation, shuffling, dropout
+    log_every: int = 10  # steps between training-loss points in TensorBoard
+    progress_bar: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneDataConfig:
+    max_length: int = 128  # tokens per example, [CLS] and [SEP] included
+    packing: bool = False  # several short examples per row (sequence classification; one prediction each)
+    truncation: bool = True  # false: an example longer than max_length is an error instead of being cut
+    doc_stride: int = 128  # question answering: tokens shared by consecutive windows of a long context
+    max_answer_length: int = 30  # question answering: longest answer span predicted, in tokens
+    n_best: int = 20  # question answering: start and end candidates considered per window
+    text_column: str = "text"
+    text_pair_column: str = "text_pair"  # used when the file has it
+    label_column: str = "label"
+    tokens_column: str = "tokens"
+    tags_column: str = "tags"
+    question_column: str = "question"
+    context_column: str = "context"
+    answers_column: str = "answers"
+    id_column: str = "id"  # question answering: an identifier per question, when the file has one
+    choices_column: str = "choices"
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneEvalConfig:
+    every: int = 0  # steps between evaluations on the validation file; 0: at the end of each epoch
+    batch_size: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    train: FinetuneTrainConfig = dataclasses.field(default_factory=FinetuneTrainConfig)
+    data: FinetuneDataConfig = dataclasses.field(default_factory=FinetuneDataConfig)
+    eval: FinetuneEvalConfig = dataclasses.field(default_factory=FinetuneEvalConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def load_finetune_config(path: str | Path | None, overrides: list[str] = (),
+                         defaults: Mapping | None = None) -> FinetuneConfig:
+    """`defaults` (a task's own), then the YAML file at `path` (optional), then `key=value` overrides."""
+    raw: dict = {}
+    for section, values in (defaults or {}).items():
+        raw[section] = dict(values)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"run config {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        if not isinstance(loaded, (dict, type(None))):
+            raise ConfigError(f"{path}: the run config must be a mapping of sections, got {type(loaded).__name__}")
+        for section, values in (loaded or {}).items():
+            if isinstance(values, dict) and isinstance(raw.get(section), dict):
+                raw[section].update(values)
+            else:
+                raw[section] = values
+    for override in overrides:
+        apply_override(raw, override)
+    return parse_dataclass(FinetuneConfig, raw, "")
+
+
+def save_finetune_config(config: FinetuneConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _validate(config: FinetuneConfig) -> None:
+    positive = {"train.epochs": config.train.epochs, "train.batch_size": config.train.batch_size,
+                "train.learning_rate": config.train.learning_rate, "train.log_every": config.train.log_every,
+                "data.max_length": config.data.max_length, "data.doc_stride": config.data.doc_stride,
+                "data.max_answer_length": config.data.max_answer_length, "data.n_best": config.data.n_best,
+                "eval.batch_size": config.eval.batch_size, "checkpoint.every": config.checkpoint.every,
+                "checkpoint.keep": config.checkpoint.keep}
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}")
+    if config.data.max_length < 4:
+        raise ConfigError(f"data.max_length must be at least 4 ([CLS], [SEP] and room for text), got "
+                          f"{config.data.max_length}")
+    if config.data.doc_stride >= config.data.max_length:
+        raise ConfigError(f"data.doc_stride ({config.data.doc_stride}) must be smaller than data.max_length "
+                          f"({config.data.max_length}): it is how many tokens consecutive windows share")
+    if not 0.0 <= config.train.warmup_ratio <= 1.0:
+        raise ConfigError(f"train.warmup_ratio must be in [0, 1], got {config.train.warmup_ratio}")
+    if config.train.weight_decay < 0:
+        raise ConfigError(f"train.weight_decay must be >= 0, got {config.train.weight_decay}")
+    if config.eval.every < 0:
+        raise ConfigError(f"eval.every must be >= 0 (0: at the end of each epoch), got {config.eval.every}")
+    if config.task.num_labels is not None and config.task.num_labels <= 0:
+        raise ConfigError(f"task.num_labels must be positive, got {config.task.num_labels}")
+    if config.task.problem_type == "regression" and config.task.num_labels not in (None, 1):
+        raise ConfigError(f"task.problem_type regression predicts one number: task.num_labels must be 1, got "
+                          f"{config.task.num_labels}")

@@ -1,0 +1,112 @@
+"""Examples -> fixed-length rows of token ids: `[CLS] first [SEP] (second [SEP])`, padded to data.max_length.
+
+Every row has the same length so that one compiled step serves every batch. `segment_ids` is 1 on real tokens
+and 0 on padding (the models' attention mask); `token_type_ids` is 0 on the first text and 1 on the second.
+A row that does not fit is cut longest-text-first (as transformers' default truncation), or, with
+data.truncation=false, is an error that names the example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+IGNORE = -100  # label of a position that the loss and the metrics skip (as transformers)
+
+
+def fit_pair(first: list[int], second: list[int] | None, max_length: int, truncation: bool,
+             what: str) -> tuple[list[int], list[int] | None]:
+    """Cut `first`/`second` to fit with their special tokens, always from the longer one."""
+    specials = 2 if second is None else 3
+    room = max_length - specials
+    total = len(first) + (len(second) if second is not None else 0)
+    if total <= room:
+        return first, second
+    if not truncation:
+        raise ValueError(f"{what} is {total + specials} tokens, longer than data.max_length={max_length}; raise "
+                         "data.max_length or allow cutting with data.truncation=true")
+    first, second = list(first), None if second is None else list(second)
+    while len(first) + (len(second) if second is not None else 0) > room:
+        if second is not None and len(second) >= len(first):
+            second.pop()
+        else:
+            first.pop()
+    return first, second
+
+
+def layout(tokenizer, first: Sequence[int], second: Sequence[int] | None, max_length: int) -> dict[str, np.ndarray]:
+    """One padded row (input_ids, segment_ids, token_type_ids); the texts must already fit."""
+    ids = [tokenizer.cls_id, *first, tokenizer.sep_id]
+    types = [0] * len(ids)
+    if second is not None:
+        ids += [*second, tokenizer.sep_id]
+        types += [1] * (len(second) + 1)
+    if len(ids) > max_length:
+        raise ValueError(f"internal: a row of {len(ids)} tokens for max_length {max_length}")
+    row = {"input_ids": np.full(max_length, tokenizer.pad_id, np.int32),
+           "segment_ids": np.zeros(max_length, np.int32), "token_type_ids": np.zeros(max_length, np.int32)}
+    row["input_ids"][:len(ids)] = ids
+    row["segment_ids"][:len(ids)] = 1
+    row["token_type_ids"][:len(ids)] = types
+    return row
+
+
+def encode_texts(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, truncation: bool,
+                 source: str) -> dict[str, np.ndarray]:
+    """Rows for texts (and their pairs): arrays [examples, max_length]."""
+    firsts = tokenizer.encode_batch(list(texts))
+    seconds = tokenizer.encode_batch(list(pairs)) if pairs is not None else [None] * len(firsts)
+    rows = []
+    for i, (first, second) in enumerate(zip(firsts, seconds)):
+        first, second = fit_pair([int(t) for t in first], None if second is None else [int(t) for t in second],
+                                 max_length, truncation, f"{source}, example {i + 1}")
+        rows.append(layout(tokenizer, first, second, max_length))
+    return stack(rows)
+
+
+def stack(rows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+
+
+def encode_words(tokenizer, words: Sequence[str], max_length: int, truncation: bool,
+                 what: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """One row for a sentence given as words, and `word_of_token` [max_length]: the index of the word whose
+    first sub-token sits at each position, -1 elsewhere (later sub-tokens, specials, padding).
+
+    Each word is tokenised on its own, so a word's pieces never merge with a neighbour's and a label belongs to
+    exactly one first piece (transformers' `is_split_into_words` does the same). A word with no piece (only
+    whitespace) has no position; the words cut by truncation have none either, and the predictions say "O".
+    """
+    pieces = tokenizer.encode_batch(list(words)) if len(words) else []
+    total = sum(len(p) for p in pieces)
+    if total + 2 > max_length and not truncation:
+        raise ValueError(f"{what} is {total + 2} tokens, longer than data.max_length={max_length}; raise "
+                         "data.max_length or allow cutting with data.truncation=true")
+    ids: list[int] = []
+    word_of_token = np.full(max_length, -1, np.int32)
+    for index, word_pieces in enumerate(pieces):
+        if len(word_pieces) == 0:
+            continue
+        if len(ids) + len(word_pieces) > max_length - 2:
+            break  # a word is kept whole or not at all
+        word_of_token[1 + len(ids)] = index
+        ids.extend(int(t) for t in word_pieces)
+    return layout(tokenizer, ids, None, max_length), word_of_token
+
+
+def word_labels_to_tokens(word_of_token: np.ndarray, word_labels: Sequence[int]) -> np.ndarray:
+    """Token labels: each word's label on its first sub-token, IGNORE everywhere else."""
+    labels = np.full(word_of_token.shape, IGNORE, np.int32)
+    first = word_of_token >= 0
+    labels[first] = np.asarray(word_labels, np.int32)[word_of_token[first]]
+    return labels
+
+
+def token_predictions_to_words(word_of_token: np.ndarray, token_predictions: np.ndarray, num_words: int,
+                               default: int) -> np.ndarray:
+    """Per word, the prediction at its first sub-token; `default` for words without a position."""
+    out = np.full(num_words, default, np.int64)
+    first = word_of_token >= 0
+    out[word_of_token[first]] = np.asarray(token_predictions)[first]
+    return out

@@ -1,0 +1,127 @@
+"""Extractive question answering: contexts cut into overlapping windows, answers mapped to token spans through
+character offsets, and start/end logits mapped back to answer text.
+
+A row is `[CLS] question [SEP] context-window [SEP]`. A context longer than the room left by the question is
+split into windows that share `doc_stride` tokens, so an answer cut by one window's edge lies whole in the next.
+A window that does not hold the whole answer (and an unanswerable question, SQuAD v2) is labelled with the
+[CLS] position, 0, as BERT does. Prediction takes, per question, the best-scoring valid span (start <= end,
+at most max_answer_length tokens, inside the context) over all its windows; with unanswerable questions allowed,
+the empty answer wins when the [CLS] score beats every span.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertjax.finetune.encoding import layout
+
+NO_OFFSET = -1  # offset of a row position outside the context (question, specials, padding)
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    text: str
+    start: int  # character offset in the context
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+    """The rows of one question: arrays [windows, max_length]."""
+
+    input_ids: np.ndarray
+    segment_ids: np.ndarray
+    token_type_ids: np.ndarray
+    offsets: np.ndarray  # [windows, max_length, 2] character span in the context, NO_OFFSET outside it
+    start_positions: np.ndarray  # [windows] row position of the answer's first token, 0 ([CLS]) when absent
+    end_positions: np.ndarray
+
+
+def answer_in_context(context: str, answer: Answer) -> bool:
+    return bool(answer.text) and context[answer.start:answer.start + len(answer.text)] == answer.text
+
+
+def window_starts(length: int, room: int, stride: int) -> list[int]:
+    """First context token of each window: windows of `room` tokens, consecutive ones sharing `stride`."""
+    step = max(1, room - stride)
+    starts = [0]
+    while starts[-1] + room < length:
+        starts.append(starts[-1] + step)
+    return starts
+
+
+def make_windows(tokenizer, question: str, context: str, answer: Answer | None, *, max_length: int,
+                 doc_stride: int, truncation: bool = True, what: str = "question") -> Windows:
+    """Rows for one question. `answer` None: unanswerable (or unknown, at prediction time)."""
+    question_ids = [int(t) for t in tokenizer.encode(question)]
+    max_question = max_length // 2  # leave the context at least half of each row
+    if len(question_ids) > max_question:
+        if not truncation:
+            raise ValueError(f"{what}: the question is {len(question_ids)} tokens, more than half of "
+                             f"data.max_length={max_length}; raise data.max_length or set data.truncation=true")
+        question_ids = question_ids[:max_question]
+    context_ids, context_offsets = tokenizer.encode_with_offsets(context)
+    room = max_length - len(question_ids) - 3
+    stride = min(doc_stride, room - 1)
+    span = None
+    if answer is not None:
+        end_char = answer.start + len(answer.text)
+        inside = np.nonzero((context_offsets[:, 0] < end_char) & (context_offsets[:, 1] > answer.start))[0]
+        span = (int(inside[0]), int(inside[-1])) if inside.size else None
+    rows, offsets, starts, ends = [], [], [], []
+    first_context = len(question_ids) + 2  # row position of the window's first context token
+    for begin in window_starts(len(context_ids), room, stride):
+        window = [int(t) for t in context_ids[begin:begin + room]]
+        rows.append(layout(tokenizer, question_ids, window, max_length))
+        row_offsets = np.full((max_length, 2), NO_OFFSET, np.int32)
+        row_offsets[first_context:first_context + len(window)] = context_offsets[begin:begin + len(window)]
+        offsets.append(row_offsets)
+        if span is not None and span[0] >= begin and span[1] < begin + len(window):
+            starts.append(first_context + span[0] - begin)
+            ends.append(first_context + span[1] - begin)
+        else:
+            starts.append(0)
+            ends.append(0)
+    return Windows(input_ids=np.stack([r["input_ids"] for r in rows]),
+                   segment_ids=np.stack([r["segment_ids"] for r in rows]),
+                   token_type_ids=np.stack([r["token_type_ids"] for r in rows]),
+                   offsets=np.stack(offsets), start_positions=np.asarray(starts, np.int32),
+                   end_positions=np.asarray(ends, np.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanPrediction:
+    text: str
+    start: int  # character offsets in the context; -1 for no answer
+    end: int
+    score: float  # start logit + end logit (the [CLS] score for no answer)
+
+
+def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, context: str, *,
+              n_best: int, max_answer_length: int, allow_empty: bool) -> SpanPrediction:
+    """The answer of one question from the logits of its windows ([windows, max_length] each)."""
+    best = SpanPrediction("", -1, -1, -np.inf)
+    null_score = np.inf
+    for starts, ends, window_offsets in zip(np.asarray(start_logits), np.asarray(end_logits), np.asarray(offsets)):
+        # The [CLS] score of the window that most believes in an answer, as transformers' run_qa takes it.
+        null_score = min(null_score, float(starts[0] + ends[0]))
+        valid = window_offsets[:, 0] != NO_OFFSET
+        candidates_start = [i for i in np.argsort(-starts, kind="stable")[:n_best] if valid[i]]
+        candidates_end = [j for j in np.argsort(-ends, kind="stable")[:n_best] if valid[j]]
+        for i in candidates_start:
+            for j in candidates_end:
+                if j < i or j - i + 1 > max_answer_length:
+                    continue
+                score = float(starts[i] + ends[j])
+                if score > best.score:
+                    begin, finish = int(window_offsets[i, 0]), int(window_offsets[j, 1])
+                    best = SpanPrediction(context[begin:finish], begin, finish, score)
+    if allow_empty and (best.start < 0 or null_score > best.score):
+        return SpanPrediction("", -1, -1, null_score)
+    return best
+
+
+def gold_texts(answers: Sequence[Answer]) -> list[str]:
+    return [a.text for a in answers]

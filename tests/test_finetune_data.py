@@ -1,0 +1,149 @@
+"""Fine-tuning data: file readers and their errors, row layout and truncation, token-label alignment, QA windows
+with answers across window boundaries and unanswerable questions, and span postprocessing."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertjax.data.tokenizers import WordPieceTokenizer
+from bertjax.finetune import encoding, qa, readers
+
+WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "who", "what", "where", "did", "paris",
+         "is", "in", "france", "big", "red", "house", ",", ".", "?"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + ["##s", "##ing"]
+    return WordPieceTokenizer("\n".join(vocab))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Readers.
+
+def test_each_format_reads_the_same_rows(tmp_path):
+    rows = [{"text": "a, b", "label": "x"}, {"text": "c", "label": "y"}]
+    (tmp_path / "d.csv").write_text('text,label\n"a, b",x\nc,y\n')
+    (tmp_path / "d.tsv").write_text("text\tlabel\na, b\tx\nc\ty\n")
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    for suffix in ("csv", "tsv", "jsonl", "parquet"):
+        assert readers.read_rows(tmp_path / f"d.{suffix}") == rows, suffix
+
+
+def test_reader_errors(tmp_path):
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        readers.read_rows(tmp_path / "empty.csv")
+    (tmp_path / "header.csv").write_text("text,label\n")
+    with pytest.raises(ValueError, match="no examples"):
+        readers.read_rows(tmp_path / "header.csv")
+    (tmp_path / "latin.csv").write_bytes("text,label\ncaf\xe9,x\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8"):
+        readers.read_rows(tmp_path / "latin.csv")
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": \n')
+    with pytest.raises(ValueError, match="line 2"):
+        readers.read_rows(tmp_path / "bad.jsonl")
+    (tmp_path / "d.xlsx").write_text("x")
+    with pytest.raises(ValueError, match="unknown data format"):
+        readers.read_rows(tmp_path / "d.xlsx")
+    with pytest.raises(ValueError, match=r"no column 'sentence'.*data.text_column=NAME"):
+        readers.require_columns([{"text": "a"}], "f.csv", {"data.text_column": "sentence"})
+
+
+def test_list_and_mapping_cells():
+    assert readers.as_list('["New York", "is"]', "tokens") == ["New York", "is"]
+    assert readers.as_list("B-LOC O", "tags") == ["B-LOC", "O"]
+    assert readers.as_mapping('{"text": ["a"], "answer_start": [0]}', "answers") == {"text": ["a"],
+                                                                                     "answer_start": [0]}
+    with pytest.raises(ValueError, match="expected an object"):
+        readers.as_mapping(3, "answers")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layout and truncation.
+
+def test_pair_layout_and_truncation(tok):
+    rows = encoding.encode_texts(tok, ["the cat sat"], ["the dog ran far away"], 10, True, "train.csv")
+    ids = rows["input_ids"][0]
+    # room 7: the longer second text loses tokens first: 3 + 4
+    words = [tok.decode([t]) for t in ids[rows["segment_ids"][0] == 1]]
+    assert words == ["[CLS]", "the", "cat", "sat", "[SEP]", "the", "dog", "ran", "far", "[SEP]"]
+    assert ids[0] == tok.cls_id and list(rows["token_type_ids"][0]) == [0] * 5 + [1] * 5
+    with pytest.raises(ValueError, match=r"train.csv, example 1 is 11 tokens.*data.truncation=true"):
+        encoding.encode_texts(tok, ["the cat sat"], ["the dog ran far away"], 10, False, "train.csv")
+
+
+def test_token_label_alignment_first_subtoken(tok):
+    words = ["cats", "sat", "on", "mats"]  # cats -> cat ##s, mats -> mat ##s
+    row, word_of_token = encoding.encode_words(tok, words, 12, True, "sentence 1")
+    labels = encoding.word_labels_to_tokens(word_of_token, [1, 0, 0, 2])
+    ids = row["input_ids"]
+    assert list(labels[:8]) == [-100, 1, -100, 0, 0, 2, -100, -100]
+    assert tok.decode(ids[1:3]) == "cats"
+    words_back = encoding.token_predictions_to_words(word_of_token, labels, 4, default=0)
+    assert list(words_back) == [1, 0, 0, 2]
+    # Truncation keeps whole words; the cut ones get the default.
+    row, word_of_token = encoding.encode_words(tok, words, 6, True, "sentence 1")
+    assert list(encoding.token_predictions_to_words(word_of_token, np.arange(6), 4, default=-1)) == [1, 3, 4, -1]
+    with pytest.raises(ValueError, match="data.max_length=6"):
+        encoding.encode_words(tok, words, 6, False, "sentence 1")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Question answering.
+
+CONTEXT = "the cat sat on the mat , the dog ran far away , paris is in france ."
+
+
+def test_offsets_cover_the_words(tok):
+    ids, offsets = tok.encode_with_offsets("The cats sat.")
+    assert ["The cats sat."[a:b] for a, b in offsets] == ["The", "cat", "s", "sat", "."]
+
+
+def test_windows_answer_across_boundary(tok):
+    answer = qa.Answer("paris is in france", CONTEXT.index("paris"))
+    # question "where is paris ?" = 4 tokens; max_length 16 -> room 9 context tokens, stride 4 -> step 5
+    windows = qa.make_windows(tok, "where is paris ?", CONTEXT, answer, max_length=16, doc_stride=4)
+    n_context = len(tok.encode(CONTEXT))
+    assert n_context == 18
+    assert len(windows.input_ids) == len(qa.window_starts(18, 9, 4)) == 3  # starts 0, 5, 10
+    # answer tokens 13..16: not in window 0 (0-8), cut by window 1's edge (5-13), whole in window 2 (10-17)
+    assert list(windows.start_positions[:2]) == [0, 0] and list(windows.end_positions[:2]) == [0, 0]
+    start, end = windows.start_positions[2], windows.end_positions[2]
+    span = windows.offsets[2, start, 0], windows.offsets[2, end, 1]
+    assert CONTEXT[span[0]:span[1]] == "paris is in france"
+    assert tok.decode(windows.input_ids[2, start:end + 1]) == "paris is in france"
+    # every window starts with the question
+    assert all(list(row[1:5]) == list(tok.encode("where is paris ?")) for row in windows.input_ids)
+
+
+def test_unanswerable_and_answer_not_in_context(tok):
+    windows = qa.make_windows(tok, "who ran ?", CONTEXT, None, max_length=32, doc_stride=8)
+    assert list(windows.start_positions) == [0] and list(windows.end_positions) == [0]
+    assert qa.answer_in_context(CONTEXT, qa.Answer("dog", CONTEXT.index("dog")))
+    assert not qa.answer_in_context(CONTEXT, qa.Answer("dog", 0))
+
+
+def test_best_span_over_windows_and_empty_answer(tok):
+    answer = qa.Answer("the dog", CONTEXT.index("the dog"))
+    windows = qa.make_windows(tok, "who ran ?", CONTEXT, answer, max_length=16, doc_stride=4)
+    shape = windows.input_ids.shape
+    starts, ends = np.zeros(shape), np.zeros(shape)
+    w = int(np.argmax(windows.start_positions > 0))
+    starts[w, windows.start_positions[w]] = 5.0
+    ends[w, windows.end_positions[w]] = 5.0
+    ends[w, windows.start_positions[w] - 1] = 9.0  # an end before the start is never chosen
+    ends[w, 1] = 20.0  # a question token is never part of an answer
+    found = qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30, allow_empty=False)
+    assert found.text == "the dog"
+    short = qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=1, allow_empty=False)
+    assert short.text == ","  # one token: the end logit 9 on "," (start 0) beats "the" (5 + 0) and "dog" (0 + 5)
+    starts[:, 0] = ends[:, 0] = 6.0  # [CLS] score 12 > 10: no answer, when allowed
+    assert qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30,
+                        allow_empty=True).text == ""
+    assert qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30,
+                        allow_empty=False).text == "the dog"

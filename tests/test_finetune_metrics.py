@@ -1,0 +1,72 @@
+"""Fine-tuning metrics against hand-computed values and, where installed, scipy as the independent reference."""
+
+import numpy as np
+import pytest
+
+from bertjax.finetune import metrics as m
+
+
+def test_classification_by_hand():
+    labels = [0, 0, 1, 1, 2, 2]
+    preds = [0, 1, 1, 1, 2, 0]
+    assert m.accuracy(preds, labels) == pytest.approx(4 / 6)
+    # class 0: tp 1 fp 1 fn 1 -> 0.5; class 1: tp 2 fp 1 fn 0 -> 0.8; class 2: tp 1 fp 0 fn 1 -> 2/3
+    assert m.f1_macro(preds, labels) == pytest.approx((0.5 + 0.8 + 2 / 3) / 3)
+    # binary MCC = (tp*tn - fp*fn) / sqrt(...) with tp=2 tn=1 fp=1 fn=1 (positive class 1)
+    binary_labels, binary_preds = [1, 1, 1, 0, 0], [1, 1, 0, 1, 0]
+    expected = (2 * 1 - 1 * 1) / np.sqrt(3 * 3 * 2 * 2)
+    assert m.mcc(binary_preds, binary_labels) == pytest.approx(expected)
+
+
+def test_mcc_multiclass_and_degenerate():
+    labels = [0, 1, 2, 0, 1, 2, 0]
+    assert m.mcc(labels, labels) == pytest.approx(1.0)
+    assert m.mcc([0] * 7, labels) == 0.0  # one predicted class: undefined, reported 0 (as scikit-learn)
+    # Multi-class formula by hand on a 3x3 confusion matrix.
+    preds = [0, 2, 2, 0, 1, 1, 1]
+    c = np.zeros((3, 3))
+    for t, p in zip(labels, preds):
+        c[t, p] += 1
+    t_k, p_k, s = c.sum(1), c.sum(0), c.sum()
+    expected = (np.trace(c) * s - t_k @ p_k) / np.sqrt((s ** 2 - p_k @ p_k) * (s ** 2 - t_k @ t_k))
+    assert m.mcc(preds, labels) == pytest.approx(expected)
+
+
+def test_regression_against_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=50)
+    y = x + rng.normal(size=50)
+    y[:5] = y[5]  # ties for spearman
+    assert m.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-12)
+    assert m.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-12)
+    assert m.mse([1.0, 2.0], [0.0, 4.0]) == pytest.approx(2.5)
+    assert m.pearson([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_entities_seqeval_chunking():
+    tags = ["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-LOC", "I-ORG", "B-MISC"]
+    assert m.entities(tags) == [("PER", 0, 1), ("LOC", 3, 4), ("LOC", 5, 5), ("ORG", 6, 6), ("MISC", 7, 7)]
+    assert m.entities(["O", "O"]) == []
+    assert m.entities(["B-X", "B-X", "I-X"]) == [("X", 0, 0), ("X", 1, 2)]
+
+
+def test_entity_scores_by_hand():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    pred = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "B-LOC"]]
+    scores = m.entity_scores(pred, gold)
+    # gold entities 3, predicted 4, correct 2 (PER 0-1, ORG 0-0)
+    assert scores["precision"] == pytest.approx(2 / 4)
+    assert scores["recall"] == pytest.approx(2 / 3)
+    assert scores["f1"] == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
+
+
+def test_squad_normalisation_and_scores():
+    assert m.normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
+    assert m.normalize_answer("an apple and a pear") == "apple and pear"
+    scores = m.squad_scores(["the Eiffel Tower", "in Paris France", ""],
+                            [["Eiffel Tower", "tower"], ["Paris"], []])
+    # q1: exact; q2: f1 = 2*(1/3)*1/(1/3+1) = 0.5; q3: unanswerable, empty prediction right
+    assert scores["exact_match"] == pytest.approx(100 * 2 / 3)
+    assert scores["f1"] == pytest.approx(100 * (1 + 0.5 + 1) / 3)
+    assert m.squad_scores(["x"], [[]])["f1"] == 0.0
