@@ -1,0 +1,51 @@
+"""Packing for sequence classification: several short examples in one row, each its own segment.
+
+Padding a batch of short sentences to data.max_length wastes most of every row; packing fills rows with whole
+examples (segment ids 1, 2, ...; attention never crosses segments, positions restart at each) and the model pools
+one prediction per segment (`max_segments`). Examples are placed in file order, each in the first row with room,
+so a packing is a pure function of the data: the same rows every epoch and after a resume.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_SEGMENTS = 32  # examples per row at most: bounds the [rows, K, labels] logits of a row of tiny examples
+
+
+def pack_rows(arrays: dict[str, np.ndarray], pad_id: int) -> dict[str, np.ndarray]:
+    """Unpacked rows (`segment_ids` 1 on tokens, 0 on padding; optional `labels` [examples]) -> packed rows with
+    `labels`/`slot_weight`/`slot_example` [rows, K]: slot k of a row holds its segment k + 1."""
+    lengths = (arrays["segment_ids"] > 0).sum(1)
+    max_length = arrays["input_ids"].shape[1]
+    rows: list[list[int]] = []  # example indices per packed row
+    room: list[int] = []
+    for example, length in enumerate(lengths):
+        target = next((r for r, free in enumerate(room) if free >= length and len(rows[r]) < MAX_SEGMENTS), None)
+        if target is None:
+            rows.append([])
+            room.append(max_length)
+            target = len(rows) - 1
+        rows[target].append(example)
+        room[target] -= int(length)
+    slots = max(len(r) for r in rows)
+    out = {"input_ids": np.full((len(rows), max_length), pad_id, np.int32),
+           "segment_ids": np.zeros((len(rows), max_length), np.int32),
+           "token_type_ids": np.zeros((len(rows), max_length), np.int32),
+           "slot_weight": np.zeros((len(rows), slots), np.float32),
+           "slot_example": np.full((len(rows), slots), -1, np.int32)}
+    if "labels" in arrays:
+        out["labels"] = np.zeros((len(rows), slots), arrays["labels"].dtype)
+    for r, examples in enumerate(rows):
+        cursor = 0
+        for k, example in enumerate(examples):
+            length = int(lengths[example])
+            for key in ("input_ids", "token_type_ids"):
+                out[key][r, cursor:cursor + length] = arrays[key][example, :length]
+            out["segment_ids"][r, cursor:cursor + length] = k + 1
+            out["slot_weight"][r, k] = 1.0
+            out["slot_example"][r, k] = example
+            if "labels" in arrays:
+                out["labels"][r, k] = arrays["labels"][example]
+            cursor += length
+    return out

@@ -1,0 +1,157 @@
+"""What a fine-tuning task is: the interface the trainer and `bertjax predict` use.
+
+A task owns everything that differs between classification, token classification, question answering and
+multiple choice: the columns it reads, how labels become ids (and the label names the model keeps), how rows
+become fixed-shape arrays, the loss, the metrics and the records `predict` writes. The trainer only calls these.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass
+class Encoded:
+    """A split turned into arrays, plus what the metrics and predictions need to go back to examples.
+
+    `arrays` all share their leading axis (rows: one per example, or per QA window); `examples` is the task's own
+    per-example record (gold labels, words, contexts), `notes` lines worth telling the user (skipped rows).
+    """
+
+    arrays: dict[str, np.ndarray]
+    examples: list[Any]
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+
+@dataclasses.dataclass(frozen=True)
+class Labels:
+    """The label space fixed from the training file: names in id order, or regression (one number)."""
+
+    names: tuple[str, ...] = ()
+    regression: bool = False
+    unanswerable: bool = False  # question answering: some training questions have no answer (SQuAD v2)
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.regression else len(self.names)
+
+
+class Task(abc.ABC):
+    name: ClassVar[str]  # the --task value
+    head: ClassVar[str]  # the key of bertjax.models.MODEL_CLASSES of its model
+    main_metric: ClassVar[str]  # what results.json and best/ follow (higher is better)
+    # Config sections replaced before the user's file and overrides (configs/finetune/<task>.yaml spells them out).
+    defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    # Batch keys that are targets, not model inputs.
+    target_keys: ClassVar[tuple[str, ...]] = ("labels",)
+
+    def __init__(self, data_config, task_config):
+        self.data = data_config
+        self.task_config = task_config
+
+    # -- labels and data ----------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def fit_labels(self, rows: list[dict], source: str, known: tuple[str, ...] | None) -> Labels:
+        """The label space of the training rows (`known`: the names a fine-tuned checkpoint already has)."""
+
+    @abc.abstractmethod
+    def encode(self, tokenizer, rows: list[dict], labels: Labels, source: str, *, with_targets: bool,
+               training: bool = False) -> Encoded:
+        """Arrays for `rows`; `with_targets` False for prediction files without labels, `training` True for the
+        training file (where a task may skip unusable examples, and says how many in `notes`)."""
+
+    # -- computation (traced inside jit) ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def loss_sums(self, output, batch: dict) -> tuple[jax.Array, jax.Array]:
+        """(sum of per-example losses, number of examples) over the rows whose `weight` is 1."""
+
+    @abc.abstractmethod
+    def host_outputs(self, output) -> dict[str, jax.Array]:
+        """The arrays of the model output that evaluation and prediction need on the host."""
+
+    def model_kwargs(self, batch: dict, type_vocab_size: int) -> dict:
+        inputs = {"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"]}
+        if type_vocab_size:
+            inputs["token_type_ids"] = batch["token_type_ids"]
+        return inputs
+
+    # -- results on the host ------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def metrics(self, outputs: dict[str, np.ndarray], encoded: Encoded, labels: Labels) -> dict[str, float]:
+        """The task's metrics over a split (outputs in row order, padding rows dropped)."""
+
+    @abc.abstractmethod
+    def predictions(self, outputs: dict[str, np.ndarray], encoded: Encoded, labels: Labels) -> list[dict]:
+        """One JSON-able record per example for `bertjax predict`."""
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-position cross entropy in float32; labels outside [0, classes) (IGNORE) give 0."""
+    logits = logits.astype(jnp.float32)
+    valid = (labels >= 0) & (labels < logits.shape[-1])
+    safe = jnp.where(valid, labels, 0)
+    picked = jnp.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
+    return jnp.where(valid, jax.nn.logsumexp(logits, axis=-1) - picked, 0.0)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, np.float64)
+    exp = np.exp(logits - logits.max(-1, keepdims=True))
+    return exp / exp.sum(-1, keepdims=True)
+
+
+def fit_names(values: list, source: str, column: str, known: tuple[str, ...] | None) -> tuple[str, ...]:
+    """Label names of a training file: integers in numeric order, other strings sorted; a checkpoint's own names
+    first when it already has all of them (its classifier rows keep their meaning)."""
+    seen = {label_key(v) for v in values}
+    if known and seen <= set(known):
+        return tuple(known)
+    if all(_is_int(v) for v in seen):
+        return tuple(sorted(seen, key=int))
+    return tuple(sorted(seen))
+
+
+def label_ids(values: list, names: tuple[str, ...], source: str, column: str) -> np.ndarray:
+    """ids of `values`; a value the training file never had is an error, never a silent wrong label."""
+    index = {name: i for i, name in enumerate(names)}
+    out = np.empty(len(values), np.int32)
+    for row, value in enumerate(values):
+        key = label_key(value)
+        if key not in index:
+            raise ValueError(f"{source}, row {row + 1}: label {value!r} in column {column!r} does not occur in the "
+                             f"training file (its labels: {list(names)})")
+        out[row] = index[key]
+    return out
+
+
+def label_key(value: Any) -> str:
+    """A label as its name: 1, 1.0, "1" and "1.0" are all "1" (CSV gives strings, JSONL numbers)."""
+    return str(int(float(value))) if _is_int(value) else str(value)
+
+
+def is_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _is_int(value: Any) -> bool:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return number.is_integer() and not isinstance(value, bool)

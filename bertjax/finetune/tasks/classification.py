@@ -1,0 +1,131 @@
+"""Sequence classification and regression: one text (or a pair) -> one label, or one number.
+
+Regression when task.problem_type is regression, task.num_labels is 1, or the training labels are numbers that
+are not all integers (STS-B's similarity scores); integer labels are classes. With data.packing, several short
+examples share a row (segment ids 1, 2, ...) and the model pools each one separately (`max_segments`).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.finetune import metrics
+from bertjax.finetune.encoding import encode_texts
+from bertjax.finetune.packing import pack_rows
+from bertjax.finetune.readers import require_columns
+from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, fit_names, is_number, label_ids,
+                                         label_key, softmax)
+
+
+class SequenceClassification(Task):
+    name = "sequence-classification"
+    head = "sequence_classification"
+    main_metric = "accuracy"  # regression: pearson (see `main_metric_for`)
+    defaults = {"train": {"learning_rate": 2e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
+
+    def main_metric_for(self, labels: Labels) -> str:
+        return "pearson" if labels.regression else "accuracy"
+
+    def _columns(self, rows: list[dict], source: str, with_targets: bool) -> dict[str, str]:
+        columns = {"data.text_column": self.data.text_column}
+        if with_targets:
+            columns["data.label_column"] = self.data.label_column
+        require_columns(rows, source, columns)
+        return columns
+
+    def _has_pair(self, rows: list[dict]) -> bool:
+        return self.data.text_pair_column in rows[0]
+
+    def fit_labels(self, rows, source, known):
+        self._columns(rows, source, with_targets=True)
+        values = [row[self.data.label_column] for row in rows]
+        forced = self.task_config.problem_type == "regression" or self.task_config.num_labels == 1
+        numeric = all(is_number(v) for v in values)
+        if forced or (numeric and not all(float(v).is_integer() for v in values)):
+            if not numeric:
+                bad = next(v for v in values if not is_number(v))
+                raise ValueError(f"{source}: regression needs numeric labels, got {bad!r} in column "
+                                 f"{self.data.label_column!r}")
+            return Labels(regression=True)
+        names = fit_names(values, source, self.data.label_column, known)
+        if self.task_config.num_labels is not None and self.task_config.num_labels != len(names):
+            raise ValueError(f"{source}: task.num_labels={self.task_config.num_labels} but the training labels are "
+                             f"{len(names)}: {list(names)}")
+        if len(names) < 2:
+            raise ValueError(f"{source}: every training example has the label {names[0]!r}; classification needs "
+                             "at least two classes")
+        return Labels(names=names)
+
+    def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
+        self._columns(rows, source, with_targets)
+        texts = [str(row[self.data.text_column]) for row in rows]
+        pairs = [str(row[self.data.text_pair_column]) for row in rows] if self._has_pair(rows) else None
+        arrays = encode_texts(tokenizer, texts, pairs, self.data.max_length, self.data.truncation, source)
+        gold = None
+        if with_targets:
+            values = [row[self.data.label_column] for row in rows]
+            if labels.regression:
+                gold = np.asarray([float(v) for v in values], np.float32)
+            else:
+                gold = label_ids([label_key(v) for v in values], labels.names, source, self.data.label_column)
+            arrays["labels"] = gold
+        if self.data.packing:
+            arrays = pack_rows(arrays, tokenizer.pad_id)
+        return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold))
+
+    # Packed rows carry [rows, K] labels and weights; unpacked ones [rows].
+    def model_kwargs(self, batch, type_vocab_size):
+        inputs = super().model_kwargs(batch, type_vocab_size)
+        if "slot_weight" in batch:
+            inputs["max_segments"] = batch["slot_weight"].shape[1]
+        return inputs
+
+    def _per_example(self, output, batch):
+        """(predictions [n, labels], labels [n], weights [n]) flattened over packed slots when packed."""
+        logits = output.logits.astype(jnp.float32)
+        if "slot_weight" in batch:
+            weights = batch["slot_weight"] * batch["weight"][:, None]
+            return logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1), weights.reshape(-1)
+        return logits, batch["labels"], batch["weight"]
+
+    def loss_sums(self, output, batch):
+        logits, labels, weights = self._per_example(output, batch)
+        if logits.shape[-1] == 1 and jnp.issubdtype(labels.dtype, jnp.floating):
+            losses = (logits[:, 0] - labels) ** 2
+        else:
+            losses = cross_entropy(logits, labels.astype(jnp.int32))
+        return jnp.sum(losses * weights), jnp.sum(weights)
+
+    def host_outputs(self, output):
+        return {"logits": output.logits.astype(jnp.float32)}
+
+    def _example_logits(self, outputs, encoded):
+        logits = outputs["logits"]
+        if "slot_weight" in encoded.arrays:  # packed: the slots that hold an example, in example order
+            order = encoded.arrays["slot_example"].reshape(-1)
+            flat = logits.reshape(-1, logits.shape[-1])
+            keep = order >= 0
+            out = np.empty((len(encoded.examples), logits.shape[-1]), logits.dtype)
+            out[order[keep]] = flat[keep]
+            return out
+        return logits
+
+    def metrics(self, outputs, encoded, labels):
+        logits = self._example_logits(outputs, encoded)
+        gold = np.asarray(encoded.examples)
+        if labels.regression:
+            return metrics.regression_scores(logits[:, 0], gold)
+        return metrics.classification_scores(logits.argmax(-1), gold)
+
+    def predictions(self, outputs, encoded, labels):
+        logits = self._example_logits(outputs, encoded)
+        if labels.regression:
+            return [{"score": float(x)} for x in logits[:, 0]]
+        probabilities = softmax(logits)
+        records = []
+        for row in probabilities:
+            best = int(row.argmax())
+            records.append({"label": labels.names[best], "score": float(row[best]),
+                            "scores": {name: float(p) for name, p in zip(labels.names, row)}})
+        return records

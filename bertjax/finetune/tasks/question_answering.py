@@ -1,0 +1,117 @@
+"""Extractive question answering (SQuAD v1.1 and v2): the answer is a span of the context.
+
+Rows are windows of `bertjax.finetune.qa`; a question can have several. A training answer that is not at its
+`answer_start` in the context is skipped and counted (the note says how many), never trained on at a wrong place.
+Unanswerable questions (empty `answers`) are trained towards [CLS]; when the training file has any, prediction may
+answer "" (SQuAD v2), otherwise it always picks a span.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.finetune import metrics
+from bertjax.finetune.qa import Answer, answer_in_context, best_span, make_windows
+from bertjax.finetune.readers import as_list, as_mapping, require_columns
+from bertjax.finetune.tasks.base import Encoded, Labels, Task, cross_entropy
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    id: str
+    context: str
+    answers: tuple[str, ...]  # gold texts; () for unanswerable or unknown
+
+
+class QuestionAnswering(Task):
+    name = "question-answering"
+    head = "question_answering"
+    main_metric = "f1"
+    target_keys = ("start_positions", "end_positions")
+    defaults = {"train": {"learning_rate": 3e-5, "batch_size": 32, "epochs": 2},
+                "data": {"max_length": 384, "doc_stride": 128}}
+
+    def _answers(self, row, where) -> list[Answer]:
+        value = as_mapping(row[self.data.answers_column], f"{where}, answers")
+        texts = as_list(value.get("text", []), f"{where}, answers.text")
+        starts = as_list(value.get("answer_start", []), f"{where}, answers.answer_start")
+        if len(texts) != len(starts):
+            raise ValueError(f"{where}: answers has {len(texts)} texts but {len(starts)} answer_start values")
+        return [Answer(str(t), int(s)) for t, s in zip(texts, starts)]
+
+    def _columns(self, rows, source, with_targets):
+        columns = {"data.question_column": self.data.question_column,
+                   "data.context_column": self.data.context_column}
+        if with_targets:
+            columns["data.answers_column"] = self.data.answers_column
+        require_columns(rows, source, columns)
+
+    def fit_labels(self, rows, source, known):
+        self._columns(rows, source, True)
+        empty = any(not self._answers(row, f"{source}, row {i + 1}") for i, row in enumerate(rows))
+        return Labels(unanswerable=empty)
+
+    def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
+        self._columns(rows, source, with_targets)
+        keys = ("input_ids", "segment_ids", "token_type_ids", "offsets", "start_positions", "end_positions")
+        parts: dict[str, list] = {k: [] for k in keys + ("window_example",)}
+        questions, misplaced = [], 0
+        for i, row in enumerate(rows):
+            where = f"{source}, row {i + 1}"
+            context = str(row[self.data.context_column])
+            answers = self._answers(row, where) if with_targets else []
+            located = [a for a in answers if answer_in_context(context, a)]
+            if answers and not located:
+                misplaced += 1
+                if training:
+                    continue  # never train towards a span that is not the answer
+            windows = make_windows(tokenizer, str(row[self.data.question_column]), context,
+                                   located[0] if located else None, max_length=self.data.max_length,
+                                   doc_stride=self.data.doc_stride, truncation=self.data.truncation, what=where)
+            for key in keys:
+                parts[key].append(getattr(windows, key))
+            parts["window_example"].append(np.full(len(windows.input_ids), len(questions), np.int32))
+            questions.append(Question(str(row.get(self.data.id_column, i)), context,
+                                      tuple(a.text for a in answers)))
+        if not questions:
+            raise ValueError(f"{source}: no usable question (every answer is missing from its context)")
+        arrays = {k: np.concatenate(v) for k, v in parts.items()}
+        if not with_targets:
+            del arrays["start_positions"], arrays["end_positions"]
+        notes = []
+        if misplaced:
+            what = "skipped for training" if training else "kept, scored against their gold texts"
+            notes.append(f"{source}: {misplaced} of {len(rows)} questions have no answer text at their answer_start "
+                         f"in the context ({what})")
+        return Encoded(arrays, questions, notes)
+
+    def loss_sums(self, output, batch):
+        start = cross_entropy(output.start_logits, batch["start_positions"])
+        end = cross_entropy(output.end_logits, batch["end_positions"])
+        return jnp.sum((start + end) / 2 * batch["weight"]), jnp.sum(batch["weight"])
+
+    def host_outputs(self, output):
+        return {"start_logits": output.start_logits.astype(jnp.float32),
+                "end_logits": output.end_logits.astype(jnp.float32)}
+
+    def _spans(self, outputs, encoded, labels):
+        owner = encoded.arrays["window_example"]
+        order = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[order], np.arange(len(encoded.examples) + 1))
+        for q, question in enumerate(encoded.examples):
+            rows = order[bounds[q]:bounds[q + 1]]
+            yield question, best_span(outputs["start_logits"][rows], outputs["end_logits"][rows],
+                                      encoded.arrays["offsets"][rows], question.context, n_best=self.data.n_best,
+                                      max_answer_length=self.data.max_answer_length,
+                                      allow_empty=labels.unanswerable)
+
+    def metrics(self, outputs, encoded, labels):
+        spans = list(self._spans(outputs, encoded, labels))
+        return metrics.squad_scores([s.text for _, s in spans], [q.answers for q, _ in spans])
+
+    def predictions(self, outputs, encoded, labels):
+        return [{"id": q.id, "answer": s.text, "start": s.start, "end": s.end, "score": s.score}
+                for q, s in self._spans(outputs, encoded, labels)]

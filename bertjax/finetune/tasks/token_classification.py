@@ -1,0 +1,94 @@
+"""Token classification (named entities, part of speech): a sentence given as words, one tag per word.
+
+Each word's tag sits on its first sub-token (the others are ignored by the loss, IGNORE); predictions are read
+back at the same positions, so they are word-aligned. Metrics are entity-level as seqeval's (BIO / IOB2).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.finetune import metrics
+from bertjax.finetune.encoding import (encode_words, stack, token_predictions_to_words, word_labels_to_tokens)
+from bertjax.finetune.readers import as_list, require_columns
+from bertjax.finetune.tasks.base import Encoded, Labels, Task, cross_entropy, fit_names, label_ids, softmax
+
+
+class TokenClassification(Task):
+    name = "token-classification"
+    head = "token_classification"
+    main_metric = "f1"
+    defaults = {"train": {"learning_rate": 5e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
+
+    def _words_and_tags(self, rows, source, with_targets):
+        columns = {"data.tokens_column": self.data.tokens_column}
+        if with_targets:
+            columns["data.tags_column"] = self.data.tags_column
+        require_columns(rows, source, columns)
+        out = []
+        for i, row in enumerate(rows):
+            words = [str(w) for w in as_list(row[self.data.tokens_column], f"{source}, row {i + 1}, tokens")]
+            tags = None
+            if with_targets:
+                tags = [str(t) for t in as_list(row[self.data.tags_column], f"{source}, row {i + 1}, tags")]
+                if len(tags) != len(words):
+                    raise ValueError(f"{source}, row {i + 1}: {len(words)} words but {len(tags)} tags")
+            out.append((words, tags))
+        return out
+
+    def fit_labels(self, rows, source, known):
+        tags = [t for _, sentence in self._words_and_tags(rows, source, True) for t in sentence]
+        names = fit_names(tags, source, self.data.tags_column, known)
+        if "O" in names and not known:  # the outside tag first, as CoNLL label lists have it
+            names = ("O",) + tuple(n for n in names if n != "O")
+        return Labels(names=names)
+
+    def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
+        sentences = self._words_and_tags(rows, source, with_targets)
+        encoded, word_maps, examples = [], [], []
+        for i, (words, tags) in enumerate(sentences):
+            row, word_of_token = encode_words(tokenizer, words, self.data.max_length, self.data.truncation,
+                                              f"{source}, row {i + 1}")
+            if with_targets:
+                ids = label_ids(tags, labels.names, f"{source}, row {i + 1}", self.data.tags_column)
+                row["labels"] = word_labels_to_tokens(word_of_token, ids)
+            encoded.append(row)
+            word_maps.append(word_of_token)
+            examples.append((words, tags))
+        arrays = stack(encoded)
+        arrays["word_of_token"] = np.stack(word_maps)  # host-side only (not a model input)
+        return Encoded(arrays, examples)
+
+    def loss_sums(self, output, batch):
+        labels = batch["labels"]
+        losses = cross_entropy(output.logits, labels)
+        counted = (labels >= 0) * batch["weight"][:, None]
+        return jnp.sum(losses * counted), jnp.sum(counted)
+
+    def host_outputs(self, output):
+        return {"logits": output.logits.astype(jnp.float32)}
+
+    def _word_tags(self, outputs, encoded, labels):
+        """Predicted (tag, score) per word of each sentence; words without a position get "O"."""
+        default = labels.names.index("O") if "O" in labels.names else 0
+        out = []
+        for logits, word_of_token, (words, _) in zip(outputs["logits"], encoded.arrays["word_of_token"],
+                                                     encoded.examples):
+            probabilities = softmax(logits)
+            ids = token_predictions_to_words(word_of_token, probabilities.argmax(-1), len(words), default)
+            scores = token_predictions_to_words(word_of_token, probabilities.max(-1), len(words), -1)
+            out.append([(labels.names[i], float(s) if s >= 0 else None) for i, s in zip(ids, scores)])
+        return out
+
+    def metrics(self, outputs, encoded, labels):
+        predicted = [[tag for tag, _ in sentence] for sentence in self._word_tags(outputs, encoded, labels)]
+        gold = [tags for _, tags in encoded.examples]
+        return metrics.entity_scores(predicted, gold)
+
+    def predictions(self, outputs, encoded, labels):
+        records = []
+        for (words, _), sentence in zip(encoded.examples, self._word_tags(outputs, encoded, labels)):
+            records.append({"tokens": words, "tags": [tag for tag, _ in sentence],
+                            "scores": [score for _, score in sentence]})
+        return records
