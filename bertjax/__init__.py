@@ -1,9 +1,11 @@
 """bertjax: the BERT family of encoders in JAX/Flax."""
 
-from bertjax.config import PRESETS, EncoderConfig, get_config
-from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForPreTraining,
-                            EncoderForReplacedTokenDetection, EncoderModel, EncoderOutput, MaskedLMOutput,
-                            PreTrainingOutput, ReplacedTokenOutput, init_params, logical_axes)
+from bertjax.config import PRESETS, EncoderConfig, TaskConfig, get_config
+from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForMultipleChoice, EncoderForPreTraining,
+                            EncoderForQuestionAnswering, EncoderForReplacedTokenDetection,
+                            EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel,
+                            EncoderOutput, MaskedLMOutput, PreTrainingOutput, ReplacedTokenOutput, init_params,
+                            logical_axes)
 
 __version__ = "0.1.0"
 
@@ -20,6 +22,8 @@ def save_pretrained(path, model, params) -> None:
     _save(path, model, params)
 
 
-__all__ = ["PRESETS", "EncoderConfig", "get_config", "MODEL_CLASSES", "EncoderModel", "EncoderForMaskedLM",
-           "EncoderForPreTraining", "EncoderForReplacedTokenDetection", "ReplacedTokenOutput", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
+__all__ = ["PRESETS", "EncoderConfig", "TaskConfig", "get_config", "MODEL_CLASSES", "EncoderModel",
+           "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForReplacedTokenDetection", "ReplacedTokenOutput",
+           "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderForQuestionAnswering",
+           "EncoderForMultipleChoice", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
            "save_pretrained", "init_params", "logical_axes", "__version__"]

@@ -52,7 +52,7 @@ def head_of(model: nn.Module) -> str:
 
 def expected_params(model: nn.Module) -> dict[ParamPath, jax.ShapeDtypeStruct]:
     """Shape and dtype of every parameter `model.init` creates, by path, without allocating them."""
-    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), model.example_input_ids()))
     return traverse_util.flatten_dict(nn.meta.unbox(abstract["params"]))
 
 

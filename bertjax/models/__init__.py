@@ -2,7 +2,13 @@ from bertjax.models.model import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForP
                                   EncoderForReplacedTokenDetection, EncoderModel, EncoderOutput, MaskedLMOutput,
                                   PreTrainingOutput, ReplacedTokenOutput)
 from bertjax.models.params import init_params, logical_axes
+from bertjax.models.task_models import (TASK_HEADS, EncoderForMultipleChoice, EncoderForQuestionAnswering,
+                                        EncoderForSequenceClassification, EncoderForTokenClassification,
+                                        MultipleChoiceOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
+                                        TokenClassifierOutput)
 
-__all__ = ["init_params", "logical_axes", "MODEL_CLASSES", "EncoderForMaskedLM", "EncoderForPreTraining",
+__all__ = ["init_params", "logical_axes", "MODEL_CLASSES", "TASK_HEADS", "EncoderForMaskedLM", "EncoderForPreTraining",
            "EncoderForReplacedTokenDetection", "EncoderModel", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput",
-           "ReplacedTokenOutput"]
+           "ReplacedTokenOutput", "EncoderForSequenceClassification", "EncoderForTokenClassification",
+           "EncoderForQuestionAnswering", "EncoderForMultipleChoice", "SequenceClassifierOutput",
+           "TokenClassifierOutput", "QuestionAnsweringOutput", "MultipleChoiceOutput"]
