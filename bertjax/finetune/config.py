@@ -41,7 +41,6 @@ class FinetuneTrainConfig:
     warmup_ratio: float = 0.1  # share of the updates spent warming up
     max_grad_norm: float | None = 1.0  # global-norm clipping, as transformers' Trainer
     seed: int = 0  # head initialisation, shuffling, dropout
-    log_every: int = 10  # steps between training-loss points in TensorBoard
     progress_bar: bool = True
 
 
@@ -50,7 +49,7 @@ class FinetuneDataConfig:
     max_length: int = 128  # tokens per example, [CLS] and [SEP] included
     packing: bool = False  # several short examples per row (sequence classification; one prediction each)
     truncation: bool = True  # false: an example longer than max_length is an error instead of being cut
-    doc_stride: int = 128  # question answering: tokens shared by consecutive windows of a long context
+    doc_stride: int = 128  # question answering: tokens shared by consecutive windows (at most the window - 1)
     max_answer_length: int = 30  # question answering: longest answer span predicted, in tokens
     n_best: int = 20  # question answering: start and end candidates considered per window
     text_column: str = "text"
@@ -116,7 +115,7 @@ def save_finetune_config(config: FinetuneConfig, path: str | Path) -> None:
 
 def _validate(config: FinetuneConfig) -> None:
     positive = {"train.epochs": config.train.epochs, "train.batch_size": config.train.batch_size,
-                "train.learning_rate": config.train.learning_rate, "train.log_every": config.train.log_every,
+                "train.learning_rate": config.train.learning_rate,
                 "data.max_length": config.data.max_length, "data.doc_stride": config.data.doc_stride,
                 "data.max_answer_length": config.data.max_answer_length, "data.n_best": config.data.n_best,
                 "eval.batch_size": config.eval.batch_size, "checkpoint.every": config.checkpoint.every,
@@ -127,9 +126,6 @@ def _validate(config: FinetuneConfig) -> None:
     if config.data.max_length < 4:
         raise ConfigError(f"data.max_length must be at least 4 ([CLS], [SEP] and room for text), got "
                           f"{config.data.max_length}")
-    if config.data.doc_stride >= config.data.max_length:
-        raise ConfigError(f"data.doc_stride ({config.data.doc_stride}) must be smaller than data.max_length "
-                          f"({config.data.max_length}): it is how many tokens consecutive windows share")
     if not 0.0 <= config.train.warmup_ratio <= 1.0:
         raise ConfigError(f"train.warmup_ratio must be in [0, 1], got {config.train.warmup_ratio}")
     if config.train.weight_decay < 0:

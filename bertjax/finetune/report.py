@@ -1,0 +1,103 @@
+"""What a fine-tuning run leaves besides checkpoints: results.json (the best main metric and its step) and a plot
+of the losses and the main metric against the step (finetune.png)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bertjax.train.metrics import read_metrics
+
+RESULTS_FILE = "results.json"
+PLOT_FILE = "finetune.png"
+VALIDATION = "validation"
+
+
+def best_record(records: list[dict], metric: str) -> dict | None:
+    """The validation record with the highest `metric` (the earliest on ties)."""
+    best = None
+    for record in records:
+        if record.get("split") == VALIDATION and metric in record:
+            if best is None or record[metric] > best[metric]:
+                best = record
+    return best
+
+
+def write_results(workdir: Path, task: str, metric: str, extra: dict) -> dict:
+    records = read_metrics(workdir)
+    best = best_record(records, metric)
+    final = next((r for r in reversed(records) if r.get("split") == VALIDATION), None)
+    results = {"task": task, "main_metric": metric,
+               "best": None if best is None else best[metric],
+               "best_step": None if best is None else best["step"],
+               "best_epoch": None if best is None else best["epoch"],
+               "best_metrics": best, "final_metrics": final, **extra}
+    (workdir / RESULTS_FILE).write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def plot(workdir: Path, metric: str) -> Path | None:
+    records = read_metrics(workdir)
+    train = [(r["step"], r["loss"]) for r in records if r.get("split") == "train" and "loss" in r]
+    held_out = [(r["step"], r["loss"]) for r in records if r.get("split") == VALIDATION and "loss" in r]
+    scores = [(r["step"], r[metric]) for r in records if r.get("split") == VALIDATION and metric in r]
+    if not (train or held_out):
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, loss_axes = plt.subplots(figsize=(7, 4.5))
+    if train:
+        loss_axes.plot(*zip(*train), label="train loss", linewidth=1)
+    if held_out:
+        loss_axes.plot(*zip(*held_out), "o-", label="validation loss")
+    loss_axes.set_xlabel("step")
+    loss_axes.set_ylabel("loss")
+    loss_axes.grid(True, alpha=0.3)
+    metric_axes = loss_axes.twinx()
+    if scores:
+        metric_axes.plot(*zip(*scores), "s--", color="tab:green", label=f"validation {metric}")
+    metric_axes.set_ylabel(metric)
+    lines = loss_axes.get_legend_handles_labels()
+    more = metric_axes.get_legend_handles_labels()
+    loss_axes.legend(lines[0] + more[0], lines[1] + more[1], loc="best")
+    path = workdir / PLOT_FILE
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+class EvaluationLog:
+    """metrics.jsonl (one line per evaluation and split) and TensorBoard scalars tagged `split/metric`.
+
+    On resume, lines after the checkpoint the run restarts from are dropped first: the resumed run writes them
+    again, identically, so the file reads like one uninterrupted run.
+    """
+
+    def __init__(self, workdir: Path, start_step: int):
+        from tensorboardX import SummaryWriter
+
+        from bertjax.train.metrics import METRICS_FILE, TENSORBOARD_DIR
+
+        path = workdir / METRICS_FILE
+        kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step] if start_step else []
+        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        self.records = kept
+        self._file = open(path, "a")
+        self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
+
+    def log(self, step: int, epoch: float, split: str, values: dict) -> dict:
+        record = {"step": int(step), "epoch": round(float(epoch), 4), "split": split,
+                  **{k: float(v) for k, v in values.items()}}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self.records.append(record)
+        for name, value in values.items():
+            self._tensorboard.add_scalar(f"{split}/{name}", float(value), step)
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+        self._tensorboard.close()

@@ -1,0 +1,332 @@
+"""The fine-tuning run: a model directory + a task + two data files -> a workdir with the best model.
+
+    model dir -> (backbone params, tokenizer) -> task model (fresh head) -> AdamW, linear warmup and decay
+    -> one jitted train step under the mesh rules -> evaluation (metrics.jsonl, TensorBoard)
+    -> best/ (transformers directory + tokenizer + labels) -> orbax checkpoints (rerunning resumes)
+
+The batch of every step is a pure function of (seed, step) (bertjax.finetune.batches) and dropout keys are folded
+from the step, so a run resumed from a checkpoint repeats exactly what the interrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bertjax.finetune import batches as batch_lib
+from bertjax.finetune import report
+from bertjax.finetune.config import FinetuneConfig, save_finetune_config
+from bertjax.finetune.readers import read_rows
+from bertjax.finetune.tasks import Encoded, Labels, Task
+from bertjax.train import mesh as mesh_lib
+from bertjax.train.run_config import OptimizerConfig, ScheduleConfig, to_dict
+
+CONFIG_FILE = "config.yaml"
+RUN_FILE = "finetune.json"  # in the workdir and in best/: task, labels, data settings (what predict needs)
+BEST_DIR = "best"
+CHECKPOINTS_DIR = "checkpoints"
+
+
+@dataclasses.dataclass
+class FinetuneResult:
+    workdir: Path
+    results: dict
+    start_step: int
+    final_step: int
+    seconds: float
+    model: Any
+    params: Any
+    labels: Labels
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model: the loaded backbone under a fresh task head.
+
+def task_model(base_config, task: Task, labels: Labels, problem_type: str | None):
+    from bertjax.config import TaskConfig
+    from bertjax.models import MODEL_CLASSES
+
+    current = base_config.task_or_default
+    if task.head == "sequence_classification":
+        problem = "regression" if labels.regression else (problem_type or "single_label_classification")
+        settings = TaskConfig(num_labels=labels.num_labels, labels=labels.names or None, problem_type=problem,
+                              classifier_dropout=current.classifier_dropout,
+                              classifier_pooling=current.classifier_pooling)
+    elif task.head == "token_classification":
+        settings = TaskConfig(num_labels=labels.num_labels, labels=labels.names,
+                              classifier_dropout=current.classifier_dropout)
+    else:  # question answering and multiple choice have a fixed number of outputs
+        settings = TaskConfig(classifier_dropout=current.classifier_dropout,
+                              classifier_pooling=current.classifier_pooling)
+    return MODEL_CLASSES[task.head](base_config.replace(task=settings))
+
+
+def boxed_initialiser(model) -> Callable[[jax.Array], Any]:
+    """key -> parameters boxed with their logical axis names (what sharded state creation reads)."""
+    return lambda key: model.init({"params": key, "dropout": key}, model.example_input_ids(8))["params"]
+
+
+def transplant(fresh: Any, pretrained: Any, path: str = "") -> tuple[Any, list[str]]:
+    """`fresh` with every subtree that `pretrained` has with the same structure and shapes replaced by it;
+    returns the paths that stayed fresh (the new head, or a classifier of another size)."""
+    if isinstance(fresh, dict):
+        out, new = {}, []
+        for key, value in fresh.items():
+            if isinstance(pretrained, dict) and key in pretrained:
+                out[key], more = transplant(value, pretrained[key], f"{path}/{key}" if path else key)
+                new += more
+            else:
+                out[key] = value
+                new.append(f"{path}/{key}" if path else key)
+        return out, new
+    if hasattr(pretrained, "shape") and tuple(pretrained.shape) == tuple(fresh.shape):
+        return jnp.asarray(pretrained, fresh.dtype), []
+    return fresh, [path]
+
+
+def known_labels(model) -> tuple[str, ...] | None:
+    task = getattr(model.config, "task", None)
+    return None if task is None or task.labels is None else tuple(task.labels)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Steps.
+
+def make_steps(task: Task, model, optimizer, schedule, mesh, shardings, seed: int):
+    from bertjax.train.state import TrainState
+    from bertjax.train.step import JittedStep, batch_shardings
+
+    base_key = jax.random.key(seed)
+    type_vocab_size = model.config.type_vocab_size
+
+    def forward(params, batch, deterministic, key=None):
+        params = mesh_lib.gathered_for_compute(params, shardings.params)
+        return model.apply({"params": params}, **task.model_kwargs(batch, type_vocab_size),
+                           deterministic=deterministic, rngs=None if deterministic else {"dropout": key})
+
+    def loss_fn(params, batch, key):
+        total, count = task.loss_sums(forward(params, batch, False, key), batch)
+        return total / jnp.maximum(count, 1.0), (total, count)
+
+    def train_step(state, batch):
+        key = jax.random.fold_in(base_key, state.step)  # dropout depends only on the step: exact resume
+        grads, (total, count) = jax.grad(loss_fn, has_aux=True)(state.params, batch, key)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {"loss_sum": total, "count": count, "learning_rate": schedule(state.step),
+                   "grad_norm": optax.tree.norm(grads)}
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    def eval_step(params, batch):
+        output = forward(params, batch, True)
+        total, count = task.loss_sums(output, batch) if _has_targets(task, batch) else (0.0, 0.0)
+        return task.host_outputs(output), total, count
+
+    train = JittedStep(train_step, mesh, lambda batch: (shardings, batch_shardings(mesh, batch)),
+                       out_shardings=(shardings, mesh_lib.replicated(mesh)), donate_argnums=(0,))
+    evaluate = JittedStep(eval_step, mesh, lambda batch: (shardings.params, batch_shardings(mesh, batch)),
+                          out_shardings=mesh_lib.replicated(mesh))
+    return train, evaluate
+
+
+def _has_targets(task: Task, batch: dict) -> bool:
+    return all(key in batch for key in task.target_keys)
+
+
+def run_eval(evaluate: Callable, params, encoded: Encoded, batch_size: int) -> tuple[dict[str, np.ndarray], float]:
+    """Host outputs of every row of a split (in row order) and the mean loss (nan without targets)."""
+    pieces: list[dict] = []
+    total = count = 0.0
+    for batch, real in batch_lib.eval_batches(encoded.arrays, batch_size):
+        outputs, loss_sum, loss_count = evaluate(params, batch)
+        pieces.append({k: np.asarray(v)[:real] for k, v in outputs.items()})
+        total += float(loss_sum)
+        count += float(loss_count)
+    outputs = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+    return outputs, (total / count if count else float("nan"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Saving the best model.
+
+def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Labels, config: FinetuneConfig,
+              say: Callable[[str], None]) -> str:
+    """A transformers directory (config with id2label/label2id, weights, tokenizer files) when transformers has
+    this family's task class, else a bertjax model directory; both load with `bertjax predict`."""
+    import bertjax
+    from bertjax.commands.convert import save_model_dir
+
+    directory.mkdir(parents=True, exist_ok=True)
+    host_params = jax.device_get(params)
+    try:
+        bertjax.save_pretrained(str(directory), model, host_params)
+        kind = "transformers"
+    except ValueError as error:  # a family or head transformers has no class for
+        say(f"best/: {error}; writing a bertjax model directory instead")
+        save_model_dir(str(directory), model, host_params)
+        kind = "bertjax"
+    tokenizer.save(directory)
+    write_run_file(directory, task, labels, config)
+    return kind
+
+
+def write_run_file(directory: Path, task: Task, labels: Labels, config: FinetuneConfig,
+                   extra: dict | None = None) -> None:
+    described = {"task": task.name, "labels": list(labels.names), "regression": labels.regression,
+                 "unanswerable": labels.unanswerable, "data": to_dict(config.data), **(extra or {})}
+    (directory / RUN_FILE).write_text(json.dumps(described, indent=1) + "\n")
+
+
+def read_run_file(directory: Path) -> dict:
+    path = Path(directory) / RUN_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory}: no {RUN_FILE}; it is written into best/ by `bertjax finetune`")
+    return json.loads(path.read_text())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run.
+
+def _progress(config: FinetuneConfig, total: int, start: int):
+    if not config.train.progress_bar:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, initial=start, desc="finetune", unit="step", dynamic_ncols=True)
+
+
+def _say(bar, say: Callable[[str], None], text: str) -> None:
+    """A line that does not break the progress bar."""
+    if bar is not None:
+        bar.write(text)
+    else:
+        say(text)
+
+
+def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> None:
+    """A workdir holds one run: rerunning it resumes, anything else must use another workdir."""
+    path = workdir / RUN_FILE
+    if not path.is_file():
+        return
+    before = json.loads(path.read_text())
+    now = {**identity, "config": to_dict(config)}
+    for key, value in now.items():
+        if json.loads(json.dumps(value)) != before.get(key):
+            raise ValueError(f"{workdir} holds a run with another {key} ({before.get(key)!r}, now {value!r}); "
+                             "rerun it unchanged to resume, or use a new --workdir")
+
+
+def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path, validation_file: str | Path,
+             workdir: str | Path, config: FinetuneConfig, *, stop_after: int | None = None,
+             say: Callable[[str], None] = print) -> FinetuneResult:
+    """Fine-tune; `stop_after` ends the run after that many steps (as a kill would, used to test resuming)."""
+    from bertjax.commands.fill_mask import load_model_dir
+    from bertjax.train.checkpoints import Checkpointer
+    from bertjax.train.optimizers import build_optimizer
+    from bertjax.train.schedules import build_schedule
+    from bertjax.train.state import abstract_state, create_train_state, state_shardings
+
+    started = time.time()
+    if jax.process_count() > 1:
+        raise ValueError("bertjax finetune runs in one process (one host's devices); multi-host fine-tuning is "
+                         "not supported yet")
+    workdir = Path(workdir)
+    identity = {"model": str(Path(model_dir).absolute()), "task": task_cls.name,
+                "train": str(Path(train_file).absolute()), "validation": str(Path(validation_file).absolute())}
+    _check_workdir(workdir, config, identity)
+
+    base_model, base_params, tokenizer = load_model_dir(model_dir)
+    if tokenizer is None:
+        raise FileNotFoundError(f"{model_dir} holds no tokenizer; fine-tuning needs the one it was trained with")
+    task = task_cls(config.data, config.task)
+    train_rows, validation_rows = read_rows(train_file), read_rows(validation_file)
+    labels = task.fit_labels(train_rows, str(train_file), known_labels(base_model))
+    train_data = task.encode(tokenizer, train_rows, labels, str(train_file), with_targets=True, training=True)
+    validation = task.encode(tokenizer, validation_rows, labels, str(validation_file), with_targets=True)
+    for note in train_data.notes + validation.notes:
+        say(note)
+    model = task_model(base_model.config, task, labels, config.task.problem_type)
+    main_metric = task.main_metric_for(labels) if hasattr(task, "main_metric_for") else task.main_metric
+
+    mesh = mesh_lib.build_mesh(config.mesh)
+    if config.train.batch_size % mesh_lib.batch_shards(mesh) or config.eval.batch_size % mesh_lib.batch_shards(mesh):
+        raise ValueError(f"train.batch_size ({config.train.batch_size}) and eval.batch_size "
+                         f"({config.eval.batch_size}) must divide over the {mesh_lib.batch_shards(mesh)} batch "
+                         "shards of the mesh")
+    per_epoch = batch_lib.steps_per_epoch(train_data.rows, config.train.batch_size)
+    total_steps = per_epoch * config.train.epochs
+    schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total_steps),
+                              config.train.learning_rate, total_steps)
+    optimizer = build_optimizer(OptimizerConfig(
+        name="adamw", learning_rate=config.train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
+        weight_decay=config.train.weight_decay, clip_global_norm=config.train.max_grad_norm), schedule)
+    initialise = boxed_initialiser(model)
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    checkpointer = Checkpointer(workdir / CHECKPOINTS_DIR, config.checkpoint)
+    start_step = checkpointer.latest_step() or 0
+    accumulated = {"loss_sum": 0.0, "count": 0.0}
+    if start_step:
+        state, accumulated = checkpointer.restore(start_step, abstract_state(initialise, optimizer, mesh))
+        _, shardings = state_shardings(initialise, optimizer, mesh)
+        say(f"resuming {workdir} from step {start_step} of {total_steps}")
+    else:
+        state, shardings = create_train_state(initialise, optimizer, mesh, config.train.seed)
+        params, fresh = transplant(state.params, base_params)
+        state = state.replace(params=jax.device_put(params, shardings.params))
+        say(f"initialised from {model_dir}; new (randomly initialised) parameters: {', '.join(fresh) or 'none'}")
+    save_finetune_config(config, workdir / CONFIG_FILE)
+    write_run_file(workdir, task, labels, config, {**identity, "config": to_dict(config)})
+
+    train_step, evaluate = make_steps(task, model, optimizer, schedule, mesh, shardings, config.train.seed)
+    every = config.eval.every or per_epoch
+    log = report.EvaluationLog(workdir, start_step)
+    best = report.best_record(log.records, main_metric)
+    bar = _progress(config, total_steps, start_step)
+    step = start_step
+    end = total_steps if stop_after is None else min(total_steps, start_step + stop_after)
+    learning_rate = float("nan")
+    try:
+        while step < end:
+            batch, _ = batch_lib.train_batch(train_data.arrays, step, config.train.batch_size, config.train.seed)
+            state, metrics = train_step(state, batch)
+            step += 1
+            accumulated = {k: accumulated[k] + float(metrics[k]) for k in accumulated}
+            learning_rate = float(metrics["learning_rate"])
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{accumulated['loss_sum'] / max(accumulated['count'], 1):.4f}")
+            evaluating = step % every == 0 or step == total_steps
+            if evaluating:
+                epoch = step / per_epoch
+                log.log(step, epoch, "train", {"loss": accumulated["loss_sum"] / max(accumulated["count"], 1.0),
+                                               "learning_rate": learning_rate})
+                outputs, loss = run_eval(evaluate, state.params, validation, config.eval.batch_size)
+                record = log.log(step, epoch, report.VALIDATION,
+                                 {"loss": loss, **task.metrics(outputs, validation, labels)})
+                _say(bar, say, f"step {step} epoch {epoch:.2f}: " + ", ".join(
+                    f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float) and k != "epoch"))
+                if best is None or record[main_metric] > best[main_metric]:
+                    best = record
+                    save_best(workdir / BEST_DIR, model, state.params, tokenizer, task, labels, config,
+                              lambda text: _say(bar, say, text))
+                accumulated = {"loss_sum": 0.0, "count": 0.0}
+            if evaluating or step % config.checkpoint.every == 0 or step == end:
+                checkpointer.save(step, state, accumulated)
+    finally:
+        if bar is not None:
+            bar.close()
+        log.close()
+        checkpointer.close()
+    results = report.write_results(workdir, task.name, main_metric,
+                                   {"steps": step, "total_steps": total_steps, "finished": step == total_steps})
+    report.plot(workdir, main_metric)
+    return FinetuneResult(workdir, results, start_step, step, time.time() - started, model, state.params, labels)
