@@ -16,6 +16,8 @@ COMMANDS: dict[str, str] = {
     "pretrain": "bertjax.commands.pretrain",
     "fill-mask": "bertjax.commands.fill_mask",
     "compile-check": "bertjax.commands.compile_check",
+    "finetune": "bertjax.commands.finetune",
+    "predict": "bertjax.commands.predict",
 }
 
 

@@ -1,0 +1,46 @@
+"""`bertjax finetune --model MODEL --task TASK --train FILE --validation FILE --workdir DIR [key=value ...]`.
+
+MODEL is any model directory bertjax reads (a transformers checkpoint, a `bertjax convert` directory, a pretraining
+workdir) with its tokenizer. The run config starts from the task's defaults (BERT's fine-tuning settings; the same
+values as configs/finetune/<task>.yaml), then `--config FILE`, then the overrides. Rerunning the same command in
+the same workdir resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "fine-tune a model on a classification, tagging, question-answering or multiple-choice data file"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bertjax.finetune.tasks import TASKS
+
+    parser.add_argument("--model", required=True, metavar="MODEL",
+                        help="a transformers directory, a bertjax model directory or a pretraining workdir")
+    parser.add_argument("--task", required=True, choices=list(TASKS), metavar="TASK",
+                        help=f"one of: {', '.join(TASKS)}")
+    parser.add_argument("--train", required=True, metavar="FILE", help="training data (.csv, .tsv, .jsonl, .parquet)")
+    parser.add_argument("--validation", required=True, metavar="FILE", help="validation data, same columns")
+    parser.add_argument("--workdir", required=True, metavar="DIR",
+                        help="checkpoints, metrics.jsonl, results.json, best/, TensorBoard events, finetune.png")
+    parser.add_argument("--config", metavar="PATH", default=None,
+                        help="a YAML run config (configs/finetune/); the task's defaults otherwise")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="config overrides, e.g. train.epochs=5 data.text_column=sentence")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.finetune.tasks import task_class
+    from bertjax.finetune.trainer import BEST_DIR, finetune
+
+    task = task_class(args.task)
+    config = load_finetune_config(args.config, args.overrides, task.defaults)
+    result = finetune(args.model, task, args.train, args.validation, args.workdir, config)
+    results = result.results
+    print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} in {result.seconds:.0f} s")
+    if results["best"] is not None:
+        print(f"best validation {results['main_metric']}: {results['best']:.4f} at step {results['best_step']} "
+              f"(epoch {results['best_epoch']:g}); model in {result.workdir / BEST_DIR}")
+    return 0
