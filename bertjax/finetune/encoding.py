@@ -106,7 +106,8 @@ def word_labels_to_tokens(word_of_token: np.ndarray, word_labels: Sequence[int])
 def token_predictions_to_words(word_of_token: np.ndarray, token_predictions: np.ndarray, num_words: int,
                                default: int) -> np.ndarray:
     """Per word, the prediction at its first sub-token; `default` for words without a position."""
-    out = np.full(num_words, default, np.int64)
+    token_predictions = np.asarray(token_predictions)
+    out = np.full(num_words, default, token_predictions.dtype)
     first = word_of_token >= 0
-    out[word_of_token[first]] = np.asarray(token_predictions)[first]
+    out[word_of_token[first]] = token_predictions[first]
     return out
