@@ -1,0 +1,149 @@
+"""`bertjax finetune` end to end on a tiny model (hidden 32, 2 layers): it learns a separable task, leaves its
+artefacts, resumes exactly, and runs every task through `bertjax predict`."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertjax.commands.predict import predict
+from bertjax.finetune.config import load_finetune_config
+from bertjax.finetune.tasks import task_class
+from bertjax.finetune.trainer import finetune
+from bertjax.train.metrics import read_metrics
+from finetune_helpers import NEGATIVE, NEUTRAL, POSITIVE, sentiment_rows, tiny_model_dir, write_jsonl
+
+FAST = ["train.batch_size=16", "train.learning_rate=3e-3", "data.max_length=16", "train.progress_bar=false",
+        "eval.batch_size=32"]
+
+
+def config(task: str, *overrides: str):
+    return load_finetune_config(None, FAST + list(overrides), task_class(task).defaults)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    return {"root": root, "model": tiny_model_dir(root / "model"),
+            "train": write_jsonl(root / "train.jsonl", sentiment_rows(256, 0)),
+            "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(64, 1))}
+
+
+@pytest.fixture(scope="module")
+def full_run(files):
+    workdir = files["root"] / "full"
+    result = finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
+                      workdir, config("sequence-classification"), say=lambda _: None)
+    return workdir, result
+
+
+def test_learns_a_separable_task_and_writes_its_artefacts(files, full_run):
+    workdir, result = full_run
+    records = read_metrics(workdir)
+    validation = [r for r in records if r["split"] == "validation"]
+    assert [r["step"] for r in validation] == [16, 32, 48] and [r["epoch"] for r in validation] == [1.0, 2.0, 3.0]
+    assert set(validation[0]) == {"step", "epoch", "split", "loss", "accuracy", "f1_macro", "mcc"}
+    assert max(r["accuracy"] for r in validation) >= 0.95
+    results = json.loads((workdir / "results.json").read_text())
+    best = max(validation, key=lambda r: r["accuracy"])
+    assert (results["main_metric"], results["best"], results["best_step"]) == ("accuracy", best["accuracy"],
+                                                                             best["step"])
+    assert (workdir / "finetune.png").is_file() and any((workdir / "tensorboard").iterdir())
+    # best/ predicts what the best evaluation measured
+    predictions = predict(workdir / "best", files["validation"])
+    gold = [json.loads(line)["label"] for line in files["validation"].read_text().splitlines()]
+    assert np.mean([p["label"] == g for p, g in zip(predictions, gold)]) == pytest.approx(best["accuracy"])
+    assert all(abs(sum(p["scores"].values()) - 1) < 1e-6 for p in predictions)
+
+
+def test_resume_after_a_stop_gives_the_same_metrics(files, full_run):
+    reference, _ = full_run
+    workdir = files["root"] / "resumed"
+    args = (files["model"], task_class("sequence-classification"), files["train"], files["validation"], workdir,
+            config("sequence-classification"))
+    stopped = finetune(*args, stop_after=21, say=lambda _: None)  # past the first evaluation, mid-epoch 2
+    assert stopped.final_step == 21 and not stopped.results["finished"]
+    resumed = finetune(*args, say=lambda _: None)
+    assert resumed.start_step == 21 and resumed.final_step == 48
+    assert read_metrics(workdir) == read_metrics(reference)
+
+
+def test_rerun_with_other_settings_is_refused(files, full_run):
+    reference, _ = full_run
+    with pytest.raises(ValueError, match="another config"):
+        finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
+                 reference, config("sequence-classification", "train.epochs=4"), say=lambda _: None)
+
+
+def test_validation_label_unseen_in_training(files, tmp_path):
+    validation = write_jsonl(tmp_path / "v.jsonl", [{"text": "good day", "label": "positive"},
+                                                     {"text": "a day", "label": "neutral"}])
+    with pytest.raises(ValueError, match=r"row 2: label 'neutral'.*does not occur in the training file"):
+        finetune(files["model"], task_class("sequence-classification"), files["train"], validation,
+                 tmp_path / "w", config("sequence-classification"), say=lambda _: None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The other tasks, one short run each, through the command line.
+
+def _tagging(rng, count):
+    rows = []
+    for _ in range(count):
+        words = [str(w) for w in rng.choice(NEUTRAL + POSITIVE, size=6)]
+        rows.append({"tokens": words, "tags": ["B-POS" if w in POSITIVE else "O" for w in words]})
+    return rows
+
+
+def _questions(rng, count):
+    rows = []
+    for i in range(count):
+        words = [str(w) for w in rng.choice(NEUTRAL, size=20)]
+        k = int(rng.integers(20))
+        words[k] = str(rng.choice(POSITIVE))
+        start = len(" ".join(words[:k])) + (1 if k else 0)
+        answers = {"text": [words[k]], "answer_start": [start]}
+        rows.append({"id": f"q{i}", "question": "who ?", "context": " ".join(words), "answers": answers})
+    return rows
+
+
+def _choices(rng, count):
+    rows = []
+    for _ in range(count):
+        label = int(rng.integers(3))
+        choices = [" ".join(rng.choice(NEGATIVE, 2)) for _ in range(3)]
+        choices[label] = " ".join(rng.choice(POSITIVE, 2))
+        rows.append({"question": "which is good ?", "choices": choices, "label": label})
+    return rows
+
+
+@pytest.mark.parametrize("task, make, overrides, metric", [
+    ("token-classification", _tagging, [], "f1"),
+    ("question-answering", _questions, ["data.doc_stride=4", "train.epochs=3"], "f1"),
+    ("multiple-choice", _choices, [], "accuracy"),
+])
+def test_each_task_trains_and_predicts(files, tmp_path, task, make, overrides, metric):
+    from bertjax.cli import main
+
+    rng = np.random.default_rng(0)
+    train = write_jsonl(tmp_path / "train.jsonl", make(rng, 128))
+    validation = write_jsonl(tmp_path / "validation.jsonl", make(rng, 32))
+    workdir = tmp_path / "work"
+    assert main(["finetune", "--model", str(files["model"]), "--task", task, "--train", str(train), "--validation",
+                 str(validation), "--workdir", str(workdir), "train.epochs=2", *FAST, *overrides]) == 0
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["main_metric"] == metric and results["best"] is not None
+    output = tmp_path / "predictions.jsonl"
+    assert main(["predict", "--model", str(workdir / "best"), "--input", str(validation), "--output",
+                 str(output)]) == 0
+    predictions = [json.loads(line) for line in output.read_text().splitlines()]
+    rows = [json.loads(line) for line in validation.read_text().splitlines()]
+    assert len(predictions) == len(rows)
+    if task == "token-classification":
+        assert all(len(p["tags"]) == len(r["tokens"]) for p, r in zip(predictions, rows))
+        predicted = [p["tags"] for p in predictions]
+        assert np.mean([p == r["tags"] for p, r in zip(predicted, rows)]) >= 0.9  # single-word entities: easy
+    if task == "question-answering":
+        assert all(p["answer"] == r["context"][p["start"]:p["end"]] for p, r in zip(predictions, rows))
+        assert [p["id"] for p in predictions] == [r["id"] for r in rows]
+    if task == "multiple-choice":
+        assert all(len(p["scores"]) == 3 for p in predictions)
