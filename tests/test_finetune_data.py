@@ -147,3 +147,47 @@ def test_best_span_over_windows_and_empty_answer(tok):
                         allow_empty=True).text == ""
     assert qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30,
                         allow_empty=False).text == "the dog"
+
+
+def test_packing_places_whole_examples_in_segments(tok):
+    from bertjax.finetune.packing import pack_rows
+
+    rows = encoding.encode_texts(tok, ["the cat sat on the mat", "dog", "the red house", "far away"], None, 12,
+                                 True, "f")
+    rows["labels"] = np.array([0, 1, 0, 1], np.int32)
+    packed = pack_rows(rows, tok.pad_id)
+    # lengths 8, 3, 5, 4 with specials; rows of 12: [8 + 3], [5 + 4]
+    assert packed["slot_example"].tolist() == [[0, 1], [2, 3]]
+    assert packed["labels"].tolist() == [[0, 1], [0, 1]]
+    assert packed["segment_ids"][0].tolist() == [1] * 8 + [2] * 3 + [0]
+    assert packed["segment_ids"][1].tolist() == [1] * 5 + [2] * 4 + [0] * 3
+    second = packed["input_ids"][0, 8:11]
+    assert second.tolist() == rows["input_ids"][1, :3].tolist()  # [CLS] dog [SEP], unchanged
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Run config.
+
+def test_presets_spell_out_the_task_defaults():
+    from pathlib import Path
+
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.finetune.tasks import TASKS
+
+    presets = Path(__file__).parent.parent / "configs" / "finetune"
+    for name, task in TASKS.items():
+        assert load_finetune_config(presets / f"{name}.yaml") == load_finetune_config(None, [], task.defaults), name
+
+
+def test_config_errors_name_the_key():
+    from bertjax.finetune.config import ConfigError, load_finetune_config
+
+    for override, message in [("train.epoch=3", "unknown key train.epoch"),
+                              ("train.learning_rate=fast", "train.learning_rate must be a number"),
+                              ("train.warmup_ratio=2", r"train.warmup_ratio must be in \[0, 1\]"),
+                              ("data.max_length=0", "data.max_length must be positive"),
+                              ("task.problem_type=ranking", "task.problem_type must be one of")]:
+        with pytest.raises(ConfigError, match=message):
+            load_finetune_config(None, [override])
+    config = load_finetune_config(None, ["data.text_column=sentence", "train.learning_rate=1e-4"])
+    assert config.data.text_column == "sentence" and config.train.learning_rate == 1e-4

@@ -163,3 +163,14 @@ def test_each_task_trains_and_predicts(files, tmp_path, task, make, overrides, m
         assert [p["id"] for p in predictions] == [r["id"] for r in rows]
     if task == "multiple-choice":
         assert all(len(p["scores"]) == 3 for p in predictions)
+
+
+def test_packed_rows_predict_what_padded_rows_do(files, full_run):
+    """Packing only moves examples into shared rows: every example gets the scores it gets alone."""
+    workdir, _ = full_run
+    padded = predict(workdir / "best", files["validation"], ["data.max_length=16"])
+    packed = predict(workdir / "best", files["validation"], ["data.packing=true", "data.max_length=64"])
+    for one, other in zip(padded, packed):
+        assert one["label"] == other["label"]
+        for name in one["scores"]:
+            assert one["scores"][name] == pytest.approx(other["scores"][name], abs=1e-5)
