@@ -13,6 +13,7 @@ from bertjax.config import EncoderConfig
 from bertjax.hf.bert import bert_layer
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
+from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures, bert_like_keys
 from bertjax.hf.mapping import KeyMapping, TensorRule, embedding, layer_norm, linear, mlm_decoder
 
 MODEL_TYPE = "electra"
@@ -94,6 +95,13 @@ def key_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
     return KeyMapping(rules, frozenset(ignored))
 
 
+# ElectraClassificationHead: dense -> exact GELU -> out_proj; multiple choice's ElectraSequenceSummary is the same
+# on the first token with the default summary_* keys (checked on import).
+_TASK_HEADS = TaskHeads(
+    base_prefix="electra.", architectures=architectures("Electra"), activation="gelu",
+    keys=bert_like_keys(HeadKeys(out="classifier.out_proj", dense="classifier.dense"),
+                        HeadKeys(out="classifier", dense="sequence_summary.summary")))
+
 FAMILY = HfFamily(
     model_type=MODEL_TYPE,
     architectures={"ElectraModel": "encoder", "ElectraForMaskedLM": "masked_lm",
@@ -101,4 +109,5 @@ FAMILY = HfFamily(
     to_encoder_config=to_encoder_config,
     to_hf_config=to_hf_config,
     key_mapping=key_mapping,
+    task_heads=_TASK_HEADS,
 )

@@ -79,13 +79,13 @@ def from_pretrained(path: str, dtype=None) -> tuple[nn.Module, dict]:
     values = _read_config(path)
     family, head = registry.architecture(values)
     model_type = family.model_type
-    config = family.to_encoder_config(values, head)
+    config = family.encoder_config(values, head)
     if config.family != model_type:
         raise RuntimeError(f"bertjax.hf.{model_type} built an EncoderConfig with family={config.family!r}")
     config = config.replace(dtype=dtype_name, param_dtype=dtype_name)
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
-    mapping = family.key_mapping(config, head)
+    mapping = family.mapping(config, head)
     _check_mapping_covers(mapping, expected)
 
     tensors = weights.read_weights(path)
@@ -141,9 +141,9 @@ def save_pretrained(path: str, model: nn.Module, params: dict) -> None:
     config: EncoderConfig = model.config
     head = head_of(model)
     family = registry.family_named(config.family, source="EncoderConfig.family")
-    hf_config = {"architectures": [family.architecture_for(head)], **family.to_hf_config(config, head)}
+    hf_config = {"architectures": [family.architecture_for(head)], **family.hf_config(config, head)}
     flat = _flatten_checked(model, params)
-    mapping = family.key_mapping(config, head)
+    mapping = family.mapping(config, head)
     _check_mapping_covers(mapping, expected_params(model))
     tensors: dict[str, np.ndarray] = {}
     for rule in mapping.rules:
