@@ -183,3 +183,48 @@ def test_task_head_matches_transformers_and_round_trips(case, prefix, factory, h
         np.testing.assert_allclose(again[name], expected[name], atol=1e-6, rtol=0)
     again_model, _ = bertjax.from_pretrained(str(tmp_path / "bj"))
     assert again_model.config == model.config
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Starting a task head from an encoder or MLM checkpoint.
+
+@pytest.mark.parametrize("source,target,reused", [
+    ("BertForPreTraining", "sequence_classification", True),  # the pretrained pooler is the classifier's dense
+    ("ModernBertModel", "token_classification", False),
+])
+def test_encoder_checkpoint_into_task_head_initialises_only_the_head(source, target, reused, tmp_path, caplog):
+    factory = bert_config if source.startswith("Bert") else lambda: modernbert_config(3, 2, 8)
+    torch.manual_seed(0)
+    reference = getattr(transformers, source)(factory()).eval()
+    perturb_(reference, seed=1)
+    reference.save_pretrained(str(tmp_path))
+    base, base_params = bertjax.from_pretrained(str(tmp_path), head="encoder")
+    with caplog.at_level("WARNING", logger="bertjax.hf.pretrained"):
+        model, params = bertjax.from_pretrained(str(tmp_path), head=target, num_labels=5, labels=tuple("abcde"),
+                                                seed=3)
+    assert type(model) is bertjax.MODEL_CLASSES[target] and model.config.task.labels == tuple("abcde")
+    message = caplog.text
+    assert f"new {target} head" in message and "classifier/out/kernel" in message
+    assert ("classifier/dense/kernel" in message) != reused
+    # The backbone is the checkpoint's, parameter for parameter.
+    for scope in ("embeddings", "encoder"):
+        for a, b in zip(jax.tree.leaves(params[scope]), jax.tree.leaves(base_params[scope])):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if reused:  # the pooler's weights (BertForSequenceClassification uses them as transformers does)
+        np.testing.assert_array_equal(np.asarray(params["classifier"]["dense"]["kernel"]),
+                                      np.asarray(base_params["pooler"]["dense"]["kernel"]))
+    assert params["classifier"]["out"]["kernel"].shape == (32, 5)
+    # Same encoder output as the bare model; the head is trained from here.
+    ids, mask, _ = task_batch(target, reference.config.pad_token_id, token_types=False)
+    out = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    bare = base.apply({"params": base_params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    np.testing.assert_array_equal(np.asarray(out.last_hidden_state), np.asarray(bare.last_hidden_state))
+
+
+def test_task_settings_refused_outside_task_heads_and_unknown_fields(tmp_path):
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM(bert_config()).save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="need a task head"):
+        bertjax.from_pretrained(str(tmp_path), num_labels=3)
+    with pytest.raises(ValueError, match="TaskConfig has no field"):
+        bertjax.from_pretrained(str(tmp_path), head="sequence_classification", num_label=3)

@@ -30,6 +30,11 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     read.expect("is_decoder", (False,))
     read.expect("add_cross_attention", (False,))
     read.expect("position_embedding_type", ("absolute",))  # older files carry it; relative kinds are refused
+    if head == "multiple_choice":  # ElectraSequenceSummary: bertjax builds its default (first token, proj, gelu)
+        read.expect("summary_type", ("first",))
+        read.expect("summary_use_proj", (True,))
+        read.expect("summary_activation", ("gelu",))
+        read.expect("summary_proj_to_labels", (False,))
     return EncoderConfig(
         family=MODEL_TYPE,
         vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),

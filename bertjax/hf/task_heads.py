@@ -65,10 +65,10 @@ class TaskHeads:
         task heads the labels, problem type, dropout and pooling of config.json."""
         config = config.replace(**self.layout(config))
         if head in TASK_HEADS:
-            config = config.replace(task=self.read_task(values, head))
+            config = config.replace(task=self.read_task(values))
         return config
 
-    def read_task(self, values: dict, head: str) -> TaskConfig:
+    def read_task(self, values: dict) -> TaskConfig:
         id2label = values.get("id2label")
         if id2label is not None:
             if not isinstance(id2label, dict) or not id2label:
@@ -85,9 +85,6 @@ class TaskHeads:
             num_labels = values.get("num_labels", 2)
             names = None
         labels = None if names is None or names == TaskConfig(num_labels=num_labels).label_names else names
-        if head == "question_answering" and num_labels != 2:
-            raise ValueError(f"config.json: a question-answering head has 2 outputs (start, end); num_labels is "
-                             f"{num_labels}")
         pooling = self.pooling_default
         if self.poolings and values.get("classifier_pooling") is not None:
             by_hf_name = {hf: ours for ours, hf in self.poolings.items()}
