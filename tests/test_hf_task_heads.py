@@ -228,3 +228,47 @@ def test_task_settings_refused_outside_task_heads_and_unknown_fields(tmp_path):
         bertjax.from_pretrained(str(tmp_path), num_labels=3)
     with pytest.raises(ValueError, match="TaskConfig has no field"):
         bertjax.from_pretrained(str(tmp_path), head="sequence_classification", num_label=3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Task settings: typed, hashable, round-tripped; export refuses what a family cannot write.
+
+def test_task_config_is_typed_hashable_and_round_trips_through_json():
+    import json
+
+    task = TaskConfig(num_labels=3, labels=("a", "b", "c"), problem_type="single_label_classification",
+                      classifier_dropout=0.1, classifier_pooling="mean")
+    config = bertjax.get_config("modernbert-tiny", task=task)
+    hash(config)  # a jit static argument
+    assert task.id2label == {0: "a", 1: "b", 2: "c"} and task.label2id == {"a": 0, "b": 1, "c": 2}
+    assert TaskConfig(num_labels=2).label_names == ("LABEL_0", "LABEL_1")
+    assert bertjax.EncoderConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    for bad, match in [(dict(num_labels=2, labels=("a",)), "2 names|1 names"),
+                       (dict(labels=["a", "b"]), "TaskConfig.labels"),
+                       (dict(labels=("a", "a")), "distinct"),
+                       (dict(problem_type="ranking"), "TaskConfig.problem_type"),
+                       (dict(classifier_pooling="max"), "TaskConfig.classifier_pooling"),
+                       (dict(num_labels=0), "TaskConfig.num_labels")]:
+        with pytest.raises(ValueError, match=match):
+            TaskConfig(**bad)
+
+
+@pytest.mark.parametrize("preset,head,task,match", [
+    ("bert-tiny", "sequence_classification", TaskConfig(classifier_pooling="mean"), "task.classifier_pooling"),
+    ("modernbert-tiny", "sequence_classification", TaskConfig(classifier_pooling="late"), "task.classifier_pooling"),
+    ("roberta-tiny", "question_answering", TaskConfig(num_labels=3), "task.num_labels=3"),
+])
+def test_export_refuses_task_settings_the_family_cannot_write(preset, head, task, match, tmp_path):
+    model = bertjax.MODEL_CLASSES[head](bertjax.get_config(preset, task=task))
+    with pytest.raises(ValueError, match=match):
+        bertjax.save_pretrained(str(tmp_path), model, {})
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_export_refuses_another_family_classifier_layout(tmp_path):
+    model = bertjax.EncoderForSequenceClassification(bertjax.get_config("bert-tiny", classifier_activation="gelu"))
+    with pytest.raises(ValueError, match="classifier_activation='gelu'"):
+        bertjax.save_pretrained(str(tmp_path), model, {})
+    with pytest.raises(ValueError, match="no bertjax head|transformers has no eurobert architecture"):
+        bertjax.save_pretrained(str(tmp_path), bertjax.EncoderForQuestionAnswering(
+            bertjax.get_config("eurobert-tiny")), {})
