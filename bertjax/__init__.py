@@ -10,10 +10,12 @@ from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForMultipl
 __version__ = "0.1.0"
 
 
-def from_pretrained(path, dtype=None):
-    """Load a Hugging Face checkpoint directory: returns (model, params). See `bertjax.hf`."""
+def from_pretrained(path, dtype=None, *, head=None, seed=0, **task):
+    """Load a Hugging Face checkpoint directory: returns (model, params). `head="sequence_classification"` (and
+    TaskConfig fields such as num_labels=3) starts a new task head on the checkpoint's encoder. See
+    `bertjax.hf.pretrained.from_pretrained`."""
     from bertjax.hf import from_pretrained as _load
-    return _load(path, dtype=dtype)
+    return _load(path, dtype=dtype, head=head, seed=seed, **task)
 
 
 def save_pretrained(path, model, params) -> None:
