@@ -72,6 +72,26 @@ def test_learns_a_separable_task_and_writes_its_artefacts(files, full_run):
     assert all(abs(sum(p["scores"].values()) - 1) < 1e-6 for p in predictions)
 
 
+def test_best_is_a_transformers_directory(files, full_run):
+    """best/ loads in transformers with its labels and gives the probabilities `bertjax predict` gives."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from bertjax.data import load_tokenizer
+    from bertjax.finetune.encoding import encode_texts
+
+    best = full_run[0] / "best"
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(best).eval()
+    assert model.config.id2label == {0: "negative", 1: "positive"}
+    texts = [json.loads(line)["text"] for line in files["validation"].read_text().splitlines()[:8]]
+    rows = encode_texts(load_tokenizer(best), texts, None, 16, True, "validation")
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(rows["input_ids"], dtype=torch.long),
+                       attention_mask=torch.tensor(rows["segment_ids"], dtype=torch.long)).logits
+    reference = torch.softmax(logits, -1).numpy()
+    ours = [[p["scores"]["negative"], p["scores"]["positive"]] for p in predict(best, files["validation"])[:8]]
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
 def test_resume_after_a_stop_gives_the_same_metrics(files, full_run):
     reference, _ = full_run
     workdir = files["root"] / "resumed"
