@@ -191,3 +191,16 @@ def test_config_errors_name_the_key():
             load_finetune_config(None, [override])
     config = load_finetune_config(None, ["data.text_column=sentence", "train.learning_rate=1e-4"])
     assert config.data.text_column == "sentence" and config.train.learning_rate == 1e-4
+
+
+def test_demo_dataset_is_labelled_split_and_stable(tmp_path):
+    from bertjax.finetune import demo_data
+    from bertjax.finetune.readers import read_rows
+
+    counts = demo_data.write_dataset(tmp_path / "a")
+    assert counts["train"] > 300 and counts["validation"] > 50
+    train, validation = read_rows(tmp_path / "a" / "train.jsonl"), read_rows(tmp_path / "a" / "validation.jsonl")
+    assert {r["label"] for r in train} == {r["label"] for r in validation} == set(demo_data.PACKAGES)
+    assert not {r["text"] for r in train} & {r["text"] for r in validation}
+    demo_data.write_dataset(tmp_path / "b")
+    assert (tmp_path / "a" / "train.jsonl").read_bytes() == (tmp_path / "b" / "train.jsonl").read_bytes()
