@@ -204,3 +204,76 @@ def test_demo_dataset_is_labelled_split_and_stable(tmp_path):
     assert not {r["text"] for r in train} & {r["text"] for r in validation}
     demo_data.write_dataset(tmp_path / "b")
     assert (tmp_path / "a" / "train.jsonl").read_bytes() == (tmp_path / "b" / "train.jsonl").read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Label spaces and losses of the tasks (no model needed).
+
+def _classification(**task):
+    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.tasks import task_class
+
+    return task_class("sequence-classification")(FinetuneDataConfig(), TaskConfig(**task))
+
+
+def test_labels_integers_strings_and_regression():
+    rows = lambda labels: [{"text": "a", "label": v} for v in labels]
+    assert _classification().fit_labels(rows(["10", "2", "2.0"]), "f", None).names == ("2", "10")
+    assert _classification().fit_labels(rows(["pos", "neg"]), "f", None).names == ("neg", "pos")
+    assert _classification().fit_labels(rows(["0.5", "3.2"]), "f", None).regression
+    assert _classification(num_labels=1).fit_labels(rows(["0", "1"]), "f", None).regression
+    with pytest.raises(ValueError, match="needs at least two classes"):
+        _classification().fit_labels(rows(["x", "x"]), "f", None)
+    with pytest.raises(ValueError, match="regression needs numeric labels"):
+        _classification(problem_type="regression").fit_labels(rows(["x", "1"]), "f", None)
+
+
+def test_losses_match_their_definitions(tok):
+    import types
+
+    import jax.numpy as jnp
+
+    task = _classification()
+    logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [5.0, 5.0]])
+    batch = {"labels": jnp.array([0, 0, 1]), "weight": jnp.array([1.0, 1.0, 0.0])}  # third row is padding
+    total, count = task.loss_sums(types.SimpleNamespace(logits=logits), batch)
+    expected = np.log1p(np.exp(-2.0)) + np.log1p(np.exp(1.0))
+    assert float(count) == 2 and float(total) == pytest.approx(expected, rel=1e-6)
+    regression = {"labels": jnp.array([1.0, 3.0]), "weight": jnp.array([1.0, 1.0])}
+    total, count = task.loss_sums(types.SimpleNamespace(logits=jnp.array([[2.0], [0.0]])), regression)
+    assert float(total) / float(count) == pytest.approx((1 + 9) / 2)
+
+
+def test_task_input_errors_and_counted_skips(tok):
+    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.tasks import Labels, task_class
+
+    data = FinetuneDataConfig(max_length=32, doc_stride=8)
+    qa_task = task_class("question-answering")(data, TaskConfig())
+    good = {"question": "who ran ?", "context": CONTEXT, "answers": {"text": ["dog"], "answer_start": [
+        CONTEXT.index("dog")]}}
+    wrong = {"question": "who ran ?", "context": CONTEXT, "answers": {"text": ["cat"], "answer_start": [0]}}
+    unanswerable = {"question": "who ?", "context": CONTEXT, "answers": {"text": [], "answer_start": []}}
+    labels = qa_task.fit_labels([good, wrong, unanswerable], "train.jsonl", None)
+    assert labels.unanswerable
+    train = qa_task.encode(tok, [good, wrong, unanswerable], labels, "train.jsonl", with_targets=True, training=True)
+    assert len(train.examples) == 2 and "1 of 3 questions have no answer text at their answer_start" in train.notes[0]
+    assert "skipped for training" in train.notes[0]
+    validation = qa_task.encode(tok, [good, wrong], labels, "dev.jsonl", with_targets=True)
+    assert len(validation.examples) == 2 and "kept, scored against their gold texts" in validation.notes[0]
+
+    tagger = task_class("token-classification")(data, TaskConfig())
+    tags = tagger.fit_labels([{"tokens": ["the", "cat"], "tags": ["O", "B-ANIMAL"]}], "train.jsonl", None)
+    assert tags.names == ("O", "B-ANIMAL")
+    with pytest.raises(ValueError, match=r"dev.jsonl, row 1, word 1: label 'B-PLACE' in column 'tags' does not occur"):
+        tagger.encode(tok, [{"tokens": ["paris"], "tags": ["B-PLACE"]}], tags, "dev.jsonl", with_targets=True)
+    with pytest.raises(ValueError, match="2 words but 1 tags"):
+        tagger.fit_labels([{"tokens": ["the", "cat"], "tags": ["O"]}], "train.jsonl", None)
+
+    classifier = task_class("sequence-classification")(FinetuneDataConfig(max_length=6, truncation=False),
+                                                       TaskConfig())
+    with pytest.raises(ValueError, match=r"train.jsonl, example 1 is 8 tokens, longer than data.max_length=6"):
+        classifier.encode(tok, [{"text": "the cat sat on the mat", "label": "a"}], Labels(names=("a", "b")),
+                          "train.jsonl", with_targets=True)
+    with pytest.raises(ValueError, match=r"no column 'text'.*data.text_column=NAME"):
+        classifier.fit_labels([{"sentence": "x", "label": "a"}], "train.jsonl", None)

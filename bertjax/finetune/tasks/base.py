@@ -121,14 +121,14 @@ def fit_names(values: list, source: str, column: str, known: tuple[str, ...] | N
     return tuple(sorted(seen))
 
 
-def label_ids(values: list, names: tuple[str, ...], source: str, column: str) -> np.ndarray:
+def label_ids(values: list, names: tuple[str, ...], source: str, column: str, unit: str = "row") -> np.ndarray:
     """ids of `values`; a value the training file never had is an error, never a silent wrong label."""
     index = {name: i for i, name in enumerate(names)}
     out = np.empty(len(values), np.int32)
     for row, value in enumerate(values):
         key = label_key(value)
         if key not in index:
-            raise ValueError(f"{source}, row {row + 1}: label {value!r} in column {column!r} does not occur in the "
+            raise ValueError(f"{source}, {unit} {row + 1}: label {value!r} in column {column!r} does not occur in the "
                              f"training file (its labels: {list(names)})")
         out[row] = index[key]
     return out

@@ -51,7 +51,7 @@ class TokenClassification(Task):
             row, word_of_token = encode_words(tokenizer, words, self.data.max_length, self.data.truncation,
                                               f"{source}, row {i + 1}")
             if with_targets:
-                ids = label_ids(tags, labels.names, f"{source}, row {i + 1}", self.data.tags_column)
+                ids = label_ids(tags, labels.names, f"{source}, row {i + 1}", self.data.tags_column, unit="word")
                 row["labels"] = word_labels_to_tokens(word_of_token, ids)
             encoded.append(row)
             word_maps.append(word_of_token)
