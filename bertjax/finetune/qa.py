@@ -12,8 +12,6 @@ the empty answer wins when the [CLS] score beats every span.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-
 import numpy as np
 
 from bertjax.finetune.encoding import layout
@@ -121,7 +119,3 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndar
     if allow_empty and (best.start < 0 or null_score > best.score):
         return SpanPrediction("", -1, -1, null_score)
     return best
-
-
-def gold_texts(answers: Sequence[Answer]) -> list[str]:
-    return [a.text for a in answers]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -254,7 +253,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     for note in train_data.notes + validation.notes:
         say(note)
     model = task_model(base_model.config, task, labels, config.task.problem_type)
-    main_metric = task.main_metric_for(labels) if hasattr(task, "main_metric_for") else task.main_metric
+    main_metric = task.main_metric_for(labels)
 
     mesh = mesh_lib.build_mesh(config.mesh)
     if config.train.batch_size % mesh_lib.batch_shards(mesh) or config.eval.batch_size % mesh_lib.batch_shards(mesh):

@@ -59,6 +59,10 @@ class Task(abc.ABC):
         self.data = data_config
         self.task_config = task_config
 
+    def main_metric_for(self, labels: "Labels") -> str:
+        """The metric best/ follows for this label space (regression follows another one than classification)."""
+        return self.main_metric
+
     # -- labels and data ----------------------------------------------------------------------------------------
     @abc.abstractmethod
     def fit_labels(self, rows: list[dict], source: str, known: tuple[str, ...] | None) -> Labels:
@@ -110,7 +114,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return exp / exp.sum(-1, keepdims=True)
 
 
-def fit_names(values: list, source: str, column: str, known: tuple[str, ...] | None) -> tuple[str, ...]:
+def fit_names(values: list, known: tuple[str, ...] | None) -> tuple[str, ...]:
     """Label names of a training file: integers in numeric order, other strings sorted; a checkpoint's own names
     first when it already has all of them (its classifier rows keep their meaning)."""
     seen = {label_key(v) for v in values}

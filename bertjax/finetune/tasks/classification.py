@@ -15,13 +15,13 @@ from bertjax.finetune.encoding import encode_texts
 from bertjax.finetune.packing import pack_rows
 from bertjax.finetune.readers import require_columns
 from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, fit_names, is_number, label_ids,
-                                         label_key, softmax)
+                                         softmax)
 
 
 class SequenceClassification(Task):
     name = "sequence-classification"
     head = "sequence_classification"
-    main_metric = "accuracy"  # regression: pearson (see `main_metric_for`)
+    main_metric = "accuracy"  # regression: pearson
     defaults = {"train": {"learning_rate": 2e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
 
     def main_metric_for(self, labels: Labels) -> str:
@@ -48,7 +48,7 @@ class SequenceClassification(Task):
                 raise ValueError(f"{source}: regression needs numeric labels, got {bad!r} in column "
                                  f"{self.data.label_column!r}")
             return Labels(regression=True)
-        names = fit_names(values, source, self.data.label_column, known)
+        names = fit_names(values, known)
         if self.task_config.num_labels is not None and self.task_config.num_labels != len(names):
             raise ValueError(f"{source}: task.num_labels={self.task_config.num_labels} but the training labels are "
                              f"{len(names)}: {list(names)}")
@@ -68,7 +68,7 @@ class SequenceClassification(Task):
             if labels.regression:
                 gold = np.asarray([float(v) for v in values], np.float32)
             else:
-                gold = label_ids([label_key(v) for v in values], labels.names, source, self.data.label_column)
+                gold = label_ids(values, labels.names, source, self.data.label_column)
             arrays["labels"] = gold
         if self.data.packing:
             arrays = pack_rows(arrays, tokenizer.pad_id)

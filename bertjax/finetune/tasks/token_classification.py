@@ -39,7 +39,7 @@ class TokenClassification(Task):
 
     def fit_labels(self, rows, source, known):
         tags = [t for _, sentence in self._words_and_tags(rows, source, True) for t in sentence]
-        names = fit_names(tags, source, self.data.tags_column, known)
+        names = fit_names(tags, known)
         if "O" in names and not known:  # the outside tag first, as CoNLL label lists have it
             names = ("O",) + tuple(n for n in names if n != "O")
         return Labels(names=names)
