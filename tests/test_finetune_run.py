@@ -194,3 +194,16 @@ def test_packed_rows_predict_what_padded_rows_do(files, full_run):
         assert one["label"] == other["label"]
         for name in one["scores"]:
             assert one["scores"][name] == pytest.approx(other["scores"][name], abs=1e-5)
+
+
+def test_early_stopping_stops_and_stays_stopped(files):
+    workdir = files["root"] / "early"
+    args = (files["model"], task_class("sequence-classification"), files["train"], files["validation"], workdir,
+            config("sequence-classification", "eval.every=4", "train.early_stopping_patience=2"))
+    result = finetune(*args, say=lambda _: None)
+    validation = [r["accuracy"] for r in read_metrics(workdir) if r["split"] == "validation"]
+    best = validation.index(max(validation))
+    assert result.results["stopped_early"] and len(validation) == best + 3 and result.final_step < 48
+    records = read_metrics(workdir)
+    again = finetune(*args, say=lambda _: None)  # rerunning a stopped run trains no further
+    assert again.final_step == result.final_step and read_metrics(workdir) == records

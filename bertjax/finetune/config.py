@@ -41,6 +41,7 @@ class FinetuneTrainConfig:
     warmup_ratio: float = 0.1  # share of the updates spent warming up
     max_grad_norm: float | None = 1.0  # global-norm clipping, as transformers' Trainer
     seed: int = 0  # head initialisation, shuffling, dropout
+    early_stopping_patience: int = 0  # stop after this many evaluations without a better main metric; 0: never
     progress_bar: bool = True
 
 
@@ -130,6 +131,9 @@ def _validate(config: FinetuneConfig) -> None:
         raise ConfigError(f"train.warmup_ratio must be in [0, 1], got {config.train.warmup_ratio}")
     if config.train.weight_decay < 0:
         raise ConfigError(f"train.weight_decay must be >= 0, got {config.train.weight_decay}")
+    if config.train.early_stopping_patience < 0:
+        raise ConfigError(f"train.early_stopping_patience must be >= 0 (0: off), got "
+                          f"{config.train.early_stopping_patience}")
     if config.eval.every < 0:
         raise ConfigError(f"eval.every must be >= 0 (0: at the end of each epoch), got {config.eval.every}")
     if config.task.num_labels is not None and config.task.num_labels <= 0:

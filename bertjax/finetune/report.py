@@ -23,6 +23,13 @@ def best_record(records: list[dict], metric: str) -> dict | None:
     return best
 
 
+def evaluations_since_best(records: list[dict], metric: str) -> int:
+    """Validation records after the best one (early stopping counts them)."""
+    best = best_record(records, metric)
+    validation = [r for r in records if r.get("split") == VALIDATION and metric in r]
+    return 0 if best is None else len(validation) - 1 - validation.index(best)
+
+
 def write_results(workdir: Path, task: str, metric: str, extra: dict) -> dict:
     records = read_metrics(workdir)
     best = best_record(records, metric)

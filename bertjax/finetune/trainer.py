@@ -293,8 +293,10 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     step = start_step
     end = total_steps if stop_after is None else min(total_steps, start_step + stop_after)
     learning_rate = float("nan")
+    patience = config.train.early_stopping_patience
+    stopped_early = bool(patience) and report.evaluations_since_best(log.records, main_metric) >= patience
     try:
-        while step < end:
+        while step < end and not stopped_early:
             batch, _ = batch_lib.train_batch(train_data.arrays, step, config.train.batch_size, config.train.seed)
             state, metrics = train_step(state, batch)
             step += 1
@@ -318,6 +320,9 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
                     save_best(workdir / BEST_DIR, model, state.params, tokenizer, task, labels, config,
                               lambda text: _say(bar, say, text))
                 accumulated = {"loss_sum": 0.0, "count": 0.0}
+                if patience and report.evaluations_since_best(log.records, main_metric) >= patience:
+                    stopped_early = True
+                    _say(bar, say, f"early stopping: no better {main_metric} in {patience} evaluations")
             if evaluating or step % config.checkpoint.every == 0 or step == end:
                 checkpointer.save(step, state, accumulated)
     finally:
@@ -326,6 +331,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
         log.close()
         checkpointer.close()
     results = report.write_results(workdir, task.name, main_metric,
-                                   {"steps": step, "total_steps": total_steps, "finished": step == total_steps})
+                                   {"steps": step, "total_steps": total_steps, "stopped_early": stopped_early,
+                                    "finished": step == total_steps or stopped_early})
     report.plot(workdir, main_metric)
     return FinetuneResult(workdir, results, start_step, step, time.time() - started, model, state.params, labels)
