@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "compile-check": "bertjax.commands.compile_check",
     "finetune": "bertjax.commands.finetune",
     "predict": "bertjax.commands.predict",
+    "glue": "bertjax.commands.glue",
 }
 
 

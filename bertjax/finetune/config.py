@@ -69,6 +69,7 @@ class FinetuneDataConfig:
 class FinetuneEvalConfig:
     every: int = 0  # steps between evaluations on the validation file; 0: at the end of each epoch
     batch_size: int = 64
+    main_metric: str | None = None  # what best/ and early stopping follow; None: the task's (accuracy, f1, ...)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -253,7 +253,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     for note in train_data.notes + validation.notes:
         say(note)
     model = task_model(base_model.config, task, labels, config.task.problem_type)
-    main_metric = task.main_metric_for(labels)
+    main_metric = config.eval.main_metric or task.main_metric_for(labels)
 
     mesh = mesh_lib.build_mesh(config.mesh)
     if config.train.batch_size % mesh_lib.batch_shards(mesh) or config.eval.batch_size % mesh_lib.batch_shards(mesh):
@@ -313,6 +313,9 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
                 outputs, loss = run_eval(evaluate, state.params, validation, config.eval.batch_size)
                 record = log.log(step, epoch, report.VALIDATION,
                                  {"loss": loss, **task.metrics(outputs, validation, labels)})
+                if main_metric not in record:
+                    raise ValueError(f"eval.main_metric: {main_metric!r} is not a metric of this task; its metrics: "
+                                     f"{sorted(k for k in record if k not in ('step', 'epoch', 'split'))}")
                 _say(bar, say, f"step {step} epoch {epoch:.2f}: " + ", ".join(
                     f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float) and k != "epoch"))
                 if best is None or record[main_metric] > best[main_metric]:
