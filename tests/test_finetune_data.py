@@ -277,3 +277,20 @@ def test_task_input_errors_and_counted_skips(tok):
                           "train.jsonl", with_targets=True)
     with pytest.raises(ValueError, match=r"no column 'text'.*data.text_column=NAME"):
         classifier.fit_labels([{"sentence": "x", "label": "a"}], "train.jsonl", None)
+
+
+def test_sentencepiece_offsets_are_character_offsets(tmp_path):
+    """SentencePiece reports byte offsets; multi-byte characters (byte-fallback pieces) map to one character."""
+    from pydoc_data.topics import topics
+
+    from bertjax.data import load_tokenizer
+    from bertjax.data.tokenizer_training import train_sentencepiece
+
+    train_sentencepiece([topics[name] for name in sorted(topics)][:20], tmp_path, vocab_size=600, model_type="bpe")
+    sp = load_tokenizer(tmp_path)
+    text = "Héllo  wörld, the café"
+    ids, offsets = sp.encode_with_offsets(text)
+    assert ids.tolist() == sp.encode(text).tolist()
+    pieces = "".join(text[a:b] for a, b in offsets)
+    assert pieces == text.replace(" ", "")  # every visible character exactly once, spaces trimmed
+    assert all(a <= b for a, b in offsets) and offsets.max() <= len(text)
