@@ -14,6 +14,7 @@ import pytest
 
 import bertjax
 from bertjax import TaskConfig
+from test_hf_parity import random_bertjax_params
 
 # Each packed example is one segment; the padded batch holds the same examples one per row.
 EXAMPLE_LENGTHS = (5, 3, 7, 4)
@@ -43,12 +44,12 @@ def packed_and_padded(seed: int = 0):
 def test_packed_rows_give_the_padded_logits(preset, pooling):
     config = bertjax.get_config(preset, vocab_size=100, task=TaskConfig(num_labels=3, classifier_pooling=pooling))
     model = bertjax.EncoderForSequenceClassification(config)
-    params = bertjax.init_params(model, jax.random.key(0))
-    params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(1), p.shape), params)
+    params = random_bertjax_params(model, seed=1)
     padded, mask, packed, segments = packed_and_padded()
-    expected = model.apply({"params": params}, jnp.asarray(padded), attention_mask=jnp.asarray(mask)).logits
-    out = model.apply({"params": params}, jnp.asarray(packed), segment_ids=jnp.asarray(segments),
-                      max_segments=MAX_SEGMENTS)
+    apply = jax.jit(model.apply, static_argnames="max_segments")  # one compile per shape, not one per op
+    expected = apply({"params": params}, jnp.asarray(padded), attention_mask=jnp.asarray(mask)).logits
+    out = apply({"params": params}, jnp.asarray(packed), segment_ids=jnp.asarray(segments),
+                max_segments=MAX_SEGMENTS)
     assert out.logits.shape == (len(PACKED_ROWS), MAX_SEGMENTS, 3) and out.logits.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(out.segment_mask), [[True, True, True], [True, False, False]])
     for r, members in enumerate(PACKED_ROWS):
@@ -164,8 +165,9 @@ def test_task_head_matches_transformers_and_round_trips(case, prefix, factory, h
 
     ids, mask, extra = task_batch(head, reference.config.pad_token_id, token_types)
     expected = hf_outputs(reference, ids, mask, extra)
-    assert_close(model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
-                             **{k: jnp.asarray(v) for k, v in extra.items()}), expected, mask, head)
+    ours = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
+                                **{k: jnp.asarray(v) for k, v in extra.items()})
+    assert_close(ours, expected, mask, head)
 
     # bertjax -> transformers: the same class, labels and problem type, every tensor consumed, equal outputs.
     bertjax.save_pretrained(str(tmp_path / "bj"), model, params)
@@ -216,8 +218,8 @@ def test_encoder_checkpoint_into_task_head_initialises_only_the_head(source, tar
     assert params["classifier"]["out"]["kernel"].shape == (32, 5)
     # Same encoder output as the bare model; the head is trained from here.
     ids, mask, _ = task_batch(target, reference.config.pad_token_id, token_types=False)
-    out = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
-    bare = base.apply({"params": base_params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    out = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    bare = jax.jit(base.apply)({"params": base_params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
     np.testing.assert_array_equal(np.asarray(out.last_hidden_state), np.asarray(bare.last_hidden_state))
 
 
