@@ -274,3 +274,21 @@ def test_export_refuses_another_family_classifier_layout(tmp_path):
     with pytest.raises(ValueError, match="no bertjax head|transformers has no eurobert architecture"):
         bertjax.save_pretrained(str(tmp_path), bertjax.EncoderForQuestionAnswering(
             bertjax.get_config("eurobert-tiny")), {})
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "roberta-tiny", "albert-tiny", "distilbert-tiny",
+                                    "electra-tiny-discriminator", "eurobert-tiny", "modernbert-tiny"])
+def test_preset_sequence_classifier_exports_to_transformers_with_same_logits(preset, tmp_path):
+    """Presets carry their family's classifier layout, so a head trained from a preset exports as is."""
+    task = TaskConfig(num_labels=3, labels=("x", "y", "z"), problem_type="single_label_classification")
+    config = bertjax.get_config(preset, vocab_size=VOCAB, task=task)
+    model = bertjax.EncoderForSequenceClassification(config)
+    params = random_bertjax_params(model, seed=4)
+    bertjax.save_pretrained(str(tmp_path), model, params)
+    reference, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(tmp_path), output_loading_info=True, attn_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert reference.config.id2label == {0: "x", 1: "y", 2: "z"}
+    ids, mask, _ = task_batch("sequence_classification", config.pad_token_id, token_types=False)
+    ours = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    assert_close(ours, hf_outputs(reference.eval(), ids, mask, {}), mask, "sequence_classification")
