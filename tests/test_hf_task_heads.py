@@ -193,9 +193,10 @@ def test_task_head_matches_transformers_and_round_trips(case, prefix, factory, h
 @pytest.mark.parametrize("source,target,reused", [
     ("BertForPreTraining", "sequence_classification", True),  # the pretrained pooler is the classifier's dense
     ("ModernBertModel", "token_classification", False),
+    ("BertForSequenceClassification", "sequence_classification", True),  # 3 labels -> 5 (MNLI -> another task)
 ])
 def test_encoder_checkpoint_into_task_head_initialises_only_the_head(source, target, reused, tmp_path, caplog):
-    factory = bert_config if source.startswith("Bert") else lambda: modernbert_config(3, 2, 8)
+    factory = (lambda: bert_config(num_labels=3)) if source.startswith("Bert") else lambda: modernbert_config(3, 2, 8)
     torch.manual_seed(0)
     reference = getattr(transformers, source)(factory()).eval()
     perturb_(reference, seed=1)
@@ -215,6 +216,8 @@ def test_encoder_checkpoint_into_task_head_initialises_only_the_head(source, tar
     if reused:  # the pooler's weights (BertForSequenceClassification uses them as transformers does)
         np.testing.assert_array_equal(np.asarray(params["classifier"]["dense"]["kernel"]),
                                       np.asarray(base_params["pooler"]["dense"]["kernel"]))
+    if source.endswith("SequenceClassification"):
+        assert "shape changed: ['classifier.weight', 'classifier.bias']" in message
     assert params["classifier"]["out"]["kernel"].shape == (32, 5)
     # Same encoder output as the bare model; the head is trained from here.
     ids, mask, _ = task_batch(target, reference.config.pad_token_id, token_types=False)
