@@ -14,6 +14,7 @@ import pytest
 
 import bertjax
 from bertjax import TaskConfig
+from test_hf_parity import random_bertjax_params
 
 # Each packed example is one segment; the padded batch holds the same examples one per row.
 EXAMPLE_LENGTHS = (5, 3, 7, 4)
@@ -43,12 +44,12 @@ def packed_and_padded(seed: int = 0):
 def test_packed_rows_give_the_padded_logits(preset, pooling):
     config = bertjax.get_config(preset, vocab_size=100, task=TaskConfig(num_labels=3, classifier_pooling=pooling))
     model = bertjax.EncoderForSequenceClassification(config)
-    params = bertjax.init_params(model, jax.random.key(0))
-    params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(1), p.shape), params)
+    params = random_bertjax_params(model, seed=1)
     padded, mask, packed, segments = packed_and_padded()
-    expected = model.apply({"params": params}, jnp.asarray(padded), attention_mask=jnp.asarray(mask)).logits
-    out = model.apply({"params": params}, jnp.asarray(packed), segment_ids=jnp.asarray(segments),
-                      max_segments=MAX_SEGMENTS)
+    apply = jax.jit(model.apply, static_argnames="max_segments")  # one compile per shape, not one per op
+    expected = apply({"params": params}, jnp.asarray(padded), attention_mask=jnp.asarray(mask)).logits
+    out = apply({"params": params}, jnp.asarray(packed), segment_ids=jnp.asarray(segments),
+                max_segments=MAX_SEGMENTS)
     assert out.logits.shape == (len(PACKED_ROWS), MAX_SEGMENTS, 3) and out.logits.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(out.segment_mask), [[True, True, True], [True, False, False]])
     for r, members in enumerate(PACKED_ROWS):
@@ -164,8 +165,9 @@ def test_task_head_matches_transformers_and_round_trips(case, prefix, factory, h
 
     ids, mask, extra = task_batch(head, reference.config.pad_token_id, token_types)
     expected = hf_outputs(reference, ids, mask, extra)
-    assert_close(model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
-                             **{k: jnp.asarray(v) for k, v in extra.items()}), expected, mask, head)
+    ours = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
+                                **{k: jnp.asarray(v) for k, v in extra.items()})
+    assert_close(ours, expected, mask, head)
 
     # bertjax -> transformers: the same class, labels and problem type, every tensor consumed, equal outputs.
     bertjax.save_pretrained(str(tmp_path / "bj"), model, params)
@@ -191,9 +193,10 @@ def test_task_head_matches_transformers_and_round_trips(case, prefix, factory, h
 @pytest.mark.parametrize("source,target,reused", [
     ("BertForPreTraining", "sequence_classification", True),  # the pretrained pooler is the classifier's dense
     ("ModernBertModel", "token_classification", False),
+    ("BertForSequenceClassification", "sequence_classification", True),  # 3 labels -> 5 (MNLI -> another task)
 ])
 def test_encoder_checkpoint_into_task_head_initialises_only_the_head(source, target, reused, tmp_path, caplog):
-    factory = bert_config if source.startswith("Bert") else lambda: modernbert_config(3, 2, 8)
+    factory = (lambda: bert_config(num_labels=3)) if source.startswith("Bert") else lambda: modernbert_config(3, 2, 8)
     torch.manual_seed(0)
     reference = getattr(transformers, source)(factory()).eval()
     perturb_(reference, seed=1)
@@ -213,11 +216,13 @@ def test_encoder_checkpoint_into_task_head_initialises_only_the_head(source, tar
     if reused:  # the pooler's weights (BertForSequenceClassification uses them as transformers does)
         np.testing.assert_array_equal(np.asarray(params["classifier"]["dense"]["kernel"]),
                                       np.asarray(base_params["pooler"]["dense"]["kernel"]))
+    if source.endswith("SequenceClassification"):
+        assert "shape changed: ['classifier.weight', 'classifier.bias']" in message
     assert params["classifier"]["out"]["kernel"].shape == (32, 5)
     # Same encoder output as the bare model; the head is trained from here.
     ids, mask, _ = task_batch(target, reference.config.pad_token_id, token_types=False)
-    out = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
-    bare = base.apply({"params": base_params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    out = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    bare = jax.jit(base.apply)({"params": base_params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
     np.testing.assert_array_equal(np.asarray(out.last_hidden_state), np.asarray(bare.last_hidden_state))
 
 
@@ -272,3 +277,21 @@ def test_export_refuses_another_family_classifier_layout(tmp_path):
     with pytest.raises(ValueError, match="no bertjax head|transformers has no eurobert architecture"):
         bertjax.save_pretrained(str(tmp_path), bertjax.EncoderForQuestionAnswering(
             bertjax.get_config("eurobert-tiny")), {})
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "roberta-tiny", "albert-tiny", "distilbert-tiny",
+                                    "electra-tiny-discriminator", "eurobert-tiny", "modernbert-tiny"])
+def test_preset_sequence_classifier_exports_to_transformers_with_same_logits(preset, tmp_path):
+    """Presets carry their family's classifier layout, so a head trained from a preset exports as is."""
+    task = TaskConfig(num_labels=3, labels=("x", "y", "z"), problem_type="single_label_classification")
+    config = bertjax.get_config(preset, vocab_size=VOCAB, task=task)
+    model = bertjax.EncoderForSequenceClassification(config)
+    params = random_bertjax_params(model, seed=4)
+    bertjax.save_pretrained(str(tmp_path), model, params)
+    reference, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(tmp_path), output_loading_info=True, attn_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    assert reference.config.id2label == {0: "x", 1: "y", 2: "z"}
+    ids, mask, _ = task_batch("sequence_classification", config.pad_token_id, token_types=False)
+    ours = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    assert_close(ours, hf_outputs(reference.eval(), ids, mask, {}), mask, "sequence_classification")

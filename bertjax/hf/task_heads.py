@@ -65,10 +65,11 @@ class TaskHeads:
         task heads the labels, problem type, dropout and pooling of config.json."""
         config = config.replace(**self.layout(config))
         if head in TASK_HEADS:
-            config = config.replace(task=self.read_task(values))
+            config = config.replace(task=self.read_task(values, config.dropout_rate))
         return config
 
-    def read_task(self, values: dict) -> TaskConfig:
+    def read_task(self, values: dict, dropout_rate: float) -> TaskConfig:
+        """TaskConfig of config.json; a classifier dropout equal to the encoder's is stored as None (the same)."""
         id2label = values.get("id2label")
         if id2label is not None:
             if not isinstance(id2label, dict) or not id2label:
@@ -93,8 +94,9 @@ class TaskHeads:
                                  f"supported; known: {sorted(by_hf_name)}")
             pooling = by_hf_name[values["classifier_pooling"]]
         dropout = values.get(self.dropout_key) if self.dropout_key else None
+        dropout = None if dropout is None or float(dropout) == dropout_rate else float(dropout)
         return TaskConfig(num_labels=num_labels, labels=labels, problem_type=values.get("problem_type"),
-                          classifier_dropout=None if dropout is None else float(dropout), classifier_pooling=pooling)
+                          classifier_dropout=dropout, classifier_pooling=pooling)
 
     def refuse(self, refuse: Refusals, config: EncoderConfig, head: str) -> None:
         """What a task head model must have to be written as this family's checkpoint."""
@@ -111,8 +113,9 @@ class TaskHeads:
         task = config.task_or_default
         values = {"id2label": {str(i): name for i, name in task.id2label.items()}, "label2id": task.label2id,
                   "problem_type": task.problem_type}
-        if self.dropout_key:
-            values[self.dropout_key] = task.classifier_dropout
+        if self.dropout_key:  # the rate in effect: ALBERT, DistilBERT and ModernBERT refuse null here
+            values[self.dropout_key] = (config.dropout_rate if task.classifier_dropout is None
+                                        else task.classifier_dropout)
         if self.poolings:
             values["classifier_pooling"] = self.poolings[task.classifier_pooling]
         return values

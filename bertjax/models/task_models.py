@@ -7,8 +7,9 @@
 
 Packed rows: pass `segment_ids` (1, 2, ... per example, 0 = padding) and a static `max_segments=K`; sequence
 classification then returns `logits` [batch, K, num_labels] and `segment_mask` [batch, K] (slot k = segment k + 1;
-empty slots are zeros). Token classification and QA are per token and need nothing special; multiple choice takes
-[batch, choices, seq] inputs.
+empty slots are zeros); `max_segments` fixes a shape, so under `jax.jit` pass it in `static_argnames`. Token
+classification and QA are per token and need nothing special; multiple choice takes [batch, choices, seq] inputs
+(initialise it with `model.example_input_ids(seq_len)`, which has the choices axis).
 
 Parameters: embeddings/, encoder/, then `classifier/` (dense, norm, out as the family's layout has them).
 """
