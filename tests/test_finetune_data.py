@@ -294,3 +294,21 @@ def test_sentencepiece_offsets_are_character_offsets(tmp_path):
     pieces = "".join(text[a:b] for a, b in offsets)
     assert pieces == text.replace(" ", "")  # every visible character exactly once, spaces trimmed
     assert all(a <= b for a, b in offsets) and offsets.max() <= len(text)
+
+
+def test_words_of_byte_level_bpe_start_with_word_initial_pieces(tmp_path):
+    from tokenizers import ByteLevelBPETokenizer
+
+    from bertjax.data import load_tokenizer
+
+    trainer = ByteLevelBPETokenizer()
+    trainer.train_from_iterator([CONTEXT] * 20, vocab_size=300, show_progress=False,
+                                special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    trainer.save(str(tmp_path / "tokenizer.json"))
+    bpe = load_tokenizer(tmp_path)
+    words = ["the", "dog", "ran", "far"]
+    row, word_of_token = encoding.encode_words(bpe, words, 16, True, "sentence")
+    firsts = row["input_ids"][word_of_token >= 0]
+    assert bool(np.all(bpe.word_start[firsts]))  # each word's first piece is a word-initial ("Ġ") piece
+    # the same ids as the sentence in running text, after its first word
+    assert row["input_ids"][2:1 + len(words)].tolist() == bpe.encode("the dog ran far")[1:].tolist()

@@ -78,7 +78,9 @@ def encode_words(tokenizer, words: Sequence[str], max_length: int, truncation: b
     exactly one first piece (transformers' `is_split_into_words` does the same). A word with no piece (only
     whitespace) has no position; the words cut by truncation have none either, and the predictions say "O".
     """
-    pieces = tokenizer.encode_batch(list(words)) if len(words) else []
+    # A space before each word makes byte-level BPE (RoBERTa) pick its word-initial pieces, as in running text
+    # (transformers' add_prefix_space); WordPiece and SentencePiece encode " word" exactly as "word".
+    pieces = tokenizer.encode_batch([" " + word for word in words]) if len(words) else []
     total = sum(len(p) for p in pieces)
     if total + 2 > max_length and not truncation:
         raise ValueError(f"{what} is {total + 2} tokens, longer than data.max_length={max_length}; raise "
