@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from bertjax import tpu_aot
     from bertjax.ops.attention import AUTO_BY_PLATFORM
-    from bertjax.data import batch_spec
+    from bertjax.data import batch_sharding, batch_spec
     from bertjax.models import MODEL_CLASSES
     from bertjax.train import feed as feed_lib
     from bertjax.train import flops as flops_lib
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if key in seen:
             continue
         seen.add(key)
-        batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=mesh_lib.batch_sharding(mesh, len(shape)))
+        batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, mesh_lib.BATCH_AXES))
                  for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
         start = time.perf_counter()
         try:

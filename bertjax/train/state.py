@@ -16,6 +16,7 @@ import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
+from bertjax.models.params import init_params, logical_axes
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.optimizers import param_path
 
@@ -29,18 +30,14 @@ class TrainState:
 
 def _init_fn(model: nn.Module, optimizer: optax.GradientTransformation, seq_len: int):
     def init(key: jax.Array) -> TrainState:
-        ids = jnp.zeros((1, seq_len), jnp.int32)
-        params = nn.meta.unbox(model.init({"params": key, "dropout": key}, ids)["params"])
+        params = init_params(model, key, seq_len)
         return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=optimizer.init(params))
     return init
 
 
 def param_logical_specs(model: nn.Module, seq_len: int) -> Any:
     """Logical axis names of every parameter, without allocating anything."""
-    ids = jnp.zeros((1, seq_len), jnp.int32)
-    boxed = jax.eval_shape(lambda key: model.init({"params": key, "dropout": key}, ids)["params"],
-                           jax.random.key(0))
-    return nn.get_partition_spec(boxed)
+    return logical_axes(model, seq_len)
 
 
 def mirrored_shardings(tree: Any, param_shardings: dict[str, NamedSharding], param_shapes: dict[str, tuple],
@@ -77,8 +74,7 @@ def create_train_state(model: nn.Module, optimizer: optax.GradientTransformation
     same parameters as a single device.
     """
     _, shardings = state_shardings(model, optimizer, mesh, seq_len)
-    # Not traced under `mesh_lib.activate`: Flax's DenseGeneral initialises kernels flat and reshapes them, and a
-    # logical constraint on the flat kernel would not fit; out_shardings alone places every leaf.
+    # out_shardings alone places every leaf: the initialiser needs no activation constraints.
     state = jax.jit(_init_fn(model, optimizer, seq_len), out_shardings=shardings)(jax.random.key(seed))
     return state, shardings
 

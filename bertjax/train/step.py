@@ -18,6 +18,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.config import EncoderConfig
+from bertjax.data.global_batch import batch_sharding
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import objectives
 from bertjax.train.state import TrainState
@@ -34,7 +35,7 @@ def model_inputs(config: EncoderConfig, batch: dict) -> dict:
 
 
 def batch_shardings(mesh: Mesh, batch: dict) -> dict[str, NamedSharding]:
-    return {name: mesh_lib.batch_sharding(mesh, len(value.shape)) for name, value in batch.items()}
+    return {name: batch_sharding(mesh, mesh_lib.BATCH_AXES) for name in batch}
 
 
 def _split_microbatches(batch: dict, count: int) -> dict:
