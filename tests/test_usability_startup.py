@@ -11,8 +11,8 @@ import jax
 import pytest
 
 import bertjax
-from bertjax.commands.convert import save_model_dir
 from bertjax.data import load_tokenizer
+from bertjax.model_dirs import save_model_dir
 from bertjax.platforms import has_tpu_chips
 from bertjax.tpu_aot import libtpu_available
 from train_helpers import REPO, small_tokenizer

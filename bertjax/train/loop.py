@@ -21,6 +21,7 @@ import jax
 import yaml
 
 from bertjax.config import EncoderConfig, get_config
+from bertjax.model_dirs import MODEL_CONFIG_FILE  # what every command reads a workdir's model from
 from bertjax.models import MODEL_CLASSES
 from bertjax.train import feed as feed_lib
 from bertjax.train import flops as flops_lib
@@ -38,7 +39,6 @@ from bertjax.train.step import make_eval_step, make_train_step
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
-MODEL_CONFIG_FILE = "model_config.json"  # read by `bertjax fill-mask`
 
 
 @dataclasses.dataclass
