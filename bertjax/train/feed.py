@@ -45,14 +45,15 @@ def prepare_tokenizer(config: RunConfig, workdir: Path):
 
 def _build_tokenizer(config: RunConfig, out_dir: Path) -> None:
     from bertjax.data import open_documents, train_sentencepiece
+    from bertjax.data.sources import prepared_directory
 
     tok = config.tokenizer
     if tok.path is not None:
         load_tokenizer(tok.path).save(out_dir)
         return
-    prepared = Path(config.data.input) / TOKENIZER_DIR
-    if "," not in config.data.input and prepared.is_dir():
-        load_tokenizer(prepared).save(out_dir)  # prepared data carries the tokenizer it was made with
+    prepared = None if "," in config.data.input else prepared_directory(config.data.input)
+    if prepared is not None and (prepared / TOKENIZER_DIR).is_dir():
+        load_tokenizer(prepared / TOKENIZER_DIR).save(out_dir)  # prepared data carries the tokenizer it was made with
         return
     documents = open_documents(config.data.input, split="train", text_format=config.data.text_format,
                                text_field=config.data.text_field, eval_fraction=config.data.eval_fraction)
