@@ -188,6 +188,9 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     throughput = _Throughput(model_config, with_nsp, _peak_flops(config, model_config.dtype, logger))
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     feed.start(start, feed_state)
+    if feed.reshard_report is not None:  # the checkpoint was written by another number of processes
+        log.warning("%s", feed.reshard_report.message())
+        logger.log(start, feed.reshard_report.metrics())
     watch = PreemptionWatch()
     eval_start = eval_end = None
     step, preempted = start, False
