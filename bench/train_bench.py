@@ -28,11 +28,9 @@ from bertjax.config import get_config
 from bertjax.models import MODEL_CLASSES, init_params
 from bertjax.train import flops as flops_lib
 from bertjax.train import mesh as mesh_lib
-from bertjax.train.optimizers import build_optimizer
-from bertjax.train.run_config import MeshConfig, OptimizerConfig, ScheduleConfig
-from bertjax.train.schedules import build_schedule
-from bertjax.train.state import count_params, create_train_state
-from bertjax.train.step import make_train_step
+from bertjax.train.run_config import run_config_from_dict
+from bertjax.train.setup import setup_run
+from bertjax.train.state import count_params
 
 MLM_RATE = 0.3
 # tiny.yaml's model (configs/pretrain/tiny.yaml) with its tokenizer's vocabulary size.
@@ -47,6 +45,17 @@ class Case:
     batch: int
     seq_len: int
     documents_per_row: int = 2
+    objective: str = "mlm"
+    objective_options: dict = dataclasses.field(default_factory=dict)
+
+    def run_config(self, steps: int):
+        """The run config of `bertjax pretrain` for this case: the model's every field as an override."""
+        return run_config_from_dict({
+            "model": {"preset": "bert-base", "overrides": self.config.to_dict()},
+            "objective": {"name": self.objective, **self.objective_options},
+            "data": {"seq_len": self.seq_len, "global_batch_size": self.batch, "mlm_probability": MLM_RATE},
+            "optimizer": {"name": "stable_adamw", "learning_rate": 8e-4, "weight_decay": 1e-5},
+            "schedule": {"name": "constant"}, "train": {"steps": steps + 1}})
 
 
 def synthetic_batch(case: Case, seed: int = 0, documents_per_row: int | None = None) -> dict[str, np.ndarray]:
@@ -78,21 +87,17 @@ def time_steps(step, state, batch, steps: int) -> tuple[float, object, float]:
 
 
 def bench_bertjax(case: Case, steps: int, peak_per_device: float) -> dict:
-    model = MODEL_CLASSES["masked_lm"](case.config)
-    schedule = build_schedule(ScheduleConfig(name="constant"), 8e-4, steps + 1)
-    optimizer = build_optimizer(OptimizerConfig(name="stable_adamw", learning_rate=8e-4, weight_decay=1e-5), schedule)
-    mesh = mesh_lib.build_mesh(MeshConfig())
-    state, shardings = create_train_state(model, optimizer, mesh, seed=0)
-    step = make_train_step(model, optimizer, schedule, mesh, shardings, with_nsp=False)
-    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh, v.ndim)) for k, v in synthetic_batch(case).items()}
-    seconds, _, loss = time_steps(step, state, batch, steps)
+    setup = setup_run(case.run_config(steps), vocab_size=case.config.vocab_size, pad_id=case.config.pad_token_id)
+    state = setup.fresh_state()
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(setup.mesh, v.ndim))
+             for k, v in synthetic_batch(case).items()}
+    seconds, _, loss = time_steps(lambda s, b: setup.train_step(s, setup.frozen, b), state, batch, steps)
     tokens = case.batch * case.seq_len
-    model_flops = flops_lib.train_flops(case.config, seq_len=case.seq_len, tokens=tokens,
-                                        predictions=float(batch["masked_weights"].sum()), rows=case.batch,
-                                        with_nsp=False)
+    model_flops = setup.objective.train_flops(seq_len=case.seq_len, tokens=tokens,
+                                              predictions=float(batch["masked_weights"].sum()), rows=case.batch)
     return {"case": case.name, "params_M": count_params(state.params) / 1e6, "batch": case.batch,
             "seq_len": case.seq_len, "dtype": case.config.dtype, "step_ms": 1e3 * seconds,
-            "tokens_per_sec": tokens / seconds,
+            "tokens_per_sec": tokens / seconds, "model_flops": model_flops,
             "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), peak_per_device), "first_loss": loss}
 
 
@@ -149,6 +154,25 @@ def run_cpu(steps: int) -> list[dict]:
     return [bench_bertjax(case, steps, peak) for case in cpu_cases()]
 
 
+def run_electra(steps: int) -> list[dict]:
+    """ELECTRA-Small's train step against MLM alone on the same discriminator body, and the FLOPs of both.
+
+    ELECTRA adds a generator (1/4 of the width, same depth) and a per-token RTD head; its step should cost about
+    (ELECTRA FLOPs / MLM FLOPs) times the MLM step, i.e. 1 + the generator's share.
+    """
+    peak = flops_lib.measure_peak_flops(jnp.float32, size=2048)
+    config = get_config("electra-small-discriminator", dropout_rate=0.0)
+    mlm = Case("electra-small body, MLM only", config, batch=16, seq_len=128)
+    electra = Case("electra-small, ELECTRA", config, batch=16, seq_len=128, objective="electra",
+                   objective_options={"generator_size": 0.25})
+    rows = [bench_bertjax(mlm, steps, peak), bench_bertjax(electra, steps, peak)]
+    time_ratio = rows[1]["step_ms"] / rows[0]["step_ms"]
+    flops_ratio = rows[1]["model_flops"] / rows[0]["model_flops"]
+    print(f"ELECTRA / MLM: step time {time_ratio:.2f}x, model FLOPs {flops_ratio:.2f}x "
+          f"({rows[0]['model_flops'] / 1e9:.1f} vs {rows[1]['model_flops'] / 1e9:.1f} GFLOP per step)")
+    return rows
+
+
 def run_gpu(steps: int, batch: int) -> list[dict]:
     config = get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=1024)
     case = Case("modernbert-base bf16", config, batch=batch, seq_len=1024, documents_per_row=1)
@@ -164,6 +188,8 @@ def run_gpu(steps: int, batch: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="the GPU comparison (needs a CUDA JAX and torch)")
+    parser.add_argument("--electra", action="store_true",
+                        help="ELECTRA-Small's step against MLM alone on the same discriminator (CPU)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 5 on CPU, 20 on GPU)")
     parser.add_argument("--gpu-batch", type=int, default=16, help="rows of 1024 tokens per GPU step")
     args = parser.parse_args()
@@ -174,6 +200,8 @@ def main() -> None:
             raise SystemExit("--gpu: JAX sees no GPU here (jax.default_backend() is "
                              f"{jax.default_backend()!r}); run it on a GPU host")
         rows = run_gpu(args.steps or 20, args.gpu_batch)
+    elif args.electra:
+        rows = run_electra(args.steps or 5)
     else:
         rows = run_cpu(args.steps or 5)
     print(f"\n{'case':<40} {'batch x seq':>12} {'step ms':>9} {'tokens/s':>10} {'MFU':>7} {'vs HF':>6}")

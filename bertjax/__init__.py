@@ -1,8 +1,9 @@
 """bertjax: the BERT family of encoders in JAX/Flax."""
 
 from bertjax.config import PRESETS, EncoderConfig, get_config
-from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForPreTraining, EncoderModel, EncoderOutput,
-                            MaskedLMOutput, PreTrainingOutput, init_params, logical_axes)
+from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForPreTraining,
+                            EncoderForReplacedTokenDetection, EncoderModel, EncoderOutput, MaskedLMOutput,
+                            PreTrainingOutput, ReplacedTokenOutput, init_params, logical_axes)
 
 __version__ = "0.1.0"
 
@@ -20,5 +21,5 @@ def save_pretrained(path, model, params) -> None:
 
 
 __all__ = ["PRESETS", "EncoderConfig", "get_config", "MODEL_CLASSES", "EncoderModel", "EncoderForMaskedLM",
-           "EncoderForPreTraining", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
+           "EncoderForPreTraining", "EncoderForReplacedTokenDetection", "ReplacedTokenOutput", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
            "save_pretrained", "init_params", "logical_axes", "__version__"]

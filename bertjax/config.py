@@ -16,7 +16,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 NormPlacement = Literal["post", "pre"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "tanh"]
 MlpKind = Literal["dense", "glu"]
-PositionKind = Literal["learned", "rope", "none"]
+PositionKind = Literal["learned", "sinusoidal", "rope", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
 
 
@@ -33,9 +33,17 @@ class EncoderConfig:
     num_kv_heads: int | None = None  # None: same as num_heads (MHA); fewer: grouped-query attention.
     embedding_size: int | None = None  # None: same as hidden_size; smaller: factorised embedding (ALBERT, ELECTRA).
     max_position_embeddings: int = 512  # longest sequence the model accepts.
+    # ELECTRA/EuroBERT knob: width of one attention head. None: hidden_size // num_heads. EuroBERT's
+    # config allows any head_dim, so q/k/v project to num_heads * attention_head_dim, not to hidden_size.
+    attention_head_dim: int | None = None
     type_vocab_size: int = 2  # 0: no token-type embedding (RoBERTa keeps 1, ModernBERT has none).
 
-    # Positions.
+    # Which Hugging Face family (transformers `model_type`) this architecture is: export writes that family's
+    # checkpoint and refuses knobs it cannot express; import sets it from config.json. Never changes the math.
+    # Names: "bert", "roberta", "modernbert", "albert", "distilbert", ... (keys of bertjax.hf.registry.FAMILIES).
+    family: str = "bert"
+
+    # Positions. "sinusoidal": DistilBERT's fixed (not trained) sin/cos table, computed, not a parameter.
     position_embedding: PositionKind = "learned"
     position_offset: int = 0  # learned positions start here (RoBERTa: pad_token_id + 1).
     rope_theta_global: float = 10_000.0
@@ -62,14 +70,21 @@ class EncoderConfig:
     attention_implementation: str = "auto"  # a name in bertjax.ops.attention.IMPLEMENTATIONS, or "auto".
     attention_interpret: bool = False  # run Pallas attention kernels in interpret mode (CPU tests, debugging).
 
-    # Layer sharing (ALBERT): num_layers layers computed by this many distinct parameter groups.
+    # Layer sharing (ALBERT): num_layers steps computed by this many distinct parameter groups (HF
+    # num_hidden_groups); step i uses group int(i / (num_layers / groups)), as transformers does.
     num_layer_groups: int | None = None
+    # Distinct layers inside each group, applied one after the other at every step (HF ALBERT inner_group_num):
+    # the stack applies num_layers * layers_per_group layers.
+    layers_per_group: int = 1
 
     # Heads.
     tie_word_embeddings: bool = True
     decoder_bias: bool = True
     head_dense_bias: bool = True
     head_activation: Activation = "gelu"
+    # ELECTRA/EuroBERT knob: False drops the MLM head's dense -> activation -> norm transform, so the decoder
+    # reads the last hidden state directly (EuroBERT's lm_head is one linear layer after the final norm).
+    mlm_head_transform: bool = True
     pooler: bool = True  # BertModel/RobertaModel carry a [CLS] tanh pooler; ModernBERT does not.
 
     # Special tokens.
@@ -84,13 +99,16 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         check_field_types(self)
         positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                    "max_position_embeddings", "global_attention_every")
+                    "max_position_embeddings", "global_attention_every", "layers_per_group")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
+        if self.attention_head_dim is not None and self.attention_head_dim <= 0:
+            raise ValueError(f"EncoderConfig.attention_head_dim must be positive or None, got "
+                             f"{self.attention_head_dim}")
+        if self.attention_head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(f"EncoderConfig.hidden_size ({self.hidden_size}) must be divisible by "
-                             f"num_heads ({self.num_heads})")
+                             f"num_heads ({self.num_heads}) unless attention_head_dim is set")
         if self.num_kv_heads is not None:
             if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
                 raise ValueError(f"EncoderConfig.num_kv_heads ({self.num_kv_heads}) must be positive and divide "
@@ -107,9 +125,18 @@ class EncoderConfig:
         if self.num_layer_groups is not None and not 0 < self.num_layer_groups <= self.num_layers:
             raise ValueError(f"EncoderConfig.num_layer_groups ({self.num_layer_groups}) must be in "
                              f"[1, num_layers={self.num_layers}]")
-        if self.layer_groups < self.num_layers and self.global_attention_every != 1:
+        if not self.family:
+            raise ValueError("EncoderConfig.family must name a Hugging Face model_type, e.g. 'bert'")
+        if self.position_embedding == "sinusoidal" and self.hidden_size != self.embed_dim:
+            raise ValueError("EncoderConfig.position_embedding='sinusoidal' needs embedding_size=None (DistilBERT's "
+                             "table has the hidden width)")
+        if self.shares_layers and self.global_attention_every != 1:
             raise ValueError("EncoderConfig.num_layer_groups (shared layers) needs global_attention_every=1: "
                              "layers sharing parameters must share one attention pattern")
+        if not self.mlm_head_transform and self.tie_word_embeddings and self.embed_dim != self.hidden_size:
+            raise ValueError("EncoderConfig.mlm_head_transform=False with a tied decoder needs embedding_size == "
+                             f"hidden_size (the decoder reads hidden states of width {self.hidden_size}, the "
+                             f"embedding matrix has width {self.embed_dim})")
         if self.norm_eps <= 0:
             raise ValueError(f"EncoderConfig.norm_eps must be positive, got {self.norm_eps}")
         if self.norm == "rmsnorm" and self.norm_bias:
@@ -126,7 +153,7 @@ class EncoderConfig:
     # Derived quantities: computed, never stored, so they cannot disagree with the fields.
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
 
     @property
     def kv_heads(self) -> int:
@@ -139,6 +166,15 @@ class EncoderConfig:
     @property
     def layer_groups(self) -> int:
         return self.num_layer_groups or self.num_layers
+
+    @property
+    def shares_layers(self) -> bool:
+        return self.layer_groups < self.num_layers or self.layers_per_group > 1
+
+    def layer_group(self, step: int) -> int:
+        """The parameter group computing step `step` of num_layers; transformers' ALBERT formula, float division
+        included, so a checkpoint with groups not dividing the depth runs the same groups here."""
+        return int(step / (self.num_layers / self.layer_groups))
 
     def is_global_layer(self, layer: int) -> bool:
         return layer % self.global_attention_every == 0
@@ -186,18 +222,25 @@ def get_config(name: str, **overrides) -> EncoderConfig:
     return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
 
 
-_BERT = EncoderConfig(vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
-                      dropout_rate=0.1)
-_ROBERTA = _BERT.replace(vocab_size=50265, max_position_embeddings=512, type_vocab_size=1, position_offset=2,
-                         norm_eps=1e-5, pad_token_id=1)
+_BERT = EncoderConfig(family="bert", vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12,
+                      intermediate_size=3072, dropout_rate=0.1)
+_ROBERTA = _BERT.replace(family="roberta", vocab_size=50265, max_position_embeddings=512, type_vocab_size=1,
+                         position_offset=2, norm_eps=1e-5, pad_token_id=1)
 _MODERNBERT = EncoderConfig(
-    vocab_size=50368, hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
+    family="modernbert", vocab_size=50368, hidden_size=768, num_layers=22, num_heads=12, intermediate_size=1152,
     max_position_embeddings=8192, type_vocab_size=0, position_embedding="rope",
     rope_theta_global=160_000.0, rope_theta_local=10_000.0,
     norm_eps=1e-5, norm_bias=False, norm_placement="pre", embedding_norm=True, final_norm=True,
     first_layer_attention_norm=False, attention_bias=False, mlp_bias=False, activation="gelu", mlp="glu",
     global_attention_every=3, local_window=128, head_dense_bias=False, head_activation="gelu", pooler=False,
     pad_token_id=50283, dropout_rate=0.0)
+
+# ALBERT (published albert-*-v2 config.json values): E=128 factorised embedding, one layer shared by all steps
+# (num_hidden_groups=1, inner_group_num=1), gelu_new, no dropout in v2, SOP through EncoderForPreTraining.
+_ALBERT = _BERT.replace(family="albert", vocab_size=30000, embedding_size=128, num_layer_groups=1,
+                        activation="gelu_tanh", head_activation="gelu_tanh", dropout_rate=0.0)
+# DistilBERT (distilbert-base-uncased config.json): BERT-base halved in depth, no token types, no pooler.
+_DISTILBERT = _BERT.replace(family="distilbert", num_layers=6, type_vocab_size=0, pooler=False)
 
 register_preset("bert-base", _BERT)
 register_preset("bert-large", _BERT.replace(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096))
@@ -207,6 +250,14 @@ register_preset("roberta-large", _ROBERTA.replace(max_position_embeddings=514, h
 register_preset("modernbert-base", _MODERNBERT)
 register_preset("modernbert-large", _MODERNBERT.replace(hidden_size=1024, num_layers=28, num_heads=16,
                                                         intermediate_size=2624))
+register_preset("albert-base-v2", _ALBERT)
+register_preset("albert-large-v2", _ALBERT.replace(hidden_size=1024, num_layers=24, num_heads=16,
+                                                  intermediate_size=4096))
+register_preset("albert-xlarge-v2", _ALBERT.replace(hidden_size=2048, num_layers=24, num_heads=16,
+                                                   intermediate_size=8192))
+register_preset("albert-xxlarge-v2", _ALBERT.replace(hidden_size=4096, num_layers=12, num_heads=64,
+                                                    intermediate_size=16384))
+register_preset("distilbert-base", _DISTILBERT)
 # Tiny presets for tests and CPU experiments: same knobs, small sizes.
 register_preset("bert-tiny", _BERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
                                            intermediate_size=64, max_position_embeddings=64, dropout_rate=0.0))
@@ -216,3 +267,53 @@ register_preset("roberta-tiny", _ROBERTA.replace(vocab_size=128, hidden_size=32,
 register_preset("modernbert-tiny", _MODERNBERT.replace(vocab_size=128, hidden_size=32, num_layers=3, num_heads=4,
                                                        intermediate_size=48, max_position_embeddings=256,
                                                        local_window=8, pad_token_id=0))
+register_preset("albert-tiny", _ALBERT.replace(vocab_size=128, embedding_size=16, hidden_size=32, num_layers=3,
+                                               num_heads=4, intermediate_size=64, max_position_embeddings=64))
+register_preset("distilbert-tiny", _DISTILBERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                                       intermediate_size=64, max_position_embeddings=64,
+                                                       dropout_rate=0.0))
+
+# ELECTRA (Clark et al. 2020): BERT's layers without a pooler, a factorised embedding in the generators (and in
+# electra-small), and the generator's MLM transform always the exact GELU. Generators share their discriminator's
+# embedding_size so the two can share word/position/type embeddings during pretraining.
+_ELECTRA = _BERT.replace(family="electra", pooler=False, head_activation="gelu")
+
+
+def _electra(hidden: int, layers: int, heads: int, embedding: int) -> EncoderConfig:
+    return _ELECTRA.replace(hidden_size=hidden, num_layers=layers, num_heads=heads, intermediate_size=4 * hidden,
+                            embedding_size=embedding)
+
+
+register_preset("electra-small-discriminator", _electra(256, 12, 4, 128))
+# The published small generator is as wide as its discriminator (its model card warns of this); the paper's recipe
+# trains small with a generator 1/4 as wide, which the ELECTRA objective derives from the discriminator.
+register_preset("electra-small-generator", _electra(256, 12, 4, 128))
+register_preset("electra-base-discriminator", _electra(768, 12, 12, 768))
+register_preset("electra-base-generator", _electra(256, 12, 4, 768))
+register_preset("electra-large-discriminator", _electra(1024, 24, 16, 1024))
+register_preset("electra-large-generator", _electra(256, 24, 4, 1024))
+register_preset("electra-tiny-discriminator", _ELECTRA.replace(
+    vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, embedding_size=32,
+    max_position_embeddings=64, dropout_rate=0.0))
+register_preset("electra-tiny-generator", get_config("electra-tiny-discriminator", hidden_size=16, num_heads=1,
+                                                      intermediate_size=32))
+
+# EuroBERT (Boizard et al. 2025): a Llama-style encoder. RMSNorm pre-norm with a final norm and no embedding norm,
+# no biases, SwiGLU, RoPE (theta 250k), grouped-query attention, an untied one-matrix LM head.
+_EUROBERT = EncoderConfig(
+    family="eurobert", vocab_size=128256, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
+    max_position_embeddings=8192, type_vocab_size=0, position_embedding="rope",
+    rope_theta_global=250_000.0, rope_theta_local=250_000.0, norm="rmsnorm", norm_eps=1e-5, norm_bias=False,
+    norm_placement="pre", embedding_norm=False, final_norm=True, attention_bias=False, mlp_bias=False,
+    activation="silu", mlp="glu", tie_word_embeddings=False, decoder_bias=False, mlm_head_transform=False,
+    pooler=False, pad_token_id=128001, dropout_rate=0.0)
+
+# Non-embedding parameters: 113M, 460M, 1.81B; the untied LM head adds vocab_size * hidden_size again.
+register_preset("eurobert-210m", _EUROBERT)
+register_preset("eurobert-610m", _EUROBERT.replace(hidden_size=1152, num_layers=26, num_heads=18, num_kv_heads=6,
+                                                   intermediate_size=4096))
+register_preset("eurobert-2.1b", _EUROBERT.replace(hidden_size=2304, num_layers=32, num_heads=18, num_kv_heads=6,
+                                                   intermediate_size=6144))
+register_preset("eurobert-tiny", _EUROBERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                                   num_kv_heads=2, intermediate_size=64, max_position_embeddings=256,
+                                                   pad_token_id=0))

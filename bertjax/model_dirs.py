@@ -9,7 +9,8 @@ Commands that take a model (`convert`, `fill-mask`, and those to come) and the t
   the parameters) + the tokenizer files;
 - a transformers directory: `config.json` + safetensors weights + the tokenizer files.
 
-`model_config.json` is `{"head": <a key of MODEL_CLASSES>, "config": <EncoderConfig fields>}`. The tokenizer is
+`model_config.json` is `{"head": <a key of MODEL_CLASSES>, "config": <EncoderConfig fields>}`, plus in a workdir
+whose checkpoints hold several models (ELECTRA) `"params_key"`, the main model's subtree. The tokenizer is
 None when the directory holds none (a converted checkpoint that came without one).
 """
 
@@ -37,13 +38,21 @@ class LoadedModel(NamedTuple):
 # model_config.json: the model's class and EncoderConfig.
 
 def write_model_config(directory: str | Path, model) -> None:
-    from bertjax.models import MODEL_CLASSES
+    from bertjax.hf.pretrained import head_of
 
-    head = next((name for name, cls in MODEL_CLASSES.items() if type(model) is cls), None)
-    if head is None:
-        raise ValueError(f"{type(model).__name__} is not one of bertjax's model classes {sorted(MODEL_CLASSES)}")
     path = Path(directory) / MODEL_CONFIG_FILE
-    path.write_text(json.dumps({"head": head, "config": model.config.to_dict()}, indent=1) + "\n")
+    path.write_text(json.dumps({"head": head_of(model), "config": model.config.to_dict()}, indent=1) + "\n")
+
+
+def read_model_config(directory: Path) -> dict:
+    path = directory / MODEL_CONFIG_FILE
+    try:
+        described = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: invalid JSON ({error})") from None
+    if not isinstance(described, dict) or "config" not in described:
+        raise ValueError(f"{path}: expected {{\"head\": ..., \"config\": {{...}}}}")
+    return described
 
 
 def read_model(directory: Path):
@@ -51,14 +60,10 @@ def read_model(directory: Path):
     from bertjax.config import EncoderConfig
     from bertjax.models import MODEL_CLASSES
 
-    path = directory / MODEL_CONFIG_FILE
-    try:
-        described = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: invalid JSON ({error})") from None
-    head = described.get("head") if isinstance(described, dict) else None
+    described = read_model_config(directory)
+    head = described.get("head")
     if head not in MODEL_CLASSES:
-        raise ValueError(f"{path}: head {head!r} is not one of {sorted(MODEL_CLASSES)}")
+        raise ValueError(f"{directory / MODEL_CONFIG_FILE}: head {head!r} is not one of {sorted(MODEL_CLASSES)}")
     return MODEL_CLASSES[head](EncoderConfig.from_dict(described["config"]))
 
 
@@ -145,6 +150,9 @@ def _load_workdir(path: Path, step: int | None) -> LoadedModel:
     elif step not in steps:
         raise FileNotFoundError(f"{path}: no checkpoint of step {step}; available steps: {steps}")
     params = restore_params(checkpoints_dir(path) / str(step))
+    params_key = read_model_config(path).get("params_key")
+    if params_key:  # the checkpoint trains several models (ELECTRA): the main one is this subtree
+        params = params[params_key]
     return LoadedModel(read_model(path), params, _tokenizer_in(path / TOKENIZER_DIR))
 
 

@@ -16,7 +16,7 @@ from flax import traverse_util
 
 import bertjax
 from bertjax.cli import main as cli_main
-from bertjax.hf import config_translation
+from bertjax.hf.registry import FAMILIES
 from bertjax.hf.pretrained import expected_params
 
 VOCAB = 100
@@ -142,7 +142,7 @@ def modernbert_values(**changes) -> dict:
 
 
 def test_legacy_and_transformers5_modernbert_configs_mean_the_same():
-    translate = config_translation.TRANSLATORS["modernbert"].to_encoder_config
+    translate = FAMILIES["modernbert"].to_encoder_config
     legacy = translate(modernbert_values(global_attn_every_n_layers=2, global_rope_theta=5e4, local_rope_theta=7e3),
                        "masked_lm")
     current = translate(modernbert_values(
@@ -165,7 +165,7 @@ def test_legacy_and_transformers5_modernbert_configs_mean_the_same():
 def test_layer_types_not_global_every_n_is_an_error(layer_types):
     values = modernbert_values(num_hidden_layers=len(layer_types), layer_types=layer_types)
     with pytest.raises(ValueError, match="layer_types"):
-        config_translation.TRANSLATORS["modernbert"].to_encoder_config(values, "encoder")
+        FAMILIES["modernbert"].to_encoder_config(values, "encoder")
 
 
 def test_dtype_is_applied_to_params_and_config(bert_mlm_dir):

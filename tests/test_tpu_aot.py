@@ -44,3 +44,17 @@ def test_tiny_modernbert_forward_backward_compiles_for_v5e_2x2():
 def test_topology_mesh_rejects_wrong_axis_sizes():
     with pytest.raises(ValueError, match="need 8 devices"):
         tpu_aot.topology_mesh("v5e:2x2", {"data": 2, "tensor": 4})
+
+
+@pytest.mark.parametrize("config, objective", [("tiny-electra.yaml", "electra"), ("tiny-albert.yaml", "mlm_sop")])
+def test_compile_check_compiles_the_objective_step_for_v5e(config, objective, capsys):
+    """`bertjax compile-check` on the shipped tiny configs: the whole sharded train step of ELECTRA (generator +
+    discriminator) and ALBERT (MLM + SOP) compiles for a v5e 2x2 slice (base-size results: docs/benchmarks.md)."""
+    from bertjax.cli import main
+
+    overrides = ["model.overrides.hidden_size=64", "model.overrides.num_layers=2", "model.overrides.embedding_size=32",
+                 "data.global_batch_size=8", "data.seq_len=64", "model.overrides.max_position_embeddings=64",
+                 "tokenizer.vocab_size=512", "mesh.data=2", "mesh.fsdp=2"]
+    assert main(["compile-check", "--config", f"configs/pretrain/{config}", "--topology", "v5e:2x2", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert f"objective {objective}" in out and "fits in 16 GiB" in out

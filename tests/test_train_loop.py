@@ -18,7 +18,8 @@ def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("loop")
     tokenizer = small_tokenizer()
     config = run_config_from_dict({
-        "model": {"preset": "bert-tiny", "head": "pretraining"},
+        "model": {"preset": "bert-tiny"},
+        "objective": {"name": "mlm_nsp"},
         "tokenizer": {"path": str(tokenizer)},
         "data": {"seq_len": 32, "global_batch_size": 8, "packing": "pad", "sentence_objective": "nsp",
                  "window_documents": 64},

@@ -1,43 +1,103 @@
-"""Losses against numpy references, and the analytic FLOP count against XLA's own count of the compiled step."""
+"""Objectives against numpy references, the registry's errors, and the analytic FLOP count against XLA's."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bertjax.config import get_config
 from bertjax.models import MODEL_CLASSES
-from bertjax.train import flops, objectives
+from bertjax.train import flops
+from bertjax.train.objectives import OBJECTIVES, build_objective, losses, objective_class
+from bertjax.train.objectives.base import init_boxed, model_inputs
+from bertjax.train.objectives.distillation import teacher_layer_map
+from bertjax.train.run_config import ConfigError, run_config_from_dict
+from bertjax.train.setup import setup_run
+
+import flax.linen as nn
 
 
 def _numpy_cross_entropy(logits, labels):
-    logits = logits.astype(np.float64)
+    logits = np.asarray(logits, np.float64)
     shifted = logits - logits.max(-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    return -np.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
+    return -np.take_along_axis(log_probs, np.asarray(labels)[..., None], -1)[..., 0]
 
 
-def test_mlm_loss_counts_only_real_predictions():
-    rng = np.random.default_rng(0)
-    logits = rng.normal(size=(3, 5, 11)).astype(np.float32)
-    labels = rng.integers(0, 11, (3, 5)).astype(np.int32)
-    weights = np.array([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], np.float32)
-    loss, weight, correct = objectives.mlm_sums(jnp.asarray(logits), labels, weights)
-    ce = _numpy_cross_entropy(logits, labels)
-    np.testing.assert_allclose(float(loss), (ce * weights).sum(), rtol=1e-6)
-    assert float(weight) == 9.0
-    assert float(correct) == float(((logits.argmax(-1) == labels) * weights).sum())
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def test_nsp_ignores_padding_rows_and_totals_add_up():
-    rng = np.random.default_rng(1)
-    nsp_logits = rng.normal(size=(4, 2)).astype(np.float32)
-    labels = np.array([0, 1, -1, 1], np.int32)  # -1: a padding row of an evaluation batch
-    loss, count, _ = objectives.nsp_sums(jnp.asarray(nsp_logits), labels)
-    keep = labels >= 0
-    np.testing.assert_allclose(float(loss), _numpy_cross_entropy(nsp_logits[keep], labels[keep]).sum(), rtol=1e-6)
-    assert float(count) == 3.0
-    norm = objectives.normalisers({"masked_weights": np.ones((4, 2), np.float32), "nsp_labels": labels}, True)
-    assert float(norm.mlm_weight) == 8.0 and float(norm.nsp_count) == 3.0
+def tiny_batch(config, batch=3, seq=12, predictions=4, seed=0, pairs=False):
+    """Two packed documents per row, padding at the end of the last row, `predictions` masked slots (the last
+    row's last slot unused)."""
+    rng = np.random.default_rng(seed)
+    segment = np.ones((batch, seq), np.int32)
+    segment[:, seq // 2:] = 2
+    segment[-1, -3:] = 0
+    positions = np.where(segment == 1, np.arange(seq), np.arange(seq) - seq // 2) * (segment > 0)
+    ids = rng.integers(5, config.vocab_size, (batch, seq)).astype(np.int32)
+    masked = np.sort(np.stack([rng.choice(seq - 3, predictions, replace=False) for _ in range(batch)]), 1)
+    weights = np.ones((batch, predictions), np.float32)
+    weights[-1, -1] = 0
+    out = {"input_ids": ids, "segment_ids": segment, "positions": positions.astype(np.int32),
+           "token_type_ids": np.zeros_like(ids), "masked_positions": masked.astype(np.int32),
+           "masked_ids": rng.integers(5, config.vocab_size, (batch, predictions)).astype(np.int32),
+           "masked_weights": weights}
+    if pairs:
+        out["nsp_labels"] = np.array([0, 1, -1][:batch], np.int32)
+    return out
+
+
+def objective_for(name, config, **options):
+    cls = objective_class(name)
+    return build_objective(cls.options_class(name=name, **options), config)
+
+
+def params_of(objective, seed=0):
+    return nn.meta.unbox(objective.init_params(jax.random.key(seed)))
+
+
+def loss_of(objective, params, batch, frozen=None, key=0):
+    sums = objective.loss_sums(params, frozen or {}, batch, jax.random.key(key), deterministic=True)
+    return float(objective.loss(sums, objective.normalisers(batch))), sums
+
+
+BERT = get_config("bert-tiny", vocab_size=50)
+
+
+def test_registry_has_the_issue_objectives():
+    assert {"mlm", "mlm_nsp", "mlm_sop", "electra", "distillation"} <= set(OBJECTIVES)
+
+
+def test_mlm_loss_equals_numpy_mean_over_real_predictions():
+    objective = objective_for("mlm", BERT)
+    params, batch = params_of(objective), tiny_batch(BERT)
+    loss, sums = loss_of(objective, params, batch)
+    logits = objective.model.apply({"params": params}, **model_inputs(BERT, batch),
+                                   masked_positions=batch["masked_positions"]).logits
+    ce = _numpy_cross_entropy(logits, batch["masked_ids"])
+    w = batch["masked_weights"]
+    np.testing.assert_allclose(loss, (ce * w).sum() / w.sum(), rtol=1e-5)
+    assert float(sums["mlm_weight"]) == w.sum() == 11
+
+
+@pytest.mark.parametrize("name", ["mlm_nsp", "mlm_sop"])
+def test_sentence_pair_loss_adds_the_mean_over_labelled_rows(name):
+    objective = objective_for(name, BERT)
+    params, batch = params_of(objective), tiny_batch(BERT, pairs=True)
+    loss, _ = loss_of(objective, params, batch)
+    out = objective.model.apply({"params": params}, **model_inputs(BERT, batch),
+                                masked_positions=batch["masked_positions"])
+    w = batch["masked_weights"]
+    mlm = (_numpy_cross_entropy(out.logits, batch["masked_ids"]) * w).sum() / w.sum()
+    keep = batch["nsp_labels"] >= 0  # -1: an evaluation padding row
+    nsp = _numpy_cross_entropy(np.asarray(out.nsp_logits)[keep], batch["nsp_labels"][keep]).mean()
+    np.testing.assert_allclose(loss, mlm + nsp, rtol=1e-5)
 
 
 def test_microbatch_sums_divided_by_whole_batch_counts_equal_the_whole_batch_loss():
@@ -45,10 +105,120 @@ def test_microbatch_sums_divided_by_whole_batch_counts_equal_the_whole_batch_los
     logits = jnp.asarray(rng.normal(size=(4, 3, 7)).astype(np.float32))
     labels = rng.integers(0, 7, (4, 3)).astype(np.int32)
     weights = (rng.random((4, 3)) < 0.7).astype(np.float32)
-    whole = objectives.mlm_sums(logits, labels, weights)
-    halves = [objectives.mlm_sums(logits[i::2], labels[i::2], weights[i::2]) for i in range(2)]
+    whole = losses.mlm_sums(logits, labels, weights)
+    halves = [losses.mlm_sums(logits[i::2], labels[i::2], weights[i::2]) for i in range(2)]
     np.testing.assert_allclose(float(halves[0][0] + halves[1][0]) / float(whole[1]), float(whole[0] / whole[1]),
                                rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Distillation
+
+
+def distillation_with_teacher(monkeypatch, student_config, teacher_config, teacher_params, **options):
+    from bertjax.train.objectives import distillation
+    teacher = MODEL_CLASSES["masked_lm"](teacher_config)
+    monkeypatch.setattr(distillation, "load_teacher", lambda path: (teacher, teacher_params, None))
+    return objective_for("distillation", student_config, teacher="unused", **options), teacher
+
+
+def test_distillation_loss_equals_numpy_reference(monkeypatch):
+    teacher_config = BERT.replace(num_layers=3)
+    teacher_params = init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(1))
+    teacher_params = nn.meta.unbox(teacher_params)
+    objective, teacher = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params,
+                                                   alpha_ce=5.0, alpha_mlm=2.0, alpha_cos=1.0, temperature=2.0)
+    params, batch = params_of(objective), tiny_batch(BERT)
+    frozen = {"teacher": teacher_params}
+    loss, _ = loss_of(objective, params, batch, frozen)
+
+    kwargs = dict(**model_inputs(BERT, batch), masked_positions=batch["masked_positions"])
+    s = objective.model.apply({"params": params}, **kwargs)
+    t = teacher.apply({"params": teacher_params}, **kwargs)
+    w = batch["masked_weights"]
+    log_ps, log_pt = _log_softmax(np.asarray(s.logits) / 2.0), _log_softmax(np.asarray(t.logits) / 2.0)
+    kl = ((np.exp(log_pt) * (log_pt - log_ps)).sum(-1) * w).sum() / w.sum() * 4.0
+    mlm = (_numpy_cross_entropy(s.logits, batch["masked_ids"]) * w).sum() / w.sum()
+    hs, ht = np.asarray(s.last_hidden_state, np.float64), np.asarray(t.last_hidden_state, np.float64)
+    cos = (hs * ht).sum(-1) / np.linalg.norm(hs, axis=-1) / np.linalg.norm(ht, axis=-1)
+    real = batch["segment_ids"] > 0
+    cosine = (1 - cos)[real].mean()
+    np.testing.assert_allclose(loss, 5.0 * kl + 2.0 * mlm + 1.0 * cosine, rtol=1e-5)
+
+
+def test_distillation_of_a_student_equal_to_its_teacher_has_zero_kl_and_cosine(monkeypatch):
+    teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](BERT), jax.random.key(3)))
+    objective, _ = distillation_with_teacher(monkeypatch, BERT, BERT, teacher_params)
+    frozen = {"teacher": teacher_params}
+    student = objective.warm_start(params_of(objective), frozen)  # same depth: every layer copied
+    _, sums = loss_of(objective, student, tiny_batch(BERT), frozen)
+    metrics = objective.metrics(sums)
+    assert abs(float(metrics["kl_loss"])) < 1e-6 and abs(float(metrics["cosine_loss"])) < 1e-6
+
+
+def test_student_takes_every_other_teacher_layer():
+    assert teacher_layer_map(12, 6) == [0, 2, 4, 7, 9, 11]  # DistilBERT's choice
+    assert teacher_layer_map(4, 2) == [0, 3] and teacher_layer_map(3, 1) == [0]
+
+
+def test_warm_start_copies_the_mapped_teacher_layers(monkeypatch):
+    teacher_config = BERT.replace(num_layers=4)
+    teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(4)))
+    objective, _ = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params)
+    student = objective.warm_start(params_of(objective), {"teacher": teacher_params})
+    chex_equal = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
+    chex_equal(student["encoder"]["layers_1"], teacher_params["encoder"]["layers_3"])
+    chex_equal(student["embeddings"], teacher_params["embeddings"])
+
+
+def test_teacher_with_another_vocabulary_is_refused(monkeypatch):
+    teacher_config = BERT.replace(vocab_size=60)
+    teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(5)))
+    objective, _ = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params)
+    with pytest.raises(ValueError, match="objective.teacher: the teacher's vocabulary"):
+        objective.check_compatible()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Registry errors through the run config and the run setup (before anything compiles)
+
+
+def run_config(**sections):
+    raw = {"model": {"preset": "bert-tiny"}, "data": {"seq_len": 16, "global_batch_size": 2},
+           "train": {"steps": 2}}
+    raw.update(sections)
+    return run_config_from_dict(raw)
+
+
+def test_unknown_objective_names_the_key():
+    with pytest.raises(ConfigError, match=r"objective.name: unknown objective 'mlm_xyz'.*known"):
+        run_config(objective={"name": "mlm_xyz"})
+
+
+def test_unknown_or_mistyped_objective_option_names_the_key():
+    with pytest.raises(ConfigError, match=r"unknown key objective.rtd_weigth"):
+        run_config(objective={"name": "electra", "rtd_weigth": 3})
+    with pytest.raises(ConfigError, match=r"objective.rtd_weight must be a number"):
+        run_config(objective={"name": "electra", "rtd_weight": "high"})
+
+
+def test_distillation_without_a_teacher_is_a_clear_error():
+    with pytest.raises(ConfigError, match="missing required key objective.teacher"):
+        run_config(objective={"name": "distillation"})
+
+
+def test_objective_whose_batch_keys_the_data_does_not_produce_is_refused():
+    config = run_config(objective={"name": "mlm_nsp"})  # data.sentence_objective defaults to none
+    with pytest.raises(ConfigError, match=r"set data.sentence_objective: nsp"):
+        setup_run(config, vocab_size=128, pad_id=0)
+    config = run_config(objective={"name": "mlm_sop"}, data={"seq_len": 16, "global_batch_size": 2,
+                                                             "packing": "pad", "sentence_objective": "nsp"})
+    with pytest.raises(ConfigError, match=r"set data.sentence_objective: sop"):
+        setup_run(config, vocab_size=128, pad_id=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FLOPs
 
 
 def test_analytic_flops_match_xla_cost_analysis():
@@ -63,8 +233,8 @@ def test_analytic_flops_match_xla_cost_analysis():
     grad = jax.jit(jax.grad(lambda p: model.apply({"params": p}, ids, masked_positions=positions).logits.sum()))
     cost = grad.lower(params).compile().cost_analysis()
     xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
-    ours = flops.train_flops(config, seq_len=seq, tokens=batch * seq, predictions=batch * predictions,
-                             rows=batch, with_nsp=False)
+    ours = objective_for("mlm", config).train_flops(seq_len=seq, tokens=batch * seq,
+                                                    predictions=batch * predictions, rows=batch)
     # XLA also counts elementwise work (softmax, GELU, norms), a few percent here.
     assert 0.97 < xla_flops / ours < 1.10, (xla_flops, ours)
 
@@ -77,6 +247,108 @@ def test_local_layers_count_their_window_and_padding_is_not_work():
     saved = flops.forward_flops_per_token(dense, 1024) - flops.forward_flops_per_token(config, 1024)
     local_layers = sum(not config.is_global_layer(i) for i in range(config.num_layers))
     assert saved == local_layers * (global_layer - local_layer)
-    full = flops.train_flops(config, seq_len=1024, tokens=1024, predictions=300, rows=1, with_nsp=False)
-    half = flops.train_flops(config, seq_len=1024, tokens=512, predictions=300, rows=1, with_nsp=False)
+    objective = objective_for("mlm", config)
+    full = objective.train_flops(seq_len=1024, tokens=1024, predictions=300, rows=1)
+    half = objective.train_flops(seq_len=1024, tokens=512, predictions=300, rows=1)
     assert half < full and np.isclose(full - half, 3 * 512 * flops.forward_flops_per_token(config, 1024))
+
+
+def test_distillation_counts_the_teacher_forward_once(monkeypatch):
+    teacher_config = BERT.replace(num_layers=4)
+    teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(6)))
+    objective, _ = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params)
+    counts = dict(seq_len=32, tokens=64.0, predictions=10.0, rows=2.0)
+    student = objective_for("mlm", BERT).train_flops(**counts)
+    teacher = flops.mlm_forward_flops(teacher_config, seq_len=32, tokens=64.0, predictions=10.0)
+    assert objective.train_flops(**counts) == pytest.approx(student + teacher)
+
+
+def test_options_are_frozen_dataclasses_named_like_the_registry():
+    for name, cls in OBJECTIVES.items():
+        assert cls.name == name and dataclasses.is_dataclass(cls.options_class)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ELECTRA
+
+from bertjax.train.objectives.electra import generator_config, replace_at, sample_replacements  # noqa: E402
+
+ELECTRA = get_config("electra-tiny-discriminator", vocab_size=50)
+
+
+def test_generator_is_a_fraction_of_the_discriminator_sharing_its_embedding_size():
+    small = get_config("electra-small-discriminator")
+    assert generator_config(small, None).hidden_size == 64  # 1/3 of 4 heads rounds to 1 head of 64
+    base = get_config("electra-base-discriminator")
+    g = generator_config(base, None)  # 1/4
+    assert (g.hidden_size, g.num_heads, g.intermediate_size, g.embed_dim) == (192, 3, 768, 768)
+    g = generator_config(base, 1 / 3)
+    assert (g.hidden_size, g.num_heads, g.intermediate_size, g.num_layers) == (256, 4, 1024, 12)
+
+
+def test_sampled_replacements_follow_the_generator_distribution():
+    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
+    draws = jax.vmap(lambda k: sample_replacements(k, logits, 1.0))(jax.random.split(jax.random.key(0), 20000))
+    counts = np.bincount(np.asarray(draws).ravel(), minlength=4)
+    expected = 20000 * np.array([0.5, 0.3, 0.15, 0.05])
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 16.27, (counts, chi2)  # 3 degrees of freedom, p = 0.001
+    # temperature sharpens: T = 0.5 squares the probabilities (renormalised)
+    draws = jax.vmap(lambda k: sample_replacements(k, logits, 0.5))(jax.random.split(jax.random.key(1), 20000))
+    frequency = np.bincount(np.asarray(draws).ravel(), minlength=4) / 20000
+    sharpened = np.array([0.5, 0.3, 0.15, 0.05]) ** 2
+    np.testing.assert_allclose(frequency, sharpened / sharpened.sum(), atol=0.015)
+
+
+def test_replacements_never_touch_padding_or_unused_slots():
+    ids = jnp.asarray([[7, 8, 9, 0, 0]])
+    positions = jnp.asarray([[1, 4, 3]])  # slots 2 and 3 point at padding, but are unused
+    used = jnp.asarray([[True, False, False]])
+    out = replace_at(ids, positions, used, jnp.asarray([[42, 43, 44]]))
+    np.testing.assert_array_equal(out, [[7, 42, 9, 0, 0]])
+
+
+def test_electra_loss_equals_numpy_reference_and_shares_embeddings():
+    objective = objective_for("electra", ELECTRA, rtd_weight=50.0, temperature=1e-4)  # ~argmax sampling
+    params, batch = params_of(objective), tiny_batch(ELECTRA)
+    assert "word_embeddings" not in params["generator"]["embeddings"]  # read from the discriminator
+    loss, sums = loss_of(objective, params, batch)
+
+    generator, discriminator = objective.exports(params)["generator"], objective.exports(params)["discriminator"]
+    gen = generator[0].apply({"params": generator[1]}, **model_inputs(ELECTRA, batch),
+                             masked_positions=batch["masked_positions"])
+    w = batch["masked_weights"]
+    mlm = (_numpy_cross_entropy(gen.logits, batch["masked_ids"]) * w).sum() / w.sum()
+    sampled = np.asarray(gen.logits).argmax(-1)
+    corrupted, original = np.array(batch["input_ids"]), np.array(batch["input_ids"])
+    for row in range(w.shape[0]):
+        for slot in range(w.shape[1]):
+            if w[row, slot]:
+                corrupted[row, batch["masked_positions"][row, slot]] = sampled[row, slot]
+                original[row, batch["masked_positions"][row, slot]] = batch["masked_ids"][row, slot]
+    real = batch["segment_ids"] > 0
+    labels = (corrupted != original) & real
+    disc = discriminator[0].apply({"params": discriminator[1]}, **model_inputs(ELECTRA, batch, corrupted))
+    z = np.asarray(disc.logits, np.float64)
+    bce = np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z)))
+    np.testing.assert_allclose(loss, mlm + 50.0 * bce[real].mean(), rtol=1e-5)
+    metrics = objective.metrics(sums)
+    np.testing.assert_allclose(float(metrics["replacement_rate"]), labels[real].mean(), rtol=1e-6)
+    predicted = (z > 0) & real
+    np.testing.assert_allclose(float(metrics["rtd_recall"]), (predicted & labels).sum() / max(labels.sum(), 1),
+                               rtol=1e-6)
+
+
+def test_electra_generator_gets_no_gradient_through_the_samples():
+    """The RTD loss alone (generator MLM weight removed) leaves the generator's own parameters untouched."""
+    objective = objective_for("electra", ELECTRA, rtd_weight=1.0)
+    params, batch = params_of(objective), tiny_batch(ELECTRA)
+
+    def rtd_only(p):
+        sums = objective.loss_sums(p, {}, batch, jax.random.key(0), deterministic=True)
+        return sums["rtd_loss"]
+
+    grads = jax.grad(rtd_only)(params)
+    generator_norm = sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(grads["generator"]))
+    assert generator_norm == 0.0
+    assert float(jnp.abs(grads["discriminator"]["embeddings"]["word_embeddings"]["embedding"]).sum()) > 0

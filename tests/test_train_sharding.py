@@ -10,15 +10,19 @@ import pytest
 from train_helpers import REPO, cpu_env, small_tokenizer
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def run_script(objective: str) -> dict:
     tokenizer = small_tokenizer()
     # XLA_FLAGS take effect only before JAX starts, hence a fresh interpreter.
-    run = subprocess.run([sys.executable, str(REPO / "tests" / "train_sharding_script.py"), str(tokenizer)],
-                         env=cpu_env(devices=8), cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, str(REPO / "tests" / "train_sharding_script.py"), str(tokenizer),
+                          objective], env=cpu_env(devices=8), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     line = next(l for l in run.stdout.splitlines() if l.startswith("RESULTS "))
     return {(tuple(r["mesh"]), r["microbatches"]): r for r in json.loads(line.removeprefix("RESULTS "))}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_script("mlm")
 
 
 @pytest.mark.parametrize("mesh, microbatches", [((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1), ((1, 8, 1), 1),
@@ -39,3 +43,15 @@ def test_parameters_and_optimizer_state_are_sharded_by_the_rules(results):
     assert results[((2, 2, 2), 1)]["mu_query_spec"] == ["fsdp", "tensor", None]
     assert results[((2, 2, 2), 1)]["query_shards"] == 4
     assert results[((8, 1, 1), 1)]["query_spec"] == [None, None, None]  # pure data parallel: replicated
+
+
+def test_electra_step_matches_one_device():
+    """Generator and discriminator trained jointly (sampling included) give the single-device losses."""
+    results = run_script("electra")
+    for mesh, microbatches in (((2, 2, 2), 1), ((2, 2, 2), 2)):
+        reference = results[((1, 1, 1), microbatches)]
+        assert reference["losses"][0] > 1.0
+        got = results[(mesh, microbatches)]
+        np.testing.assert_allclose(got["losses"], reference["losses"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(got["param_sum"], reference["param_sum"], rtol=1e-5)
+    assert results[((2, 2, 2), 1)]["query_spec"] == ["fsdp", "tensor", None]

@@ -8,53 +8,60 @@ import sys
 import jax
 import numpy as np
 
-from bertjax.config import get_config
-from bertjax.data import DataConfig, build_pretraining_iterator, load_tokenizer, to_global_batch
-from bertjax.models import MODEL_CLASSES
+from bertjax.data import build_pretraining_iterator, load_tokenizer, to_global_batch
 from bertjax.train import mesh as mesh_lib
-from bertjax.train.optimizers import build_optimizer
-from bertjax.train.run_config import MeshConfig, OptimizerConfig, ScheduleConfig
-from bertjax.train.schedules import build_schedule
-from bertjax.train.state import create_train_state
-from bertjax.train.step import make_train_step
+from bertjax.train.run_config import run_config_from_dict
+from bertjax.train.setup import setup_run
 
 STEPS = 4
 # (data, fsdp, tensor), devices used, microbatches per update
-RUNS = [((1, 1, 1), 1, 1), ((8, 1, 1), 8, 1), ((2, 4, 1), 8, 1), ((2, 2, 2), 8, 1), ((1, 8, 1), 8, 1),
-        ((2, 2, 2), 8, 2)]
+RUNS = {
+    "mlm": [((1, 1, 1), 1, 1), ((8, 1, 1), 8, 1), ((2, 4, 1), 8, 1), ((2, 2, 2), 8, 1), ((1, 8, 1), 8, 1),
+            ((2, 2, 2), 8, 2)],
+    # Sampling keys depend on the microbatch, so microbatched runs are compared with one device's microbatched run.
+    "electra": [((1, 1, 1), 1, 1), ((2, 2, 2), 8, 1), ((1, 1, 1), 1, 2), ((2, 2, 2), 8, 2)],
+}
+TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 48}
+MODELS = {"mlm": ("modernbert-tiny", {**TINY, "local_window": 8}),
+          "electra": ("electra-tiny-discriminator", {**TINY, "embedding_size": 16})}
 
 
-def main(tokenizer_dir: str) -> None:
+def main(tokenizer_dir: str, objective: str) -> None:
     assert jax.device_count() == 8, jax.devices()
     tokenizer = load_tokenizer(tokenizer_dir)
-    data = DataConfig(seq_len=32, global_batch_size=8, mlm_probability=0.3, window_documents=64)
-    iterator = build_pretraining_iterator(data, tokenizer, seed=0)
+    preset, overrides = MODELS[objective]
+    raw = {"model": {"preset": preset, "overrides": overrides},
+           "objective": {"name": objective},
+           "data": {"seq_len": 32, "global_batch_size": 8, "mlm_probability": 0.3, "window_documents": 64},
+           "optimizer": {"name": "stable_adamw", "learning_rate": 3e-3, "weight_decay": 1e-5},
+           "schedule": {"name": "linear", "warmup": 2}, "train": {"steps": STEPS}}
+    base = run_config_from_dict(raw)
+    iterator = build_pretraining_iterator(base.data, tokenizer, seed=0)
     batches = [next(iterator) for _ in range(STEPS)]
-    config = get_config("modernbert-tiny", hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
-                        local_window=8, vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
-    model = MODEL_CLASSES["masked_lm"](config)
-    schedule = build_schedule(ScheduleConfig(name="linear", warmup=2), 3e-3, STEPS)
-    optimizer = build_optimizer(OptimizerConfig(name="stable_adamw", learning_rate=3e-3, weight_decay=1e-5), schedule)
+
     def spec(array):  # PartitionSpec as JSON: one entry per dimension, None or mesh axis name(s)
         return [a if a is None or isinstance(a, str) else list(a) for a in array.sharding.spec]
 
     results = []
-    for shape, num_devices, microbatches in RUNS:
-        mesh = mesh_lib.build_mesh(MeshConfig(*shape), jax.devices()[:num_devices])
-        state, shardings = create_train_state(model, optimizer, mesh, seed=0)
-        step = make_train_step(model, optimizer, schedule, mesh, shardings, with_nsp=False,
-                               accumulation_steps=microbatches)
+    for shape, num_devices, microbatches in RUNS[objective]:
+        raw_run = {**raw, "mesh": dict(zip(("data", "fsdp", "tensor"), shape)),
+                   "optimizer": {**raw["optimizer"], "accumulation_steps": microbatches}}
+        setup = setup_run(run_config_from_dict(raw_run), vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                          devices=jax.devices()[:num_devices])
+        state = setup.fresh_state()
         losses = []
         for batch in batches:
-            state, metrics = step(state, to_global_batch(batch, mesh, mesh_lib.BATCH_AXES))
+            state, metrics = setup.train_step(state, setup.frozen, to_global_batch(batch, setup.mesh,
+                                                                                   mesh_lib.BATCH_AXES))
             losses.append(float(metrics["loss"]))
-        params = state.params
+        key = setup.objective.params_key  # ELECTRA: the discriminator's subtree
+        params, mu = (state.params, state.opt_state.mu) if key is None else (state.params[key], state.opt_state.mu[key])
         results.append({
             "mesh": shape, "microbatches": microbatches, "losses": losses,
             "param_sum": float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(params))),
             "word_embedding_spec": spec(params["embeddings"]["word_embeddings"]["embedding"]),
             "query_spec": spec(params["encoder"]["layers_0"]["attention"]["query"]["kernel"]),
-            "mu_query_spec": spec(state.opt_state.mu["encoder"]["layers_0"]["attention"]["query"]["kernel"]),
+            "mu_query_spec": spec(mu["encoder"]["layers_0"]["attention"]["query"]["kernel"]),
             "query_shards": len({str(s.index) for s in params["encoder"]["layers_0"]["attention"]["query"]["kernel"]
                                 .addressable_shards}),
         })
@@ -62,4 +69,4 @@ def main(tokenizer_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "mlm")

@@ -31,55 +31,27 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     from bertjax import tpu_aot
-    from bertjax.ops.attention import AUTO_BY_PLATFORM
     from bertjax.data import batch_sharding, batch_spec
-    from bertjax.models import MODEL_CLASSES
-    from bertjax.train import feed as feed_lib
-    from bertjax.train import flops as flops_lib
     from bertjax.train import mesh as mesh_lib
-    from bertjax.train.optimizers import build_optimizer
-    from bertjax.train.run_config import ScheduleConfig, load_run_config
-    from bertjax.train.schedules import StepClock, build_schedule
-    from bertjax.train.state import abstract_state, count_params
-    from bertjax.train.step import make_train_step
-    from bertjax.config import get_config
+    from bertjax.train.run_config import load_run_config
+    from bertjax.train.setup import setup_run
+    from bertjax.train.state import count_params
 
     config = load_run_config(args.config, args.overrides)
-    # The run trains its tokenizer (vocabulary of tokenizer.vocab_size, [PAD] = 0) unless the model overrides these.
-    overrides = {"vocab_size": config.tokenizer.vocab_size, "pad_token_id": 0, **config.model.overrides}
-    if overrides.get("attention_implementation", "auto") == "auto":
-        overrides["attention_implementation"] = AUTO_BY_PLATFORM["tpu"]
-    model_config = get_config(config.model.preset, **overrides)
-    model = MODEL_CLASSES[config.model.head](model_config, remat_policy=config.model.remat_policy)
-    with_nsp = config.model.head == "pretraining"
-
     devices = tpu_aot.topology_devices(args.topology)
-    mesh = mesh_lib.build_mesh(config.mesh, devices)
-    phases = feed_lib.plan_phases(config)
-    feed_lib.check_batch_fits(phases, mesh, config.optimizer.accumulation_steps)
-    clock = StepClock(feed_lib.boundaries(phases), feed_lib.tokens_per_step(phases))
-    try:
-        schedule = build_schedule(config.schedule, config.optimizer.learning_rate, config.train.steps, clock)
-    except ValueError as error:
-        # The schedule's numbers do not change the compiled program (the step computes the rate from a traced
-        # step count), so a schedule that no longer fits an overridden batch size need not block the check.
-        print(f"note: {error}; compiling with a constant learning rate instead")
-        schedule = build_schedule(ScheduleConfig(name="constant"), config.optimizer.learning_rate,
-                                  config.train.steps)
-    optimizer = build_optimizer(config.optimizer, schedule)
-    state = abstract_state(model, optimizer, mesh)
-    # `abstract_state` places the state by the mesh rules; the step is built from those same shardings.
-    shardings = jax.tree.map(lambda x: x.sharding, state)
-    step = make_train_step(model, optimizer, schedule, mesh, shardings, with_nsp=with_nsp,
-                           accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed)
+    # The run trains its tokenizer (vocabulary of tokenizer.vocab_size, [PAD] = 0) unless the model overrides these.
+    setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0, devices=devices,
+                      attention_platform="tpu", compile_only=True)
+    model_config, mesh, objective = setup.model_config, setup.mesh, setup.objective
+    state = setup.abstract_state()
 
     kind = devices[0].device_kind
-    print(f"{config.model.preset} ({count_params(state.params) / 1e6:.1f}M parameters, {model_config.dtype} "
-          f"compute, attention {model_config.attention_implementation}, remat {config.model.remat_policy}) on "
-          f"{args.topology}: {len(devices)} x {kind}, mesh {dict(mesh.shape)}")
+    print(f"{config.model.preset}, objective {objective.name} ({count_params(state.params) / 1e6:.1f}M trainable "
+          f"parameters, {model_config.dtype} compute, attention {model_config.attention_implementation}, remat "
+          f"{config.model.remat_policy}) on {args.topology}: {len(devices)} x {kind}, mesh {dict(mesh.shape)}")
     hbm = next((gib for prefix, gib in HBM_GIB.items() if args.topology.startswith(prefix + ":")), None)
     seen, failed = set(), False
-    for phase in phases:
+    for phase in setup.phases:
         key = (phase.data.seq_len, phase.data.global_batch_size, phase.data.predictions_per_row)
         if key in seen:
             continue
@@ -88,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                  for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
         start = time.perf_counter()
         try:
-            compiled = step.lower(state, batch).compile()
+            compiled = setup.train_step.lower(state, setup.frozen, batch).compile()
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
@@ -100,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
             continue
         seconds = time.perf_counter() - start
         tokens = phase.data.global_batch_size * phase.data.seq_len
-        model_flops = flops_lib.train_flops(model_config, seq_len=phase.data.seq_len, tokens=tokens,
+        model_flops = objective.train_flops(seq_len=phase.data.seq_len, tokens=tokens,
                                             predictions=phase.data.global_batch_size * phase.data.predictions_per_row,
-                                            rows=phase.data.global_batch_size, with_nsp=with_nsp)
+                                            rows=phase.data.global_batch_size)
         print(f"\nphase {phase.index}: {phase.data.global_batch_size} rows x {phase.data.seq_len} tokens "
               f"(compiled in {seconds:.0f} s; {model_flops / len(devices) / 1e12:.1f} TFLOP per chip per step)")
         kernels = compiled.as_text().count("tpu_custom_call")

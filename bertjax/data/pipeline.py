@@ -14,14 +14,10 @@ import logging
 import math
 from typing import Literal
 
-import grain
 import numpy as np
 
-from bertjax.data.batching import BatchIterator, BatchIterDataset
 from bertjax.data.masking import MaskingOptions
 from bertjax.data.sources import DocumentSource, open_documents
-from bertjax.data.stats import PipelineStats
-from bertjax.data.windows import WindowBuilder, WindowPlan
 from bertjax.typecheck import check_field_types
 
 log = logging.getLogger(__name__)
@@ -137,7 +133,7 @@ def batch_spec(config: DataConfig, process_count: int = 1) -> dict[str, tuple[tu
 def build_pretraining_iterator(config: DataConfig, tokenizer, *, seed: int, process_index: int = 0,
                                process_count: int = 1, split: str = "train",
                                source: DocumentSource | None = None, origin: tuple[int, int] = (0, 0)
-                               ) -> BatchIterator:
+                               ) -> "BatchIterator":
     """The (by default endless) iterator of per-process training batches; see `bertjax.data` for the format.
 
     `source` overrides `config.input` (tests, notebooks: e.g. `sources.InMemorySource(texts)`). `origin` (epoch,
@@ -149,7 +145,7 @@ def build_pretraining_iterator(config: DataConfig, tokenizer, *, seed: int, proc
 
 
 def build_eval_iterator(config: DataConfig, tokenizer, *, seed: int = 0, process_index: int = 0,
-                        process_count: int = 1, source: DocumentSource | None = None) -> BatchIterator:
+                        process_count: int = 1, source: DocumentSource | None = None) -> "BatchIterator":
     """A finite, deterministic iterator over the held-out split: one pass, no shuffling, fixed masks for a seed.
 
     The last batch is completed with padding rows (all segment ids 0, weights 0, `nsp_labels` -1). With
@@ -166,8 +162,10 @@ def open_source(config: DataConfig, split: str = "train") -> DocumentSource:
 
 
 def window_plan(config: DataConfig, num_documents: int, *, seed: int, process_index: int, process_count: int,
-                evaluation: bool = False, origin: tuple[int, int] = (0, 0)) -> WindowPlan:
-    """The plan of which documents each window of this process holds (see bertjax.data.windows)."""
+                evaluation: bool = False, origin: tuple[int, int] = (0, 0)):
+    """The WindowPlan of which documents each window of this process holds (see bertjax.data.windows)."""
+    from bertjax.data.windows import WindowPlan
+
     return WindowPlan(num_documents=num_documents, window_documents=config.window_documents,
                       process_index=process_index, process_count=process_count,
                       shuffle=config.shuffle and not evaluation, seed=seed, start_epoch=int(origin[0]),
@@ -176,6 +174,13 @@ def window_plan(config: DataConfig, num_documents: int, *, seed: int, process_in
 
 def _build(config: DataConfig, tokenizer, *, seed, process_index, process_count, split, source, evaluation,
            origin=(0, 0)):
+    # Imported here so that DataConfig and batch_spec (run setup, compile-check, benchmarks) need no grain.
+    import grain
+
+    from bertjax.data.batching import BatchIterDataset
+    from bertjax.data.stats import PipelineStats
+    from bertjax.data.windows import WindowBuilder
+
     batch_size = config.batch_size_per_process(process_count)
     if source is None:
         source = open_source(config, split)

@@ -1,4 +1,6 @@
-"""Hugging Face tensor names <-> bertjax parameter paths, one key mapping per family.
+"""Hugging Face tensor names <-> bertjax parameter paths: the building blocks every family's key mapping uses.
+
+Each family module (`bertjax/hf/bert.py`, ...) lists its tensors with these rules.
 
 Layout rules (both directions are written next to each other so they cannot drift apart):
 - torch `nn.Linear.weight` is [out, in]; a Flax kernel is [in, out].
@@ -121,150 +123,27 @@ def attention_projection(key: str, path: ParamPath, cfg: EncoderConfig, heads: i
 
 
 def attention_output(key: str, path: ParamPath, cfg: EncoderConfig) -> list[TensorRule]:
-    rules = [_rule(f"{key}.weight", (cfg.hidden_size, cfg.hidden_size), path + ("kernel",),
+    # The input is num_heads * head_dim wide, which is not hidden_size when head_dim is explicit (EuroBERT).
+    rules = [_rule(f"{key}.weight", (cfg.hidden_size, cfg.num_heads * cfg.head_dim), path + ("kernel",),
                    heads_out(cfg.num_heads, cfg.head_dim))]
     if cfg.attention_bias:
         rules.append(_rule(f"{key}.bias", (cfg.hidden_size,), path + ("bias",)))
     return rules
 
 
-def mlm_decoder(prefix: str, bias_keys: tuple[str, ...], cfg: EncoderConfig) -> tuple[list[TensorRule], set[str]]:
-    """The MLM decoder: its weight is in the file only when untied; `bias_keys` are the bias's names.
+def mlm_decoder(decoder: str, bias_keys: tuple[str, ...], cfg: EncoderConfig) -> tuple[list[TensorRule], set[str]]:
+    """The MLM decoder `decoder` (e.g. "cls.predictions.decoder"): its weight is in the file only when untied.
 
-    transformers ties BERT's `decoder.bias` to the head's own `bias` and writes only the latter when the
-    embeddings are tied; untied, it writes both and the forward pass uses `decoder.bias`, so that one is read first.
+    `bias_keys` are the names the vocabulary bias may carry, the one written when tied last. transformers ties
+    BERT's `decoder.bias` to the head's own `bias` and writes only the latter when the embeddings are tied;
+    untied, it writes both and the forward pass uses `decoder.bias`, so that one is read first.
     """
     rules, ignored = [], set()
     if cfg.decoder_bias:
         rules.append(TensorRule(bias_keys, (cfg.vocab_size,), (("mlm_head", "decoder_bias"),), COPY,
                                 write_keys=bias_keys if not cfg.tie_word_embeddings else bias_keys[-1:]))
     if cfg.tie_word_embeddings:
-        ignored.add(f"{prefix}decoder.weight")  # a tied copy of the word embeddings (older files include it)
+        ignored.add(f"{decoder}.weight")  # a tied copy of the word embeddings (older files include it)
     else:
-        rules += linear(f"{prefix}decoder", ("mlm_head", "decoder"), cfg.embed_dim, cfg.vocab_size, bias=False)
+        rules += linear(decoder, ("mlm_head", "decoder"), cfg.embed_dim, cfg.vocab_size, bias=False)
     return rules, ignored
-
-
-# --------------------------------------------------------------------------------------------------------------
-# BERT / RoBERTa
-
-
-def bert_layer(key: str, path: ParamPath, cfg: EncoderConfig) -> list[TensorRule]:
-    h, i = cfg.hidden_size, cfg.intermediate_size
-    return [
-        *attention_projection(f"{key}attention.self.query", path + ("attention", "query"), cfg, cfg.num_heads),
-        *attention_projection(f"{key}attention.self.key", path + ("attention", "key"), cfg, cfg.kv_heads),
-        *attention_projection(f"{key}attention.self.value", path + ("attention", "value"), cfg, cfg.kv_heads),
-        *attention_output(f"{key}attention.output.dense", path + ("attention", "out"), cfg),
-        *layer_norm(f"{key}attention.output.LayerNorm", path + ("attention_norm",), h, bias=True),
-        *linear(f"{key}intermediate.dense", path + ("mlp", "wi"), h, i, bias=True),
-        *linear(f"{key}output.dense", path + ("mlp", "wo"), i, h, bias=True),
-        *layer_norm(f"{key}output.LayerNorm", path + ("mlp_norm",), h, bias=True),
-    ]
-
-
-@dataclasses.dataclass(frozen=True)
-class HeadNames:
-    mlm_prefix: str  # "cls.predictions." (BERT) or "lm_head." (RoBERTa)
-    mlm_dense: str
-    mlm_norm: str
-    nsp: str | None  # BERT's next-sentence classifier; RoBERTa has none
-
-
-def _bert_like(cfg: EncoderConfig, head: str, base_prefix: str, names: HeadNames) -> KeyMapping:
-    """`base_prefix` names the base model inside the head classes (`bert.`); the bare model has none."""
-    h = cfg.hidden_size
-    base = "" if head == "encoder" else base_prefix
-    e = f"{base}embeddings."
-    rules = [
-        *embedding(f"{e}word_embeddings", ("embeddings", "word_embeddings"), cfg.vocab_size, h),
-        *embedding(f"{e}position_embeddings", ("embeddings", "position_embeddings"), cfg.max_position_embeddings, h),
-        *layer_norm(f"{e}LayerNorm", ("embeddings", "norm"), h, bias=True),
-    ]
-    if cfg.type_vocab_size:
-        rules += embedding(f"{e}token_type_embeddings", ("embeddings", "token_type_embeddings"),
-                           cfg.type_vocab_size, h)
-    for i in range(cfg.num_layers):
-        rules += bert_layer(f"{base}encoder.layer.{i}.", ("encoder", f"layers_{i}"), cfg)
-    # Buffers older transformers versions saved alongside the weights.
-    ignored = {f"{e}position_ids", f"{e}token_type_ids"}
-    pooler = linear(f"{base}pooler.dense", ("pooler", "dense"), h, h, bias=True)
-    if head in ("encoder", "pretraining"):
-        rules += pooler
-    if head in ("masked_lm", "pretraining"):
-        p = names.mlm_prefix
-        rules += linear(f"{p}{names.mlm_dense}", ("mlm_head", "dense"), h, h, bias=True)
-        rules += layer_norm(f"{p}{names.mlm_norm}", ("mlm_head", "norm"), h, bias=True)
-        decoder_rules, decoder_ignored = mlm_decoder(p, (f"{p}decoder.bias", f"{p}bias"), cfg)
-        rules += decoder_rules
-        ignored |= decoder_ignored
-    nsp = linear(names.nsp, ("nsp_head", "dense"), h, 2, bias=True) if names.nsp else []
-    if head == "pretraining":
-        rules += nsp
-    unused = [key for rule in (pooler + nsp if head == "masked_lm" else []) for key in rule.hf_keys]
-    return KeyMapping(rules, frozenset(ignored), frozenset(unused))
-
-
-def bert_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
-    return _bert_like(cfg, head, "bert.", HeadNames("cls.predictions.", "transform.dense", "transform.LayerNorm",
-                                                          "cls.seq_relationship"))
-
-
-def roberta_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
-    return _bert_like(cfg, head, "roberta.", HeadNames("lm_head.", "dense", "layer_norm", nsp=None))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# ModernBERT
-
-
-def modernbert_layer(key: str, path: ParamPath, cfg: EncoderConfig, layer: int) -> list[TensorRule]:
-    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    attention = path + ("attention",)
-    qkv_paths = (attention + ("query",), attention + ("key",), attention + ("value",))
-    qkv = heads_in(cfg.num_heads, d)
-    rules = [TensorRule((f"{key}attn.Wqkv.weight",), (3 * h, h), tuple(p + ("kernel",) for p in qkv_paths),
-                        fused(qkv, qkv, qkv))]
-    if cfg.attention_bias:
-        qkv_bias = heads_bias(cfg.num_heads, d)
-        rules.append(TensorRule((f"{key}attn.Wqkv.bias",), (3 * h,), tuple(p + ("bias",) for p in qkv_paths),
-                                fused(qkv_bias, qkv_bias, qkv_bias)))
-    rules += attention_output(f"{key}attn.Wo", attention + ("out",), cfg)
-    if layer > 0:  # layer 0's attention input is the embedding norm's output: no attn_norm of its own
-        rules += layer_norm(f"{key}attn_norm", path + ("attention_norm",), h, cfg.norm_bias)
-    rules += layer_norm(f"{key}mlp_norm", path + ("mlp_norm",), h, cfg.norm_bias)
-    gate_paths = (path + ("mlp", "wi_0"), path + ("mlp", "wi_1"))  # activated input, then linear gate
-    rules.append(TensorRule((f"{key}mlp.Wi.weight",), (2 * i, h), tuple(p + ("kernel",) for p in gate_paths),
-                            fused(TRANSPOSE, TRANSPOSE)))
-    if cfg.mlp_bias:
-        rules.append(TensorRule((f"{key}mlp.Wi.bias",), (2 * i,), tuple(p + ("bias",) for p in gate_paths),
-                                fused(COPY, COPY)))
-    rules += linear(f"{key}mlp.Wo", path + ("mlp", "wo"), i, h, cfg.mlp_bias)
-    return rules
-
-
-def modernbert_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
-    h = cfg.hidden_size
-    base = "model." if head != "encoder" else ""
-    rules = [
-        *embedding(f"{base}embeddings.tok_embeddings", ("embeddings", "word_embeddings"), cfg.vocab_size, h),
-        *layer_norm(f"{base}embeddings.norm", ("embeddings", "norm"), h, cfg.norm_bias),
-    ]
-    for i in range(cfg.num_layers):
-        rules += modernbert_layer(f"{base}layers.{i}.", ("encoder", f"layers_{i}"), cfg, i)
-    rules += layer_norm(f"{base}final_norm", ("encoder", "final_norm"), h, cfg.norm_bias)
-    ignored: set[str] = set()
-    if head == "masked_lm":
-        rules += linear("head.dense", ("mlm_head", "dense"), h, h, cfg.head_dense_bias)
-        rules += layer_norm("head.norm", ("mlm_head", "norm"), h, cfg.norm_bias)
-        decoder_rules, ignored = mlm_decoder("", ("decoder.bias",), cfg)
-        rules += decoder_rules
-    return KeyMapping(rules, frozenset(ignored))
-
-
-# model_type -> key mapping for (config, head).
-KEY_MAPPINGS: dict[str, Callable[[EncoderConfig, str], KeyMapping]] = {
-    "bert": bert_mapping,
-    "roberta": roberta_mapping,
-    "modernbert": modernbert_mapping,
-}

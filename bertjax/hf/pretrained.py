@@ -19,8 +19,8 @@ import numpy as np
 from flax import traverse_util
 
 from bertjax.config import EncoderConfig
-from bertjax.hf import config_translation, weights
-from bertjax.hf.mapping import KEY_MAPPINGS, KeyMapping, ParamPath
+from bertjax.hf import registry, weights
+from bertjax.hf.mapping import KeyMapping, ParamPath
 from bertjax.models import MODEL_CLASSES, abstract_params
 
 logger = logging.getLogger(__name__)
@@ -43,23 +43,6 @@ def _read_config(directory: str) -> dict:
     return values
 
 
-def _architecture(values: dict) -> tuple[str, str]:
-    """(model_type, head) from config.architectures[0], checked against config.model_type."""
-    model_type = values.get("model_type")
-    config_translation.translator(model_type)  # unknown model_type: error naming it
-    architectures = values.get("architectures")
-    if not isinstance(architectures, list) or not architectures:
-        raise ValueError("config.json: 'architectures' must name the model class, e.g. [\"BertForMaskedLM\"]")
-    name = architectures[0]
-    if name not in config_translation.ARCHITECTURES:
-        raise ValueError(f"config.json: unsupported architecture {name!r}; supported: "
-                         f"{sorted(config_translation.ARCHITECTURES)}")
-    family, head = config_translation.ARCHITECTURES[name]
-    if family != model_type:
-        raise ValueError(f"config.json: architecture {name!r} is a {family} model but model_type is {model_type!r}")
-    return model_type, head
-
-
 def head_of(model: nn.Module) -> str:
     for head, cls in MODEL_CLASSES.items():
         if type(model) is cls:
@@ -79,7 +62,7 @@ def _check_mapping_covers(mapping: KeyMapping, expected: dict[ParamPath, jax.Sha
     extra = sorted(set(mapped) - set(expected))
     duplicated = sorted({p for p in mapped if mapped.count(p) > 1})
     if missing or extra or duplicated:
-        raise RuntimeError(f"bertjax.hf.mapping is out of step with the model: unmapped {missing}, "
+        raise RuntimeError(f"the key mapping is out of step with the model: unmapped {missing}, "
                            f"not in the model {extra}, mapped twice {duplicated}")
 
 
@@ -93,12 +76,15 @@ def from_pretrained(path: str, dtype=None) -> tuple[nn.Module, dict]:
     if dtype_name not in LOADABLE_DTYPES:
         raise ValueError(f"dtype must be one of {LOADABLE_DTYPES}, got {dtype_name}")
     values = _read_config(path)
-    model_type, head = _architecture(values)
-    config = config_translation.translator(model_type).to_encoder_config(values, head)
+    family, head = registry.architecture(values)
+    model_type = family.model_type
+    config = family.to_encoder_config(values, head)
+    if config.family != model_type:
+        raise RuntimeError(f"bertjax.hf.{model_type} built an EncoderConfig with family={config.family!r}")
     config = config.replace(dtype=dtype_name, param_dtype=dtype_name)
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
-    mapping = KEY_MAPPINGS[model_type](config, head)
+    mapping = family.key_mapping(config, head)
     _check_mapping_covers(mapping, expected)
 
     tensors = weights.read_weights(path)
@@ -126,7 +112,7 @@ def from_pretrained(path: str, dtype=None) -> tuple[nn.Module, dict]:
                          f"(architecture {values['architectures'][0]})")
     for param_path, spec in expected.items():
         if flat[param_path].shape != spec.shape:
-            raise RuntimeError(f"bertjax.hf.mapping built {'/'.join(param_path)} with shape "
+            raise RuntimeError(f"the {model_type} key mapping built {'/'.join(param_path)} with shape "
                                f"{flat[param_path].shape}, the model expects {spec.shape}")
     return model, traverse_util.unflatten_dict(flat)
 
@@ -148,14 +134,15 @@ def _flatten_checked(model: nn.Module, params: dict) -> dict[ParamPath, np.ndarr
 def save_pretrained(path: str, model: nn.Module, params: dict) -> None:
     """Write `config.json` + `model.safetensors` that transformers loads into the matching architecture.
 
-    As transformers does, the tied decoder weight is left out of the file. Refuses models whose config has knobs
-    the Hugging Face family cannot express, naming each.
+    The family is `model.config.family`. As transformers does, the tied decoder weight is left out of the file.
+    Refuses models whose config has knobs that family cannot express, naming each, before writing anything.
     """
     config: EncoderConfig = model.config
     head = head_of(model)
-    hf_config = config_translation.hf_config_for(config, head)
+    family = registry.family_named(config.family, source="EncoderConfig.family")
+    hf_config = {"architectures": [family.architecture_for(head)], **family.to_hf_config(config, head)}
     flat = _flatten_checked(model, params)
-    mapping = KEY_MAPPINGS[hf_config["model_type"]](config, head)
+    mapping = family.key_mapping(config, head)
     _check_mapping_covers(mapping, expected_params(model))
     tensors: dict[str, np.ndarray] = {}
     for rule in mapping.rules:

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from bertjax.config import EncoderConfig
 from bertjax.models.common import compute_dtype, dense, norm, param_dtype
 from bertjax.models.inputs import EncoderInputs
+
+
+@functools.lru_cache(maxsize=8)
+def sinusoidal_table(num_positions: int, dim: int) -> np.ndarray:
+    """DistilBERT's fixed position table [num_positions, dim] in float32: sin at even features, cos at odd ones,
+    angle pos / 10000^(2 * (j // 2) / dim), computed in float64 as transformers does so the float32 values match
+    its table bit for bit. A constant of the program, never a trained parameter."""
+    positions = np.arange(num_positions, dtype=np.float64)[:, None]
+    angles = positions / np.power(10000.0, 2 * (np.arange(dim) // 2) / dim)[None, :]
+    table = np.where(np.arange(dim)[None, :] % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+    table.flags.writeable = False  # shared through the cache
+    return table
 
 
 class Embeddings(nn.Module):
@@ -37,6 +53,9 @@ class Embeddings(nn.Module):
         x = self.word_embeddings(inputs.input_ids)
         if cfg.position_embedding == "learned":
             x = x + self.position_embeddings(inputs.positions)
+        elif cfg.position_embedding == "sinusoidal":
+            table = jnp.asarray(sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim), compute_dtype(cfg))
+            x = x + table[inputs.positions]
         if cfg.type_vocab_size:
             x = x + self.token_type_embeddings(inputs.token_type_ids)
         if cfg.embedding_norm:

@@ -31,17 +31,20 @@ class EncoderStack(nn.Module):
         layer_cls = EncoderLayer
         if self.remat_policy != "none":
             layer_cls = nn.remat(EncoderLayer, policy=REMAT_POLICIES[self.remat_policy], prevent_cse=True)
-        # With sharing (ALBERT) the config guarantees every layer of a group has the same window and theta,
-        # so one module per group is called for each of its layers.
-        groups = []
-        for g in range(cfg.layer_groups):
-            first = -(-g * cfg.num_layers // cfg.layer_groups)  # first layer i with i * groups // layers == g
-            skip_norm = first == 0 and cfg.norm_placement == "pre" and not cfg.first_layer_attention_norm
-            groups.append(layer_cls(cfg, cfg.layer_window(first), cfg.layer_rope_theta(first),
+        # With sharing (ALBERT) the config guarantees every layer has the same window and theta. Group g owns
+        # layers_per_group distinct layers, named layers_{g * layers_per_group + j}; step i runs all of its group's.
+        per_group = cfg.layers_per_group
+        layers = []
+        for k in range(cfg.layer_groups * per_group):
+            skip_norm = k == 0 and cfg.norm_placement == "pre" and not cfg.first_layer_attention_norm
+            group_start = next(i for i in range(cfg.num_layers) if cfg.layer_group(i) == k // per_group)
+            layers.append(layer_cls(cfg, cfg.layer_window(group_start), cfg.layer_rope_theta(group_start),
                                     has_attention_norm=not skip_norm, deterministic=deterministic,
-                                    name=f"layers_{g}"))
+                                    name=f"layers_{k}"))
         for i in range(cfg.num_layers):
-            x = groups[i * cfg.layer_groups // cfg.num_layers](x, inputs)
+            group = cfg.layer_group(i)
+            for j in range(per_group):
+                x = layers[group * per_group + j](x, inputs)
         if cfg.final_norm:
             x = norm(cfg, "final_norm")(x)
         return x

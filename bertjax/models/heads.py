@@ -1,4 +1,4 @@
-"""Task heads: MLM (transform + tied decoder + bias), NSP/SOP classifier, [CLS] pooler."""
+"""Task heads: MLM (transform + tied decoder + bias), NSP/SOP classifier, [CLS] pooler, replaced-token detector."""
 
 from __future__ import annotations
 
@@ -11,19 +11,27 @@ from bertjax.models.common import ACTIVATIONS, dense, norm, param_dtype, zeros_i
 
 
 class MaskedLMHead(nn.Module):
-    """dense -> activation -> norm -> decoder (the word-embedding matrix when tied) + bias."""
+    """dense -> activation -> norm -> decoder (the word-embedding matrix when tied) + bias.
+
+    The transform projects to the embedding width, so a factorised model (ALBERT, the ELECTRA generator) decodes
+    with its small embedding matrix. EuroBERT has no transform (`mlm_head_transform=False`): its decoder reads
+    the final-norm output directly.
+    """
 
     config: EncoderConfig
 
     @nn.compact
     def __call__(self, x: jax.Array, attend) -> jax.Array:
         cfg = self.config
-        x = dense(cfg, cfg.embed_dim, ("embed", "embed_factor"), use_bias=cfg.head_dense_bias, name="dense")(x)
-        x = norm(cfg, "norm")(ACTIVATIONS[cfg.head_activation](x))
+        in_axis = "embed"
+        if cfg.mlm_head_transform:
+            x = dense(cfg, cfg.embed_dim, ("embed", "embed_factor"), use_bias=cfg.head_dense_bias, name="dense")(x)
+            x = norm(cfg, "norm")(ACTIVATIONS[cfg.head_activation](x))
+            in_axis = "embed_factor"
         if cfg.tie_word_embeddings:
             logits = attend(x)
         else:
-            logits = dense(cfg, cfg.vocab_size, ("embed_factor", "vocab"), use_bias=False, name="decoder")(x)
+            logits = dense(cfg, cfg.vocab_size, (in_axis, "vocab"), use_bias=False, name="decoder")(x)
         if cfg.decoder_bias:
             logits = logits + self.param("decoder_bias", zeros_init(("vocab",)), (cfg.vocab_size,),
                                          param_dtype(cfg))
@@ -52,3 +60,20 @@ class Classifier(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         logits = dense(self.config, self.num_classes, ("embed", "classes"), use_bias=True, name="dense")(x)
         return logits.astype(jnp.float32)
+
+
+class ReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator: dense -> hidden activation -> one logit per token (replaced vs original).
+
+    The activation is the encoder's own (`activation`), as in the released discriminators; the generator's MLM
+    head, by contrast, uses `head_activation`.
+    """
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        x = ACTIVATIONS[cfg.activation](dense(cfg, cfg.hidden_size, ("embed", "mlp"), use_bias=True, name="dense")(x))
+        logits = dense(cfg, 1, ("mlp", "classes"), use_bias=True, name="prediction")(x)[..., 0]
+        return nn.with_logical_constraint(logits.astype(jnp.float32), ("activation_batch", "activation_length"))

@@ -16,7 +16,7 @@ from flax import struct
 from bertjax.config import EncoderConfig
 from bertjax.models.embeddings import Embeddings
 from bertjax.models.encoder import EncoderStack
-from bertjax.models.heads import Classifier, MaskedLMHead, Pooler
+from bertjax.models.heads import Classifier, MaskedLMHead, Pooler, ReplacedTokenHead
 from bertjax.models.inputs import prepare_inputs
 
 
@@ -36,6 +36,12 @@ class MaskedLMOutput:
 class PreTrainingOutput:
     logits: jax.Array
     nsp_logits: jax.Array  # [batch, 2]: is-next / not-next (or in-order / swapped for SOP)
+    last_hidden_state: jax.Array
+
+
+@struct.dataclass
+class ReplacedTokenOutput:
+    logits: jax.Array  # [batch, seq] float32: > 0 means "this token was replaced"
     last_hidden_state: jax.Array
 
 
@@ -110,9 +116,27 @@ class EncoderForPreTraining(_Backbone):
                                  last_hidden_state=hidden)
 
 
+class EncoderForReplacedTokenDetection(_Backbone):
+    """ELECTRA's discriminator (transformers' ElectraForPreTraining): one replaced-token logit for every token.
+
+    The ELECTRA objective scores all real tokens, so there is no `masked_positions`; padding positions get a
+    logit too and the loss masks them.
+    """
+
+    def setup(self):
+        super().setup()
+        self.rtd_head = ReplacedTokenHead(self.config)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 deterministic: bool = True) -> ReplacedTokenOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+        return ReplacedTokenOutput(logits=self.rtd_head(hidden), last_hidden_state=hidden)
+
+
 # Model classes by head name: the CLI, checkpoint import and training pick one here.
 MODEL_CLASSES: dict[str, type[_Backbone]] = {
     "encoder": EncoderModel,
     "masked_lm": EncoderForMaskedLM,
     "pretraining": EncoderForPreTraining,
+    "replaced_token_detection": EncoderForReplacedTokenDetection,
 }

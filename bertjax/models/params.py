@@ -1,6 +1,7 @@
 """Parameter helpers: the one place that runs `model.init` on dummy inputs, for real or abstractly.
 
-- `init_params`: random parameters as a plain pytree (notebooks, tests, training's sharded initialiser);
+- `init_boxed`: random parameters boxed with their logical axis names (the training objectives' initialiser);
+- `init_params`: the same as a plain pytree (notebooks, tests);
 - `abstract_params`: their shapes and dtypes (`jax.ShapeDtypeStruct`), nothing allocated (checkpoint targets);
 - `logical_axes`: their logical axis names (`PartitionSpec`s of names), which the mesh rules turn into shardings.
 
@@ -16,15 +17,16 @@ import jax.numpy as jnp
 DUMMY_SEQ_LEN = 8
 
 
-def _boxed_params(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -> dict:
-    """`model.init`'s parameters, still boxed with their logical axis names."""
+def init_boxed(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -> dict:
+    """`model.init`'s parameters, still boxed with their logical axis names (a training objective's initialiser
+    of one model: sharded state creation reads the names)."""
     ids = jnp.zeros((1, seq_len), jnp.int32)
     return model.init({"params": key, "dropout": key}, ids)["params"]
 
 
 def init_params(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -> dict:
     """Randomly initialised parameters as a plain pytree of arrays (logical-axis boxes removed)."""
-    return nn.meta.unbox(_boxed_params(model, key, seq_len))
+    return nn.meta.unbox(init_boxed(model, key, seq_len))
 
 
 def abstract_params(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:
@@ -34,5 +36,5 @@ def abstract_params(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:
 
 def logical_axes(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:
     """The logical axis names of every parameter (a pytree of PartitionSpecs of names), without allocating."""
-    boxed = jax.eval_shape(lambda key: _boxed_params(model, key, seq_len), jax.random.key(0))
+    boxed = jax.eval_shape(lambda key: init_boxed(model, key, seq_len), jax.random.key(0))
     return nn.get_partition_spec(boxed)

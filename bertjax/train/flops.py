@@ -36,12 +36,16 @@ def forward_flops_per_token(config: EncoderConfig, seq_len: int) -> float:
         flops += 2 * config.embed_dim * h
     for layer in range(config.num_layers):
         scores_and_values = 2 * 2 * config.num_heads * d * attention_span(config, layer, seq_len)
-        flops += q_and_out + k_and_v + mlp + scores_and_values
+        # ALBERT's inner groups: each of the num_layers steps runs layers_per_group distinct layers.
+        flops += config.layers_per_group * (q_and_out + k_and_v + mlp + scores_and_values)
     return flops
 
 
 def forward_flops_per_prediction(config: EncoderConfig) -> float:
-    """MLM head for one masked position: transform dense, then the vocabulary projection."""
+    """MLM head for one masked position: transform dense (absent in EuroBERT's one-matrix head), then the
+    vocabulary projection."""
+    if not config.mlm_head_transform:
+        return 2 * config.hidden_size * config.vocab_size
     return 2 * config.hidden_size * config.embed_dim + 2 * config.embed_dim * config.vocab_size
 
 
@@ -50,13 +54,13 @@ def forward_flops_per_row_nsp(config: EncoderConfig) -> float:
     return 2 * config.hidden_size * config.hidden_size + 2 * config.hidden_size * 2
 
 
-def train_flops(config: EncoderConfig, *, seq_len: int, tokens: float, predictions: float, rows: float,
-                with_nsp: bool) -> float:
-    """Model FLOPs of one training step over a batch with `tokens` real tokens and `predictions` masked ones."""
-    forward = tokens * forward_flops_per_token(config, seq_len) + predictions * forward_flops_per_prediction(config)
-    if with_nsp:
-        forward += rows * forward_flops_per_row_nsp(config)
-    return 3.0 * forward
+def mlm_forward_flops(config: EncoderConfig, *, seq_len: int, tokens: float, predictions: float) -> float:
+    """Forward FLOPs of an encoder over `tokens` real tokens plus its MLM head at `predictions` masked positions.
+
+    Objectives (bertjax/train/objectives) build their training FLOPs from this: 3x for what they train, 1x for a
+    frozen model they only run forward (a distillation teacher).
+    """
+    return tokens * forward_flops_per_token(config, seq_len) + predictions * forward_flops_per_prediction(config)
 
 
 # Peak dense bf16 matmul FLOP/s per chip, from vendor specifications, matched against `device.device_kind`

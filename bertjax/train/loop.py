@@ -20,25 +20,22 @@ from typing import Any
 import jax
 import yaml
 
-from bertjax.config import EncoderConfig, get_config
 from bertjax.model_dirs import MODEL_CONFIG_FILE  # what every command reads a workdir's model from
-from bertjax.models import MODEL_CLASSES
 from bertjax.train import feed as feed_lib
 from bertjax.train import flops as flops_lib
-from bertjax.train import objectives
 from bertjax.train.checkpoints import Checkpointer
 from bertjax.train.distributed import PreemptionWatch
-from bertjax.train.mesh import build_mesh
 from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
-from bertjax.train.optimizers import build_optimizer
-from bertjax.train.run_config import ConfigError, RunConfig, to_dict
-from bertjax.train.schedules import StepClock, build_schedule
-from bertjax.train.state import abstract_state, count_params, create_train_state, state_shardings
-from bertjax.train.step import make_eval_step, make_train_step
+from bertjax.train.objectives import Objective
+from bertjax.train.run_config import RunConfig, to_dict
+from bertjax.train.setup import setup_run
+from bertjax.train.state import count_params
+from bertjax.train.step import COUNT_METRICS
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
+EXPORTS_DIR = "models"  # multi-model objectives (ELECTRA) write each model here at the end of the run
 
 
 @dataclasses.dataclass
@@ -50,36 +47,9 @@ class PretrainResult:
     eval_loss_start: float | None  # held-out loss before any training (from metrics.jsonl on a resumed run)
     eval_loss_end: float | None
     seconds: float
-    model: Any  # the Flax module
-    params: Any  # the final parameters (global arrays over the mesh)
+    model: Any  # the Flax module of the objective's main model (the MLM model, the discriminator, the student)
+    params: Any  # its final parameters (global arrays over the mesh)
     tokenizer: Any
-
-
-def build_model_config(config: RunConfig, tokenizer, max_seq_len: int) -> EncoderConfig:
-    """The preset with its overrides; vocabulary size and pad id follow the tokenizer unless overridden."""
-    overrides = dict(config.model.overrides)
-    overrides.setdefault("vocab_size", tokenizer.vocab_size)
-    overrides.setdefault("pad_token_id", tokenizer.pad_id)
-    if overrides["vocab_size"] < tokenizer.vocab_size:
-        raise ConfigError(f"model.overrides.vocab_size ({overrides['vocab_size']}) is smaller than the tokenizer's "
-                          f"vocabulary ({tokenizer.vocab_size})")
-    model_config = get_config(config.model.preset, **overrides)
-    longest = max_seq_len + model_config.position_offset
-    if longest > model_config.max_position_embeddings:
-        raise ConfigError(f"data.seq_len ({max_seq_len}) does not fit the model's max_position_embeddings "
-                          f"({model_config.max_position_embeddings}); lower it or override the model's")
-    return model_config
-
-
-def _check_objective(config: RunConfig, phases) -> bool:
-    """True when the run trains NSP/SOP; the model head and the data must agree."""
-    with_nsp = config.model.head == "pretraining"
-    for phase in phases:
-        has_pairs = phase.data.sentence_objective != "none"
-        if has_pairs != with_nsp:
-            raise ConfigError(f"model.head={config.model.head!r} needs data.sentence_objective "
-                              f"{'nsp or sop' if with_nsp else 'none'}, got {phase.data.sentence_objective!r}")
-    return with_nsp
 
 
 def _peak_flops(config: RunConfig, dtype: str, logger: MetricsLogger) -> float:
@@ -97,8 +67,8 @@ def _peak_flops(config: RunConfig, dtype: str, logger: MetricsLogger) -> float:
 class _Throughput:
     """Tokens/s and MFU between log points, excluding compilation and evaluation time."""
 
-    def __init__(self, model_config: EncoderConfig, with_nsp: bool, peak_per_device: float):
-        self.model_config, self.with_nsp, self.peak = model_config, with_nsp, peak_per_device
+    def __init__(self, objective: Objective, peak_per_device: float):
+        self.objective, self.peak = objective, peak_per_device
         self.start: float | None = None
         self.steps: list[tuple[int, dict]] = []
 
@@ -114,11 +84,10 @@ class _Throughput:
         if self.start is None or not self.steps:
             return {}
         seconds = time.perf_counter() - self.start
-        counts = jax.device_get([{k: m[k] for k in ("tokens", "predictions", "rows")} for _, m in self.steps])
+        counts = jax.device_get([{k: m[k] for k in COUNT_METRICS} for _, m in self.steps])
         tokens = sum(float(c["tokens"]) for c in counts)
-        model_flops = sum(flops_lib.train_flops(self.model_config, seq_len=seq_len, tokens=float(c["tokens"]),
-                                                predictions=float(c["predictions"]), rows=float(c["rows"]),
-                                                with_nsp=self.with_nsp)
+        model_flops = sum(self.objective.train_flops(seq_len=seq_len, tokens=float(c["tokens"]),
+                                                     predictions=float(c["predictions"]), rows=float(c["rows"]))
                           for (seq_len, _), c in zip(self.steps, counts))
         return {"tokens_per_sec": tokens / seconds,
                 "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), self.peak)}
@@ -132,46 +101,37 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
+    config = _with_objective_tokenizer(config)
     phases = feed_lib.plan_phases(config)
-    with_nsp = _check_objective(config, phases)
     tokenizer = feed_lib.prepare_tokenizer(config, workdir)
-    model_config = build_model_config(config, tokenizer, max(p.data.seq_len for p in phases))
+    setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
+    objective, model_config, mesh = setup.objective, setup.model_config, setup.mesh
     if primary:
-        (workdir / MODEL_CONFIG_FILE).write_text(json.dumps({"head": config.model.head,
-                                                             "config": model_config.to_dict()}, indent=1))
-    model = MODEL_CLASSES[config.model.head](model_config, remat_policy=config.model.remat_policy)
-
-    mesh = build_mesh(config.mesh)
-    feed_lib.check_batch_fits(phases, mesh, config.optimizer.accumulation_steps)
+        (workdir / MODEL_CONFIG_FILE).write_text(json.dumps(model_description(objective), indent=1))
     total = config.train.steps
-    clock = StepClock(feed_lib.boundaries(phases), feed_lib.tokens_per_step(phases))
-    schedule = build_schedule(config.schedule, config.optimizer.learning_rate, total, clock)
-    optimizer = build_optimizer(config.optimizer, schedule)
 
     checkpointer = Checkpointer(config.checkpoint.directory or workdir / "checkpoints", config.checkpoint)
     restore_step = config.checkpoint.restore_step
     if restore_step is None:
         restore_step = checkpointer.latest_step()
     if restore_step is not None:
-        _, shardings = state_shardings(model, optimizer, mesh)
-        state, feed_state = checkpointer.restore(restore_step, abstract_state(model, optimizer, mesh))
+        state, feed_state = checkpointer.restore(restore_step, setup.abstract_state())
         abandoned = checkpointer.set_aside_after(restore_step)
         if abandoned and primary:
             log.warning("resuming from step %d: later checkpoints %s moved to %s-abandoned/", restore_step,
                         abandoned, checkpointer.directory)
     else:
-        state, shardings = create_train_state(model, optimizer, mesh, config.train.seed)
+        state = setup.fresh_state()
         feed_state = None
     start = int(jax.device_get(state.step))
 
     logger = MetricsLogger(workdir, total_steps=total, start_step=start, is_primary=primary,
                            progress_bar=config.train.progress_bar, process_index=jax.process_index())
-    logger.message(f"{config.model.preset} ({count_params(state.params) / 1e6:.2f}M parameters), mesh "
+    logger.message(f"{config.model.preset} trained by objective {objective.name} "
+                   f"({count_params(state.params) / 1e6:.2f}M trainable parameters), mesh "
                    f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} device(s), "
                    f"{'resuming from step ' + str(start) if start else 'starting'}; workdir {workdir}")
-    train_step = make_train_step(model, optimizer, schedule, mesh, shardings, with_nsp=with_nsp,
-                                 accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed)
-    eval_step = make_eval_step(model, mesh, shardings.params, with_nsp=with_nsp)
+    train_step, eval_step, frozen = setup.train_step, setup.eval_step, setup.frozen
     eval_cache: dict[int, list] = {}
 
     def evaluate(step: int) -> dict[str, float]:
@@ -180,12 +140,12 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             eval_cache[phase.index] = feed_lib.eval_batches(phase.data, tokenizer, mesh, config.eval.batches)
         sums = None
         for batch in eval_cache[phase.index]:
-            batch_sums = eval_step(state.params, batch)
-            sums = batch_sums if sums is None else sums + batch_sums
-        values = jax.device_get(objectives.metrics(sums, with_nsp))
+            batch_sums = eval_step(state.params, frozen, batch)
+            sums = batch_sums if sums is None else jax.tree.map(lambda a, b: a + b, sums, batch_sums)
+        values = jax.device_get(objective.metrics(sums))
         return {f"eval_{name}": float(value) for name, value in values.items()}
 
-    throughput = _Throughput(model_config, with_nsp, _peak_flops(config, model_config.dtype, logger))
+    throughput = _Throughput(objective, _peak_flops(config, model_config.dtype, logger))
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     feed.start(start, feed_state)
     if feed.reshard_report is not None:  # the checkpoint was written by another number of processes
@@ -201,7 +161,7 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             eval_start = record["eval_loss"]
         while step < total:
             seq_len = feed_lib.phase_at(phases, step).data.seq_len
-            state, metrics = train_step(state, feed.next(step))
+            state, metrics = train_step(state, frozen, feed.next(step))
             step += 1
             throughput.add(seq_len, metrics)
             logger.advance()
@@ -210,8 +170,7 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             eval_due = (last and config.eval.at_end) or (
                 config.eval.every > 0 and step % config.eval.every == 0 and not last)
             if step % config.train.log_every == 0 or last or eval_due or stop:
-                record = {k: v for k, v in jax.device_get(metrics).items()
-                          if k not in ("tokens", "predictions", "rows")}
+                record = {k: v for k, v in jax.device_get(metrics).items() if k not in COUNT_METRICS}
                 record.update(throughput.report())
                 if eval_due:
                     record.update(evaluate(step))
@@ -233,6 +192,9 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
         feed.close()
         checkpointer.close()
         logger.close()
+    exports = objective.exports(state.params)
+    if len(exports) > 1 and not preempted:
+        save_exports(workdir, exports, tokenizer)
     if primary:
         plot_loss(workdir)
         records = read_metrics(workdir)
@@ -241,7 +203,40 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             eval_start = next(r["eval_loss"] for r in records if r["step"] == 0 and "eval_loss" in r)
         if eval_end is None and not preempted and len(evals) > 1:
             eval_end = evals[-1]
+    primary_model, primary_params = next(iter(exports.values()))
     return PretrainResult(workdir=workdir, start_step=start, final_step=step, preempted=preempted,
                           eval_loss_start=eval_start, eval_loss_end=eval_end,
-                          seconds=time.perf_counter() - began, model=model, params=state.params,
+                          seconds=time.perf_counter() - began, model=primary_model, params=primary_params,
                           tokenizer=tokenizer)
+
+
+def _with_objective_tokenizer(config: RunConfig) -> RunConfig:
+    """The run config with the objective's tokenizer (a teacher's) when the config names none."""
+    path = config.objective.tokenizer_path()
+    if path is None or config.tokenizer.path is not None:
+        return config
+    return dataclasses.replace(config, tokenizer=dataclasses.replace(config.tokenizer, path=path))
+
+
+def model_description(objective: Objective) -> dict:
+    """`model_config.json`: the objective's main model (head, config) and, when the checkpoint's parameters hold
+    several models, the key of its subtree."""
+    from bertjax.hf.pretrained import head_of
+
+    name, (model, _) = next(iter(objective.exports(objective.abstract_params()).items()))
+    description = {"head": head_of(model), "config": model.config.to_dict()}
+    if objective.params_key is not None:
+        description["params_key"] = objective.params_key
+    return description
+
+
+def save_exports(workdir: Path, exports: dict, tokenizer) -> None:
+    """Each model of a multi-model objective (ELECTRA's discriminator and generator) as a bertjax model directory
+    `<workdir>/models/<name>/`, with the run's tokenizer, ready for `bertjax convert --to-hf`."""
+    from bertjax.model_dirs import save_model_dir
+
+    for name, (model, params) in exports.items():
+        directory = workdir / EXPORTS_DIR / name
+        save_model_dir(str(directory), model, params)
+        if jax.process_index() == 0:
+            tokenizer.save(directory / feed_lib.TOKENIZER_DIR)

@@ -1,6 +1,7 @@
 """The typed YAML run config of `bertjax pretrain`: frozen dataclasses, one per section.
 
-    model:      {preset: modernbert-tiny, head: masked_lm, overrides: {hidden_size: 64}, remat_policy: none}
+    model:      {preset: modernbert-tiny, overrides: {hidden_size: 64}, remat_policy: none}
+    objective:  {name: mlm}  (or mlm_nsp, mlm_sop, electra, distillation, with their options: bertjax.train.objectives)
     tokenizer:  {path: null, vocab_size: 8192}  (null: train one on the run's training documents)
     data:       the data pipeline's own config (bertjax.data.DataConfig): input, seq_len, global_batch_size, ...
     optimizer:  {name: stable_adamw, learning_rate: 1.0e-3, ...}
@@ -32,8 +33,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    preset: str  # a name registered in bertjax.config.PRESETS
-    head: Literal["masked_lm", "pretraining"] = "masked_lm"  # "pretraining" adds the NSP/SOP head
+    preset: str  # a name registered in bertjax.config.PRESETS (the model the objective trains)
     # EncoderConfig fields replaced on top of the preset; vocab_size and pad_token_id come from the tokenizer.
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     remat_policy: str = "none"  # a name of bertjax.models.encoder.REMAT_POLICIES
@@ -128,6 +128,7 @@ class RunConfig:
     model: ModelConfig
     train: TrainConfig
     data: Any = None  # the data pipeline's config dataclass (see `data_config_class`)
+    objective: Any = None  # the objective's options dataclass (bertjax.train.objectives), `mlm` when absent
     tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
@@ -165,11 +166,20 @@ def load_run_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
 
 
 def run_config_from_dict(raw: Mapping) -> RunConfig:
+    from bertjax.train.objectives import parse_options
+
     raw = dict(raw)
     data = raw.pop("data", None)
+    objective = raw.pop("objective", None)
     config = parse_dataclass(RunConfig, raw, "")
     data_cls = data_config_class()
-    config = dataclasses.replace(config, data=parse_dataclass(data_cls, data or {}, "data"))
+    try:
+        options = parse_options(objective, parse_dataclass)
+    except ConfigError:
+        raise
+    except ValueError as error:  # an unknown objective name
+        raise ConfigError(str(error)) from None
+    config = dataclasses.replace(config, data=parse_dataclass(data_cls, data or {}, "data"), objective=options)
     for i, phase in enumerate(config.train.phases):  # each phase's data must be a valid data config too
         parse_dataclass(data_cls, {**to_dict(config.data), **phase.data}, f"train.phases[{i}].data")
     return config

@@ -3,11 +3,14 @@
 `create_train_state` never materialises the model on one device: `jax.eval_shape` gives the shapes and logical
 axis names, the mesh rules turn those into shardings, and the initialiser runs under `jax.jit` with those
 `out_shardings`, so each device computes only its own shards.
+
+The parameters come from an initialiser `init_params(key) -> parameters boxed with their logical axis names`
+(a training objective's `init_params`: one model, or ELECTRA's generator and discriminator together).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -16,7 +19,6 @@ import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
-from bertjax.models.params import init_params, logical_axes
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.optimizers import param_path
 
@@ -28,16 +30,19 @@ class TrainState:
     opt_state: Any
 
 
-def _init_fn(model: nn.Module, optimizer: optax.GradientTransformation, seq_len: int):
+Initialiser = Callable[[jax.Array], Any]  # key -> parameters boxed with logical axis names
+
+
+def _init_fn(init_params: Initialiser, optimizer: optax.GradientTransformation):
     def init(key: jax.Array) -> TrainState:
-        params = init_params(model, key, seq_len)
+        params = nn.meta.unbox(init_params(key))
         return TrainState(step=jnp.zeros([], jnp.int32), params=params, opt_state=optimizer.init(params))
     return init
 
 
-def param_logical_specs(model: nn.Module, seq_len: int) -> Any:
+def param_logical_specs(init_params: Initialiser) -> Any:
     """Logical axis names of every parameter, without allocating anything."""
-    return logical_axes(model, seq_len)
+    return nn.get_partition_spec(jax.eval_shape(init_params, jax.random.key(0)))
 
 
 def mirrored_shardings(tree: Any, param_shardings: dict[str, NamedSharding], param_shapes: dict[str, tuple],
@@ -54,11 +59,11 @@ def mirrored_shardings(tree: Any, param_shardings: dict[str, NamedSharding], par
     return jax.tree_util.tree_map_with_path(sharding_of, tree)
 
 
-def state_shardings(model: nn.Module, optimizer: optax.GradientTransformation, mesh: Mesh,
-                    seq_len: int = 8) -> tuple[TrainState, TrainState]:
+def state_shardings(init_params: Initialiser, optimizer: optax.GradientTransformation,
+                    mesh: Mesh) -> tuple[TrainState, TrainState]:
     """(abstract state, its shardings): the shapes/dtypes of the state and where each leaf lives."""
-    abstract = jax.eval_shape(_init_fn(model, optimizer, seq_len), jax.random.key(0))
-    params = mesh_lib.logical_shardings(param_logical_specs(model, seq_len), abstract.params, mesh)
+    abstract = jax.eval_shape(_init_fn(init_params, optimizer), jax.random.key(0))
+    params = mesh_lib.logical_shardings(param_logical_specs(init_params), abstract.params, mesh)
     by_path = {param_path(p): s for p, s in jax.tree_util.tree_flatten_with_path(params)[0]}
     shapes = {param_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(abstract.params)[0]}
     shardings = TrainState(step=mesh_lib.replicated(mesh), params=params,
@@ -66,23 +71,22 @@ def state_shardings(model: nn.Module, optimizer: optax.GradientTransformation, m
     return abstract, shardings
 
 
-def create_train_state(model: nn.Module, optimizer: optax.GradientTransformation, mesh: Mesh, seed: int,
-                       seq_len: int = 8) -> tuple[TrainState, TrainState]:
+def create_train_state(init_params: Initialiser, optimizer: optax.GradientTransformation, mesh: Mesh,
+                       seed: int) -> tuple[TrainState, TrainState]:
     """(state, shardings): freshly initialised parameters and optimizer state, each leaf born on its shards.
 
     Random values do not depend on the mesh (JAX's partitionable threefry), so every mesh shape starts from the
-    same parameters as a single device.
+    same parameters as a single device. The initialiser is traced outside `mesh_lib.activate`: `out_shardings`
+    alone places every leaf.
     """
-    _, shardings = state_shardings(model, optimizer, mesh, seq_len)
-    # out_shardings alone places every leaf: the initialiser needs no activation constraints.
-    state = jax.jit(_init_fn(model, optimizer, seq_len), out_shardings=shardings)(jax.random.key(seed))
+    _, shardings = state_shardings(init_params, optimizer, mesh)
+    state = jax.jit(_init_fn(init_params, optimizer), out_shardings=shardings)(jax.random.key(seed))
     return state, shardings
 
 
-def abstract_state(model: nn.Module, optimizer: optax.GradientTransformation, mesh: Mesh,
-                   seq_len: int = 8) -> TrainState:
+def abstract_state(init_params: Initialiser, optimizer: optax.GradientTransformation, mesh: Mesh) -> TrainState:
     """ShapeDtypeStructs carrying their shardings: the target a checkpoint is restored into."""
-    abstract, shardings = state_shardings(model, optimizer, mesh, seq_len)
+    abstract, shardings = state_shardings(init_params, optimizer, mesh)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
 
 

@@ -1,0 +1,174 @@
+"""ELECTRA (Clark et al., 2020): replaced-token detection with a jointly trained generator.
+
+A small masked-LM generator fills the masked positions with tokens sampled from its own distribution (temperature
+1, under stop-gradient: the discriminator's loss does not train the generator through the samples); the
+discriminator then labels every real token as original or replaced. The loss is
+
+    generator MLM mean  +  rtd_weight * mean binary cross-entropy of the discriminator over all real tokens
+
+A sampled token equal to the original counts as original, as in the paper. Generator and discriminator share the
+token, position and token-type embeddings and the embedding norm: the generator's parameter tree leaves them out
+and reads the discriminator's, so both losses train one copy. Their widths differ, so each keeps its own
+embedding projection (E -> its hidden size).
+
+The trainable parameters are `{"discriminator": ..., "generator": ...}`; `exports` gives both as ordinary models
+(the generator with the shared tensors filled in). The discriminator is the model users fine-tune.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax.config import EncoderConfig
+from bertjax.models import MODEL_CLASSES
+from bertjax.train import flops as flops_lib
+from bertjax.train.objectives import losses
+from bertjax.train.objectives.base import Objective, ObjectiveError, ObjectiveOptions, init_boxed, model_inputs
+
+# Parameters under `embeddings/` that the generator takes from the discriminator.
+SHARED_EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings", "norm")
+DISCRIMINATOR_HEAD = "replaced_token_detection"
+
+
+@dataclasses.dataclass(frozen=True)
+class ElectraOptions(ObjectiveOptions):
+    name: str = "electra"
+    # The generator's width as a fraction of the discriminator's (hidden size, heads, feed-forward), same depth
+    # and embedding size. None: 1/3 for ELECTRA-Small-sized discriminators (hidden <= 256), else 1/4.
+    generator_size: float | None = None
+    rtd_weight: float = 50.0  # lambda of the paper
+    temperature: float = 1.0  # of the generator's sampling distribution
+
+    def __post_init__(self) -> None:
+        if self.generator_size is not None and not 0.0 < self.generator_size <= 1.0:
+            raise ValueError(f"objective.generator_size must be in (0, 1], got {self.generator_size}")
+        if self.rtd_weight < 0:
+            raise ValueError(f"objective.rtd_weight must be >= 0, got {self.rtd_weight}")
+        if self.temperature <= 0:
+            raise ValueError(f"objective.temperature must be positive, got {self.temperature}")
+
+
+def generator_config(discriminator: EncoderConfig, size: float | None) -> EncoderConfig:
+    """The generator of `discriminator`: `size` of its heads (each of the same head size) and feed-forward width,
+    the same depth, embedding size and vocabulary."""
+    if size is None:
+        size = 1 / 3 if discriminator.hidden_size <= 256 else 1 / 4
+    heads = max(1, round(discriminator.num_heads * size))
+    head_dim = discriminator.head_dim
+    return discriminator.replace(
+        hidden_size=heads * head_dim, num_heads=heads, num_kv_heads=None,
+        intermediate_size=max(1, round(discriminator.intermediate_size * size)),
+        embedding_size=discriminator.embed_dim, pooler=False, tie_word_embeddings=True)
+
+
+def _split_shared(generator: dict) -> dict:
+    embeddings = {k: v for k, v in generator["embeddings"].items() if k not in SHARED_EMBEDDINGS}
+    return {**generator, "embeddings": embeddings}
+
+
+def with_shared_embeddings(generator: dict, discriminator: dict) -> dict:
+    """The generator's full parameter tree: its own leaves plus the discriminator's shared embeddings."""
+    shared = {k: v for k, v in discriminator["embeddings"].items() if k in SHARED_EMBEDDINGS}
+    return {**generator, "embeddings": {**generator["embeddings"], **shared}}
+
+
+def replace_at(ids: jax.Array, positions: jax.Array, used: jax.Array, values: jax.Array) -> jax.Array:
+    """ids [batch, seq] with `values` [batch, slots] written at `positions` where `used`; unused slots (which may
+    point anywhere, padding included) are dropped, so padding is never touched."""
+    ids, rows = jnp.asarray(ids), jnp.arange(ids.shape[0])[:, None]
+    target = jnp.where(used, positions, ids.shape[1])  # out of range: dropped
+    return ids.at[rows, target].set(values.astype(ids.dtype), mode="drop")
+
+
+def sample_replacements(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:
+    """Token ids drawn from softmax(logits / temperature) at each slot, with no gradient to the generator."""
+    logits = jax.lax.stop_gradient(logits.astype(jnp.float32)) / temperature
+    return jax.random.categorical(key, logits, axis=-1)
+
+
+class Electra(Objective):
+    name = "electra"
+    options_class = ElectraOptions
+    params_key = "discriminator"
+
+    def __init__(self, options, model_config, remat_policy="none"):
+        super().__init__(options, model_config, remat_policy)
+        if DISCRIMINATOR_HEAD not in MODEL_CLASSES:
+            raise ObjectiveError("objective.name='electra' needs bertjax's replaced-token-detection model")
+        self.generator_config = generator_config(model_config, options.generator_size)
+        self.discriminator = MODEL_CLASSES[DISCRIMINATOR_HEAD](model_config, remat_policy=remat_policy)
+        self.generator = MODEL_CLASSES["masked_lm"](self.generator_config, remat_policy=remat_policy)
+
+    def init_params(self, key):
+        disc_key, gen_key = jax.random.split(key)
+        return {"discriminator": init_boxed(self.discriminator, disc_key),
+                "generator": _split_shared(init_boxed(self.generator, gen_key))}
+
+    def loss_sums(self, params, frozen, batch, key, deterministic):
+        gen_key, sample_key, disc_key = jax.random.split(key, 3)
+        rngs = (lambda k: None) if deterministic else (lambda k: {"dropout": k})
+        generator = with_shared_embeddings(params["generator"], params["discriminator"])
+        gen = self.generator.apply({"params": generator}, **model_inputs(self.generator_config, batch),
+                                   masked_positions=batch["masked_positions"], deterministic=deterministic,
+                                   rngs=rngs(gen_key))
+        mlm_loss, mlm_weight, mlm_correct = losses.mlm_sums(gen.logits, batch["masked_ids"], batch["masked_weights"])
+
+        used = batch["masked_weights"] > 0
+        sampled = sample_replacements(sample_key, gen.logits, self.options.temperature)
+        corrupted = replace_at(batch["input_ids"], batch["masked_positions"], used, sampled)
+        original = replace_at(batch["input_ids"], batch["masked_positions"], used, batch["masked_ids"])
+        real = batch["segment_ids"] > 0
+        replaced = (corrupted != original) & real
+
+        disc = self.discriminator.apply({"params": params["discriminator"]},
+                                        **model_inputs(self.model_config, batch, input_ids=corrupted),
+                                        deterministic=deterministic, rngs=rngs(disc_key))
+        rtd_logits = disc.logits.astype(jnp.float32)
+        realf = real.astype(jnp.float32)
+        bce = optax.sigmoid_binary_cross_entropy(rtd_logits, replaced.astype(jnp.float32))
+        predicted = (rtd_logits > 0) & real
+        count = lambda x: jnp.sum(x.astype(jnp.float32))
+        return {"mlm_loss": mlm_loss, "mlm_weight": mlm_weight, "mlm_correct": mlm_correct,
+                "rtd_loss": jnp.sum(bce * realf), "token_count": count(real),
+                "rtd_correct": count((predicted == replaced) & real), "replaced": count(replaced),
+                "predicted_replaced": count(predicted), "true_replaced": count(predicted & replaced)}
+
+    def normalisers(self, batch):
+        tokens = jnp.maximum(jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32), 1.0)
+        return {"mlm_weight": losses.prediction_count(batch), "token_count": tokens}
+
+    def loss(self, sums, norm):
+        return sums["mlm_loss"] / norm["mlm_weight"] + self.options.rtd_weight * sums["rtd_loss"] / norm["token_count"]
+
+    def metrics(self, sums):
+        out = {"generator_mlm_loss": losses.mean(sums["mlm_loss"], sums["mlm_weight"]),
+               "generator_mlm_accuracy": losses.mean(sums["mlm_correct"], sums["mlm_weight"]),
+               "rtd_loss": losses.mean(sums["rtd_loss"], sums["token_count"]),
+               "rtd_accuracy": losses.mean(sums["rtd_correct"], sums["token_count"]),
+               "rtd_precision": losses.mean(sums["true_replaced"], sums["predicted_replaced"]),
+               "rtd_recall": losses.mean(sums["true_replaced"], sums["replaced"]),
+               "replacement_rate": losses.mean(sums["replaced"], sums["token_count"])}
+        out["loss"] = out["generator_mlm_loss"] + self.options.rtd_weight * out["rtd_loss"]
+        return out
+
+    def train_flops(self, *, seq_len, tokens, predictions, rows):
+        h = self.model_config.hidden_size
+        discriminator = tokens * (flops_lib.forward_flops_per_token(self.model_config, seq_len) + 2 * h * h + 2 * h)
+        generator = flops_lib.mlm_forward_flops(self.generator_config, seq_len=seq_len, tokens=tokens,
+                                                predictions=predictions)
+        return 3.0 * (discriminator + generator)
+
+    def generator_flops_share(self, seq_len: int, tokens: float, predictions: float) -> float:
+        """The generator's share of the step's FLOPs (the cost of ELECTRA over training the discriminator alone)."""
+        generator = flops_lib.mlm_forward_flops(self.generator_config, seq_len=seq_len, tokens=tokens,
+                                                predictions=predictions)
+        return 3.0 * generator / self.train_flops(seq_len=seq_len, tokens=tokens, predictions=predictions, rows=0)
+
+    def exports(self, params):
+        generator = with_shared_embeddings(params["generator"], params["discriminator"])
+        return {"discriminator": (MODEL_CLASSES[DISCRIMINATOR_HEAD](self.model_config), params["discriminator"]),
+                "generator": (MODEL_CLASSES["masked_lm"](self.generator_config), generator)}

@@ -1,0 +1,50 @@
+"""Loss pieces the objectives share: cross-entropy, masked-LM and sentence-pair sums.
+
+The model gathers the `max_predictions` masked positions of each row before the vocabulary projection (static
+shapes, as original BERT's `max_predictions_per_seq`), so logits are [batch, max_predictions, vocab] and unused
+prediction slots carry weight 0.
+
+Losses are sums with their counts, not means: the train step divides by the counts of the *whole* batch, so
+gradient accumulation over microbatches gives exactly the full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """-log softmax(logits)[label] in float32, per position."""
+    logits = logits.astype(jnp.float32)
+    log_normaliser = jax.nn.logsumexp(logits, axis=-1)
+    label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return log_normaliser - label_logit
+
+
+def mlm_sums(logits: jax.Array, masked_ids: jax.Array, masked_weights: jax.Array) -> tuple[jax.Array, ...]:
+    """(loss sum, weight sum, correct sum) over [batch, max_predictions] predicted slots."""
+    weights = masked_weights.astype(jnp.float32)
+    loss = jnp.sum(cross_entropy(logits, masked_ids) * weights)
+    correct = jnp.sum((jnp.argmax(logits, axis=-1) == masked_ids) * weights)
+    return loss, jnp.sum(weights), correct
+
+
+def nsp_sums(nsp_logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, ...]:
+    """(loss sum, count, correct sum) over rows; labels 0 = is next (in order), 1 = not next (swapped), and -1 on
+    the padding rows of evaluation batches, which do not count."""
+    valid = (labels >= 0).astype(jnp.float32)
+    safe = jnp.maximum(labels, 0)
+    loss = jnp.sum(cross_entropy(nsp_logits, safe) * valid)
+    correct = jnp.sum((jnp.argmax(nsp_logits, axis=-1) == safe) * valid)
+    return loss, jnp.sum(valid), correct
+
+
+def prediction_count(batch: dict) -> jax.Array:
+    """Masked predictions of a whole batch, at least 1 (an empty batch gives loss 0, not NaN)."""
+    return jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0)
+
+
+def mean(total: jax.Array, count: jax.Array) -> jax.Array:
+    """A sum over (possibly several batches') counts as a mean; 0 when nothing was counted."""
+    return total / jnp.maximum(count, 1.0)

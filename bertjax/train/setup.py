@@ -1,0 +1,132 @@
+"""One run setup from a run config: model config, objective, phases, mesh, schedule, optimizer, state shardings
+and the jitted steps. The pretraining loop, `bertjax compile-check`, the train-step benchmark and the sharding
+test all build their run here, so what they compile is the same program.
+
+    setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
+    state = setup.fresh_state()                      # or restore into setup.abstract_state()
+    state, metrics = setup.train_step(state, setup.frozen, batch)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+
+from bertjax.config import EncoderConfig, get_config
+from bertjax.train import feed as feed_lib
+from bertjax.train import mesh as mesh_lib
+from bertjax.train.objectives import Objective, ObjectiveError, build_objective
+from bertjax.train.optimizers import build_optimizer
+from bertjax.train.run_config import ConfigError, RunConfig, ScheduleConfig
+from bertjax.train.schedules import StepClock, build_schedule
+from bertjax.train.state import TrainState, abstract_state, create_train_state, state_shardings
+from bertjax.train.step import JittedStep, make_eval_step, make_train_step
+
+
+@dataclasses.dataclass
+class RunSetup:
+    config: RunConfig
+    model_config: EncoderConfig
+    objective: Objective
+    phases: list  # bertjax.train.feed.Phase
+    mesh: Any
+    schedule: Any
+    optimizer: Any
+    shardings: TrainState  # where every leaf of the train state lives
+    frozen: Any  # the objective's frozen parameters, placed ({} for most objectives; abstract for compile-only)
+    frozen_shardings: Any
+    train_step: JittedStep
+    eval_step: JittedStep
+
+    def fresh_state(self) -> TrainState:
+        """Initial state for train.seed, warm-started by the objective (a student from its teacher)."""
+        state, _ = create_train_state(self.objective.init_params, self.optimizer, self.mesh, self.config.train.seed)
+        warm = jax.jit(self.objective.warm_start, out_shardings=self.shardings.params)
+        return state.replace(params=warm(state.params, self.frozen))
+
+    def abstract_state(self) -> TrainState:
+        """ShapeDtypeStructs with shardings: what a checkpoint restores into, or what AOT compiles against."""
+        return abstract_state(self.objective.init_params, self.optimizer, self.mesh)
+
+
+def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_seq_len: int,
+                       attention_platform: str | None = None) -> EncoderConfig:
+    """The preset with its overrides; vocabulary size and pad id follow the tokenizer unless overridden.
+
+    `attention_platform` resolves "auto" attention for a platform other than this machine's (compile-check).
+    """
+    overrides = dict(config.model.overrides)
+    overrides.setdefault("vocab_size", vocab_size)
+    overrides.setdefault("pad_token_id", pad_id)
+    if overrides["vocab_size"] < vocab_size:
+        raise ConfigError(f"model.overrides.vocab_size ({overrides['vocab_size']}) is smaller than the tokenizer's "
+                          f"vocabulary ({vocab_size})")
+    if attention_platform is not None and overrides.get("attention_implementation", "auto") == "auto":
+        from bertjax.ops.attention import AUTO_BY_PLATFORM
+        overrides["attention_implementation"] = AUTO_BY_PLATFORM[attention_platform]
+    model_config = get_config(config.model.preset, **overrides)
+    longest = max_seq_len + model_config.position_offset
+    if longest > model_config.max_position_embeddings:
+        raise ConfigError(f"data.seq_len ({max_seq_len}) does not fit the model's max_position_embeddings "
+                          f"({model_config.max_position_embeddings}); lower it or override the model's")
+    return model_config
+
+
+def check_objective_data(objective: Objective, phases: list) -> None:
+    """Every phase's data must produce the batch keys the objective reads (before anything compiles)."""
+    from bertjax.data import batch_spec
+
+    for phase in phases:
+        where = "data" if len(phases) == 1 else f"train.phases[{phase.index}].data"
+        try:
+            objective.check_data(phase.data, set(batch_spec(phase.data)), where)
+        except ObjectiveError as error:
+            raise ConfigError(str(error)) from None
+
+
+def _schedule(config: RunConfig, phases: list, lenient: bool):
+    clock = StepClock(feed_lib.boundaries(phases), feed_lib.tokens_per_step(phases))
+    try:
+        return build_schedule(config.schedule, config.optimizer.learning_rate, config.train.steps, clock)
+    except ValueError as error:
+        if not lenient:
+            raise
+        # The schedule's numbers do not change the compiled program (the step computes the rate from a traced
+        # step count), so a schedule that no longer fits an overridden batch need not block a compile check.
+        print(f"note: {error}; compiling with a constant learning rate instead")
+        return build_schedule(ScheduleConfig(name="constant"), config.optimizer.learning_rate, config.train.steps)
+
+
+def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Sequence | None = None,
+              attention_platform: str | None = None, compile_only: bool = False) -> RunSetup:
+    """Everything a run needs but the data feed and the state itself.
+
+    `compile_only`: no weights are loaded (a teacher is abstract) and a schedule that no longer fits an
+    overridden batch falls back to a constant rate (compile-check).
+    """
+    phases = feed_lib.plan_phases(config)
+    model_config = build_model_config(config, vocab_size=vocab_size, pad_id=pad_id,
+                                      max_seq_len=max(p.data.seq_len for p in phases),
+                                      attention_platform=attention_platform)
+    try:
+        objective = build_objective(config.objective, model_config, config.model.remat_policy)
+    except ObjectiveError as error:
+        raise ConfigError(str(error)) from None
+    check_objective_data(objective, phases)
+    mesh = mesh_lib.build_mesh(config.mesh, devices)
+    feed_lib.check_batch_fits(phases, mesh, config.optimizer.accumulation_steps)
+    schedule = _schedule(config, phases, lenient=compile_only)
+    optimizer = build_optimizer(config.optimizer, schedule)
+    _, shardings = state_shardings(objective.init_params, optimizer, mesh)
+    try:
+        frozen, frozen_shardings = objective.frozen_params(mesh, abstract=compile_only)
+    except ObjectiveError as error:
+        raise ConfigError(str(error)) from None
+    train_step = make_train_step(objective, optimizer, schedule, mesh, shardings, frozen_shardings,
+                                 accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed)
+    eval_step = make_eval_step(objective, mesh, shardings.params, frozen_shardings)
+    return RunSetup(config=config, model_config=model_config, objective=objective, phases=phases, mesh=mesh,
+                    schedule=schedule, optimizer=optimizer, shardings=shardings, frozen=frozen,
+                    frozen_shardings=frozen_shardings, train_step=train_step, eval_step=eval_step)
