@@ -94,15 +94,15 @@ TO_TOKENIZERS_JSON: dict[type, Callable[[Tokenizer], str]] = {
 }
 
 
-def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
-    """{"cls_token": "[CLS]", ...}: the text of each special token, by transformers' attribute names."""
-    hf = to_hf_tokenizer(tokenizer, with_specials=False)
+def special_tokens(tokenizer: Tokenizer, hf) -> dict[str, str]:
+    """{"cls_token": "[CLS]", ...}: the text of each special token (in `hf`, its `tokenizers` form), by
+    transformers' attribute names."""
     ids = {"cls_token": tokenizer.cls_id, "sep_token": tokenizer.sep_id, "mask_token": tokenizer.mask_id,
            "pad_token": tokenizer.pad_id, "unk_token": tokenizer.unk_id}
     return {name: hf.id_to_token(i) for name, i in ids.items()}
 
 
-def to_hf_tokenizer(tokenizer: Tokenizer, with_specials: bool = True):
+def to_hf_tokenizer(tokenizer: Tokenizer):
     """The `tokenizers.Tokenizer` that encodes like `tokenizer` and wraps texts in [CLS] ... [SEP]."""
     from tokenizers import AddedToken, Tokenizer as HfTokenizer, processors
 
@@ -111,9 +111,7 @@ def to_hf_tokenizer(tokenizer: Tokenizer, with_specials: bool = True):
         raise ValueError(f"no transformers export for {type(tokenizer).__name__}; known: "
                          f"{[cls.__name__ for cls in TO_TOKENIZERS_JSON]}")
     hf = HfTokenizer.from_str(convert(tokenizer))
-    if not with_specials:
-        return hf
-    names = special_tokens(tokenizer)
+    names = special_tokens(tokenizer, hf)
     registered = {token.content for token in hf.get_added_tokens_decoder().values() if token.special}
     # The mask takes the space before it (as in "The [MASK] ..."), as bertjax's fill-mask does.
     hf.add_special_tokens([AddedToken(text, special=True, normalized=False, lstrip=(name == "mask_token"))
@@ -137,7 +135,7 @@ def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_
     directory.mkdir(parents=True, exist_ok=True)
     hf = to_hf_tokenizer(tokenizer)
     hf.save(str(directory / TOKENIZER_JSON))
-    names = special_tokens(tokenizer)
+    names = special_tokens(tokenizer, hf)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **names, "clean_up_tokenization_spaces": False}
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
