@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bertjax.platforms import quiet_start
+
+    quiet_start()  # before any command touches a JAX backend: no libtpu noise on CPU/GPU machines
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from bertjax.data import remote
 from bertjax.data.default_corpus import default_corpus_documents, in_split
 
 SPLITS = ("train", "eval", "all")
@@ -405,7 +406,7 @@ SOURCE_BUILDERS: dict[str, Callable[..., DocumentSource]] = {
 def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_format: str = "lines",
                    text_field: str = "text", eval_fraction: float = 0.02) -> DocumentSource:
     """The documents of `inputs` in `split`: "default" (the embedded corpus), a prepared-data directory, or
-    files, directories and globs (a comma-separated string or a list)."""
+    files, directories and globs (a comma-separated string or a list), local or remote (`gs://...`)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     specs = [s.strip() for s in inputs.split(",")] if isinstance(inputs, str) else [str(s) for s in inputs]
@@ -415,12 +416,15 @@ def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_fo
     sources: list[DocumentSource] = []
     files_by_kind: dict[str, list[pathlib.Path]] = collections.defaultdict(list)
     for spec in specs:
+        prepared = None if spec == DEFAULT_INPUT else prepared_directory(spec)
         if spec == DEFAULT_INPUT:
             sources.append(default_corpus_source(split, eval_fraction))
-        elif os.path.isdir(spec) and os.path.isfile(os.path.join(spec, PREPARED_METADATA)):
-            sources.append(PreparedSource(pathlib.Path(spec), split))
+        elif prepared is not None:
+            sources.append(PreparedSource(prepared, split))
         else:
-            for path in _expand(spec):
+            paths = [remote.local_file(p) for p in remote.expand(spec, tuple(FILE_KINDS))] if remote.is_remote(spec) \
+                else _expand(spec)
+            for path in paths:
                 kind = FILE_KINDS.get(path.suffix.lower())
                 if kind is None:
                     raise ValueError(f"unknown file type {str(path)!r}; supported suffixes: "
@@ -433,6 +437,20 @@ def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_fo
     if len(source) == 0:
         raise ValueError(f"no {split} documents in {', '.join(specs)} ({source.stats.report()})")
     return source
+
+
+def prepared_directory(spec: str) -> pathlib.Path | None:
+    """The local directory of a `bertjax prepare` output given as input (a remote one is copied into the local
+    cache, see `bertjax.data.remote`); None when `spec` is not prepared data."""
+    if remote.is_remote(spec):
+        from etils import epath
+
+        if "*" in spec or not (epath.Path(spec) / PREPARED_METADATA).exists():
+            return None
+        return remote.local_directory(spec)
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, PREPARED_METADATA)):
+        return pathlib.Path(spec)
+    return None
 
 
 def _expand(spec: str) -> list[pathlib.Path]:

@@ -21,7 +21,7 @@ from flax import traverse_util
 from bertjax.config import EncoderConfig
 from bertjax.hf import registry, weights
 from bertjax.hf.mapping import KeyMapping, ParamPath
-from bertjax.models import MODEL_CLASSES
+from bertjax.models import MODEL_CLASSES, abstract_params
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,7 @@ def head_of(model: nn.Module) -> str:
 
 def expected_params(model: nn.Module) -> dict[ParamPath, jax.ShapeDtypeStruct]:
     """Shape and dtype of every parameter `model.init` creates, by path, without allocating them."""
-    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
-    return traverse_util.flatten_dict(nn.meta.unbox(abstract["params"]))
+    return traverse_util.flatten_dict(abstract_params(model))
 
 
 def _check_mapping_covers(mapping: KeyMapping, expected: dict[ParamPath, jax.ShapeDtypeStruct]) -> None:

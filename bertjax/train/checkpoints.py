@@ -1,7 +1,8 @@
 """Checkpoints with orbax: the train state (params, optimizer state, step) and each process's data-iterator state.
 
 Layout under `<workdir>/checkpoints/<step>/`: `state/` (orbax arrays, each process writing its own shards),
-`data/process_<i>-of-<n>.json` (the iterator position of process i, so every host resumes on its own next batch)
+`data/process_<i>-of-<n>.json` (the iterator position of process i, so every host resumes on its own next batch;
+a run resumed on another number of processes gets all n positions and redistributes them, bertjax.data.reshard)
 and `checksums.json` (sha256 of every file, written once the asynchronous save has completed).
 
 Orbax writes a step into a temporary directory and renames it when complete, so a process killed mid-save
@@ -15,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from bertjax.train.run_config import CheckpointConfig
 log = logging.getLogger(__name__)
 
 CHECKSUMS_FILE = "checksums.json"
+_PROCESS_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 
 class CheckpointError(ValueError):
@@ -48,15 +51,12 @@ class ProcessJsonHandler(ocp.CheckpointHandler):
         (directory / _process_file()).write_text(json.dumps(args.value, sort_keys=True))
 
     def restore(self, directory: epath.Path, args: "ProcessJsonRestore | None" = None) -> Any:
+        """This process's value; from a run with another number of processes, {"processes": [every value]}
+        (in process order) for the caller to redistribute (bertjax.data.reshard)."""
         path = directory / _process_file()
         if not path.exists():
-            present = sorted(p.name for p in directory.iterdir()) if directory.exists() else []
-            raise CheckpointError(f"{path} is missing (this run has {jax.process_count()} processes; the "
-                                  f"checkpoint holds {present}): resume with the process count that saved it")
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise CheckpointError(f"{path} is not valid JSON: {error}") from None
+            return {"processes": [_read_json(p) for p in _saved_process_files(directory)]}
+        return _read_json(path)
 
     def metadata(self, directory: epath.Path) -> None:
         return None
@@ -70,6 +70,27 @@ class ProcessJsonHandler(ocp.CheckpointHandler):
 
 def _process_file() -> str:
     return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+def _saved_process_files(directory: epath.Path) -> list[epath.Path]:
+    """The files of every process of the run that saved `directory` (all of them, or an error)."""
+    names = sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+    counts = {int(match.group(2)) for match in map(_PROCESS_FILE.fullmatch, names) if match}
+    if len(counts) != 1:
+        raise CheckpointError(f"{directory} holds {names}: not the data positions of one run")
+    count = counts.pop()
+    files = [directory / f"process_{i}-of-{count}.json" for i in range(count)]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise CheckpointError(f"{directory} lacks {missing} of the {count} processes that saved it")
+    return files
+
+
+def _read_json(path: epath.Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path} is not valid JSON: {error}") from None
 
 
 @ocp.args.register_with_handler(ProcessJsonHandler, for_save=True)

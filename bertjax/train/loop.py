@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import yaml
 
+from bertjax.model_dirs import MODEL_CONFIG_FILE  # what every command reads a workdir's model from
 from bertjax.train import feed as feed_lib
 from bertjax.train import flops as flops_lib
 from bertjax.train.checkpoints import Checkpointer
@@ -34,7 +35,6 @@ from bertjax.train.step import COUNT_METRICS
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
-MODEL_CONFIG_FILE = "model_config.json"  # read by `bertjax fill-mask`
 EXPORTS_DIR = "models"  # multi-model objectives (ELECTRA) write each model here at the end of the run
 
 
@@ -148,6 +148,9 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     throughput = _Throughput(objective, _peak_flops(config, model_config.dtype, logger))
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     feed.start(start, feed_state)
+    if feed.reshard_report is not None:  # the checkpoint was written by another number of processes
+        log.warning("%s", feed.reshard_report.message())
+        logger.log(start, feed.reshard_report.metrics())
     watch = PreemptionWatch()
     eval_start = eval_end = None
     step, preempted = start, False
@@ -230,7 +233,7 @@ def model_description(objective: Objective) -> dict:
 def save_exports(workdir: Path, exports: dict, tokenizer) -> None:
     """Each model of a multi-model objective (ELECTRA's discriminator and generator) as a bertjax model directory
     `<workdir>/models/<name>/`, with the run's tokenizer, ready for `bertjax convert --to-hf`."""
-    from bertjax.commands.convert import save_model_dir
+    from bertjax.model_dirs import save_model_dir
 
     for name, (model, params) in exports.items():
         directory = workdir / EXPORTS_DIR / name

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bertjax.data.global_batch import batch_sharding
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.objectives import Objective
 from bertjax.train.state import TrainState
@@ -26,7 +27,7 @@ COUNT_METRICS = ("tokens", "predictions", "rows")
 
 
 def batch_shardings(mesh: Mesh, batch: dict) -> dict[str, NamedSharding]:
-    return {name: mesh_lib.batch_sharding(mesh, len(value.shape)) for name, value in batch.items()}
+    return {name: batch_sharding(mesh, mesh_lib.BATCH_AXES) for name in batch}
 
 
 def _split_microbatches(batch: dict, count: int) -> dict:
