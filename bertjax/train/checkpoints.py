@@ -22,6 +22,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from bertjax.train.guards import nonfinite_leaves
 from bertjax.train.run_config import CheckpointConfig
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class Checkpointer:
         self.remote = "://" in str(directory)
         self.directory = epath.Path(directory) if self.remote else Path(directory).absolute()
         self.config = config
+        self._saved_here: set[int] = set()  # steps this process saved: the only ones it may write checksums for
         async_options = ocp.AsyncOptions(post_finalization_callback=self._after_save) if config.async_save else None
         options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=True,
                                                enable_async_checkpointing=config.async_save,
@@ -145,13 +147,18 @@ class Checkpointer:
                                                             "data": ProcessJsonHandler()})
 
     def _after_save(self) -> None:
-        """Runs when an asynchronous save has been committed: record checksums of steps that lack them."""
+        """Runs when an asynchronous save has been committed: record checksums of the steps this process saved.
+
+        Never of a step found on disk: checksums written now for files damaged earlier would certify the damage.
+        """
         if not self.config.checksums or self.remote or jax.process_index() != 0:
             return
-        for step in self.manager.all_steps():
+        committed = set(self.manager.all_steps())
+        for step in sorted(self._saved_here & committed):
             step_dir = self.step_dir(step)
             if step_dir.exists() and not (step_dir / CHECKSUMS_FILE).exists():
                 write_checksums(step_dir)
+                self._saved_here.discard(step)
 
     def step_dir(self, step: int) -> Path | epath.Path:
         return self.directory / str(step)
@@ -164,6 +171,7 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, data_state: Any) -> None:
         """Start saving (returns before the files are written when async_save is on)."""
+        self._saved_here.add(step)
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         data=ProcessJsonSave(data_state)), force=True)
         if not self.config.async_save:
@@ -183,6 +191,7 @@ class Checkpointer:
                             "written); restoring without verification", step_dir)
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), data=ProcessJsonRestore()))
+            _check_finite(restored["state"], step_dir)
         except CheckpointError as error:
             raise CheckpointError(f"{error}. {self._hint(step)}") from None
         except Exception as error:  # orbax/tensorstore raise many types for damaged files
@@ -257,7 +266,17 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
                               f"{_first_line(error)})") from error
     finally:
         absl_logger.setLevel(previous_level)
+    _check_finite(restored["params"], step_dir)
     return restored["params"]
+
+
+def _check_finite(tree: Any, step_dir) -> None:
+    """What a restore can verify without checksums: damaged bytes of float arrays often read as NaN/inf."""
+    bad = nonfinite_leaves(tree)
+    if bad:
+        raise CheckpointError(f"checkpoint {step_dir} holds non-finite values in {len(bad)} array(s) "
+                              f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): damaged, or saved by a "
+                              "diverged run")
 
 
 def _first_line(error: Exception) -> str:

@@ -1,0 +1,75 @@
+"""Nothing lost, nothing certified that is broken: end-to-end runs of `bertjax pretrain` on the tiny config that
+damage a checkpoint, diverge, rerun with another model, or share a workdir (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from bertjax.train.checkpoints import CheckpointError, restore_params
+from train_helpers import REPO, cpu_env, pretrain_command, run_pretrain, small_tokenizer, write_config
+
+STEPS, EVERY = 16, 8
+
+
+def _run(config, workdir, *args, timeout=180):
+    return subprocess.run(pretrain_command(config, workdir, *args), env=cpu_env(), cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _damage_in_place(step_dir) -> None:
+    """Overwrite 64 bytes of the largest data file with 0xFF, at the first offset where the checkpoint still
+    decodes but a parameter reads back non-finite: the silent kind of damage (orbax stores zstd blocks, so most
+    offsets are either caught by the decoder or land in compressed bytes)."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from bertjax.train.guards import nonfinite_leaves
+
+    data_file = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    original = data_file.read_bytes()
+    for fraction in np.linspace(0.05, 0.95, 37):
+        at = int(len(original) * fraction)
+        data_file.write_bytes(original[:at] + b"\xff" * 64 + original[at + 64:])
+        try:
+            state = ocp.PyTreeCheckpointer().restore(step_dir / "state")
+        except Exception:  # the decoder noticed: not the case under test
+            continue
+        if any(path.startswith("params/") for path in nonfinite_leaves(state)):
+            return
+    raise AssertionError(f"no silent in-place damage found in {data_file}")
+
+
+def _steps(workdir):
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 16-step run with checkpoints at 8 and 16."""
+    root = tmp_path_factory.mktemp("robust")
+    config = write_config(root / "run.yaml", small_tokenizer(), train={"steps": STEPS},
+                          checkpoint={"every": EVERY, "keep": 3})
+    workdir = root / "finished"
+    run_pretrain(config, workdir)
+    assert _steps(workdir) == [8, 16]
+    return root, config, workdir
+
+
+def test_damaged_checkpoint_without_checksums_is_refused_and_not_certified(finished):
+    root, config, reference = finished
+    workdir = root / "damaged"
+    shutil.copytree(reference, workdir)
+    step_dir = workdir / "checkpoints" / "16"
+    (step_dir / "checksums.json").unlink()  # e.g. copied without it, or saved by an older version
+    _damage_in_place(step_dir)
+
+    failed = _run(config, workdir, f"train.steps={STEPS + EVERY}")
+    assert failed.returncode == 2, failed.stderr
+    assert "non-finite values" in failed.stderr and "checkpoint.restore_step=8" in failed.stderr, failed.stderr
+    assert not (step_dir / "checksums.json").exists()  # the damaged step is not certified afterwards
+    assert _steps(workdir) == [8, 16]
+    with pytest.raises(CheckpointError, match="non-finite values"):
+        restore_params(step_dir)  # fill-mask and convert read parameters this way
