@@ -8,9 +8,11 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
 from bertjax.train.checkpoints import CheckpointError, restore_params
-from train_helpers import REPO, cpu_env, pretrain_command, run_pretrain, small_tokenizer, write_config
+from bertjax.train.run_config import ConfigError, load_run_config
+from train_helpers import TINY_RUN, REPO, cpu_env, pretrain_command, run_pretrain, small_tokenizer, write_config
 
 STEPS, EVERY = 16, 8
 
@@ -73,3 +75,41 @@ def test_damaged_checkpoint_without_checksums_is_refused_and_not_certified(finis
     assert _steps(workdir) == [8, 16]
     with pytest.raises(CheckpointError, match="non-finite values"):
         restore_params(step_dir)  # fill-mask and convert read parameters this way
+
+
+def _metrics(workdir):
+    from bertjax.train.metrics import read_metrics
+    return read_metrics(workdir)
+
+
+def test_nonfinite_loss_stops_before_saving_and_keeps_the_finite_checkpoints(finished):
+    root, config, _ = finished
+    workdir = root / "diverged"
+    failed = _run(config, workdir, "optimizer.learning_rate=1e3", "train.steps=24", "checkpoint.every=4",
+                  "checkpoint.keep=2")
+    assert failed.returncode == 2, failed.stderr
+    assert "non-finite" in failed.stderr and "stopped without saving" in failed.stderr, failed.stderr
+    bad_step = int(failed.stderr.split("error: step ")[1].split(":")[0])
+    kept = _steps(workdir)
+    assert len(kept) == 2 and kept[-1] < bad_step  # nothing after the divergence, nothing finite rotated out
+    for step in kept:
+        restore_params(workdir / "checkpoints" / str(step))  # raises on non-finite values
+
+
+def test_nonfinite_skip_mode_keeps_the_old_state_and_finishes(finished):
+    root, config, _ = finished
+    workdir = root / "skipped"
+    done = _run(config, workdir, "optimizer.learning_rate=1e3", "train.steps=24", "train.nonfinite=skip")
+    assert done.returncode == 0, done.stderr
+    skipped = [r["step"] for r in _metrics(workdir) if r.get("skipped")]
+    assert skipped and "update skipped" in done.stderr
+    restore_params(workdir / "checkpoints" / "24")  # finite despite the skipped updates
+
+
+@pytest.mark.parametrize("override", ["optimizer.learning_rate=.nan", "optimizer.eps=.inf",
+                                      "model.overrides.norm_eps=.nan"])
+def test_nan_and_inf_in_numeric_config_fields_are_errors(override, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(TINY_RUN))
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        load_run_config(path, [override])

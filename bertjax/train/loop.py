@@ -27,6 +27,7 @@ from bertjax.train import flops as flops_lib
 from bertjax.train import objectives
 from bertjax.train.checkpoints import Checkpointer
 from bertjax.train.distributed import PreemptionWatch
+from bertjax.train.guards import NonFiniteGuard
 from bertjax.train.mesh import build_mesh
 from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
 from bertjax.train.optimizers import build_optimizer
@@ -170,7 +171,8 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
                    f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} device(s), "
                    f"{'resuming from step ' + str(start) if start else 'starting'}; workdir {workdir}")
     train_step = make_train_step(model, optimizer, schedule, mesh, shardings, with_nsp=with_nsp,
-                                 accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed)
+                                 accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed,
+                                 nonfinite=config.train.nonfinite)
     eval_step = make_eval_step(model, mesh, shardings.params, with_nsp=with_nsp)
     eval_cache: dict[int, list] = {}
 
@@ -189,6 +191,8 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     feed.start(start, feed_state)
     watch = PreemptionWatch()
+    nonfinite = NonFiniteGuard(config.train.nonfinite)
+    last_saved = restore_step
     eval_start = eval_end = None
     step, preempted = start, False
     try:
@@ -201,11 +205,13 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             state, metrics = train_step(state, feed.next(step))
             step += 1
             throughput.add(seq_len, metrics)
+            nonfinite.observe(step, metrics)
             logger.advance()
             last = step == total
             stop = watch.should_stop(step)
             eval_due = (last and config.eval.at_end) or (
                 config.eval.every > 0 and step % config.eval.every == 0 and not last)
+            save_due = step % config.checkpoint.every == 0 or last or stop
             if step % config.train.log_every == 0 or last or eval_due or stop:
                 record = {k: v for k, v in jax.device_get(metrics).items()
                           if k not in ("tokens", "predictions", "rows")}
@@ -218,8 +224,11 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             elif throughput.start is None:
                 jax.block_until_ready(metrics)  # the first step compiled: time from here on
                 throughput.restart()
-            if step % config.checkpoint.every == 0 or last or stop:
+            if save_due or step % config.train.log_every == 0:
+                nonfinite.check(last_saved)  # stop mode: raises before a non-finite state is saved
+            if save_due:
                 checkpointer.save(step, state, feed.state())
+                last_saved = step
             if stop and not last:
                 preempted = True
                 logger.message(f"SIGTERM: saved a checkpoint at step {step} and stopped; rerun the same command "

@@ -18,6 +18,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.config import EncoderConfig
+from bertjax.train import guards
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import objectives
 from bertjax.train.state import TrainState
@@ -52,8 +53,12 @@ def _split_microbatches(batch: dict, count: int) -> dict:
 
 def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, schedule: Callable, mesh: Mesh,
                     shardings: TrainState, *, with_nsp: bool, accumulation_steps: int = 1,
-                    seed: int = 0) -> "JittedStep":
-    """`train_step(state, batch) -> (state, metrics)`; batch arrays global and sharded by `batch_shardings`."""
+                    seed: int = 0, nonfinite: str = "stop") -> "JittedStep":
+    """`train_step(state, batch) -> (state, metrics)`; batch arrays global and sharded by `batch_shardings`.
+
+    `nonfinite="skip"` keeps the old parameters and optimizer state when the loss or gradient norm is not finite
+    (bertjax/train/guards.py); "stop" leaves that to the loop.
+    """
     config: EncoderConfig = model.config
     base_key = jax.random.key(seed)
 
@@ -88,7 +93,10 @@ def make_train_step(model: nn.Module, optimizer: optax.GradientTransformation, s
         metrics.update(grad_norm=optax.tree.norm(grads), learning_rate=schedule(state.step),
                        tokens=jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32),
                        predictions=sums.mlm_weight, rows=jnp.float32(batch["input_ids"].shape[0]))
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        if nonfinite == "skip":
+            return guards.keep_finite_update(state, new_state, metrics)
+        return new_state, metrics
 
     return JittedStep(train_step, mesh, lambda batch: (shardings, batch_shardings(mesh, batch)),
                       out_shardings=(shardings, mesh_lib.replicated(mesh)), donate_argnums=(0,))
