@@ -12,7 +12,8 @@ import yaml
 
 from bertjax.train.checkpoints import CheckpointError, restore_params
 from bertjax.train.run_config import ConfigError, load_run_config
-from train_helpers import TINY_RUN, REPO, cpu_env, pretrain_command, run_pretrain, small_tokenizer, write_config
+from train_helpers import TINY_RUN, REPO, cpu_env, logged_losses, pretrain_command, run_pretrain, small_tokenizer, \
+    write_config
 
 STEPS, EVERY = 16, 8
 
@@ -113,3 +114,69 @@ def test_nan_and_inf_in_numeric_config_fields_are_errors(override, tmp_path):
     path.write_text(yaml.safe_dump(TINY_RUN))
     with pytest.raises(ConfigError, match="must be a finite number"):
         load_run_config(path, [override])
+
+
+def test_rerun_with_another_model_changes_nothing_and_names_the_field(finished):
+    root, config, reference = finished
+    workdir = root / "rerun"
+    shutil.copytree(reference, workdir)
+    before = {name: (workdir / name).read_bytes() for name in ("config.yaml", "model_config.json")}
+    failed = _run(config, workdir, "model.overrides.hidden_size=64", "train.steps=24")
+    assert failed.returncode == 2, failed.stderr
+    assert "model.overrides.hidden_size: 32 in the workdir, 64 requested" in failed.stderr, failed.stderr
+    assert {name: (workdir / name).read_bytes() for name in before} == before
+    assert _steps(workdir) == [8, 16]
+    shown = subprocess.run([*pretrain_command(config, workdir)[:3], "fill-mask", "--model", str(workdir),
+                            "def [MASK](x): return x"], env=cpu_env(), cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0 and "[MASK]" not in shown.stdout.splitlines()[-1], shown.stderr
+
+
+def test_second_process_on_a_workdir_gets_a_clear_error_naming_the_holder(finished):
+    import signal
+    import time
+
+    root, config, _ = finished
+    workdir = root / "shared"
+    first = subprocess.Popen(pretrain_command(config, workdir, "train.steps=100000"),
+                             env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (workdir / "bertjax.lock").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
+            time.sleep(0.05)
+        second = _run(config, workdir)
+        assert second.returncode == 2, second.stderr
+        assert f"is in use by process {first.pid} on host" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+    finally:
+        while first.poll() is None and not logged_losses(workdir):
+            time.sleep(0.05)  # training (SIGTERM is handled from here on)
+        first.send_signal(signal.SIGTERM)
+        output, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, output
+    assert not (workdir / "bertjax.lock").exists() and not (workdir / "tokenizer.tmp").exists()
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(finished):
+    import socket
+
+    root, config, _ = finished
+    workdir = root / "stale"
+    workdir.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (workdir / "bertjax.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid,
+                                                      "since": "earlier"}))
+    done = _run(config, workdir)
+    assert done.returncode == 0, done.stderr
+    assert f"taking over the lock of process {dead.pid}" in done.stderr
+    assert not (workdir / "bertjax.lock").exists()
+
+
+def test_failed_setup_leaves_no_half_made_workdir(finished):
+    root, config, _ = finished
+    workdir = root / "half-made"
+    failed = _run(config, workdir, "data.seq_len=512")  # longer than the model's positions: fails in setup
+    assert failed.returncode == 2 and "max_position_embeddings" in failed.stderr, failed.stderr
+    assert not workdir.exists()

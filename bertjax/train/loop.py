@@ -11,35 +11,32 @@ command again in the same workdir continues from the latest checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
-import yaml
 
 from bertjax.config import EncoderConfig, get_config
 from bertjax.models import MODEL_CLASSES
 from bertjax.train import feed as feed_lib
 from bertjax.train import flops as flops_lib
 from bertjax.train import objectives
+from bertjax.train import workdir as workdir_lib
 from bertjax.train.checkpoints import Checkpointer
 from bertjax.train.distributed import PreemptionWatch
 from bertjax.train.guards import NonFiniteGuard
 from bertjax.train.mesh import build_mesh
 from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
 from bertjax.train.optimizers import build_optimizer
-from bertjax.train.run_config import ConfigError, RunConfig, to_dict
+from bertjax.train.run_config import ConfigError, RunConfig
 from bertjax.train.schedules import StepClock, build_schedule
 from bertjax.train.state import abstract_state, count_params, create_train_state, state_shardings
 from bertjax.train.step import make_eval_step, make_train_step
+from bertjax.train.workdir import CONFIG_FILE, MODEL_CONFIG_FILE  # noqa: F401 (read by `bertjax fill-mask`)
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE = "config.yaml"
-MODEL_CONFIG_FILE = "model_config.json"  # read by `bertjax fill-mask`
 
 
 @dataclasses.dataclass
@@ -125,21 +122,18 @@ class _Throughput:
                 "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), self.peak)}
 
 
+@workdir_lib.exclusive  # the workdir's lock; a failed setup leaves no half-made workdir
 def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     began = time.perf_counter()
     workdir = Path(workdir).absolute()
     primary = jax.process_index() == 0
-    if primary:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    workdir_lib.check_rerun(workdir, config)  # before anything is written
 
     phases = feed_lib.plan_phases(config)
     with_nsp = _check_objective(config, phases)
     tokenizer = feed_lib.prepare_tokenizer(config, workdir)
     model_config = build_model_config(config, tokenizer, max(p.data.seq_len for p in phases))
-    if primary:
-        (workdir / MODEL_CONFIG_FILE).write_text(json.dumps({"head": config.model.head,
-                                                             "config": model_config.to_dict()}, indent=1))
+    workdir_lib.check_model_config(workdir, config.model.head, model_config)
     model = MODEL_CLASSES[config.model.head](model_config, remat_policy=config.model.remat_policy)
 
     mesh = build_mesh(config.mesh)
@@ -163,6 +157,7 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     else:
         state, shardings = create_train_state(model, optimizer, mesh, config.train.seed)
         feed_state = None
+    workdir_lib.record_run(workdir, config, config.model.head, model_config)  # only now that the state is there
     start = int(jax.device_get(state.step))
 
     logger = MetricsLogger(workdir, total_steps=total, start_step=start, is_primary=primary,
