@@ -180,3 +180,42 @@ def test_failed_setup_leaves_no_half_made_workdir(finished):
     failed = _run(config, workdir, "data.seq_len=512")  # longer than the model's positions: fails in setup
     assert failed.returncode == 2 and "max_position_embeddings" in failed.stderr, failed.stderr
     assert not workdir.exists()
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(finished):
+    import signal
+    import time
+
+    root, config, _ = finished
+    workdir = root / "interrupted"
+    run = subprocess.Popen(pretrain_command(config, workdir, "train.steps=100000"), env=cpu_env(), cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not logged_losses(workdir):
+        assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+        time.sleep(0.05)
+    run.send_signal(signal.SIGINT)
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 0, output
+    assert "Traceback" not in output and "Ctrl-C: saved a checkpoint at step" in output, output
+    stopped = int(output.split("Ctrl-C: saved a checkpoint at step ")[1].split()[0])
+    assert _steps(workdir) == [stopped]
+    restore_params(workdir / "checkpoints" / str(stopped))
+
+
+def test_second_ctrl_c_interrupts_at_once():
+    import os
+    import signal
+
+    from bertjax.train.distributed import PreemptionWatch
+
+    watch = PreemptionWatch()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert watch.should_stop(1) and watch.reason == "Ctrl-C"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # a third one ends the process, even inside XLA
+    finally:
+        watch.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

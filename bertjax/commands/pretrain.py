@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if jax.process_index() != 0:
         return 0
     print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} in "
-          f"{result.seconds:.0f} s{' (stopped by SIGTERM; rerun to resume)' if result.preempted else ''}")
+          f"{result.seconds:.0f} s{' (stopped by SIGTERM or Ctrl-C; rerun to resume)' if result.preempted else ''}")
     if result.eval_loss_start is not None:
         print(f"held-out MLM loss at the start: {result.eval_loss_start:.4f}")
     if result.eval_loss_end is not None:

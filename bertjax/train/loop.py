@@ -226,7 +226,7 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
                 last_saved = step
             if stop and not last:
                 preempted = True
-                logger.message(f"SIGTERM: saved a checkpoint at step {step} and stopped; rerun the same command "
+                logger.message(f"{watch.reason}: saved a checkpoint at step {step} and stopped; rerun the same command "
                                "to resume")
                 break
     finally:
