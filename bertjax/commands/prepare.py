@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import tempfile
 
 HELP = "Tokenize a corpus (default, text, JSONL, Parquet) once into ArrayRecord files for pretraining."
 
@@ -41,20 +42,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertjax.data.prepare import TOKENIZER_DIR, prepare_corpus
+    from bertjax.data.prepare import check_output_dir, prepare_corpus
     from bertjax.data.sources import open_documents
     from bertjax.data.tokenizer_training import train_sentencepiece
     from bertjax.data.tokenizers import load_tokenizer
 
     out = pathlib.Path(args.out)
+    check_output_dir(out, args.overwrite)  # before training a tokenizer: nothing in --out changes on refusal
     if args.train_tokenizer:
         train = open_documents(args.input, split="train", text_format=args.text_format, text_field=args.text_field,
                                eval_fraction=args.eval_fraction)
         if train.tokenized:
             raise ValueError(f"{args.input!r} is already prepared data")
         documents = (train[i] for i in _sample(len(train)))
-        tokenizer = train_sentencepiece(documents, out / TOKENIZER_DIR, vocab_size=args.vocab_size,
-                                        model_type=args.model_type)
+        with tempfile.TemporaryDirectory() as scratch:  # prepare_corpus saves it into --out with the data
+            tokenizer = train_sentencepiece(documents, scratch, vocab_size=args.vocab_size,
+                                            model_type=args.model_type)
         print(f"trained a {args.model_type} SentencePiece tokenizer, vocabulary {tokenizer.vocab_size}")
     else:
         tokenizer = load_tokenizer(args.tokenizer)
