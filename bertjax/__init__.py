@@ -7,10 +7,13 @@ from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForPreTrai
 __version__ = "0.1.0"
 
 
-def from_pretrained(path, dtype=None):
-    """Load a Hugging Face checkpoint directory: returns (model, params). See `bertjax.hf`."""
+def from_pretrained(path, dtype=None, *, allow_pickle: bool = False):
+    """Load a Hugging Face checkpoint directory: returns (model, params). See `bertjax.hf`.
+
+    Safetensors only, unless `allow_pickle=True` (a `pytorch_model.bin` is a pickle: only for files you trust).
+    """
     from bertjax.hf import from_pretrained as _load
-    return _load(path, dtype=dtype)
+    return _load(path, dtype=dtype, allow_pickle=allow_pickle)
 
 
 def save_pretrained(path, model, params) -> None:

@@ -36,3 +36,39 @@ def test_prepare_train_tokenizer_refuses_prepared_data_before_touching_it(corpus
     assert main([*args, "--vocab-size", "320"]) == 2
     assert "already holds prepared data" in capsys.readouterr().err
     assert _snapshot(out) == before
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A tiny random-weight BERT MLM checkpoint as transformers writes it (safetensors)."""
+    import bertjax
+    from test_hf_io import random_params, tiny_model
+
+    directory = tmp_path_factory.mktemp("hf")
+    model = tiny_model("bert-tiny", "masked_lm")
+    bertjax.save_pretrained(str(directory), model, random_params(model))
+    return directory
+
+
+def test_pickled_checkpoint_needs_an_explicit_opt_in(hf_dir, tmp_path, capsys, caplog):
+    import shutil
+
+    import safetensors.numpy
+    torch = pytest.importorskip("torch")
+    import bertjax
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(hf_dir, pickled)
+    tensors = safetensors.numpy.load_file(pickled / "model.safetensors")
+    torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+
+    with pytest.raises(ValueError, match="PyTorch pickle.*--allow-pickle"):
+        bertjax.from_pretrained(str(pickled))
+    assert main(["convert", "--from-hf", str(pickled), "--out", str(tmp_path / "refused")]) == 2
+    assert f"bertjax convert --from-hf {pickled}" in capsys.readouterr().err
+    assert not (tmp_path / "refused").exists()
+
+    assert main(["convert", "--from-hf", str(pickled), "--out", str(tmp_path / "opted-in"), "--allow-pickle"]) == 0
+    assert "unpickling a PyTorch checkpoint" in caplog.text
+    assert (tmp_path / "opted-in" / "params").is_dir()

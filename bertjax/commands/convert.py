@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="parameter dtype when reading a transformers checkpoint (default float32)")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="read a pytorch_model.bin (a pickle: only for files you trust); default: safetensors only")
 
 
 def save_model_dir(path: str, model, params) -> None:
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from bertjax import hf
 
     if args.from_hf:
-        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype)
+        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype, allow_pickle=args.allow_pickle)
         save_model_dir(args.out, model, params)
         copy_tokenizer_files(args.from_hf, args.out)
     else:

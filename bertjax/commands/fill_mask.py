@@ -35,13 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="a pretraining workdir or a directory converted from Hugging Face")
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="read a Hugging Face pytorch_model.bin (a pickle: only for files you trust)")
     parser.add_argument("texts", nargs="+", metavar="TEXT", help='sentences containing [MASK] (or <mask>)')
 
 
 def run(args: argparse.Namespace) -> int:
     if args.top_k <= 0:
         raise ValueError(f"--top-k must be positive, got {args.top_k}")
-    predictor = load_predictor(args.model)
+    predictor = load_predictor(args.model, allow_pickle=args.allow_pickle)
     for text in args.texts:
         print(format_predictions(text, predictor(text, args.top_k)))
     return 0
@@ -60,7 +62,7 @@ def _is_model_dir(path: Path) -> bool:
     return (path / MODEL_FILE).is_file() and (path / PARAMS_DIR).is_dir()
 
 
-def _load_model_dir(path: Path):
+def _load_model_dir(path: Path, allow_pickle: bool = False):
     from bertjax.commands.convert import load_model_dir as load_converted
     from bertjax.data import load_tokenizer
 
@@ -72,7 +74,7 @@ def _is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
-def _load_workdir(path: Path):
+def _load_workdir(path: Path, allow_pickle: bool = False):
     from bertjax.config import EncoderConfig
     from bertjax.data import load_tokenizer
     from bertjax.models import MODEL_CLASSES
@@ -88,11 +90,11 @@ def _load_workdir(path: Path):
     return model, params, load_tokenizer(path / "tokenizer")
 
 
-def _load_hf_dir(path: Path):
+def _load_hf_dir(path: Path, allow_pickle: bool = False):
     import bertjax
     from bertjax.data import load_tokenizer
 
-    model, params = bertjax.from_pretrained(str(path))
+    model, params = bertjax.from_pretrained(str(path), allow_pickle=allow_pickle)
     return model, params, load_tokenizer(path)
 
 
@@ -104,14 +106,15 @@ MODEL_DIR_KINDS: tuple[tuple[str, Callable[[Path], bool], Callable], ...] = (
 )
 
 
-def load_model_dir(model_dir: str | Path):
-    """(model, params, tokenizer) of a pretraining workdir or a converted Hugging Face directory."""
+def load_model_dir(model_dir: str | Path, allow_pickle: bool = False):
+    """(model, params, tokenizer) of a pretraining workdir or a converted Hugging Face directory (allow_pickle:
+    read a Hugging Face pytorch_model.bin)."""
     path = Path(model_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"--model {path}: no such directory")
     for _, test, loader in MODEL_DIR_KINDS:
         if test(path):
-            return loader(path)
+            return loader(path, allow_pickle=allow_pickle)
     raise FileNotFoundError(f"--model {path}: not a pretraining workdir (model_config.json + checkpoints/), a "
                             f"bertjax model directory (model_config.json + params/) or a Hugging Face directory "
                             f"(config.json)")
@@ -176,8 +179,8 @@ def make_predictor(model, params, tokenizer) -> Callable[[str, int], list[list[P
     return predict
 
 
-def load_predictor(model_dir: str | Path) -> Callable[[str, int], list[list[Prediction]]]:
-    return make_predictor(*load_model_dir(model_dir))
+def load_predictor(model_dir: str | Path, allow_pickle: bool = False) -> Callable[[str, int], list[list[Prediction]]]:
+    return make_predictor(*load_model_dir(model_dir, allow_pickle))
 
 
 def format_predictions(text: str, predictions: list[list[Prediction]]) -> str:
