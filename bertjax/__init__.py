@@ -3,6 +3,7 @@
 from bertjax.config import PRESETS, EncoderConfig, get_config
 from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForPreTraining, EncoderModel, EncoderOutput,
                             MaskedLMOutput, PreTrainingOutput, init_params, logical_axes)
+from bertjax.models.checked import checked
 
 __version__ = "0.1.0"
 
@@ -24,4 +25,4 @@ def save_pretrained(path, model, params) -> None:
 
 __all__ = ["PRESETS", "EncoderConfig", "get_config", "MODEL_CLASSES", "EncoderModel", "EncoderForMaskedLM",
            "EncoderForPreTraining", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
-           "save_pretrained", "init_params", "logical_axes", "__version__"]
+           "save_pretrained", "init_params", "logical_axes", "checked", "__version__"]

@@ -72,3 +72,40 @@ def test_pickled_checkpoint_needs_an_explicit_opt_in(hf_dir, tmp_path, capsys, c
     assert main(["convert", "--from-hf", str(pickled), "--out", str(tmp_path / "opted-in"), "--allow-pickle"]) == 0
     assert "unpickling a PyTorch checkpoint" in caplog.text
     assert (tmp_path / "opted-in" / "params").is_dir()
+
+
+@pytest.fixture(scope="module")
+def tiny_mlm():
+    import jax
+
+    import bertjax
+    model = bertjax.EncoderForMaskedLM(bertjax.get_config("bert-tiny", vocab_size=100))
+    return model, bertjax.init_params(model, jax.random.key(0))
+
+
+@pytest.mark.parametrize("bad_id", [100, 5000, -1])
+def test_checked_apply_rejects_out_of_range_ids_that_plain_jit_lets_through(tiny_mlm, bad_id):
+    import jax
+    import numpy as np
+
+    import bertjax
+    model, params = tiny_mlm
+    logits = lambda p, ids: model.apply({"params": p}, ids).logits  # noqa: E731
+    ids = np.array([[2, 7, bad_id, 3]], np.int32)
+    jax.jit(logits)(params, ids)  # the unchecked path the README documents: no error, whatever comes out
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 100\)"):
+        bertjax.checked(logits)(params, ids)
+    good = np.array([[2, 7, 99, 3]], np.int32)
+    np.testing.assert_allclose(bertjax.checked(logits)(params, good), jax.jit(logits)(params, good), rtol=1e-6)
+
+
+def test_fill_mask_checks_ids_against_the_model_vocabulary(tiny_mlm):
+    from bertjax.commands.fill_mask import make_predictor
+    from train_helpers import small_tokenizer
+    from bertjax.data import load_tokenizer
+
+    model, params = tiny_mlm
+    tokenizer = load_tokenizer(small_tokenizer())  # 512 pieces: more than the model's 100 rows
+    predict = make_predictor(model, params, tokenizer)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 100\)"):
+        predict("The [MASK] statement returns a value from a function.", 3)

@@ -147,12 +147,14 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
 
 def make_predictor(model, params, tokenizer) -> Callable[[str, int], list[list[Prediction]]]:
     """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities."""
+    from bertjax.models.checked import checked
+
     config = model.config
     banned = np.zeros(config.vocab_size, bool)
     banned[tokenizer.special_ids[tokenizer.special_ids < config.vocab_size]] = True
     banned[tokenizer.vocab_size:] = True  # padding rows of an embedding larger than the vocabulary
 
-    @jax.jit
+    @checked  # jit, with out-of-range ids an error (a model whose vocabulary is smaller than the tokenizer's)
     def probabilities(params, ids, masked_positions):
         kwargs = {"token_type_ids": jnp.zeros_like(ids)} if config.type_vocab_size else {}
         logits = model.apply({"params": params}, ids, masked_positions=masked_positions, **kwargs).logits
