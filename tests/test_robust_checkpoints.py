@@ -219,3 +219,12 @@ def test_second_ctrl_c_interrupts_at_once():
     finally:
         watch.close()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_run_without_held_out_documents_succeeds_and_skips_the_fill_mask_demo(finished):
+    root, config, _ = finished
+    workdir = root / "no-held-out"
+    done = _run(config, workdir, "data.eval_fraction=0.0", "eval.fill_mask_examples=2", "train.steps=16")
+    assert done.returncode == 0, done.stderr
+    assert "skipped the fill-mask examples: no eval documents" in done.stderr, done.stderr
+    assert _steps(workdir) == [8, 16]
