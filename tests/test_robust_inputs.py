@@ -109,3 +109,17 @@ def test_fill_mask_checks_ids_against_the_model_vocabulary(tiny_mlm):
     predict = make_predictor(model, params, tokenizer)
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 100\)"):
         predict("The [MASK] statement returns a value from a function.", 3)
+
+
+def test_tokenizer_trainer_learns_from_lines_longer_than_sentencepiece_accepts(tmp_path):
+    from bertjax.data.tokenizer_training import _MAX_LINE_BYTES, _line_pieces, train_sentencepiece
+
+    words = " ".join(_corpus_lines()[:2000]).split()
+    long_line = " ".join(words)  # one document, one line, far over the limit
+    assert len(long_line.encode()) > 10 * _MAX_LINE_BYTES
+    text = long_line + " " + "é" * 5000  # and a 10000-byte run without spaces
+    pieces = _line_pieces(text)
+    assert all(0 < len(p.encode()) <= _MAX_LINE_BYTES for p in pieces)
+    assert "".join("".join(p.split()) for p in pieces) == "".join(text.split())  # nothing dropped
+    tokenizer = train_sentencepiece([long_line], tmp_path / "tok", vocab_size=800)
+    assert tokenizer.vocab_size > 600  # merges learned from the text, beyond characters and byte pieces
