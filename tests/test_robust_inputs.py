@@ -123,3 +123,18 @@ def test_tokenizer_trainer_learns_from_lines_longer_than_sentencepiece_accepts(t
     assert "".join("".join(p.split()) for p in pieces) == "".join(text.split())  # nothing dropped
     tokenizer = train_sentencepiece([long_line], tmp_path / "tok", vocab_size=800)
     assert tokenizer.vocab_size > 600  # merges learned from the text, beyond characters and byte pieces
+
+
+def test_convert_refuses_a_non_empty_out_and_the_input_itself(hf_dir, tmp_path, capsys):
+    before = _snapshot(hf_dir)
+    assert main(["convert", "--from-hf", str(hf_dir), "--out", str(hf_dir)]) == 2
+    assert "is the directory being read" in capsys.readouterr().err
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("mine")
+    assert main(["convert", "--from-hf", str(hf_dir), "--out", str(occupied)]) == 2
+    assert "is not empty; pass --overwrite" in capsys.readouterr().err
+    assert sorted(p.name for p in occupied.iterdir()) == ["notes.txt"]
+    assert main(["convert", "--from-hf", str(hf_dir), "--out", str(occupied), "--overwrite"]) == 0
+    assert (occupied / "notes.txt").read_text() == "mine" and (occupied / "params").is_dir()
+    assert _snapshot(hf_dir) == before

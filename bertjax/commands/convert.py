@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="parameter dtype when reading a transformers checkpoint (default float32)")
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="read a pytorch_model.bin (a pickle: only for files you trust); default: safetensors only")
 
@@ -88,14 +89,16 @@ def copy_tokenizer_files(source: str, destination: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from bertjax import hf
+    from bertjax.commands.output_dir import check_output_dir
 
+    source = args.from_hf or args.to_hf
     if args.from_hf:
         model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype, allow_pickle=args.allow_pickle)
-        save_model_dir(args.out, model, params)
-        copy_tokenizer_files(args.from_hf, args.out)
     else:
         model, params = load_model_dir(args.to_hf)
-        hf.save_pretrained(args.out, model, params)
-        copy_tokenizer_files(args.to_hf, args.out)
+    check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
+    write = save_model_dir if args.from_hf else hf.save_pretrained
+    write(args.out, model, params)
+    copy_tokenizer_files(source, args.out)
     print(f"wrote {args.out} ({type(model).__name__}, {model.config.num_layers} layers)")
     return 0
