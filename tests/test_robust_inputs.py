@@ -5,6 +5,7 @@ binary files given as text, integer tensors where floats belong."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,14 @@ def test_convert_refuses_a_non_empty_out_and_the_input_itself(hf_dir, tmp_path, 
     assert main(["convert", "--from-hf", str(hf_dir), "--out", str(occupied), "--overwrite"]) == 0
     assert (occupied / "notes.txt").read_text() == "mine" and (occupied / "params").is_dir()
     assert _snapshot(hf_dir) == before
+
+
+def test_compile_check_names_an_unknown_topology_in_one_line(capsys):
+    from bertjax import tpu_aot
+    if not tpu_aot.libtpu_available():
+        pytest.skip(tpu_aot.INSTALL_HINT)
+    config = Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "tiny.yaml"
+    assert main(["compile-check", "--config", str(config), "--topology", "v9z:1x1"]) == 2
+    err = capsys.readouterr().err
+    assert "TPU topology 'v9z:1x1' cannot be compiled for: Invalid TPU external name" in err
+    assert "v5e:2x2" in err and "Traceback" not in err
