@@ -150,3 +150,31 @@ def test_compile_check_names_an_unknown_topology_in_one_line(capsys):
     err = capsys.readouterr().err
     assert "TPU topology 'v9z:1x1' cannot be compiled for: Invalid TPU external name" in err
     assert "v5e:2x2" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["random bytes", "utf-16", "nul-padded"])
+def test_binary_file_given_as_text_is_refused(corpus, tmp_path, kind):
+    import numpy as np
+
+    from bertjax.data import open_documents
+
+    text = corpus.read_text()
+    content = {"random bytes": np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8).tobytes(),
+               "utf-16": text.encode("utf-16"),
+               "nul-padded": "\n".join("\x00".join(line) for line in text.splitlines()).encode()}[kind]
+    path = tmp_path / "data.txt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="does not look like text"):
+        open_documents(str(path))
+
+
+def test_text_with_a_few_bad_lines_is_still_read(corpus):
+    from bertjax.data import open_documents
+
+    lines = corpus.read_bytes().splitlines()
+    lines[5] = b"\xff\xfe not utf-8"
+    lines[9] = b"nul \x00 inside"
+    corpus.write_bytes(b"\n".join(lines))
+    source = open_documents(str(corpus), split="all")
+    assert source.stats.skipped["invalid_utf8"] == 1 and source.stats.skipped["binary"] == 1
+    assert len(source) == len(lines) - 2
