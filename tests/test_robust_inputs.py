@@ -178,3 +178,20 @@ def test_text_with_a_few_bad_lines_is_still_read(corpus):
     source = open_documents(str(corpus), split="all")
     assert source.stats.skipped["invalid_utf8"] == 1 and source.stats.skipped["binary"] == 1
     assert len(source) == len(lines) - 2
+
+
+def test_integer_tensor_where_a_float_parameter_belongs_is_an_error(hf_dir, tmp_path):
+    import shutil
+
+    import numpy as np
+    import safetensors.numpy
+
+    import bertjax
+    broken = tmp_path / "ints"
+    shutil.copytree(hf_dir, broken)
+    tensors = safetensors.numpy.load_file(broken / "model.safetensors")
+    name = next(n for n in sorted(tensors) if n.endswith("word_embeddings.weight"))
+    tensors[name] = np.round(tensors[name] * 100).astype(np.int32)
+    safetensors.numpy.save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"tensor '{name}' is int32; model parameters are floating point"):
+        bertjax.from_pretrained(str(broken))

@@ -114,6 +114,8 @@ def from_pretrained(path: str, dtype=None, *, allow_pickle: bool = False) -> tup
         key = present[0]
         consumed.update(present)
         tensor = tensors[key]
+        if not jnp.issubdtype(tensor.dtype, jnp.floating):  # casting ints to float would hide a wrong file
+            raise ValueError(f"{path}: tensor {key!r} is {tensor.dtype}; model parameters are floating point")
         if tuple(tensor.shape) != rule.hf_shape:
             raise ValueError(f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, expected {rule.hf_shape} "
                              "from config.json")
