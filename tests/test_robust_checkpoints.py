@@ -215,7 +215,7 @@ def test_second_ctrl_c_interrupts_at_once():
         assert watch.should_stop(1) and watch.reason == "Ctrl-C"
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # a third one ends the process, even inside XLA
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # until close(): a third one ends the process
     finally:
         watch.close()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

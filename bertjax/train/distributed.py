@@ -80,9 +80,8 @@ class PreemptionWatch:
     Multi-process: JAX's coordination service already listens for SIGTERM and agrees on a common step
     (`reached_preemption_sync_point`), so all hosts save the same step. Single process: a Python handler sets a
     flag that the loop reads between steps (never interrupting a step or a save). Ctrl-C (SIGINT) is handled the
-    same way on a single process; a second Ctrl-C raises KeyboardInterrupt at once, and a third one, with Python's
-    handler gone, ends the process even inside a long XLA call. (Multi-process runs keep Python's Ctrl-C: one
-    host's keyboard cannot make the others agree on a step.)
+    same way on a single process; a second Ctrl-C raises KeyboardInterrupt at once. (Multi-process runs keep
+    Python's Ctrl-C: one host's keyboard cannot make the others agree on a step.)
     """
 
     SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
@@ -98,6 +97,7 @@ class PreemptionWatch:
 
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.received:
+            # Until `close` restores Python's handler, one more Ctrl-C ends the process even inside a C call.
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             raise KeyboardInterrupt("second Ctrl-C: stopped without saving")
         self.received = True
