@@ -158,20 +158,27 @@ def test_second_process_on_a_workdir_gets_a_clear_error_naming_the_holder(finish
     assert not (workdir / "bertjax.lock").exists() and not (workdir / "tokenizer.tmp").exists()
 
 
-def test_stale_lock_of_a_dead_process_is_taken_over(finished):
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path, caplog):
+    import os
     import socket
 
-    root, config, _ = finished
-    workdir = root / "stale"
-    workdir.mkdir()
+    from bertjax.train.workdir import LOCK_FILE, WorkdirBusy, WorkdirLock
+
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (workdir / "bertjax.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid,
-                                                      "since": "earlier"}))
-    done = _run(config, workdir)
-    assert done.returncode == 0, done.stderr
-    assert f"taking over the lock of process {dead.pid}" in done.stderr
-    assert not (workdir / "bertjax.lock").exists()
+    lock_file = tmp_path / LOCK_FILE
+    lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "since": "earlier"}))
+    lock = WorkdirLock(tmp_path)
+    lock.acquire()
+    assert f"taking over the lock of process {dead.pid}" in caplog.text
+    assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+    with pytest.raises(WorkdirBusy, match=f"in use by process {os.getpid()}"):
+        WorkdirLock(tmp_path).acquire()  # a live holder is never taken over
+    lock.release()
+    assert not lock_file.exists()
+    lock_file.write_text(json.dumps({"host": "elsewhere", "pid": dead.pid, "since": "earlier"}))
+    with pytest.raises(WorkdirBusy, match=f"on host elsewhere .*delete {lock_file}"):
+        WorkdirLock(tmp_path).acquire()  # another host's process cannot be checked: the user decides
 
 
 def test_failed_setup_leaves_no_half_made_workdir(finished):
