@@ -7,8 +7,8 @@ no half-made directory left by a run that failed while setting up.
   the run ends, whatever the way. When a run fails before its setup completed (no `config.yaml` yet) in a
   workdir it created or found empty, what it wrote there is removed again.
 - `check_rerun` compares the requested run config with the workdir's `config.yaml` before anything is written:
-  another model or tokenizer is an error naming the differing fields; other changes (more steps, another
-  evaluation interval) are allowed and listed in a warning.
+  another model is an error naming the differing fields; other changes (more steps, another evaluation
+  interval) are allowed and listed in a warning.
 - `check_model_config` does the same for `model_config.json` once the model config is built (it depends on the
   tokenizer), and `record_run` writes both files only after the state was restored or created.
 """
@@ -37,8 +37,8 @@ MODEL_CONFIG_FILE = "model_config.json"  # {"head", "config": EncoderConfig fiel
 LOCK_FILE = "bertjax.lock"
 
 # Run-config fields a workdir's checkpoints depend on: resuming with other values would restore a state of another
-# shape, or train on other token ids. Dotted prefixes.
-FIXED_ON_RESUME = ("model.preset", "model.head", "model.overrides", "tokenizer")
+# shape. Dotted prefixes. (Tokenizer settings may differ: a resumed run uses the tokenizer saved in the workdir.)
+FIXED_ON_RESUME = ("model.preset", "model.head", "model.overrides")
 
 
 class WorkdirBusy(ValueError):
@@ -167,7 +167,7 @@ def _describe(found: list[tuple[str, Any, Any]]) -> str:
 
 
 def check_rerun(workdir: Path, config: RunConfig) -> None:
-    """Before writing anything: refuse a run whose model or tokenizer differs from the one the workdir holds."""
+    """Before writing anything: refuse a run whose model differs from the one the workdir holds."""
     saved = Path(workdir) / CONFIG_FILE
     if not saved.is_file():
         return
@@ -178,10 +178,12 @@ def check_rerun(workdir: Path, config: RunConfig) -> None:
     found = differences(held, _plain(config))
     fixed = [d for d in found if any(d[0] == p or d[0].startswith(p + ".") for p in FIXED_ON_RESUME)]
     if fixed:
-        raise ConfigError(f"workdir {workdir} holds a run with another model or tokenizer ({_describe(fixed)}). "
+        raise ConfigError(f"workdir {workdir} holds a run with another model ({_describe(fixed)}). "
                           f"Rerun with the workdir's settings ({saved}) to resume it, or give another --workdir")
     if found and jax.process_index() == 0:
-        log.warning("resuming %s with changed settings: %s", workdir, _describe(found))
+        tokenizer_note = any(key.startswith("tokenizer.") for key, _, _ in found)
+        log.warning("resuming %s with changed settings: %s%s", workdir, _describe(found),
+                    " (the tokenizer saved in the workdir is used)" if tokenizer_note else "")
 
 
 def model_description(head: str, model_config) -> dict:
