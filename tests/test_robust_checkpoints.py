@@ -235,3 +235,15 @@ def test_run_without_held_out_documents_succeeds_and_skips_the_fill_mask_demo(fi
     assert done.returncode == 0, done.stderr
     assert "skipped the fill-mask examples: no eval documents" in done.stderr, done.stderr
     assert _steps(workdir) == [8, 16]
+
+
+def test_checkpoint_of_another_model_is_named_as_such_not_as_damage(finished):
+    root, config, reference = finished
+    checkpoints = root / "foreign-checkpoints"
+    shutil.copytree(reference / "checkpoints", checkpoints)
+    failed = _run(config, root / "foreign", f"checkpoint.directory={checkpoints}", "model.overrides.hidden_size=64",
+                  "train.steps=24")
+    assert failed.returncode == 2, failed.stderr
+    assert "is of another model (params/" in failed.stderr and "stored (32,), this run's model (64,)" in failed.stderr
+    assert "delete" not in failed.stderr.split("error:")[-1] and "restore_step" not in failed.stderr
+    assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [8, 16]

@@ -34,6 +34,10 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be restored; the message names the step, the file and what to do."""
 
 
+class ModelMismatch(CheckpointError):
+    """A sound checkpoint of another model than the one the run builds."""
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The data-iterator state: one JSON file per process (an orbax CheckpointHandler).
 
@@ -189,9 +193,12 @@ class Checkpointer:
             if checked and not verified:
                 log.warning("checkpoint %s has no checksums (saved without them, or interrupted before they were "
                             "written); restoring without verification", step_dir)
+            _check_same_model(self.manager.item_metadata(step)["state"], abstract_state, step_dir)
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), data=ProcessJsonRestore()))
             _check_finite(restored["state"], step_dir)
+        except ModelMismatch:
+            raise  # the checkpoint is fine: no hint to restore another or delete it
         except CheckpointError as error:
             raise CheckpointError(f"{error}. {self._hint(step)}") from None
         except Exception as error:  # orbax/tensorstore raise many types for damaged files
@@ -268,6 +275,23 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
         absl_logger.setLevel(previous_level)
     _check_finite(restored["params"], step_dir)
     return restored["params"]
+
+
+def _param_shapes(tree: Any) -> dict[str, tuple]:
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    shapes = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape) for path, leaf in leaves}
+    return {path: shape for path, shape in shapes.items() if path.startswith("params/")}
+
+
+def _check_same_model(stored: Any, abstract_state: Any, step_dir) -> None:
+    """Parameters of the stored state against the run's model, before reading any array."""
+    stored, wanted = _param_shapes(stored), _param_shapes(abstract_state)
+    differing = [f"{path} stored {stored.get(path, 'absent')}, this run's model {wanted.get(path, 'absent')}"
+                 for path in sorted(set(stored) | set(wanted)) if stored.get(path) != wanted.get(path)]
+    if differing:
+        raise ModelMismatch(f"checkpoint {step_dir} is of another model ({'; '.join(differing[:3])}"
+                            f"{'; ...' if len(differing) > 3 else ''}): run with the model config that saved it, "
+                            "or give another workdir / checkpoint.directory")
 
 
 def _check_finite(tree: Any, step_dir) -> None:
