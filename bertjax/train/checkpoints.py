@@ -7,6 +7,8 @@ and `checksums.json` (sha256 of every file, written once the asynchronous save h
 Orbax writes a step into a temporary directory and renames it when complete, so a process killed mid-save
 (`kill -9`, preemption) leaves the previous checkpoints intact and the half-written one invisible. Files damaged
 later (disk errors, partial copies) are caught by the checksums before restoring, with an error naming the file.
+Checksums are written only for steps this process saved (never for a step found on disk, which may already be
+damaged), and every restore also refuses NaN/inf values and parameters shaped for another model.
 """
 
 from __future__ import annotations
