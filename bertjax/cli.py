@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         # Bad input (config, file, checkpoint) is reported in one line, not a traceback.
         print(f"bertjax {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"bertjax {args.command}: interrupted", file=sys.stderr)
+        return 130  # the shell's status for a process ended by SIGINT
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def _is_model_dir(path: Path) -> bool:
     return (path / MODEL_CONFIG_FILE).is_file() and (path / PARAMS_DIR).is_dir()
 
 
-def _load_model_dir(path: Path, step: int | None) -> LoadedModel:
+def _load_model_dir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
     import orbax.checkpoint as ocp
 
     from bertjax.models import abstract_params
@@ -138,7 +138,7 @@ def checkpoint_steps(workdir: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "state").is_dir())
 
 
-def _load_workdir(path: Path, step: int | None) -> LoadedModel:
+def _load_workdir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
     from bertjax.train.checkpoints import restore_params
 
     steps = checkpoint_steps(path)
@@ -163,10 +163,10 @@ def _is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file()
 
 
-def _load_hf_dir(path: Path, step: int | None) -> LoadedModel:
+def _load_hf_dir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
     from bertjax.hf import from_pretrained
 
-    model, params = from_pretrained(str(path))
+    model, params = from_pretrained(str(path), allow_pickle=allow_pickle)
     return LoadedModel(model, params, _tokenizer_in(path))
 
 
@@ -174,7 +174,7 @@ def _load_hf_dir(path: Path, step: int | None) -> LoadedModel:
 class DirectoryKind:
     name: str
     test: Callable[[Path], bool]
-    load: Callable[[Path, int | None], LoadedModel]
+    load: Callable[[Path, int | None, bool], LoadedModel]  # (path, step, allow_pickle)
     has_steps: bool = False
 
 
@@ -198,10 +198,11 @@ def model_dir_kind(path: str | Path) -> DirectoryKind:
                             f"or a transformers directory (config.json + weights)")
 
 
-def load_model_dir(path: str | Path, step: int | None = None) -> LoadedModel:
-    """(model, params, tokenizer) of any model directory; `step` picks a pretraining workdir's checkpoint."""
+def load_model_dir(path: str | Path, step: int | None = None, allow_pickle: bool = False) -> LoadedModel:
+    """(model, params, tokenizer) of any model directory; `step` picks a pretraining workdir's checkpoint;
+    `allow_pickle` lets a transformers directory with only a pytorch_model.bin be read (trusted files only)."""
     kind = model_dir_kind(path)
     if step is not None and not kind.has_steps:
         raise ValueError(f"{path} is a {kind.name}: it holds one set of weights, so a step cannot be chosen "
                          "(--step applies to pretraining workdirs)")
-    return kind.load(Path(path), step)
+    return kind.load(Path(path), step, allow_pickle)

@@ -7,6 +7,7 @@ bool, fails much later and far from the cause. Configs call `check_field_types(s
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Literal
@@ -19,7 +20,8 @@ def check_field_types(instance) -> None:
     for field in dataclasses.fields(instance):
         value, annotation = getattr(instance, field.name), hints[field.name]
         if not matches(value, annotation):
-            raise ValueError(f"{cls.__name__}.{field.name} must be {annotation}, got {value!r}")
+            what = "a finite number" if isinstance(value, float) and not math.isfinite(value) else annotation
+            raise ValueError(f"{cls.__name__}.{field.name} must be {what}, got {value!r}")
 
 
 def matches(value, annotation) -> bool:
@@ -31,8 +33,8 @@ def matches(value, annotation) -> bool:
         return any(matches(value, arg) for arg in typing.get_args(annotation))
     if annotation is type(None):
         return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is float:  # NaN and infinities are never a meaningful setting, and poison whatever reads them
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, annotation)

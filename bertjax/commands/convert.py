@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "to export (default: the latest)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="parameter dtype when reading a transformers checkpoint (default float32)")
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="read a pytorch_model.bin (a pickle: only for files you trust); default: safetensors only")
 
 
 # Tokenizer files travel with the weights, so `bertjax fill-mask --model OUT` works on the converted directory.
@@ -53,15 +56,19 @@ def run(args: argparse.Namespace) -> int:
     from bertjax import hf
     from bertjax.data.tokenizer_export import save_for_transformers
     from bertjax.model_dirs import load_model_dir, save_model_dir
+    from bertjax.commands.output_dir import check_output_dir
 
+    source = args.from_hf or args.to_hf
     if args.from_hf:
         if args.step is not None:
             raise ValueError("--step applies to --to-hf (a pretraining workdir's checkpoint)")
-        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype)
+        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype, allow_pickle=args.allow_pickle)
+        check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         save_model_dir(args.out, model, params)
         copy_tokenizer_files(args.from_hf, args.out)
     else:
         model, params, tokenizer = load_model_dir(args.to_hf, step=args.step)
+        check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         hf.save_pretrained(args.out, model, params)
         if tokenizer is not None:
             config = model.config

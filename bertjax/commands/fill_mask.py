@@ -36,13 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, metavar="N",
                         help="with a pretraining workdir: the checkpoint to use (default: the latest)")
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="read a Hugging Face pytorch_model.bin (a pickle: only for files you trust)")
     parser.add_argument("texts", nargs="+", metavar="TEXT", help='sentences containing [MASK] (or <mask>)')
 
 
 def run(args: argparse.Namespace) -> int:
     if args.top_k <= 0:
         raise ValueError(f"--top-k must be positive, got {args.top_k}")
-    predictor = load_predictor(args.model, step=args.step)
+    predictor = load_predictor(args.model, step=args.step, allow_pickle=args.allow_pickle)
     for text in args.texts:
         print(format_predictions(text, predictor(text, args.top_k)))
     return 0
@@ -75,12 +77,14 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
 
 def make_predictor(model, params, tokenizer) -> Callable[[str, int], list[list[Prediction]]]:
     """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities."""
+    from bertjax.models.checked import checked
+
     config = model.config
     banned = np.zeros(config.vocab_size, bool)
     banned[tokenizer.special_ids[tokenizer.special_ids < config.vocab_size]] = True
     banned[tokenizer.vocab_size:] = True  # padding rows of an embedding larger than the vocabulary
 
-    @jax.jit
+    @checked  # jit, with out-of-range ids an error (a model whose vocabulary is smaller than the tokenizer's)
     def probabilities(params, ids, masked_positions):
         kwargs = {"token_type_ids": jnp.zeros_like(ids)} if config.type_vocab_size else {}
         logits = model.apply({"params": params}, ids, masked_positions=masked_positions, **kwargs).logits
@@ -107,10 +111,11 @@ def make_predictor(model, params, tokenizer) -> Callable[[str, int], list[list[P
     return predict
 
 
-def load_predictor(model_dir: str | Path, step: int | None = None) -> Callable[[str, int], list[list[Prediction]]]:
+def load_predictor(model_dir: str | Path, step: int | None = None,
+                   allow_pickle: bool = False) -> Callable[[str, int], list[list[Prediction]]]:
     from bertjax.model_dirs import load_model_dir
 
-    model, params, tokenizer = load_model_dir(model_dir, step=step)
+    model, params, tokenizer = load_model_dir(model_dir, step=step, allow_pickle=allow_pickle)
     if tokenizer is None:
         raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model or "
                                 "vocab.txt); copy the checkpoint's tokenizer files next to its weights")

@@ -42,11 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertjax.data.prepare import prepare_corpus
+    from bertjax.data.prepare import check_output_dir, prepare_corpus
     from bertjax.data.sources import open_documents
     from bertjax.data.tokenizer_training import train_sentencepiece
     from bertjax.data.tokenizers import load_tokenizer
 
+    check_output_dir(args.out, args.overwrite)  # before training a tokenizer: nothing in --out changes on refusal
     if args.train_tokenizer:
         train = open_documents(args.input, split="train", text_format=args.text_format, text_field=args.text_field,
                                eval_fraction=args.eval_fraction)

@@ -29,15 +29,20 @@ TOKENIZER_DIR = "tokenizer"
 _ENCODE_BATCH = 1024  # documents tokenized per call (the tokenizers batch internally)
 
 
+def check_output_dir(out: str | pathlib.Path, overwrite: bool) -> None:
+    """Refuse to write over prepared data unless asked to (called before any work, the tokenizer's included);
+    `out` may be a bucket path."""
+    if (epath.Path(out) / PREPARED_METADATA).exists() and not overwrite:
+        raise ValueError(f"{str(out)!r} already holds prepared data; pass overwrite=True (--overwrite) to replace it")
+
+
 def prepare_corpus(inputs: str, tokenizer, out_dir: str | pathlib.Path, *, text_format: str = "lines",
                    text_field: str = "text", eval_fraction: float = 0.02, documents_per_file: int = 100_000,
                    overwrite: bool = False) -> dict:
     """Tokenize every document of `inputs` into `out_dir`; returns the metadata written."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    if (epath.Path(out_dir) / PREPARED_METADATA).exists() and not overwrite:
-        raise ValueError(f"{str(out_dir)!r} already holds prepared data; pass overwrite=True (--overwrite) to "
-                         "replace it")
+    check_output_dir(out_dir, overwrite)
     if documents_per_file <= 0:
         raise ValueError(f"documents_per_file must be positive, got {documents_per_file}")
     source = open_documents(inputs, split="all", text_format=text_format, text_field=text_field)

@@ -26,6 +26,7 @@ import numpy as np
 
 from bertjax.data import remote
 from bertjax.data.default_corpus import default_corpus_documents, in_split
+from bertjax.data.text_checks import NON_TEXT_REASONS, check_mostly_text, is_binary
 
 SPLITS = ("train", "eval", "all")
 TEXT_FORMATS = ("lines", "paragraphs")
@@ -152,9 +153,10 @@ class IndexedFileSource(DocumentSource):
         for file_index, path in enumerate(paths):
             data = _map_file(path)
             line_starts = None
-            records = 0
+            records = non_text = 0
             for start, end, text, reason in scan(data):
                 records += 1
+                non_text += reason in NON_TEXT_REASONS
                 if reason is not None:
                     if line_starts is None:
                         line_starts = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))
@@ -168,6 +170,7 @@ class IndexedFileSource(DocumentSource):
                     self.stats.other_split += 1
             if records == 0:
                 self.stats.skip("empty_file", str(path))
+            check_mostly_text(path, records, non_text)
         self._file = np.array(files, np.int32)
         self._start = np.array(starts, np.int64)
         self._end = np.array(ends, np.int64)
@@ -196,6 +199,8 @@ def _decode(raw: bytes) -> tuple[str | None, str | None]:
         return None, "invalid_utf8"
     if not text:
         return None, "empty_document"
+    if is_binary(text):
+        return None, "binary"
     return text, None
 
 

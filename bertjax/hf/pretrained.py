@@ -66,11 +66,12 @@ def _check_mapping_covers(mapping: KeyMapping, expected: dict[ParamPath, jax.Sha
                            f"not in the model {extra}, mapped twice {duplicated}")
 
 
-def from_pretrained(path: str, dtype=None) -> tuple[nn.Module, dict]:
+def from_pretrained(path: str, dtype=None, *, allow_pickle: bool = False) -> tuple[nn.Module, dict]:
     """(model, params) from a directory written by transformers' `save_pretrained`.
 
     The head follows `config.architectures[0]`. `dtype` (default float32) is both the parameter dtype and the
     model's computation dtype; params are a plain nested dict of jnp arrays, the structure of `model.init`.
+    A directory with only `pytorch_model.bin` (a pickle) is read only with `allow_pickle=True`.
     """
     dtype_name = jnp.dtype(dtype or jnp.float32).name
     if dtype_name not in LOADABLE_DTYPES:
@@ -87,7 +88,7 @@ def from_pretrained(path: str, dtype=None) -> tuple[nn.Module, dict]:
     mapping = family.key_mapping(config, head)
     _check_mapping_covers(mapping, expected)
 
-    tensors = weights.read_weights(path)
+    tensors = weights.read_weights(path, allow_pickle=allow_pickle)
     consumed = set(mapping.ignored) & set(tensors)
     flat: dict[ParamPath, jax.Array] = {}
     for rule in mapping.rules:
@@ -98,6 +99,8 @@ def from_pretrained(path: str, dtype=None) -> tuple[nn.Module, dict]:
         key = present[0]
         consumed.update(present)
         tensor = tensors[key]
+        if not jnp.issubdtype(tensor.dtype, jnp.floating):  # casting ints to float would hide a wrong file
+            raise ValueError(f"{path}: tensor {key!r} is {tensor.dtype}; model parameters are floating point")
         if tuple(tensor.shape) != rule.hf_shape:
             raise ValueError(f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, expected {rule.hf_shape} "
                              "from config.json")

@@ -18,6 +18,7 @@ overrides are `key=value` pairs on dotted keys (`train.steps=20`), parsed as YAM
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -81,6 +82,8 @@ class TrainConfig:
     phases: tuple[PhaseConfig, ...] = ()
     peak_tflops_per_device: float | None = None  # for MFU; None: looked up by device kind (bertjax.train.flops)
     progress_bar: bool = True
+    # A non-finite loss or gradient norm: stop before saving (keeping the finite checkpoints), or skip that update.
+    nonfinite: Literal["stop", "skip"] = "stop"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +301,8 @@ def parse_value(annotation: Any, value: Any, key: str) -> Any:
             return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
