@@ -54,9 +54,9 @@ def copy_tokenizer_files(source: str, destination: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from bertjax import hf
+    from bertjax.commands.output_dir import check_output_dir
     from bertjax.data.tokenizer_export import save_for_transformers
     from bertjax.model_dirs import load_model_dir, save_model_dir
-    from bertjax.commands.output_dir import check_output_dir
 
     source = args.from_hf or args.to_hf
     if args.from_hf:
