@@ -18,6 +18,66 @@ Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "tanh"]
 MlpKind = Literal["dense", "glu"]
 PositionKind = Literal["learned", "sinusoidal", "rope", "none"]
 DType = Literal["float32", "bfloat16", "float16"]
+ProblemType = Literal["single_label_classification", "multi_label_classification", "regression"]
+# How a sequence head turns a segment's token states into one prediction: the first token ("cls"; EuroBERT calls it
+# "bos"), the mean of the token states ("mean"), or the mean of per-token logits ("late", EuroBERT's default).
+ClassifierPooling = Literal["cls", "mean", "late"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """What a fine-tuning head predicts: `EncoderConfig.task`. Only the task-head models read it.
+
+    Label names are a tuple (the config is a jit static argument, so it must hash); `id2label` and `label2id` give
+    transformers' dicts. A Hugging Face config.json round-trips through `num_labels`, `id2label`, `label2id`,
+    `problem_type`, the family's classifier dropout key and (ModernBERT, EuroBERT) `classifier_pooling`.
+    """
+
+    num_labels: int = 2  # question answering always predicts 2 (start, end); multiple choice 1 per choice
+    labels: tuple[str, ...] | None = None  # name of label i; None: transformers' "LABEL_0", "LABEL_1", ...
+    problem_type: ProblemType | None = None  # None: inferred by the trainer (transformers does the same)
+    classifier_dropout: float | None = None  # None: the encoder's dropout_rate
+    classifier_pooling: ClassifierPooling = "cls"
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        if self.num_labels <= 0:
+            raise ValueError(f"TaskConfig.num_labels must be positive, got {self.num_labels}")
+        if self.labels is not None:
+            if len(self.labels) != self.num_labels:
+                raise ValueError(f"TaskConfig.labels has {len(self.labels)} names for num_labels={self.num_labels}")
+            if len(set(self.labels)) != len(self.labels):
+                raise ValueError(f"TaskConfig.labels must be distinct, got {self.labels}")
+        if self.classifier_dropout is not None and not 0.0 <= self.classifier_dropout < 1.0:
+            raise ValueError(f"TaskConfig.classifier_dropout must be in [0, 1) or None, got {self.classifier_dropout}")
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        return self.labels if self.labels is not None else tuple(f"LABEL_{i}" for i in range(self.num_labels))
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.label_names))
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.label_names)}
+
+    def replace(self, **changes) -> "TaskConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"TaskConfig has no field(s) {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TaskConfig":
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"TaskConfig has no field(s) {sorted(unknown)}")
+        values = dict(values)
+        if isinstance(values.get("labels"), list):  # JSON and YAML have no tuples
+            values["labels"] = tuple(values["labels"])
+        return cls(**values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +146,16 @@ class EncoderConfig:
     # reads the last hidden state directly (EuroBERT's lm_head is one linear layer after the final norm).
     mlm_head_transform: bool = True
     pooler: bool = True  # BertModel/RobertaModel carry a [CLS] tanh pooler; ModernBERT does not.
+    # Fine-tuning heads (bertjax.models.task_models): pooled state -> dense -> classifier_activation -> [norm] ->
+    # classifier. The activation is the family's: tanh (BERT's pooler, RoBERTa, ALBERT), gelu (ELECTRA, EuroBERT),
+    # relu (DistilBERT), ModernBERT's classifier_activation. ModernBERT alone adds a norm (`classifier_norm`) and
+    # runs the same dense -> act -> norm before its token-classification and QA classifiers
+    # (`classifier_token_transform`). The dense layer's bias follows head_dense_bias.
+    classifier_activation: Activation = "tanh"
+    classifier_norm: bool = False
+    classifier_token_transform: bool = False
+    # What the task head predicts (labels, pooling); None outside fine-tuning (task models then use TaskConfig()).
+    task: TaskConfig | None = None
 
     # Special tokens.
     pad_token_id: int = 0
@@ -152,6 +222,10 @@ class EncoderConfig:
 
     # Derived quantities: computed, never stored, so they cannot disagree with the fields.
     @property
+    def task_or_default(self) -> TaskConfig:
+        return self.task if self.task is not None else TaskConfig()
+
+    @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.hidden_size // self.num_heads
 
@@ -200,6 +274,8 @@ class EncoderConfig:
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
+        if isinstance(values.get("task"), dict):
+            values = {**values, "task": TaskConfig.from_dict(values["task"])}
         return cls(**values)
 
 
@@ -233,6 +309,7 @@ _MODERNBERT = EncoderConfig(
     norm_eps=1e-5, norm_bias=False, norm_placement="pre", embedding_norm=True, final_norm=True,
     first_layer_attention_norm=False, attention_bias=False, mlp_bias=False, activation="gelu", mlp="glu",
     global_attention_every=3, local_window=128, head_dense_bias=False, head_activation="gelu", pooler=False,
+    classifier_activation="gelu", classifier_norm=True, classifier_token_transform=True,
     pad_token_id=50283, dropout_rate=0.0)
 
 # ALBERT (published albert-*-v2 config.json values): E=128 factorised embedding, one layer shared by all steps
@@ -240,7 +317,8 @@ _MODERNBERT = EncoderConfig(
 _ALBERT = _BERT.replace(family="albert", vocab_size=30000, embedding_size=128, num_layer_groups=1,
                         activation="gelu_tanh", head_activation="gelu_tanh", dropout_rate=0.0)
 # DistilBERT (distilbert-base-uncased config.json): BERT-base halved in depth, no token types, no pooler.
-_DISTILBERT = _BERT.replace(family="distilbert", num_layers=6, type_vocab_size=0, pooler=False)
+_DISTILBERT = _BERT.replace(family="distilbert", num_layers=6, type_vocab_size=0, pooler=False,
+                            classifier_activation="relu")
 
 register_preset("bert-base", _BERT)
 register_preset("bert-large", _BERT.replace(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096))
@@ -276,7 +354,7 @@ register_preset("distilbert-tiny", _DISTILBERT.replace(vocab_size=128, hidden_si
 # ELECTRA (Clark et al. 2020): BERT's layers without a pooler, a factorised embedding in the generators (and in
 # electra-small), and the generator's MLM transform always the exact GELU. Generators share their discriminator's
 # embedding_size so the two can share word/position/type embeddings during pretraining.
-_ELECTRA = _BERT.replace(family="electra", pooler=False, head_activation="gelu")
+_ELECTRA = _BERT.replace(family="electra", pooler=False, head_activation="gelu", classifier_activation="gelu")
 
 
 def _electra(hidden: int, layers: int, heads: int, embedding: int) -> EncoderConfig:
@@ -306,7 +384,7 @@ _EUROBERT = EncoderConfig(
     rope_theta_global=250_000.0, rope_theta_local=250_000.0, norm="rmsnorm", norm_eps=1e-5, norm_bias=False,
     norm_placement="pre", embedding_norm=False, final_norm=True, attention_bias=False, mlp_bias=False,
     activation="silu", mlp="glu", tie_word_embeddings=False, decoder_bias=False, mlm_head_transform=False,
-    pooler=False, pad_token_id=128001, dropout_rate=0.0)
+    pooler=False, classifier_activation="gelu", pad_token_id=128001, dropout_rate=0.0)
 
 # Non-embedding parameters: 113M, 460M, 1.81B; the untied LM head adds vocab_size * hidden_size again.
 register_preset("eurobert-210m", _EUROBERT)

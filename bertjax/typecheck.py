@@ -25,7 +25,8 @@ def check_field_types(instance) -> None:
 
 
 def matches(value, annotation) -> bool:
-    """Whether `value` fits `annotation` (Literal, unions, None, and plain classes; bool is not an int here)."""
+    """Whether `value` fits `annotation` (Literal, unions, None, tuple[X, ...] and plain classes; bool is not an int
+    here)."""
     origin = typing.get_origin(annotation)
     if origin is Literal:
         return value in typing.get_args(annotation)
@@ -33,6 +34,11 @@ def matches(value, annotation) -> bool:
         return any(matches(value, arg) for arg in typing.get_args(annotation))
     if annotation is type(None):
         return value is None
+    if origin is tuple:  # tuple[X, ...] only: a tuple (hashable, unlike a list) of X
+        args = typing.get_args(annotation)
+        if len(args) != 2 or args[1] is not Ellipsis:
+            raise TypeError(f"check_field_types supports tuple[X, ...] only, got {annotation}")
+        return isinstance(value, tuple) and all(matches(item, args[0]) for item in value)
     if annotation is float:  # NaN and infinities are never a meaningful setting, and poison whatever reads them
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if annotation is int:

@@ -232,7 +232,7 @@ def test_wrong_shape_is_an_error(bert_mlm_copy):
 
 
 @pytest.mark.parametrize("changes,match", [
-    ({"architectures": ["BertForQuestionAnswering"]}, "unsupported architecture 'BertForQuestionAnswering'"),
+    ({"architectures": ["BertForNextSentencePrediction"]}, "unsupported architecture 'BertForNextSentencePrediction'"),
     ({"architectures": []}, "architectures"),
     ({"model_type": "deberta"}, "unknown model_type 'deberta'"),
     ({"architectures": ["RobertaForMaskedLM"]}, "model_type is 'bert'"),

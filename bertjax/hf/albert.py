@@ -12,6 +12,7 @@ from __future__ import annotations
 from bertjax.config import EncoderConfig
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
+from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures, bert_like_keys
 from bertjax.hf.mapping import (KeyMapping, ParamPath, TensorRule, attention_output, attention_projection, embedding,
                                 layer_norm, linear, mlm_decoder)
 
@@ -125,10 +126,17 @@ def key_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
     return KeyMapping(rules, frozenset(ignored), frozenset(unused))
 
 
+_TASK_HEADS = TaskHeads(
+    base_prefix="albert.", architectures=architectures("Albert"), activation="tanh",
+    keys=bert_like_keys(HeadKeys(out="classifier", dense="albert.pooler"), HeadKeys(out="classifier",
+                                                                                  dense="albert.pooler")),
+    dropout_key="classifier_dropout_prob")
+
 FAMILY = HfFamily(
     model_type="albert",
     architectures={"AlbertModel": "encoder", "AlbertForMaskedLM": "masked_lm", "AlbertForPreTraining": "pretraining"},
     to_encoder_config=to_encoder_config,
     to_hf_config=to_hf_config,
     key_mapping=key_mapping,
+    task_heads=_TASK_HEADS,
 )

@@ -11,6 +11,7 @@ import dataclasses
 from bertjax.config import EncoderConfig
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
+from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures, bert_like_keys
 from bertjax.hf.mapping import (KeyMapping, ParamPath, TensorRule, attention_output, attention_projection, embedding,
                                 layer_norm, linear, mlm_decoder)
 
@@ -134,10 +135,16 @@ def bert_like_mapping(cfg: EncoderConfig, head: str, base_prefix: str, names: He
 _CONFIG = BertLikeConfig("bert", DEFAULTS, positions_after_padding=False, head_follows_hidden_act=True)
 _HEADS = HeadNames("cls.predictions.", "transform.dense", "transform.LayerNorm", "cls.seq_relationship")
 
+_TASK_HEADS = TaskHeads(
+    base_prefix="bert.", architectures=architectures("Bert"), activation="tanh",  # the pooler is the dense layer
+    keys=bert_like_keys(HeadKeys(out="classifier", dense="bert.pooler.dense"),
+                        HeadKeys(out="classifier", dense="bert.pooler.dense")))
+
 FAMILY = HfFamily(
     model_type="bert",
     architectures={"BertModel": "encoder", "BertForMaskedLM": "masked_lm", "BertForPreTraining": "pretraining"},
     to_encoder_config=_CONFIG.to_encoder_config,
     to_hf_config=_CONFIG.to_hf_config,
     key_mapping=lambda cfg, head: bert_like_mapping(cfg, head, "bert.", _HEADS),
+    task_heads=_TASK_HEADS,
 )

@@ -14,6 +14,7 @@ import numpy as np
 from bertjax.config import EncoderConfig
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
+from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures, bert_like_keys
 from bertjax.hf.mapping import (KeyMapping, Layout, ParamPath, TensorRule, attention_output, attention_projection,
                                 embedding, layer_norm, linear, mlm_decoder)
 from bertjax.models.embeddings import sinusoidal_table
@@ -120,10 +121,17 @@ def key_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
     return KeyMapping(rules, frozenset(ignored))
 
 
+_TASK_HEADS = TaskHeads(
+    base_prefix="distilbert.", architectures=architectures("DistilBert"), activation="relu",
+    keys=bert_like_keys(HeadKeys(out="classifier", dense="pre_classifier"),
+                        HeadKeys(out="classifier", dense="pre_classifier")),
+    dropout_key="seq_classif_dropout")
+
 FAMILY = HfFamily(
     model_type="distilbert",
     architectures={"DistilBertModel": "encoder", "DistilBertForMaskedLM": "masked_lm"},
     to_encoder_config=to_encoder_config,
     to_hf_config=to_hf_config,
     key_mapping=key_mapping,
+    task_heads=_TASK_HEADS,
 )

@@ -13,6 +13,7 @@ from bertjax.config import EncoderConfig
 from bertjax.hf.bert import bert_layer
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
+from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures, bert_like_keys
 from bertjax.hf.mapping import KeyMapping, TensorRule, embedding, layer_norm, linear, mlm_decoder
 
 MODEL_TYPE = "electra"
@@ -29,6 +30,11 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     read.expect("is_decoder", (False,))
     read.expect("add_cross_attention", (False,))
     read.expect("position_embedding_type", ("absolute",))  # older files carry it; relative kinds are refused
+    if head == "multiple_choice":  # ElectraSequenceSummary: bertjax builds its default (first token, proj, gelu)
+        read.expect("summary_type", ("first",))
+        read.expect("summary_use_proj", (True,))
+        read.expect("summary_activation", ("gelu",))
+        read.expect("summary_proj_to_labels", (False,))
     return EncoderConfig(
         family=MODEL_TYPE,
         vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),
@@ -94,6 +100,13 @@ def key_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
     return KeyMapping(rules, frozenset(ignored))
 
 
+# ElectraClassificationHead: dense -> exact GELU -> out_proj; multiple choice's ElectraSequenceSummary is the same
+# on the first token with the default summary_* keys (checked on import).
+_TASK_HEADS = TaskHeads(
+    base_prefix="electra.", architectures=architectures("Electra"), activation="gelu",
+    keys=bert_like_keys(HeadKeys(out="classifier.out_proj", dense="classifier.dense"),
+                        HeadKeys(out="classifier", dense="sequence_summary.summary")))
+
 FAMILY = HfFamily(
     model_type=MODEL_TYPE,
     architectures={"ElectraModel": "encoder", "ElectraForMaskedLM": "masked_lm",
@@ -101,4 +114,5 @@ FAMILY = HfFamily(
     to_encoder_config=to_encoder_config,
     to_hf_config=to_hf_config,
     key_mapping=key_mapping,
+    task_heads=_TASK_HEADS,
 )

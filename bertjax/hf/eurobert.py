@@ -15,6 +15,7 @@ from __future__ import annotations
 from bertjax.config import EncoderConfig
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
+from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures
 from bertjax.hf.mapping import (KeyMapping, ParamPath, TensorRule, attention_output, attention_projection, embedding,
                                 layer_norm, linear, mlm_decoder)
 
@@ -131,10 +132,18 @@ def key_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
     return KeyMapping(rules, frozenset(ignored))
 
 
+# transformers has EuroBERT sequence and token classification only; "bos" pooling is bertjax's "cls".
+_TASK_HEADS = TaskHeads(
+    base_prefix="model.", architectures=architectures("EuroBert", ("sequence_classification", "token_classification")),
+    activation="gelu", keys={"sequence_classification": HeadKeys(out="classifier", dense="dense"),
+                             "token_classification": HeadKeys(out="classifier")},
+    dropout_key=None, poolings={"cls": "bos", "mean": "mean", "late": "late"}, pooling_default="late")
+
 FAMILY = HfFamily(
     model_type=MODEL_TYPE,
     architectures={"EuroBertModel": "encoder", "EuroBertForMaskedLM": "masked_lm"},
     to_encoder_config=to_encoder_config,
     to_hf_config=to_hf_config,
     key_mapping=key_mapping,
+    task_heads=_TASK_HEADS,
 )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from bertjax.config import EncoderConfig
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
+from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures
+from bertjax.models.task_models import TASK_HEADS
 from bertjax.hf.mapping import (COPY, TRANSPOSE, KeyMapping, ParamPath, TensorRule, attention_output, embedding,
                                 fused, heads_bias, heads_in, layer_norm, linear, mlm_decoder)
 
@@ -165,10 +167,19 @@ def modernbert_mapping(cfg: EncoderConfig, head: str) -> KeyMapping:
     return KeyMapping(rules, frozenset(ignored))
 
 
+# Every ModernBERT task head runs ModernBertPredictionHead (head.dense -> classifier_activation -> head.norm), the
+# token ones on every token; its dense bias and activation are the MLM head's (classifier_bias, _activation).
+_TASK_HEADS = TaskHeads(
+    base_prefix="model.", architectures=architectures("ModernBert"), activation=None, norm=True,
+    token_transform=True, dense_bias=None,
+    keys={head: HeadKeys(out="classifier", dense="head.dense", norm="head.norm") for head in TASK_HEADS},
+    poolings={"cls": "cls", "mean": "mean"})
+
 FAMILY = HfFamily(
     model_type="modernbert",
     architectures={"ModernBertModel": "encoder", "ModernBertForMaskedLM": "masked_lm"},
     to_encoder_config=to_encoder_config,
     to_hf_config=to_hf_config,
     key_mapping=modernbert_mapping,
+    task_heads=_TASK_HEADS,
 )

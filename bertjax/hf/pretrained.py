@@ -2,8 +2,9 @@
 
 Loading fills every parameter of `model.init`'s tree from the file and nothing else: a tensor the mapping expects
 but the file lacks, a tensor the file has but nothing consumes, and a tensor of the wrong shape are all errors
-naming the key, so no parameter is ever left at its random initial value. The one exception: the pooler and
-NSP head that published BERT/RoBERTa MLM checkpoints still carry are dropped with a warning, as transformers does.
+naming the key, so no parameter is ever left at its random initial value. The exceptions: the pooler and NSP
+head that published BERT/RoBERTa MLM checkpoints still carry are dropped with a warning, as transformers does; and
+`from_pretrained(path, head=...)` initialises the parts of a new head the checkpoint lacks, saying so.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bertjax.config import EncoderConfig
+from bertjax.config import EncoderConfig, TaskConfig
 from bertjax.hf import registry, weights
+from bertjax.hf.family import HfFamily
 from bertjax.hf.mapping import KeyMapping, ParamPath
-from bertjax.models import MODEL_CLASSES, abstract_params
+from bertjax.models import MODEL_CLASSES, TASK_HEADS, abstract_params
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 LOADABLE_DTYPES = ("float32", "bfloat16", "float16")
+BACKBONE_SCOPES = ("embeddings", "encoder")  # top-level parameter scopes every head shares
 
 
 def _read_config(directory: str) -> dict:
@@ -66,29 +69,65 @@ def _check_mapping_covers(mapping: KeyMapping, expected: dict[ParamPath, jax.Sha
                            f"not in the model {extra}, mapped twice {duplicated}")
 
 
-def from_pretrained(path: str, dtype=None, *, allow_pickle: bool = False) -> tuple[nn.Module, dict]:
+def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int = 0, allow_pickle: bool = False,
+                    **task) -> tuple[nn.Module, dict]:
     """(model, params) from a directory written by transformers' `save_pretrained`.
 
-    The head follows `config.architectures[0]`. `dtype` (default float32) is both the parameter dtype and the
-    model's computation dtype; params are a plain nested dict of jnp arrays, the structure of `model.init`.
+    The head follows `config.architectures[0]` unless `head` (a name in bertjax.models.MODEL_CLASSES) asks for
+    another: then the backbone comes from the file, so does any head tensor the new head shares with it (BERT's
+    pretrained pooler, as transformers does), and the rest of the new head is initialised from `seed`, with a
+    warning listing what was initialised. `**task` sets TaskConfig fields (num_labels, labels, problem_type,
+    classifier_dropout, classifier_pooling) over the checkpoint's; a head tensor that no longer fits (another
+    num_labels) is initialised too. `dtype` (default float32) is both the parameter dtype and the model's
+    computation dtype; params are a plain nested dict of jnp arrays, the structure of `model.init`.
     A directory with only `pytorch_model.bin` (a pickle) is read only with `allow_pickle=True`.
+
+        model, params = from_pretrained("bert-base-uncased", head="sequence_classification", num_labels=3,
+                                        labels=("entailment", "neutral", "contradiction"))
     """
     dtype_name = jnp.dtype(dtype or jnp.float32).name
     if dtype_name not in LOADABLE_DTYPES:
         raise ValueError(f"dtype must be one of {LOADABLE_DTYPES}, got {dtype_name}")
     values = _read_config(path)
-    family, head = registry.architecture(values)
+    family, saved_head = registry.architecture(values)
+    head = head or saved_head
+    if head not in MODEL_CLASSES:
+        raise ValueError(f"unknown head {head!r}; known: {sorted(MODEL_CLASSES)}")
+    if task and head not in TASK_HEADS:
+        raise ValueError(f"task settings {sorted(task)} need a task head ({', '.join(TASK_HEADS)}), not {head!r}")
     model_type = family.model_type
-    config = family.to_encoder_config(values, head)
+    config = family.encoder_config(values, head)
     if config.family != model_type:
         raise RuntimeError(f"bertjax.hf.{model_type} built an EncoderConfig with family={config.family!r}")
+    if head != saved_head and head in TASK_HEADS:  # another task's labels mean nothing here; pooling still does
+        saved = config.task_or_default
+        config = config.replace(task=TaskConfig(classifier_dropout=saved.classifier_dropout,
+                                                classifier_pooling=saved.classifier_pooling))
+    if task:
+        if "num_labels" in task and "labels" not in task:  # the saved names belong to the old label count
+            task = {**task, "labels": None}
+        config = config.replace(task=config.task_or_default.replace(**task))
     config = config.replace(dtype=dtype_name, param_dtype=dtype_name)
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
-    mapping = family.key_mapping(config, head)
-    _check_mapping_covers(mapping, expected)
-
     tensors = weights.read_weights(path, allow_pickle=allow_pickle)
+    if head == saved_head and not task:
+        mapping = family.mapping(config, head)
+        _check_mapping_covers(mapping, expected)
+        flat = _load_exact(path, values, head, mapping, tensors, dtype_name)
+    else:
+        flat = _load_into_new_head(path, family, model, saved_head, head, tensors, expected, seed)
+    for param_path, spec in expected.items():
+        if flat[param_path].shape != spec.shape:
+            raise RuntimeError(f"the {model_type} key mapping built {'/'.join(param_path)} with shape "
+                               f"{flat[param_path].shape}, the model expects {spec.shape}")
+    return model, traverse_util.unflatten_dict(flat)
+
+
+def _load_exact(path: str, values: dict, head: str, mapping: KeyMapping, tensors: dict[str, np.ndarray],
+                dtype_name: str) -> dict[ParamPath, jax.Array]:
+    """Every parameter from the file, every tensor of the file used (or known to be droppable)."""
+    model_type = values["model_type"]
     consumed = set(mapping.ignored) & set(tensors)
     flat: dict[ParamPath, jax.Array] = {}
     for rule in mapping.rules:
@@ -113,11 +152,55 @@ def from_pretrained(path: str, dtype=None, *, allow_pickle: bool = False) -> tup
     if unexpected:
         raise ValueError(f"{path}: unexpected tensor(s) {unexpected} for a {model_type} {head} model "
                          f"(architecture {values['architectures'][0]})")
-    for param_path, spec in expected.items():
-        if flat[param_path].shape != spec.shape:
-            raise RuntimeError(f"the {model_type} key mapping built {'/'.join(param_path)} with shape "
-                               f"{flat[param_path].shape}, the model expects {spec.shape}")
-    return model, traverse_util.unflatten_dict(flat)
+    return flat
+
+
+def _load_into_new_head(path: str, family: HfFamily, model: nn.Module, saved_head: str, head: str,
+                        tensors: dict[str, np.ndarray], expected: dict[ParamPath, jax.ShapeDtypeStruct],
+                        seed: int) -> dict[ParamPath, jax.Array]:
+    """The backbone from the file (every backbone tensor must be there), the head from the file where its tensors
+    exist with the right shape, otherwise from a fresh init; a warning says which."""
+    config = model.config
+    # Inside head classes the backbone's tensors carry a prefix ("bert.") that the bare model's do not.
+    prefix = family.task_heads.base_prefix
+    source, target = ("" if saved_head == "encoder" else prefix), ("" if head == "encoder" else prefix)
+    tensors = {(target + key[len(source):] if key.startswith(source) else key): value
+               for key, value in tensors.items()}
+    mapping = family.mapping(config, head)
+    flat: dict[ParamPath, jax.Array] = {}
+    consumed, refitted = set(), []
+    for rule in mapping.rules:
+        in_head = all(p[0] not in BACKBONE_SCOPES for p in rule.params)
+        present = [key for key in rule.hf_keys if key in tensors]
+        if not present:
+            if in_head:
+                continue
+            raise ValueError(f"{path}: missing backbone tensor {rule.hf_keys[0]!r} for a {family.model_type} "
+                             f"{head} model")
+        tensor = tensors[present[0]]
+        consumed.update(present)
+        if tuple(tensor.shape) != rule.hf_shape:
+            if in_head:
+                refitted.append(present[0])
+                continue
+            raise ValueError(f"{path}: tensor {present[0]!r} has shape {tuple(tensor.shape)}, expected "
+                             f"{rule.hf_shape} from config.json")
+        for param_path, array in zip(rule.params, rule.layout.load(np.asarray(tensor))):
+            flat[param_path] = jnp.asarray(array, dtype=config.param_dtype)
+    fresh = sorted(set(expected) - set(flat))
+    if any(p[0] in BACKBONE_SCOPES for p in fresh):
+        raise RuntimeError(f"the {family.model_type} key mapping leaves backbone parameters unmapped: {fresh}")
+    if fresh:
+        initial = traverse_util.flatten_dict(
+            jax.jit(lambda key: nn.meta.unbox(model.init(key, model.example_input_ids())["params"]))(
+                jax.random.key(seed)))
+        flat.update({p: initial[p] for p in fresh})
+    unused = sorted(set(tensors) - consumed - set(mapping.ignored))
+    logger.warning("%s: loaded a %s checkpoint into a new %s head; initialised from scratch (seed %d): %s%s; "
+                   "checkpoint tensors not used: %s", path, saved_head, head, seed,
+                   ", ".join("/".join(p) for p in fresh) or "nothing",
+                   f" (shape changed: {refitted})" if refitted else "", unused or "none")
+    return flat
 
 
 def _flatten_checked(model: nn.Module, params: dict) -> dict[ParamPath, np.ndarray]:
@@ -143,9 +226,9 @@ def save_pretrained(path: str, model: nn.Module, params: dict) -> None:
     config: EncoderConfig = model.config
     head = head_of(model)
     family = registry.family_named(config.family, source="EncoderConfig.family")
-    hf_config = {"architectures": [family.architecture_for(head)], **family.to_hf_config(config, head)}
+    hf_config = {"architectures": [family.architecture_for(head)], **family.hf_config(config, head)}
     flat = _flatten_checked(model, params)
-    mapping = family.key_mapping(config, head)
+    mapping = family.mapping(config, head)
     _check_mapping_covers(mapping, expected_params(model))
     tensors: dict[str, np.ndarray] = {}
     for rule in mapping.rules:

@@ -18,7 +18,7 @@ FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
 
 # transformers class name (config.architectures[0]) -> (model_type, bertjax head).
 ARCHITECTURES: dict[str, tuple[str, str]] = {
-    name: (family.model_type, head) for family in FAMILIES.values() for name, head in family.architectures.items()}
+    name: (family.model_type, head) for family in FAMILIES.values() for name, head in family.heads.items()}
 
 
 def family_named(model_type: str, source: str = "config.json") -> HfFamily:

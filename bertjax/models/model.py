@@ -17,7 +17,7 @@ from bertjax.config import EncoderConfig
 from bertjax.models.embeddings import Embeddings
 from bertjax.models.encoder import EncoderStack
 from bertjax.models.heads import Classifier, MaskedLMHead, Pooler, ReplacedTokenHead
-from bertjax.models.inputs import prepare_inputs
+from bertjax.models.inputs import EncoderInputs, prepare_inputs
 
 
 @struct.dataclass
@@ -55,10 +55,20 @@ class _Backbone(nn.Module):
         self.embeddings = Embeddings(self.config)
         self.encoder = EncoderStack(self.config, self.remat_policy)
 
+    def example_input_ids(self, seq_len: int = 1) -> jax.Array:
+        """Zero token ids of the shape `__call__` takes (multiple choice adds a choices axis), for `init`."""
+        return jnp.zeros((1, seq_len), jnp.int32)
+
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
                deterministic: bool = True) -> jax.Array:
+        return self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
+                                       deterministic)[0]
+
+    def encode_with_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                           segment_ids=None, deterministic: bool = True) -> tuple[jax.Array, EncoderInputs]:
+        """The last hidden state and the prepared inputs (segment ids with padding folded in: heads pool on them)."""
         inputs = prepare_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, segment_ids)
-        return self.encoder(self.embeddings(inputs, deterministic), inputs, deterministic)
+        return self.encoder(self.embeddings(inputs, deterministic), inputs, deterministic), inputs
 
 
 def gather_positions(hidden: jax.Array, positions: jax.Array | None) -> jax.Array:
@@ -133,7 +143,8 @@ class EncoderForReplacedTokenDetection(_Backbone):
         return ReplacedTokenOutput(logits=self.rtd_head(hidden), last_hidden_state=hidden)
 
 
-# Model classes by head name: the CLI, checkpoint import and training pick one here.
+# Model classes by head name: the CLI, checkpoint import and training pick one here. The fine-tuning heads
+# (bertjax/models/task_models.py) add themselves when bertjax.models is imported.
 MODEL_CLASSES: dict[str, type[_Backbone]] = {
     "encoder": EncoderModel,
     "masked_lm": EncoderForMaskedLM,

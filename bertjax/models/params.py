@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 DUMMY_SEQ_LEN = 8
 
 
+
 def init_boxed(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -> dict:
     """`model.init`'s parameters, still boxed with their logical axis names (a training objective's initialiser
-    of one model: sharded state creation reads the names)."""
-    ids = jnp.zeros((1, seq_len), jnp.int32)
-    return model.init({"params": key, "dropout": key}, ids)["params"]
+    of one model: sharded state creation reads the names). Inputs of the model's own shape (`example_input_ids`:
+    [1, choices, seq] for multiple choice)."""
+    return model.init({"params": key, "dropout": key}, model.example_input_ids(seq_len))["params"]
 
 
 def init_params(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -> dict:

@@ -1,0 +1,137 @@
+"""Fine-tuning models: the shared backbone with a task head, output fields named as in transformers.
+
+    config = get_config("bert-base", task=TaskConfig(num_labels=3))
+    model = EncoderForSequenceClassification(config)
+    out = model.apply({"params": params}, input_ids, attention_mask=mask)
+    out.logits  # [batch, 3] float32
+
+Packed rows: pass `segment_ids` (1, 2, ... per example, 0 = padding) and a static `max_segments=K`; sequence
+classification then returns `logits` [batch, K, num_labels] and `segment_mask` [batch, K] (slot k = segment k + 1;
+empty slots are zeros); `max_segments` fixes a shape, so under `jax.jit` pass it in `static_argnames`. Token
+classification and QA are per token and need nothing special; multiple choice takes [batch, choices, seq] inputs
+(initialise it with `model.example_input_ids(seq_len)`, which has the choices axis).
+
+Parameters: embeddings/, encoder/, then `classifier/` (dense, norm, out as the family's layout has them).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from bertjax.models.model import MODEL_CLASSES, _Backbone
+from bertjax.models.task_heads import SequenceHead, TokenHead
+
+
+@struct.dataclass
+class SequenceClassifierOutput:
+    logits: jax.Array  # [batch, num_labels] float32; [batch, max_segments, num_labels] for packed rows
+    last_hidden_state: jax.Array
+    segment_mask: jax.Array | None = None  # [batch, max_segments] bool, only with max_segments
+
+
+@struct.dataclass
+class TokenClassifierOutput:
+    logits: jax.Array  # [batch, seq, num_labels] float32
+    last_hidden_state: jax.Array
+
+
+@struct.dataclass
+class QuestionAnsweringOutput:
+    start_logits: jax.Array  # [batch, seq] float32
+    end_logits: jax.Array  # [batch, seq] float32
+    last_hidden_state: jax.Array
+
+
+@struct.dataclass
+class MultipleChoiceOutput:
+    logits: jax.Array  # [batch, choices] float32
+    last_hidden_state: jax.Array  # [batch, choices, seq, hidden]
+
+
+class EncoderForSequenceClassification(_Backbone):
+    """Sequence classification or regression (num_labels=1): one prediction per row, or per packed segment."""
+
+    def setup(self):
+        super().setup()
+        self.classifier = SequenceHead(self.config, self.config.task_or_default.num_labels)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 max_segments: int | None = None, deterministic: bool = True) -> SequenceClassifierOutput:
+        hidden, inputs = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids,
+                                                 segment_ids, deterministic)
+        logits, segment_mask = self.classifier(hidden, inputs.segment_ids, max_segments, deterministic)
+        if max_segments is None:
+            return SequenceClassifierOutput(logits=logits[:, 0], last_hidden_state=hidden)
+        return SequenceClassifierOutput(logits=logits, last_hidden_state=hidden, segment_mask=segment_mask)
+
+
+class EncoderForTokenClassification(_Backbone):
+    """One label per token (named entities, tagging); padding positions get logits too and the loss masks them."""
+
+    def setup(self):
+        super().setup()
+        self.classifier = TokenHead(self.config, self.config.task_or_default.num_labels)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 deterministic: bool = True) -> TokenClassifierOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+        return TokenClassifierOutput(logits=self.classifier(hidden, deterministic), last_hidden_state=hidden)
+
+
+class EncoderForQuestionAnswering(_Backbone):
+    """Extractive QA: a start and an end logit per token (transformers' `qa_outputs`, 2 outputs)."""
+
+    def setup(self):
+        super().setup()
+        self.classifier = TokenHead(self.config, 2)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 deterministic: bool = True) -> QuestionAnsweringOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+        logits = self.classifier(hidden, deterministic)
+        return QuestionAnsweringOutput(start_logits=logits[..., 0], end_logits=logits[..., 1],
+                                       last_hidden_state=hidden)
+
+
+class EncoderForMultipleChoice(_Backbone):
+    """Inputs [batch, choices, seq]; each choice is encoded as its own row and scored by one logit."""
+
+    def setup(self):
+        super().setup()
+        self.classifier = SequenceHead(self.config, 1)
+
+    def example_input_ids(self, seq_len: int = 1) -> jax.Array:
+        return jnp.zeros((1, 1, seq_len), jnp.int32)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 deterministic: bool = True) -> MultipleChoiceOutput:
+        input_ids = jnp.asarray(input_ids)
+        if input_ids.ndim != 3:
+            raise ValueError(f"multiple choice input_ids must be [batch, choices, seq], got shape {input_ids.shape}")
+        batch, choices, seq = input_ids.shape
+
+        def rows(x):
+            if x is None:
+                return None
+            if jnp.shape(x) != (batch, choices, seq):
+                raise ValueError(f"multiple choice inputs must all have shape {(batch, choices, seq)}, "
+                                 f"got {jnp.shape(x)}")
+            return jnp.reshape(x, (batch * choices, seq))
+
+        hidden, inputs = self.encode_with_inputs(rows(input_ids), rows(attention_mask), rows(token_type_ids),
+                                                 rows(position_ids), rows(segment_ids), deterministic)
+        logits, _ = self.classifier(hidden, inputs.segment_ids, None, deterministic)
+        return MultipleChoiceOutput(logits=logits.reshape(batch, choices),
+                                    last_hidden_state=hidden.reshape(batch, choices, seq, -1))
+
+
+MODEL_CLASSES.update({
+    "sequence_classification": EncoderForSequenceClassification,
+    "token_classification": EncoderForTokenClassification,
+    "question_answering": EncoderForQuestionAnswering,
+    "multiple_choice": EncoderForMultipleChoice,
+})
+# The heads the fine-tuning code and the Hugging Face task mappings know.
+TASK_HEADS = ("sequence_classification", "token_classification", "question_answering", "multiple_choice")
