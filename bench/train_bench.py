@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.config import get_config
+from bertjax.data.global_batch import batch_sharding
 from bertjax.models import MODEL_CLASSES, init_params
 from bertjax.train import flops as flops_lib
 from bertjax.train import mesh as mesh_lib
@@ -89,7 +90,7 @@ def time_steps(step, state, batch, steps: int) -> tuple[float, object, float]:
 def bench_bertjax(case: Case, steps: int, peak_per_device: float) -> dict:
     setup = setup_run(case.run_config(steps), vocab_size=case.config.vocab_size, pad_id=case.config.pad_token_id)
     state = setup.fresh_state()
-    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(setup.mesh, v.ndim))
+    batch = {k: jax.device_put(v, batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
              for k, v in synthetic_batch(case).items()}
     seconds, _, loss = time_steps(lambda s, b: setup.train_step(s, setup.frozen, b), state, batch, steps)
     tokens = case.batch * case.seq_len

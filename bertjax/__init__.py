@@ -6,16 +6,18 @@ from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForMultipl
                             EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel,
                             EncoderOutput, MaskedLMOutput, PreTrainingOutput, ReplacedTokenOutput, init_params,
                             logical_axes)
+from bertjax.models.checked import checked
 
 __version__ = "0.1.0"
 
 
-def from_pretrained(path, dtype=None, *, head=None, seed=0, **task):
+def from_pretrained(path, dtype=None, *, head=None, seed=0, allow_pickle: bool = False, **task):
     """Load a Hugging Face checkpoint directory: returns (model, params). `head="sequence_classification"` (and
-    TaskConfig fields such as num_labels=3) starts a new task head on the checkpoint's encoder. See
+    TaskConfig fields such as num_labels=3) starts a new task head on the checkpoint's encoder. Safetensors only,
+    unless `allow_pickle=True` (a `pytorch_model.bin` is a pickle: only for files you trust). See
     `bertjax.hf.pretrained.from_pretrained`."""
     from bertjax.hf import from_pretrained as _load
-    return _load(path, dtype=dtype, head=head, seed=seed, **task)
+    return _load(path, dtype=dtype, head=head, seed=seed, allow_pickle=allow_pickle, **task)
 
 
 def save_pretrained(path, model, params) -> None:
@@ -28,4 +30,4 @@ __all__ = ["PRESETS", "EncoderConfig", "TaskConfig", "get_config", "MODEL_CLASSE
            "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForReplacedTokenDetection", "ReplacedTokenOutput",
            "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderForQuestionAnswering",
            "EncoderForMultipleChoice", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
-           "save_pretrained", "init_params", "logical_axes", "__version__"]
+           "save_pretrained", "init_params", "logical_axes", "checked", "__version__"]

@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bertjax.platforms import quiet_start
+
+    quiet_start()  # before any command touches a JAX backend: no libtpu noise on CPU/GPU machines
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)
@@ -41,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         # Bad input (config, file, checkpoint) is reported in one line, not a traceback.
         print(f"bertjax {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"bertjax {args.command}: interrupted", file=sys.stderr)
+        return 130  # the shell's status for a process ended by SIGINT
 
 
 if __name__ == "__main__":

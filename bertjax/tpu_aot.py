@@ -27,6 +27,7 @@ import numpy as np
 from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh
 
+EXAMPLE_TOPOLOGIES = ("v4:2x2x1", "v5e:2x2", "v5e:4x4", "v5p:2x2x1", "v5p:2x2x2", "v6e:2x2")
 INSTALL_HINT = 'AOT compilation for TPU needs the libtpu wheel: pip install -e ".[tpu-aot]" (or pip install libtpu)'
 
 
@@ -41,7 +42,12 @@ def topology_devices(topology: str = "v5e:2x2") -> list:
     # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so two processes cannot drive one TPU. Compile-only
     # devices drive nothing, so concurrent compile checks (tests, other jobs) may share the library.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+    try:
+        return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+    except jax.errors.JaxRuntimeError as error:  # libtpu's own words name what is wrong with the name
+        reason = str(error).strip().splitlines()[0].removeprefix("INVALID_ARGUMENT: ")
+        raise ValueError(f"TPU topology {topology!r} cannot be compiled for: {reason}. Examples of valid ones: "
+                         f"{', '.join(EXAMPLE_TOPOLOGIES)}") from None
 
 
 def topology_mesh(topology: str = "v5e:2x2", axes: dict[str, int] | None = None) -> Mesh:

@@ -7,6 +7,7 @@ bool, fails much later and far from the cause. Configs call `check_field_types(s
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Literal
@@ -19,7 +20,8 @@ def check_field_types(instance) -> None:
     for field in dataclasses.fields(instance):
         value, annotation = getattr(instance, field.name), hints[field.name]
         if not matches(value, annotation):
-            raise ValueError(f"{cls.__name__}.{field.name} must be {annotation}, got {value!r}")
+            what = "a finite number" if isinstance(value, float) and not math.isfinite(value) else annotation
+            raise ValueError(f"{cls.__name__}.{field.name} must be {what}, got {value!r}")
 
 
 def matches(value, annotation) -> bool:
@@ -37,8 +39,8 @@ def matches(value, annotation) -> bool:
         if len(args) != 2 or args[1] is not Ellipsis:
             raise TypeError(f"check_field_types supports tuple[X, ...] only, got {annotation}")
         return isinstance(value, tuple) and all(matches(item, args[0]) for item in value)
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is float:  # NaN and infinities are never a meaningful setting, and poison whatever reads them
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, annotation)

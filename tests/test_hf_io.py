@@ -263,7 +263,7 @@ def _as_torch_bin(directory: str) -> None:
 
 def test_pytorch_bin_is_read_with_torch(bert_mlm_dir, bert_mlm_copy):
     _as_torch_bin(bert_mlm_copy)
-    _, from_bin = bertjax.from_pretrained(bert_mlm_copy)
+    _, from_bin = bertjax.from_pretrained(bert_mlm_copy, allow_pickle=True)
     _, from_safetensors = bertjax.from_pretrained(bert_mlm_dir)
     assert_same_params(from_bin, from_safetensors)
 
@@ -272,7 +272,7 @@ def test_pytorch_bin_without_torch_is_a_clear_error(bert_mlm_copy, monkeypatch):
     _as_torch_bin(bert_mlm_copy)
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
     with pytest.raises(ValueError, match="needs torch"):
-        bertjax.from_pretrained(bert_mlm_copy)
+        bertjax.from_pretrained(bert_mlm_copy, allow_pickle=True)
 
 
 class _NotATensor:
@@ -284,7 +284,7 @@ def test_pytorch_bin_with_arbitrary_objects_is_refused(bert_mlm_copy):
     os.remove(os.path.join(bert_mlm_copy, "model.safetensors"))
     torch.save({"weight": _NotATensor()}, os.path.join(bert_mlm_copy, "pytorch_model.bin"))
     with pytest.raises(ValueError, match="weights_only"):
-        bertjax.from_pretrained(bert_mlm_copy)
+        bertjax.from_pretrained(bert_mlm_copy, allow_pickle=True)
 
 
 def _shard(directory: str, weight_map_edit=None) -> None:

@@ -18,14 +18,26 @@ def _with(section: str, **values) -> dict:
     return raw
 
 
+# Configs that need a path the user gives: the distillation teacher.
+NEEDS = {"distilbert": "objective.teacher=path/to/bert-base-uncased"}
+
+
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_shipped_configs_load(path):
-    config = load_run_config(path)
+    overrides = [NEEDS[path.stem]] if path.stem in NEEDS else []
+    config = load_run_config(path, overrides)
     assert config.train.steps > 0 and config.data.seq_len > 0
 
 
+def test_distillation_config_without_its_teacher_names_the_key():
+    with pytest.raises(ConfigError, match="missing required key objective.teacher"):
+        load_run_config(CONFIGS[0].parent / "distilbert.yaml")
+
+
 def test_shipped_presets_are_there():
-    assert {p.stem for p in CONFIGS} >= {"tiny", "bert-base", "roberta-base", "modernbert-base"}
+    assert {p.stem for p in CONFIGS} >= {"tiny", "bert-base", "roberta-base", "modernbert-base", "albert-base",
+                                         "electra-small", "electra-base", "distilbert", "eurobert-210m",
+                                         "tiny-albert", "tiny-electra", "tiny-distilbert", "tiny-eurobert"}
 
 
 @pytest.mark.parametrize("raw, message", [

@@ -20,7 +20,8 @@ SHRINK = ["data.seq_len=32", "data.global_batch_size=8", "data.window_documents=
           "model.overrides.hidden_size=32", "model.overrides.num_heads=4", "model.overrides.intermediate_size=64",
           "model.overrides.max_position_embeddings=64", f"train.steps={STEPS}", "train.log_every=10",
           "train.progress_bar=false", "eval.every=0", "eval.batches=3", "eval.fill_mask_examples=0",
-          f"checkpoint.every={STEPS}", "schedule.warmup=3", "optimizer.learning_rate=3.0e-3"]
+          f"checkpoint.every={STEPS}", "schedule.unit=fraction", "schedule.warmup=0.1",
+          "optimizer.learning_rate=3.0e-3"]
 
 
 def run(workdir, config: str, *overrides: str, tokenizer: bool = True):
@@ -37,7 +38,7 @@ def assert_learns(result):
 def teacher(tmp_path_factory):
     """The main job's config (configs/pretrain/tiny.yaml), two layers."""
     return run(tmp_path_factory.mktemp("mlm") / "run", "tiny.yaml", "model.overrides.num_layers=2",
-               "model.overrides.local_window=8", "schedule.decay=10")
+               "model.overrides.local_window=8", "schedule.decay=0.3")
 
 
 def test_mlm_learns(teacher):
@@ -61,7 +62,7 @@ def test_mlm_sop_learns(tmp_path):
 
 def test_eurobert_mlm_learns(tmp_path):
     result = run(tmp_path / "eurobert", "tiny-eurobert.yaml", "model.overrides.num_layers=2",
-                 "model.overrides.num_kv_heads=2", "schedule.decay=10")
+                 "model.overrides.num_kv_heads=2", "schedule.decay=0.3")
     assert_learns(result)
 
 

@@ -171,6 +171,20 @@ def test_warm_start_copies_the_mapped_teacher_layers(monkeypatch):
     chex_equal(student["embeddings"], teacher_params["embeddings"])
 
 
+def test_a_distilbert_student_starts_from_a_bert_teacher(monkeypatch):
+    """DistilBERT's setting: a BERT teacher (token types, 2 layers) and a DistilBERT student (none, 1 layer)."""
+    teacher_config = get_config("bert-tiny", vocab_size=50)
+    student_config = get_config("distilbert-tiny", vocab_size=50, num_layers=1)
+    teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(7)))
+    objective, _ = distillation_with_teacher(monkeypatch, student_config, teacher_config, teacher_params)
+    frozen = {"teacher": teacher_params}
+    student = objective.warm_start(params_of(objective), frozen)
+    np.testing.assert_array_equal(student["encoder"]["layers_0"]["mlp"]["wo"]["kernel"],
+                                  teacher_params["encoder"]["layers_0"]["mlp"]["wo"]["kernel"])
+    loss, _ = loss_of(objective, student, tiny_batch(student_config), frozen)
+    assert np.isfinite(loss)
+
+
 def test_teacher_with_another_vocabulary_is_refused(monkeypatch):
     teacher_config = BERT.replace(vocab_size=60)
     teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(5)))

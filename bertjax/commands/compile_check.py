@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     from bertjax import tpu_aot
-    from bertjax.data import batch_spec
+    from bertjax.data import batch_sharding, batch_spec
     from bertjax.train import mesh as mesh_lib
     from bertjax.train.run_config import load_run_config
     from bertjax.train.setup import setup_run
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         if key in seen:
             continue
         seen.add(key)
-        batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=mesh_lib.batch_sharding(mesh, len(shape)))
+        batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, mesh_lib.BATCH_AXES))
                  for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
         start = time.perf_counter()
         try:

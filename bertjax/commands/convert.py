@@ -2,72 +2,40 @@
 
 A bertjax model directory holds `model_config.json` ({"head": ..., "config": EncoderConfig fields}, the file a
 pretraining workdir also starts with) and `params/`, an Orbax checkpoint of the parameter pytree, so it restores
-straight onto a mesh.
+straight onto a mesh. Both directions read their input with `bertjax.model_dirs.load_model_dir`, so `--to-hf`
+also exports a pretraining workdir (its latest checkpoint, or `--step N`) with its tokenizer.
 
     bertjax convert --from-hf hf_dir --out model_dir [--dtype bfloat16]
-    bertjax convert --to-hf model_dir --out hf_dir
+    bertjax convert --to-hf model_dir_or_workdir --out hf_dir [--step N]
+
+The `--to-hf` output is a directory transformers loads as it is: config.json, the weights, and the tokenizer as
+tokenizer.json + tokenizer_config.json + special_tokens_map.json (`AutoTokenizer`, `AutoModelForMaskedLM`,
+`pipeline("fill-mask")`).
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 
-HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or back."
-MODEL_FILE = "model_config.json"
-PARAMS_DIR = "params"
+HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or a model or run back."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-hf", metavar="DIR", help="transformers checkpoint directory to read")
-    source.add_argument("--to-hf", metavar="DIR", help="bertjax model directory to write as a transformers checkpoint")
+    source.add_argument("--to-hf", metavar="DIR", help="bertjax model directory or pretraining workdir to write as a "
+                        "transformers checkpoint")
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write")
+    parser.add_argument("--step", type=int, metavar="N", help="with --to-hf on a pretraining workdir: the checkpoint "
+                        "to export (default: the latest)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                         help="parameter dtype when reading a transformers checkpoint (default float32)")
-
-
-def save_model_dir(path: str, model, params) -> None:
-    import orbax.checkpoint as ocp
-
-    from bertjax.hf.pretrained import head_of
-
-    path = os.path.abspath(path)
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, MODEL_FILE), "w") as f:
-        json.dump({"head": head_of(model), "config": model.config.to_dict()}, f, indent=2)
-        f.write("\n")
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.join(path, PARAMS_DIR), params, force=True)
-        checkpointer.wait_until_finished()
-
-
-def load_model_dir(path: str):
-    """(model, params) from a directory written by `save_model_dir`."""
-    import orbax.checkpoint as ocp
-
-    from bertjax.config import EncoderConfig
-    from bertjax.hf.pretrained import expected_params
-    from bertjax.models import MODEL_CLASSES
-    from flax import traverse_util
-
-    path = os.path.abspath(path)
-    model_file = os.path.join(path, MODEL_FILE)
-    if not os.path.isfile(model_file):
-        raise FileNotFoundError(f"{path}: no {MODEL_FILE} (not a bertjax model directory)")
-    with open(model_file) as f:
-        description = json.load(f)
-    head = description.get("head")
-    if head not in MODEL_CLASSES:
-        raise ValueError(f"{model_file}: head {head!r} is not one of {sorted(MODEL_CLASSES)}")
-    model = MODEL_CLASSES[head](EncoderConfig.from_dict(description["config"]))
-    abstract = traverse_util.unflatten_dict(expected_params(model))
-    with ocp.StandardCheckpointer() as checkpointer:
-        params = checkpointer.restore(os.path.join(path, PARAMS_DIR), abstract)
-    return model, params
+    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="read a pytorch_model.bin (a pickle: only for files you trust); default: safetensors only")
 
 
 # Tokenizer files travel with the weights, so `bertjax fill-mask --model OUT` works on the converted directory.
@@ -86,14 +54,27 @@ def copy_tokenizer_files(source: str, destination: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from bertjax import hf
+    from bertjax.commands.output_dir import check_output_dir
+    from bertjax.data.tokenizer_export import save_for_transformers
+    from bertjax.model_dirs import load_model_dir, save_model_dir
 
+    source = args.from_hf or args.to_hf
     if args.from_hf:
-        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype)
+        if args.step is not None:
+            raise ValueError("--step applies to --to-hf (a pretraining workdir's checkpoint)")
+        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype, allow_pickle=args.allow_pickle)
+        check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         save_model_dir(args.out, model, params)
         copy_tokenizer_files(args.from_hf, args.out)
     else:
-        model, params = load_model_dir(args.to_hf)
+        model, params, tokenizer = load_model_dir(args.to_hf, step=args.step)
+        check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         hf.save_pretrained(args.out, model, params)
-        copy_tokenizer_files(args.to_hf, args.out)
+        if tokenizer is not None:
+            config = model.config
+            names = ["input_ids", "token_type_ids", "attention_mask"] if config.type_vocab_size else \
+                ["input_ids", "attention_mask"]
+            save_for_transformers(tokenizer, args.out, model_max_length=config.max_position_embeddings
+                                  - config.position_offset, model_input_names=names)
     print(f"wrote {args.out} ({type(model).__name__}, {model.config.num_layers} layers)")
     return 0

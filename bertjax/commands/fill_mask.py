@@ -1,14 +1,13 @@
 """`bertjax fill-mask --model DIR "text with [MASK]"`: the most likely tokens at each [MASK].
 
-DIR is a pretraining workdir (`bertjax pretrain --workdir`: its latest checkpoint and its tokenizer), a Hugging Face
-checkpoint directory (`config.json` + weights + tokenizer files, read by `bertjax.from_pretrained` and
-`bertjax.data.load_tokenizer`), or its `bertjax convert --from-hf` output (which carries the tokenizer files along).
+DIR is any directory `bertjax.model_dirs.load_model_dir` reads: a pretraining workdir (`bertjax pretrain --workdir`:
+its latest checkpoint, or `--step N`, and its tokenizer), a Hugging Face checkpoint directory (`config.json` +
+weights + tokenizer files), or a bertjax model directory (`bertjax convert --from-hf` output).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,89 +33,21 @@ class Prediction:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR",
                         help="a pretraining workdir or a directory converted from Hugging Face")
+    parser.add_argument("--step", type=int, metavar="N",
+                        help="with a pretraining workdir: the checkpoint to use (default: the latest)")
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")
+    parser.add_argument("--allow-pickle", action="store_true",
+                        help="read a Hugging Face pytorch_model.bin (a pickle: only for files you trust)")
     parser.add_argument("texts", nargs="+", metavar="TEXT", help='sentences containing [MASK] (or <mask>)')
 
 
 def run(args: argparse.Namespace) -> int:
     if args.top_k <= 0:
         raise ValueError(f"--top-k must be positive, got {args.top_k}")
-    predictor = load_predictor(args.model)
+    predictor = load_predictor(args.model, step=args.step, allow_pickle=args.allow_pickle)
     for text in args.texts:
         print(format_predictions(text, predictor(text, args.top_k)))
     return 0
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Loading a model directory: one loader per kind of directory, chosen by the files present.
-
-def _is_workdir(path: Path) -> bool:
-    from bertjax.train.loop import MODEL_CONFIG_FILE  # written by `bertjax pretrain`: head + EncoderConfig
-    return (path / MODEL_CONFIG_FILE).is_file() and (path / "checkpoints").is_dir()
-
-
-def _is_model_dir(path: Path) -> bool:
-    from bertjax.commands.convert import MODEL_FILE, PARAMS_DIR  # `bertjax convert --from-hf` output
-    return (path / MODEL_FILE).is_file() and (path / PARAMS_DIR).is_dir()
-
-
-def _load_model_dir(path: Path):
-    from bertjax.commands.convert import load_model_dir as load_converted
-    from bertjax.data import load_tokenizer
-
-    model, params = load_converted(str(path))
-    return model, params, load_tokenizer(path / "tokenizer" if (path / "tokenizer").is_dir() else path)
-
-
-def _is_hf_dir(path: Path) -> bool:
-    return (path / "config.json").is_file()
-
-
-def _load_workdir(path: Path):
-    from bertjax.config import EncoderConfig
-    from bertjax.data import load_tokenizer
-    from bertjax.models import MODEL_CLASSES
-    from bertjax.train.checkpoints import restore_params
-    from bertjax.train.loop import MODEL_CONFIG_FILE
-
-    described = json.loads((path / MODEL_CONFIG_FILE).read_text())
-    model = MODEL_CLASSES[described["head"]](EncoderConfig.from_dict(described["config"]))
-    steps = sorted(int(p.name) for p in (path / "checkpoints").iterdir() if p.name.isdigit())
-    if not steps:
-        raise FileNotFoundError(f"{path / 'checkpoints'} holds no checkpoint yet")
-    params = restore_params(path / "checkpoints" / str(steps[-1]))
-    if described.get("params_key"):  # the checkpoint trains several models (ELECTRA): take the main one
-        params = params[described["params_key"]]
-    return model, params, load_tokenizer(path / "tokenizer")
-
-
-def _load_hf_dir(path: Path):
-    import bertjax
-    from bertjax.data import load_tokenizer
-
-    model, params = bertjax.from_pretrained(str(path))
-    return model, params, load_tokenizer(path)
-
-
-# (name, test, loader); the first whose test passes loads the directory.
-MODEL_DIR_KINDS: tuple[tuple[str, Callable[[Path], bool], Callable], ...] = (
-    ("pretraining workdir", _is_workdir, _load_workdir),
-    ("bertjax model directory", _is_model_dir, _load_model_dir),
-    ("Hugging Face directory", _is_hf_dir, _load_hf_dir),
-)
-
-
-def load_model_dir(model_dir: str | Path):
-    """(model, params, tokenizer) of a pretraining workdir or a converted Hugging Face directory."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"--model {path}: no such directory")
-    for _, test, loader in MODEL_DIR_KINDS:
-        if test(path):
-            return loader(path)
-    raise FileNotFoundError(f"--model {path}: not a pretraining workdir (model_config.json + checkpoints/), a "
-                            f"bertjax model directory (model_config.json + params/) or a Hugging Face directory "
-                            f"(config.json)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -146,12 +77,14 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
 
 def make_predictor(model, params, tokenizer) -> Callable[[str, int], list[list[Prediction]]]:
     """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities."""
+    from bertjax.models.checked import checked
+
     config = model.config
     banned = np.zeros(config.vocab_size, bool)
     banned[tokenizer.special_ids[tokenizer.special_ids < config.vocab_size]] = True
     banned[tokenizer.vocab_size:] = True  # padding rows of an embedding larger than the vocabulary
 
-    @jax.jit
+    @checked  # jit, with out-of-range ids an error (a model whose vocabulary is smaller than the tokenizer's)
     def probabilities(params, ids, masked_positions):
         kwargs = {"token_type_ids": jnp.zeros_like(ids)} if config.type_vocab_size else {}
         logits = model.apply({"params": params}, ids, masked_positions=masked_positions, **kwargs).logits
@@ -178,8 +111,15 @@ def make_predictor(model, params, tokenizer) -> Callable[[str, int], list[list[P
     return predict
 
 
-def load_predictor(model_dir: str | Path) -> Callable[[str, int], list[list[Prediction]]]:
-    return make_predictor(*load_model_dir(model_dir))
+def load_predictor(model_dir: str | Path, step: int | None = None,
+                   allow_pickle: bool = False) -> Callable[[str, int], list[list[Prediction]]]:
+    from bertjax.model_dirs import load_model_dir
+
+    model, params, tokenizer = load_model_dir(model_dir, step=step, allow_pickle=allow_pickle)
+    if tokenizer is None:
+        raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model or "
+                                "vocab.txt); copy the checkpoint's tokenizer files next to its weights")
+    return make_predictor(model, params, tokenizer)
 
 
 def format_predictions(text: str, predictions: list[list[Prediction]]) -> str:

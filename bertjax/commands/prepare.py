@@ -3,13 +3,14 @@
     bertjax prepare --input default --train-tokenizer --vocab-size 8192 --out data/pydoc
     bertjax prepare --input 'corpus/*.jsonl' --text-field text --tokenizer hf_checkpoint_dir --out data/web
 
-Train with `DataConfig(input="data/pydoc")` and the tokenizer in `data/pydoc/tokenizer`.
+Train with `DataConfig(input="data/pydoc")` and the tokenizer in `data/pydoc/tokenizer`. `--out` and the inputs
+may be on a bucket (`gs://...`), as `data.input` of `bertjax pretrain` may.
 """
 
 from __future__ import annotations
 
 import argparse
-import pathlib
+import tempfile
 
 HELP = "Tokenize a corpus (default, text, JSONL, Parquet) once into ArrayRecord files for pretraining."
 
@@ -41,24 +42,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertjax.data.prepare import TOKENIZER_DIR, prepare_corpus
+    from bertjax.data.prepare import check_output_dir, prepare_corpus
     from bertjax.data.sources import open_documents
     from bertjax.data.tokenizer_training import train_sentencepiece
     from bertjax.data.tokenizers import load_tokenizer
 
-    out = pathlib.Path(args.out)
+    check_output_dir(args.out, args.overwrite)  # before training a tokenizer: nothing in --out changes on refusal
     if args.train_tokenizer:
         train = open_documents(args.input, split="train", text_format=args.text_format, text_field=args.text_field,
                                eval_fraction=args.eval_fraction)
         if train.tokenized:
             raise ValueError(f"{args.input!r} is already prepared data")
         documents = (train[i] for i in _sample(len(train)))
-        tokenizer = train_sentencepiece(documents, out / TOKENIZER_DIR, vocab_size=args.vocab_size,
-                                        model_type=args.model_type)
+        with tempfile.TemporaryDirectory(prefix="bertjax-tokenizer-") as scratch:
+            # prepare_corpus saves the tokenizer into --out with the data (which may be a bucket)
+            tokenizer = train_sentencepiece(documents, scratch, vocab_size=args.vocab_size, model_type=args.model_type)
         print(f"trained a {args.model_type} SentencePiece tokenizer, vocabulary {tokenizer.vocab_size}")
     else:
         tokenizer = load_tokenizer(args.tokenizer)
-    metadata = prepare_corpus(args.input, tokenizer, out, text_format=args.text_format, text_field=args.text_field,
+    metadata = prepare_corpus(args.input, tokenizer, args.out, text_format=args.text_format, text_field=args.text_field,
                               eval_fraction=args.eval_fraction, documents_per_file=args.documents_per_file,
                               overwrite=args.overwrite)
     for split, info in metadata["splits"].items():
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     skipped = metadata["source_stats"]["skipped"]
     if skipped or metadata["source_stats"]["empty_after_tokenization"]:
         print(f"skipped: {skipped}, empty after tokenization: {metadata['source_stats']['empty_after_tokenization']}")
-    print(f"wrote {out}")
+    print(f"wrote {args.out}")
     return 0
 
 

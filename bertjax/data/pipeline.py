@@ -132,13 +132,16 @@ def batch_spec(config: DataConfig, process_count: int = 1) -> dict[str, tuple[tu
 
 def build_pretraining_iterator(config: DataConfig, tokenizer, *, seed: int, process_index: int = 0,
                                process_count: int = 1, split: str = "train",
-                               source: DocumentSource | None = None) -> "BatchIterator":
+                               source: DocumentSource | None = None, origin: tuple[int, int] = (0, 0)
+                               ) -> "BatchIterator":
     """The (by default endless) iterator of per-process training batches; see `bertjax.data` for the format.
 
-    `source` overrides `config.input` (tests, notebooks: e.g. `sources.InMemorySource(texts)`).
+    `source` overrides `config.input` (tests, notebooks: e.g. `sources.InMemorySource(texts)`). `origin` (epoch,
+    position) starts the data there instead of at the beginning: a run resumed on another number of processes
+    (bertjax.data.reshard); iterator states are relative to it.
     """
     return _build(config, tokenizer, seed=seed, process_index=process_index, process_count=process_count,
-                  split=split, source=source, evaluation=False)
+                  split=split, source=source, evaluation=False, origin=origin)
 
 
 def build_eval_iterator(config: DataConfig, tokenizer, *, seed: int = 0, process_index: int = 0,
@@ -153,24 +156,39 @@ def build_eval_iterator(config: DataConfig, tokenizer, *, seed: int = 0, process
                   split="eval", source=source, evaluation=True)
 
 
-def _build(config: DataConfig, tokenizer, *, seed, process_index, process_count, split, source, evaluation):
+def open_source(config: DataConfig, split: str = "train") -> DocumentSource:
+    return open_documents(config.input, split=split, text_format=config.text_format, text_field=config.text_field,
+                          eval_fraction=config.eval_fraction)
+
+
+def window_plan(config: DataConfig, num_documents: int, *, seed: int, process_index: int, process_count: int,
+                evaluation: bool = False, origin: tuple[int, int] = (0, 0)):
+    """The WindowPlan of which documents each window of this process holds (see bertjax.data.windows)."""
+    from bertjax.data.windows import WindowPlan
+
+    return WindowPlan(num_documents=num_documents, window_documents=config.window_documents,
+                      process_index=process_index, process_count=process_count,
+                      shuffle=config.shuffle and not evaluation, seed=seed, start_epoch=int(origin[0]),
+                      start_position=int(origin[1]))
+
+
+def _build(config: DataConfig, tokenizer, *, seed, process_index, process_count, split, source, evaluation,
+           origin=(0, 0)):
     # Imported here so that DataConfig and batch_spec (run setup, compile-check, benchmarks) need no grain.
     import grain
 
     from bertjax.data.batching import BatchIterDataset
     from bertjax.data.stats import PipelineStats
-    from bertjax.data.windows import WindowBuilder, WindowPlan
+    from bertjax.data.windows import WindowBuilder
 
     batch_size = config.batch_size_per_process(process_count)
     if source is None:
-        source = open_documents(config.input, split=split, text_format=config.text_format,
-                                text_field=config.text_field, eval_fraction=config.eval_fraction)
+        source = open_source(config, split)
     _check_tokenizer(source, tokenizer)
     report = log.warning if source.stats.skipped else log.info
     report("data %s split, process %d/%d: %s", split, process_index, process_count, source.stats.report())
-    plan = WindowPlan(num_documents=len(source), window_documents=config.window_documents,
-                      process_index=process_index, process_count=process_count,
-                      shuffle=config.shuffle and not evaluation, seed=seed)
+    plan = window_plan(config, len(source), seed=seed, process_index=process_index, process_count=process_count,
+                       evaluation=evaluation, origin=origin)
     if plan.documents_per_epoch == 0 and not evaluation:
         # (Evaluation tolerates an empty share: its batches are padding, so every process runs the same steps.)
         raise ValueError(f"process {process_index} of {process_count} gets no {split} documents: only "
@@ -179,8 +197,10 @@ def _build(config: DataConfig, tokenizer, *, seed, process_index, process_count,
                             sentence_objective=config.sentence_objective, short_seq_prob=config.short_seq_prob,
                             masking=config.masking_options(), split=split)
     epochs = 1 if evaluation else config.num_epochs
-    # Window j of the (repeated) range is global window number j: epoch j // windows_per_epoch.
-    windows = grain.MapDataset.range(plan.windows_per_epoch).repeat(epochs).map_with_index(_window_number)
+    # Element j of the range is window number j (the plan locates its epoch): endless when epochs is None.
+    indices = grain.MapDataset.range(max(plan.windows_per_epoch, 1)).repeat(None) if epochs is None else \
+        grain.MapDataset.range(plan.total_windows(epochs))
+    windows = indices.map_with_index(_window_number)
     windows = windows.map(builder)
     pad_rows = _padding_rows(config, tokenizer.pad_id) if evaluation else None
     dataset = BatchIterDataset(windows, batch_size, stats=PipelineStats(source=source.stats),

@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from bertjax.data import remote
 from bertjax.data.default_corpus import default_corpus_documents, in_split
+from bertjax.data.text_checks import NON_TEXT_REASONS, check_mostly_text, is_binary
 
 SPLITS = ("train", "eval", "all")
 TEXT_FORMATS = ("lines", "paragraphs")
@@ -151,9 +153,10 @@ class IndexedFileSource(DocumentSource):
         for file_index, path in enumerate(paths):
             data = _map_file(path)
             line_starts = None
-            records = 0
+            records = non_text = 0
             for start, end, text, reason in scan(data):
                 records += 1
+                non_text += reason in NON_TEXT_REASONS
                 if reason is not None:
                     if line_starts is None:
                         line_starts = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))
@@ -167,6 +170,7 @@ class IndexedFileSource(DocumentSource):
                     self.stats.other_split += 1
             if records == 0:
                 self.stats.skip("empty_file", str(path))
+            check_mostly_text(path, records, non_text)
         self._file = np.array(files, np.int32)
         self._start = np.array(starts, np.int64)
         self._end = np.array(ends, np.int64)
@@ -195,6 +199,8 @@ def _decode(raw: bytes) -> tuple[str | None, str | None]:
         return None, "invalid_utf8"
     if not text:
         return None, "empty_document"
+    if is_binary(text):
+        return None, "binary"
     return text, None
 
 
@@ -405,7 +411,7 @@ SOURCE_BUILDERS: dict[str, Callable[..., DocumentSource]] = {
 def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_format: str = "lines",
                    text_field: str = "text", eval_fraction: float = 0.02) -> DocumentSource:
     """The documents of `inputs` in `split`: "default" (the embedded corpus), a prepared-data directory, or
-    files, directories and globs (a comma-separated string or a list)."""
+    files, directories and globs (a comma-separated string or a list), local or remote (`gs://...`)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     specs = [s.strip() for s in inputs.split(",")] if isinstance(inputs, str) else [str(s) for s in inputs]
@@ -415,12 +421,15 @@ def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_fo
     sources: list[DocumentSource] = []
     files_by_kind: dict[str, list[pathlib.Path]] = collections.defaultdict(list)
     for spec in specs:
+        prepared = None if spec == DEFAULT_INPUT else prepared_directory(spec)
         if spec == DEFAULT_INPUT:
             sources.append(default_corpus_source(split, eval_fraction))
-        elif os.path.isdir(spec) and os.path.isfile(os.path.join(spec, PREPARED_METADATA)):
-            sources.append(PreparedSource(pathlib.Path(spec), split))
+        elif prepared is not None:
+            sources.append(PreparedSource(prepared, split))
         else:
-            for path in _expand(spec):
+            paths = [remote.local_file(p) for p in remote.expand(spec, tuple(FILE_KINDS))] if remote.is_remote(spec) \
+                else _expand(spec)
+            for path in paths:
                 kind = FILE_KINDS.get(path.suffix.lower())
                 if kind is None:
                     raise ValueError(f"unknown file type {str(path)!r}; supported suffixes: "
@@ -433,6 +442,20 @@ def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_fo
     if len(source) == 0:
         raise ValueError(f"no {split} documents in {', '.join(specs)} ({source.stats.report()})")
     return source
+
+
+def prepared_directory(spec: str) -> pathlib.Path | None:
+    """The local directory of a `bertjax prepare` output given as input (a remote one is copied into the local
+    cache, see `bertjax.data.remote`); None when `spec` is not prepared data."""
+    if remote.is_remote(spec):
+        from etils import epath
+
+        if "*" in spec or not (epath.Path(spec) / PREPARED_METADATA).exists():
+            return None
+        return remote.local_directory(spec)
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, PREPARED_METADATA)):
+        return pathlib.Path(spec)
+    return None
 
 
 def _expand(spec: str) -> list[pathlib.Path]:

@@ -16,7 +16,7 @@ from bertjax.data.tokenizers import SentencePieceTokenizer
 ModelType = Literal["bpe", "unigram"]
 MODEL_TYPES: tuple[str, ...] = ("bpe", "unigram")
 DEFAULT_VOCAB_SIZE = 8192  # a multiple of 128 (TPU-friendly embedding), enough for the ~1M-token default corpus
-# SentencePiece ignores longer input lines; documents are fed line by line.
+# SentencePiece ignores longer input lines; documents are fed line by line, longer lines in pieces of at most this.
 _MAX_LINE_BYTES = 4192
 _TRAINER_OPTIONS = dict(
     pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
@@ -36,8 +36,7 @@ def train_sentencepiece(documents: Iterable[str], out_dir: str | pathlib.Path, *
 
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
-    lines = [line.strip() for doc in documents for line in doc.splitlines()]
-    lines = [line for line in lines if line and len(line.encode("utf-8")) <= _MAX_LINE_BYTES]
+    lines = [piece for doc in documents for line in doc.splitlines() for piece in _line_pieces(line.strip())]
     if not lines:
         raise ValueError("no text to train the tokenizer on (all documents are empty)")
     sentencepiece.set_random_generator_seed(seed)
@@ -51,6 +50,31 @@ def train_sentencepiece(documents: Iterable[str], out_dir: str | pathlib.Path, *
     tokenizer = SentencePieceTokenizer(model.getvalue(), source=str(pathlib.Path(out_dir) / "tokenizer.model"))
     tokenizer.save(out_dir)
     return tokenizer
+
+
+def _line_pieces(line: str, limit: int = _MAX_LINE_BYTES) -> list[str]:
+    """`line` cut at spaces into pieces SentencePiece accepts (a longer run without spaces is cut anywhere), so
+    long lines (minified text, one-paragraph-per-line corpora) train the tokenizer instead of vanishing."""
+    if len(line.encode("utf-8")) <= limit:
+        return [line] if line else []
+    pieces, current, size = [], [], 0
+    for word in line.split():
+        while len(word.encode("utf-8")) > limit:  # characters, not bytes: never split a UTF-8 sequence
+            if current:
+                pieces.append(" ".join(current))
+                current, size = [], 0
+            cut = len(word.encode("utf-8")[:limit].decode("utf-8", errors="ignore"))
+            pieces.append(word[:cut])
+            word = word[cut:]
+        length = len(word.encode("utf-8"))
+        if current and size + 1 + length > limit:
+            pieces.append(" ".join(current))
+            current, size = [], 0
+        size += length + (1 if current else 0)
+        current.append(word)
+    if current:
+        pieces.append(" ".join(current))
+    return pieces
 
 
 def train_default_tokenizer(out_dir: str | pathlib.Path, vocab_size: int = DEFAULT_VOCAB_SIZE, *,

@@ -29,7 +29,13 @@ WINDOW_COUNTERS = ("documents", "empty_after_tokenization", "documents_split", "
 
 @dataclasses.dataclass(frozen=True)
 class WindowPlan:
-    """Which documents window j holds, for one process."""
+    """Which documents window j holds, for one process.
+
+    Position g of an epoch is the g-th document of that epoch's (shuffled) global order; process p of N reads
+    positions p, p + N, p + 2N, ... A plan may start at an `origin` (epoch e, position G) instead of (0, 0): a run
+    resumed on another number of processes continues from there (see bertjax.data.reshard). Its first epoch then
+    holds only positions G, G + 1, ... (split over the new processes the same strided way); later epochs are whole.
+    """
 
     num_documents: int
     window_documents: int
@@ -37,33 +43,59 @@ class WindowPlan:
     process_count: int
     shuffle: bool
     seed: int
+    start_epoch: int = 0
+    start_position: int = 0
 
     def __post_init__(self):
         if not 0 <= self.process_index < self.process_count:
             raise ValueError(f"process_index ({self.process_index}) must be in [0, process_count="
                              f"{self.process_count})")
+        if not 0 <= self.start_position <= self.num_documents or self.start_epoch < 0:
+            raise ValueError(f"plan origin (epoch {self.start_epoch}, position {self.start_position}) is outside "
+                             f"the data ({self.num_documents} documents)")
+
+    def _share(self, first_position: int) -> int:
+        return len(range(first_position + self.process_index, self.num_documents, self.process_count))
 
     @property
     def documents_per_epoch(self) -> int:
-        """This process's share: positions p, p + N, p + 2N, ... of each epoch's global order."""
-        return len(range(self.process_index, self.num_documents, self.process_count))
+        """This process's share of a whole epoch: positions p, p + N, p + 2N, ... of each epoch's global order."""
+        return self._share(0)
 
     @property
     def windows_per_epoch(self) -> int:
         return math.ceil(self.documents_per_epoch / self.window_documents)
 
+    @property
+    def first_epoch_windows(self) -> int:
+        """Windows of the plan's first epoch (all of them, unless the plan starts mid-epoch)."""
+        return math.ceil(self._share(self.start_position) / self.window_documents)
+
+    def total_windows(self, epochs: int) -> int:
+        """Windows of a plan that ends after `epochs` epochs of the run (counted from epoch 0)."""
+        return self.first_epoch_windows + self.windows_per_epoch * max(epochs - self.start_epoch - 1, 0)
+
     def locate(self, window: int) -> tuple[int, int]:
-        """Window number -> (epoch, window within the epoch)."""
-        return divmod(window, max(self.windows_per_epoch, 1))
+        """Window number -> (epoch, window within the epoch's windows of this plan)."""
+        if window < self.first_epoch_windows:
+            return self.start_epoch, window
+        epochs, within = divmod(window - self.first_epoch_windows, max(self.windows_per_epoch, 1))
+        return self.start_epoch + 1 + epochs, within
+
+    def positions(self, window: int) -> tuple[int, np.ndarray]:
+        """(epoch, global positions in that epoch's order) of the documents of window `window`."""
+        epoch, within = self.locate(window)
+        first = self.start_position if epoch == self.start_epoch else 0
+        first_local = within * self.window_documents
+        local = np.arange(first_local, min(first_local + self.window_documents, self._share(first)))
+        return epoch, first + self.process_index + local * self.process_count
 
     def document_indices(self, window: int) -> np.ndarray:
-        epoch, within = self.locate(window)
-        first = within * self.window_documents
-        local = np.arange(first, min(first + self.window_documents, self.documents_per_epoch))
-        positions = self.process_index + local * self.process_count
+        epoch, positions = self.positions(window)
         if not self.shuffle:
             return positions
-        # Every process shuffles with the same epoch seed, so their strided shares stay disjoint.
+        # Every process shuffles with the same epoch seed, so their strided shares stay disjoint (whatever their
+        # number: the order of an epoch depends on the seed and the epoch only).
         epoch_seed = int(np.random.SeedSequence([self.seed, epoch, 0x5EED]).generate_state(1)[0])
         last = self.num_documents - 1
         return np.array([grain.experimental.index_shuffle(int(g), max_index=last, seed=epoch_seed,

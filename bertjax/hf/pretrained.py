@@ -23,7 +23,7 @@ from bertjax.config import EncoderConfig, TaskConfig
 from bertjax.hf import registry, weights
 from bertjax.hf.family import HfFamily
 from bertjax.hf.mapping import KeyMapping, ParamPath
-from bertjax.models import MODEL_CLASSES, TASK_HEADS
+from bertjax.models import MODEL_CLASSES, TASK_HEADS, abstract_params
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,7 @@ def head_of(model: nn.Module) -> str:
 
 def expected_params(model: nn.Module) -> dict[ParamPath, jax.ShapeDtypeStruct]:
     """Shape and dtype of every parameter `model.init` creates, by path, without allocating them."""
-    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), model.example_input_ids()))
-    return traverse_util.flatten_dict(nn.meta.unbox(abstract["params"]))
+    return traverse_util.flatten_dict(abstract_params(model))
 
 
 def _check_mapping_covers(mapping: KeyMapping, expected: dict[ParamPath, jax.ShapeDtypeStruct]) -> None:
@@ -70,7 +69,7 @@ def _check_mapping_covers(mapping: KeyMapping, expected: dict[ParamPath, jax.Sha
                            f"not in the model {extra}, mapped twice {duplicated}")
 
 
-def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int = 0,
+def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int = 0, allow_pickle: bool = False,
                     **task) -> tuple[nn.Module, dict]:
     """(model, params) from a directory written by transformers' `save_pretrained`.
 
@@ -81,6 +80,7 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
     classifier_dropout, classifier_pooling) over the checkpoint's; a head tensor that no longer fits (another
     num_labels) is initialised too. `dtype` (default float32) is both the parameter dtype and the model's
     computation dtype; params are a plain nested dict of jnp arrays, the structure of `model.init`.
+    A directory with only `pytorch_model.bin` (a pickle) is read only with `allow_pickle=True`.
 
         model, params = from_pretrained("bert-base-uncased", head="sequence_classification", num_labels=3,
                                         labels=("entailment", "neutral", "contradiction"))
@@ -110,7 +110,7 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
     config = config.replace(dtype=dtype_name, param_dtype=dtype_name)
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
-    tensors = weights.read_weights(path)
+    tensors = weights.read_weights(path, allow_pickle=allow_pickle)
     if head == saved_head and not task:
         mapping = family.mapping(config, head)
         _check_mapping_covers(mapping, expected)
@@ -138,6 +138,8 @@ def _load_exact(path: str, values: dict, head: str, mapping: KeyMapping, tensors
         key = present[0]
         consumed.update(present)
         tensor = tensors[key]
+        if not jnp.issubdtype(tensor.dtype, jnp.floating):  # casting ints to float would hide a wrong file
+            raise ValueError(f"{path}: tensor {key!r} is {tensor.dtype}; model parameters are floating point")
         if tuple(tensor.shape) != rule.hf_shape:
             raise ValueError(f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, expected {rule.hf_shape} "
                              "from config.json")

@@ -2,13 +2,15 @@
 
 Formats, in the order they are looked for: `model.safetensors`, a sharded safetensors index
 (`model.safetensors.index.json`), then `pytorch_model.bin` / `pytorch_model.bin.index.json`. PyTorch files are
-pickles: they are read only through `torch.load(weights_only=True)`, which refuses arbitrary objects, and never
-when torch is missing.
+pickles, and unpickling a file can run code from it: torch's restricted unpickler (`weights_only=True`) has been
+bypassed before. So they are read only when the caller opts in (`allow_pickle=True`, `--allow-pickle`), with a
+warning, through `torch.load(weights_only=True)`; otherwise the error says how to convert them once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable
 
@@ -19,6 +21,9 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
 TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+PICKLED = (TORCH_BIN, TORCH_BIN_INDEX)
+
+log = logging.getLogger(__name__)
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -72,12 +77,25 @@ READERS: dict[str, Callable[[str], dict[str, np.ndarray]]] = {
 }
 
 
-def read_weights(directory: str) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint in `directory`, by its Hugging Face name."""
+def read_weights(directory: str, allow_pickle: bool = False) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint in `directory`, by its Hugging Face name (pickles only with allow_pickle)."""
     for name, reader in READERS.items():
         if os.path.isfile(os.path.join(directory, name)):
+            if name in PICKLED:
+                _check_pickle_allowed(directory, name, allow_pickle)
             return reader(directory)
     raise FileNotFoundError(f"{directory}: no weights found (looked for {', '.join(READERS)})")
+
+
+def _check_pickle_allowed(directory: str, name: str, allow_pickle: bool) -> None:
+    path = os.path.join(directory, name)
+    if not allow_pickle:
+        raise ValueError(
+            f"{path} is a PyTorch pickle, and unpickling can run code hidden in the file; bertjax reads safetensors "
+            f"only, unless asked. If you trust the file, convert it once: bertjax convert --from-hf {directory} "
+            f"--out {directory.rstrip(os.sep)}-bertjax --allow-pickle (then `bertjax convert --to-hf` writes "
+            "model.safetensors), or pass allow_pickle=True to from_pretrained")
+    log.warning("%s: unpickling a PyTorch checkpoint (allow_pickle=True); do this only for files you trust", path)
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:

@@ -1,14 +1,15 @@
 from bertjax.models.model import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForPreTraining,
                                   EncoderForReplacedTokenDetection, EncoderModel, EncoderOutput, MaskedLMOutput,
                                   PreTrainingOutput, ReplacedTokenOutput)
-from bertjax.models.params import init_params, logical_axes
+from bertjax.models.params import abstract_params, init_boxed, init_params, logical_axes
 from bertjax.models.task_models import (TASK_HEADS, EncoderForMultipleChoice, EncoderForQuestionAnswering,
                                         EncoderForSequenceClassification, EncoderForTokenClassification,
                                         MultipleChoiceOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                                         TokenClassifierOutput)
 
-__all__ = ["init_params", "logical_axes", "MODEL_CLASSES", "TASK_HEADS", "EncoderForMaskedLM", "EncoderForPreTraining",
-           "EncoderForReplacedTokenDetection", "EncoderModel", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput",
-           "ReplacedTokenOutput", "EncoderForSequenceClassification", "EncoderForTokenClassification",
-           "EncoderForQuestionAnswering", "EncoderForMultipleChoice", "SequenceClassifierOutput",
-           "TokenClassifierOutput", "QuestionAnsweringOutput", "MultipleChoiceOutput"]
+__all__ = ["abstract_params", "init_boxed", "init_params", "logical_axes", "MODEL_CLASSES", "TASK_HEADS",
+           "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForReplacedTokenDetection", "EncoderModel",
+           "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "ReplacedTokenOutput",
+           "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderForQuestionAnswering",
+           "EncoderForMultipleChoice", "SequenceClassifierOutput", "TokenClassifierOutput", "QuestionAnsweringOutput",
+           "MultipleChoiceOutput"]

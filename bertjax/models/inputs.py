@@ -8,6 +8,7 @@ import numpy as np
 from flax import struct
 
 from bertjax.config import EncoderConfig
+from bertjax.models.checked import check_traced_ids, checking_traced_values
 from bertjax.ops import segment_positions
 
 
@@ -57,8 +58,11 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
 
 
 def check_ids(ids, size: int, what: str) -> None:
-    """Out-of-range ids would silently gather NaN rows inside jit; reject them whenever values are concrete."""
+    """Out-of-range ids would silently gather NaN rows inside jit; reject them whenever values are concrete, and
+    on the device when traced by `bertjax.checked` (a plain `jax.jit` cannot check them)."""
     if isinstance(ids, jax.core.Tracer):
+        if checking_traced_values():
+            check_traced_ids(ids, size, what)
         return
     ids = np.asarray(ids)
     if ids.size and (ids.min() < 0 or ids.max() >= size):

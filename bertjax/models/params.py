@@ -1,17 +1,40 @@
-"""Parameter helpers for notebooks and tests: plain (unboxed) parameters and their logical axis names."""
+"""Parameter helpers: the one place that runs `model.init` on dummy inputs, for real or abstractly.
+
+- `init_boxed`: random parameters boxed with their logical axis names (the training objectives' initialiser);
+- `init_params`: the same as a plain pytree (notebooks, tests);
+- `abstract_params`: their shapes and dtypes (`jax.ShapeDtypeStruct`), nothing allocated (checkpoint targets);
+- `logical_axes`: their logical axis names (`PartitionSpec`s of names), which the mesh rules turn into shardings.
+
+Parameter shapes do not depend on the dummy row's length; `seq_len` only has to be a valid input length.
+"""
 
 from __future__ import annotations
 
 import flax.linen as nn
 import jax
 
+DUMMY_SEQ_LEN = 8
 
-def init_params(model: nn.Module, key: jax.Array, seq_len: int = 8) -> dict:
+
+
+def init_boxed(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -> dict:
+    """`model.init`'s parameters, still boxed with their logical axis names (a training objective's initialiser
+    of one model: sharded state creation reads the names). Inputs of the model's own shape (`example_input_ids`:
+    [1, choices, seq] for multiple choice)."""
+    return model.init({"params": key, "dropout": key}, model.example_input_ids(seq_len))["params"]
+
+
+def init_params(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -> dict:
     """Randomly initialised parameters as a plain pytree of arrays (logical-axis boxes removed)."""
-    return nn.meta.unbox(model.init(key, model.example_input_ids(seq_len))["params"])
+    return nn.meta.unbox(init_boxed(model, key, seq_len))
 
 
-def logical_axes(model: nn.Module, seq_len: int = 8) -> dict:
+def abstract_params(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:
+    """Shape and dtype of every parameter (`jax.ShapeDtypeStruct` pytree), without allocating anything."""
+    return jax.eval_shape(lambda key: init_params(model, key, seq_len), jax.random.key(0))
+
+
+def logical_axes(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:
     """The logical axis names of every parameter (a pytree of PartitionSpecs of names), without allocating."""
-    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), model.example_input_ids(seq_len)))
-    return nn.get_partition_spec(abstract)["params"]
+    boxed = jax.eval_shape(lambda key: init_boxed(model, key, seq_len), jax.random.key(0))
+    return nn.get_partition_spec(boxed)

@@ -1,12 +1,15 @@
 """Checkpoints with orbax: the train state (params, optimizer state, step) and each process's data-iterator state.
 
 Layout under `<workdir>/checkpoints/<step>/`: `state/` (orbax arrays, each process writing its own shards),
-`data/process_<i>-of-<n>.json` (the iterator position of process i, so every host resumes on its own next batch)
+`data/process_<i>-of-<n>.json` (the iterator position of process i, so every host resumes on its own next batch;
+a run resumed on another number of processes gets all n positions and redistributes them, bertjax.data.reshard)
 and `checksums.json` (sha256 of every file, written once the asynchronous save has completed).
 
 Orbax writes a step into a temporary directory and renames it when complete, so a process killed mid-save
 (`kill -9`, preemption) leaves the previous checkpoints intact and the half-written one invisible. Files damaged
 later (disk errors, partial copies) are caught by the checksums before restoring, with an error naming the file.
+Checksums are written only for steps this process saved (never for a step found on disk, which may already be
+damaged), and every restore also refuses NaN/inf values and parameters shaped for another model.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +26,21 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from bertjax.train.guards import nonfinite_leaves
 from bertjax.train.run_config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 
 CHECKSUMS_FILE = "checksums.json"
+_PROCESS_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be restored; the message names the step, the file and what to do."""
+
+
+class ModelMismatch(CheckpointError):
+    """A sound checkpoint of another model than the one the run builds."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -48,15 +58,12 @@ class ProcessJsonHandler(ocp.CheckpointHandler):
         (directory / _process_file()).write_text(json.dumps(args.value, sort_keys=True))
 
     def restore(self, directory: epath.Path, args: "ProcessJsonRestore | None" = None) -> Any:
+        """This process's value; from a run with another number of processes, {"processes": [every value]}
+        (in process order) for the caller to redistribute (bertjax.data.reshard)."""
         path = directory / _process_file()
         if not path.exists():
-            present = sorted(p.name for p in directory.iterdir()) if directory.exists() else []
-            raise CheckpointError(f"{path} is missing (this run has {jax.process_count()} processes; the "
-                                  f"checkpoint holds {present}): resume with the process count that saved it")
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise CheckpointError(f"{path} is not valid JSON: {error}") from None
+            return {"processes": [_read_json(p) for p in _saved_process_files(directory)]}
+        return _read_json(path)
 
     def metadata(self, directory: epath.Path) -> None:
         return None
@@ -70,6 +77,27 @@ class ProcessJsonHandler(ocp.CheckpointHandler):
 
 def _process_file() -> str:
     return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+def _saved_process_files(directory: epath.Path) -> list[epath.Path]:
+    """The files of every process of the run that saved `directory` (all of them, or an error)."""
+    names = sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+    counts = {int(match.group(2)) for match in map(_PROCESS_FILE.fullmatch, names) if match}
+    if len(counts) != 1:
+        raise CheckpointError(f"{directory} holds {names}: not the data positions of one run")
+    count = counts.pop()
+    files = [directory / f"process_{i}-of-{count}.json" for i in range(count)]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise CheckpointError(f"{directory} lacks {missing} of the {count} processes that saved it")
+    return files
+
+
+def _read_json(path: epath.Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path} is not valid JSON: {error}") from None
 
 
 @ocp.args.register_with_handler(ProcessJsonHandler, for_save=True)
@@ -136,6 +164,7 @@ class Checkpointer:
         self.remote = "://" in str(directory)
         self.directory = epath.Path(directory) if self.remote else Path(directory).absolute()
         self.config = config
+        self._saved_here: set[int] = set()  # steps this process saved: the only ones it may write checksums for
         async_options = ocp.AsyncOptions(post_finalization_callback=self._after_save) if config.async_save else None
         options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=True,
                                                enable_async_checkpointing=config.async_save,
@@ -145,13 +174,18 @@ class Checkpointer:
                                                             "data": ProcessJsonHandler()})
 
     def _after_save(self) -> None:
-        """Runs when an asynchronous save has been committed: record checksums of steps that lack them."""
+        """Runs when an asynchronous save has been committed: record checksums of the steps this process saved.
+
+        Never of a step found on disk: checksums written now for files damaged earlier would certify the damage.
+        """
         if not self.config.checksums or self.remote or jax.process_index() != 0:
             return
-        for step in self.manager.all_steps():
+        committed = set(self.manager.all_steps())
+        for step in sorted(self._saved_here & committed):
             step_dir = self.step_dir(step)
             if step_dir.exists() and not (step_dir / CHECKSUMS_FILE).exists():
                 write_checksums(step_dir)
+                self._saved_here.discard(step)
 
     def step_dir(self, step: int) -> Path | epath.Path:
         return self.directory / str(step)
@@ -164,6 +198,7 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, data_state: Any) -> None:
         """Start saving (returns before the files are written when async_save is on)."""
+        self._saved_here.add(step)
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         data=ProcessJsonSave(data_state)), force=True)
         if not self.config.async_save:
@@ -181,8 +216,12 @@ class Checkpointer:
             if checked and not verified:
                 log.warning("checkpoint %s has no checksums (saved without them, or interrupted before they were "
                             "written); restoring without verification", step_dir)
+            _check_same_model(self.manager.item_metadata(step)["state"], abstract_state, step_dir)
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), data=ProcessJsonRestore()))
+            _check_finite(restored["state"], step_dir)
+        except ModelMismatch:
+            raise  # the checkpoint is fine: no hint to restore another or delete it
         except CheckpointError as error:
             raise CheckpointError(f"{error}. {self._hint(step)}") from None
         except Exception as error:  # orbax/tensorstore raise many types for damaged files
@@ -257,7 +296,34 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
                               f"{_first_line(error)})") from error
     finally:
         absl_logger.setLevel(previous_level)
+    _check_finite(restored["params"], step_dir)
     return restored["params"]
+
+
+def _param_shapes(tree: Any) -> dict[str, tuple]:
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    shapes = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape) for path, leaf in leaves}
+    return {path: shape for path, shape in shapes.items() if path.startswith("params/")}
+
+
+def _check_same_model(stored: Any, abstract_state: Any, step_dir) -> None:
+    """Parameters of the stored state against the run's model, before reading any array."""
+    stored, wanted = _param_shapes(stored), _param_shapes(abstract_state)
+    differing = [f"{path} stored {stored.get(path, 'absent')}, this run's model {wanted.get(path, 'absent')}"
+                 for path in sorted(set(stored) | set(wanted)) if stored.get(path) != wanted.get(path)]
+    if differing:
+        raise ModelMismatch(f"checkpoint {step_dir} is of another model ({'; '.join(differing[:3])}"
+                            f"{'; ...' if len(differing) > 3 else ''}): run with the model config that saved it, "
+                            "or give another workdir / checkpoint.directory")
+
+
+def _check_finite(tree: Any, step_dir) -> None:
+    """What a restore can verify without checksums: damaged bytes of float arrays often read as NaN/inf."""
+    bad = nonfinite_leaves(tree)
+    if bad:
+        raise CheckpointError(f"checkpoint {step_dir} holds non-finite values in {len(bad)} array(s) "
+                              f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): damaged, or saved by a "
+                              "diverged run")
 
 
 def _first_line(error: Exception) -> str:

@@ -14,6 +14,7 @@ import argparse
 import glob
 import os
 import signal
+import sys
 import threading
 from typing import Callable
 
@@ -74,22 +75,36 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 
 
 class PreemptionWatch:
-    """`should_stop(step)` becomes True, on every process at the same step, after a SIGTERM.
+    """`should_stop(step)` becomes True, on every process at the same step, after a SIGTERM (or a Ctrl-C).
 
     Multi-process: JAX's coordination service already listens for SIGTERM and agrees on a common step
     (`reached_preemption_sync_point`), so all hosts save the same step. Single process: a Python handler sets a
-    flag that the loop reads between steps (never interrupting a step or a save).
+    flag that the loop reads between steps (never interrupting a step or a save). Ctrl-C (SIGINT) is handled the
+    same way on a single process; a second Ctrl-C raises KeyboardInterrupt at once. (Multi-process runs keep
+    Python's Ctrl-C: one host's keyboard cannot make the others agree on a step.)
     """
+
+    SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
     def __init__(self):
         self.received = False
-        self._previous = None
+        self.reason = "SIGTERM"  # what asked the run to stop (for the message)
+        self._previous: dict[int, object] = {}
         self._multi_process = jax.process_count() > 1
-        if not self._multi_process and threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if threading.current_thread() is threading.main_thread():
+            for signum in [] if self._multi_process else [signal.SIGTERM, signal.SIGINT]:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
 
-    def _on_sigterm(self, signum, frame) -> None:
+    def _on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.received:
+            # Until `close` restores Python's handler, one more Ctrl-C ends the process even inside a C call.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            raise KeyboardInterrupt("second Ctrl-C: stopped without saving")
         self.received = True
+        self.reason = self.SIGNAL_NAMES.get(signum, f"signal {signum}")
+        if signum == signal.SIGINT:
+            print("\nCtrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again to stop at once)",
+                  file=sys.stderr, flush=True)
 
     def should_stop(self, step: int) -> bool:
         if self._multi_process:
@@ -98,6 +113,6 @@ class PreemptionWatch:
         return self.received
 
     def close(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}

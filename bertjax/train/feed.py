@@ -15,6 +15,8 @@ import jax
 import numpy as np
 
 from bertjax.data import build_eval_iterator, build_pretraining_iterator, load_tokenizer, to_global_batch
+from bertjax.data import reshard as reshard_lib
+from bertjax.data.pipeline import open_source, window_plan
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.run_config import ConfigError, RunConfig, data_config_class, parse_dataclass, to_dict
 
@@ -45,14 +47,15 @@ def prepare_tokenizer(config: RunConfig, workdir: Path):
 
 def _build_tokenizer(config: RunConfig, out_dir: Path) -> None:
     from bertjax.data import open_documents, train_sentencepiece
+    from bertjax.data.sources import prepared_directory
 
     tok = config.tokenizer
     if tok.path is not None:
         load_tokenizer(tok.path).save(out_dir)
         return
-    prepared = Path(config.data.input) / TOKENIZER_DIR
-    if "," not in config.data.input and prepared.is_dir():
-        load_tokenizer(prepared).save(out_dir)  # prepared data carries the tokenizer it was made with
+    prepared = None if "," in config.data.input else prepared_directory(config.data.input)
+    if prepared is not None and (prepared / TOKENIZER_DIR).is_dir():
+        load_tokenizer(prepared / TOKENIZER_DIR).save(out_dir)  # prepared data carries the tokenizer it was made with
         return
     documents = open_documents(config.data.input, split="train", text_format=config.data.text_format,
                                text_field=config.data.text_field, eval_fraction=config.data.eval_fraction)
@@ -136,29 +139,54 @@ def check_batch_fits(phases: list[Phase], mesh, accumulation_steps: int) -> None
 # Batches.
 
 class TrainFeed:
-    """Global training batches, phase after phase, resumable from `state()`."""
+    """Global training batches, phase after phase, resumable from `state()`.
+
+    A checkpoint written by another number of processes restores as {"processes": [every old process's state]}
+    (bertjax.train.checkpoints); the feed then continues from the position that loses no document
+    (bertjax.data.reshard) and says what that costs in `reshard_report`.
+    """
 
     def __init__(self, phases: list[Phase], tokenizer, mesh, seed: int):
         self.phases, self.tokenizer, self.mesh, self.seed = phases, tokenizer, mesh, seed
         self.phase: Phase | None = None
         self.iterator = None
+        self.origin = (0, 0)  # where this phase's data starts (not (0, 0) after resuming on another process count)
+        self.reshard_report = None
 
-    def _open(self, phase: Phase, iterator_state: dict | None) -> None:
+    def _open(self, phase: Phase, iterator_state: dict | None, origin: tuple[int, int] = (0, 0)) -> None:
         if self.iterator is not None:
             self.iterator.close()
         # Each phase reshuffles with its own seed, so a later phase does not replay the first one's order.
         self.iterator = build_pretraining_iterator(phase.data, self.tokenizer, seed=self.seed + phase.index,
                                                    process_index=jax.process_index(),
-                                                   process_count=jax.process_count())
+                                                   process_count=jax.process_count(), origin=origin)
         if iterator_state is not None:
             self.iterator.set_state(iterator_state)
-        self.phase = phase
+        self.phase, self.origin = phase, origin
 
     def start(self, step: int, saved: dict | None) -> None:
         """Position the feed to produce the batch of update `step`, from a checkpoint's feed state if any."""
         phase = phase_at(self.phases, step)
+        if saved is not None and "processes" in saved:
+            saved = self._resharded(phase, saved["processes"])
         same_phase = saved is not None and saved.get("phase") == phase.index
-        self._open(phase, saved["iterator"] if same_phase else None)
+        self._open(phase, saved["iterator"] if same_phase else None,
+                   reshard_lib.origin_of(saved) if same_phase else (0, 0))
+
+    def _resharded(self, phase: Phase, saved: list[dict]) -> dict:
+        """This process's feed state from the states of a run with another number of processes."""
+        if saved[0].get("phase") != phase.index:
+            return saved[0]  # saved at a phase boundary: the new phase starts from its beginning anyway
+        num_documents = len(open_source(phase.data))
+
+        def plan_of(index: int, count: int, origin: tuple[int, int]):
+            return window_plan(phase.data, num_documents, seed=self.seed + phase.index, process_index=index,
+                               process_count=count, origin=origin)
+
+        self.reshard_report = reshard_lib.reshard(saved, plan_of, jax.process_count())
+        batches = int(saved[0]["iterator"]["batches"])
+        return {"phase": phase.index, "iterator": {"window": 0, "row": 0, "batches": batches},
+                "origin": [self.reshard_report.epoch, self.reshard_report.position]}
 
     def next(self, step: int) -> dict[str, jax.Array]:
         if self.phase is None or not self.phase.start <= step < self.phase.end:
@@ -171,7 +199,7 @@ class TrainFeed:
         return to_global_batch(batch, self.mesh, mesh_lib.BATCH_AXES)
 
     def state(self) -> dict:
-        return {"phase": self.phase.index, "iterator": self.iterator.get_state()}
+        return {"phase": self.phase.index, "iterator": self.iterator.get_state(), "origin": list(self.origin)}
 
     def close(self) -> None:
         if self.iterator is not None:

@@ -11,30 +11,29 @@ command again in the same workdir continues from the latest checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import jax
-import yaml
 
 from bertjax.train import feed as feed_lib
 from bertjax.train import flops as flops_lib
+from bertjax.train import workdir as workdir_lib
 from bertjax.train.checkpoints import Checkpointer
 from bertjax.train.distributed import PreemptionWatch
+from bertjax.train.guards import NonFiniteGuard
 from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
 from bertjax.train.objectives import Objective
-from bertjax.train.run_config import RunConfig, to_dict
+from bertjax.train.run_config import RunConfig
 from bertjax.train.setup import setup_run
 from bertjax.train.state import count_params
 from bertjax.train.step import COUNT_METRICS
+from bertjax.train.workdir import CONFIG_FILE  # noqa: F401 (the resolved run config in a workdir)
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-MODEL_CONFIG_FILE = "model_config.json"  # read by `bertjax fill-mask`
 EXPORTS_DIR = "models"  # multi-model objectives (ELECTRA) write each model here at the end of the run
 
 
@@ -93,21 +92,20 @@ class _Throughput:
                 "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), self.peak)}
 
 
+@workdir_lib.exclusive  # the workdir's lock; a failed setup leaves no half-made workdir
 def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     began = time.perf_counter()
     workdir = Path(workdir).absolute()
     primary = jax.process_index() == 0
-    if primary:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    workdir_lib.check_rerun(workdir, config)  # before anything is written
 
     config = _with_objective_tokenizer(config)
     phases = feed_lib.plan_phases(config)
     tokenizer = feed_lib.prepare_tokenizer(config, workdir)
     setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
     objective, model_config, mesh = setup.objective, setup.model_config, setup.mesh
-    if primary:
-        (workdir / MODEL_CONFIG_FILE).write_text(json.dumps(model_description(objective), indent=1))
+    description = model_description(objective)
+    workdir_lib.check_model_config(workdir, description)
     total = config.train.steps
 
     checkpointer = Checkpointer(config.checkpoint.directory or workdir / "checkpoints", config.checkpoint)
@@ -123,6 +121,7 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     else:
         state = setup.fresh_state()
         feed_state = None
+    workdir_lib.record_run(workdir, config, description)  # only now that the state is there
     start = int(jax.device_get(state.step))
 
     logger = MetricsLogger(workdir, total_steps=total, start_step=start, is_primary=primary,
@@ -148,7 +147,12 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     throughput = _Throughput(objective, _peak_flops(config, model_config.dtype, logger))
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     feed.start(start, feed_state)
+    if feed.reshard_report is not None:  # the checkpoint was written by another number of processes
+        log.warning("%s", feed.reshard_report.message())
+        logger.log(start, feed.reshard_report.metrics())
     watch = PreemptionWatch()
+    nonfinite = NonFiniteGuard(config.train.nonfinite)
+    last_saved = restore_step
     eval_start = eval_end = None
     step, preempted = start, False
     try:
@@ -161,11 +165,13 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             state, metrics = train_step(state, frozen, feed.next(step))
             step += 1
             throughput.add(seq_len, metrics)
+            nonfinite.observe(step, metrics)
             logger.advance()
             last = step == total
             stop = watch.should_stop(step)
             eval_due = (last and config.eval.at_end) or (
                 config.eval.every > 0 and step % config.eval.every == 0 and not last)
+            save_due = step % config.checkpoint.every == 0 or last or stop
             if step % config.train.log_every == 0 or last or eval_due or stop:
                 record = {k: v for k, v in jax.device_get(metrics).items() if k not in COUNT_METRICS}
                 record.update(throughput.report())
@@ -177,11 +183,14 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             elif throughput.start is None:
                 jax.block_until_ready(metrics)  # the first step compiled: time from here on
                 throughput.restart()
-            if step % config.checkpoint.every == 0 or last or stop:
+            if save_due or step % config.train.log_every == 0:
+                nonfinite.check(last_saved)  # stop mode: raises before a non-finite state is saved
+            if save_due:
                 checkpointer.save(step, state, feed.state())
+                last_saved = step
             if stop and not last:
                 preempted = True
-                logger.message(f"SIGTERM: saved a checkpoint at step {step} and stopped; rerun the same command "
+                logger.message(f"{watch.reason}: saved a checkpoint at step {step} and stopped; rerun the same command "
                                "to resume")
                 break
     finally:
@@ -230,7 +239,7 @@ def model_description(objective: Objective) -> dict:
 def save_exports(workdir: Path, exports: dict, tokenizer) -> None:
     """Each model of a multi-model objective (ELECTRA's discriminator and generator) as a bertjax model directory
     `<workdir>/models/<name>/`, with the run's tokenizer, ready for `bertjax convert --to-hf`."""
-    from bertjax.commands.convert import save_model_dir
+    from bertjax.model_dirs import save_model_dir
 
     for name, (model, params) in exports.items():
         directory = workdir / EXPORTS_DIR / name

@@ -148,10 +148,5 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-    """Rows split over the batch axes; every other dimension whole."""
-    return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
-
-
 def batch_shards(mesh: Mesh) -> int:
     return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))

@@ -18,6 +18,7 @@ overrides are `key=value` pairs on dotted keys (`train.steps=20`), parsed as YAM
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -55,7 +56,9 @@ class OptimizerConfig:
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
     name: str = "linear"  # a name of bertjax.train.schedules.SCHEDULES
-    unit: Literal["steps", "tokens"] = "steps"  # unit of warmup, decay and total
+    # Unit of warmup, decay and total: steps, tokens, or "fraction" of the run (train.steps), which makes a recipe
+    # hold for any run length (warmup: 0.1 is 10% of the steps).
+    unit: Literal["steps", "tokens", "fraction"] = "steps"
     warmup: float = 0.0
     decay: float | None = None  # wsd: length of the final decay; others decay over everything after warmup
     decay_shape: Literal["linear", "1-sqrt"] = "linear"  # wsd only
@@ -79,6 +82,8 @@ class TrainConfig:
     phases: tuple[PhaseConfig, ...] = ()
     peak_tflops_per_device: float | None = None  # for MFU; None: looked up by device kind (bertjax.train.flops)
     progress_bar: bool = True
+    # A non-finite loss or gradient norm: stop before saving (keeping the finite checkpoints), or skip that update.
+    nonfinite: Literal["stop", "skip"] = "stop"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,6 +301,8 @@ def parse_value(annotation: Any, value: Any, key: str) -> Any:
             return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
@@ -356,6 +363,19 @@ def _validate(config: RunConfig) -> None:
             raise ConfigError(f"mesh.{name} must be positive or -1 (all remaining devices), got {size}")
     if [config.mesh.data, config.mesh.fsdp, config.mesh.tensor].count(-1) > 1:
         raise ConfigError("mesh: at most one of data, fsdp, tensor may be -1")
+    _validate_schedule(config.schedule)
     if not 0.0 <= config.schedule.final_lr_ratio <= 1.0:
         raise ConfigError(f"schedule.final_lr_ratio must be in [0, 1], got {config.schedule.final_lr_ratio}")
 
+
+
+def _validate_schedule(schedule: ScheduleConfig) -> None:
+    lengths = {"warmup": schedule.warmup, "decay": schedule.decay, "total": schedule.total}
+    for name, value in lengths.items():
+        if value is not None and value < 0:
+            raise ConfigError(f"schedule.{name} must be >= 0, got {value}")
+    if schedule.unit == "fraction":
+        for name, value in lengths.items():
+            if value is not None and value > 1:
+                raise ConfigError(f"schedule.{name} ({value}) is a fraction of the run (schedule.unit: fraction), so "
+                                  f"at most 1; for a length in steps set schedule.unit: steps")

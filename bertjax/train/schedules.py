@@ -6,8 +6,9 @@
 - "cosine": warmup, then a half cosine down to the end.
 - "constant": warmup, then the peak.
 
-Durations are given in steps or in tokens (`schedule.unit`); tokens are converted to steps with the run's
-tokens-per-step (which can change between phases), so a schedule is always a function of the step.
+Durations are given in steps, in tokens, or as fractions of the run (`schedule.unit`); tokens are converted to
+steps with the run's tokens-per-step (which can change between phases), fractions are shares of train.steps, so
+a schedule is always a function of the step. Fractions keep a recipe valid for any run length.
 """
 
 from __future__ import annotations
@@ -67,8 +68,6 @@ def warmup_stable_decay(peak: float, *, warmup: float, total: float, final: floa
                         decay_shape: str, **_) -> Schedule:
     if decay is None:
         raise ValueError("schedule.decay is required for the 'wsd' schedule (length of the final decay)")
-    if warmup + decay > total:
-        raise ValueError(f"schedule: warmup ({warmup}) + decay ({decay}) exceed the run ({total})")
     shape = DECAY_SHAPES[decay_shape]
     decay_start = total - decay
 
@@ -111,22 +110,45 @@ class StepClock:
         return float(self.boundaries[phase] + (tokens - self.start_tokens[phase]) / self.tokens_per_step[phase])
 
 
+def _in_steps(config: ScheduleConfig, total_steps: int, clock: StepClock | None) -> tuple[float, float, float | None]:
+    """(total, warmup, decay) of the schedule in (fractional) steps, from its `unit`."""
+    if config.unit == "steps":
+        total = float(total_steps if config.total is None else config.total)
+        return total, config.warmup, config.decay
+    if config.unit == "fraction":
+        # Fractions of the run: the schedule stretches with train.steps (the tiny config's 10% warmup).
+        total = total_steps * (1.0 if config.total is None else config.total)
+        return total, config.warmup * total_steps, None if config.decay is None else config.decay * total_steps
+    if clock is None:
+        raise ValueError("schedule.unit 'tokens' needs the run's tokens per step")
+    total_tokens = clock.tokens_at(total_steps) if config.total is None else config.total
+    total = clock.steps_for_tokens(total_tokens)
+    # A decay length in tokens ends with the run: it starts where total_tokens - decay tokens are done.
+    decay = None if config.decay is None else total - clock.steps_for_tokens(max(total_tokens - config.decay, 0.0))
+    return total, clock.steps_for_tokens(config.warmup), decay
+
+
+def _does_not_fit(config: ScheduleConfig, total_steps: int, with_decay: bool) -> ValueError:
+    """The error for a schedule longer than the run, with the ways out."""
+    keys = "schedule.warmup + schedule.decay" if with_decay else "schedule.warmup"
+    amount = f"{config.warmup:g} + {config.decay:g}" if with_decay else f"{config.warmup:g}"
+    if config.unit == "fraction":
+        return ValueError(f"{keys} ({amount}) exceed the whole run: as fractions of train.steps they must sum to at "
+                          "most 1")
+    run = f"{total_steps} steps" if config.unit == "steps" else f"{total_steps} steps' tokens"
+    example = "schedule.unit=fraction schedule.warmup=0.1" + (" schedule.decay=0.2" if with_decay else "")
+    return ValueError(f"{keys} ({amount} {config.unit}) do not fit a run of {run}: shorten them, raise train.steps, "
+                      f"or give them as fractions of the run, which fit any length (e.g. {example})")
+
+
 def build_schedule(config: ScheduleConfig, peak: float, total_steps: int, clock: StepClock | None = None) -> Schedule:
     """The schedule of `config` for a run of `total_steps` updates at peak learning rate `peak`."""
     if config.name not in SCHEDULES:
         raise ValueError(f"schedule.name: unknown schedule {config.name!r}; known: {sorted(SCHEDULES)}")
-    if config.unit == "steps":
-        total = float(total_steps if config.total is None else config.total)
-        warmup, decay = config.warmup, config.decay
-    else:
-        if clock is None:
-            raise ValueError("schedule.unit 'tokens' needs the run's tokens per step")
-        total_tokens = clock.tokens_at(total_steps) if config.total is None else config.total
-        total = clock.steps_for_tokens(total_tokens)
-        warmup = clock.steps_for_tokens(config.warmup)
-        # A decay length in tokens ends with the run: it starts where total_tokens - decay tokens are done.
-        decay = None if config.decay is None else total - clock.steps_for_tokens(total_tokens - config.decay)
+    total, warmup, decay = _in_steps(config, total_steps, clock)
     if warmup < 0 or warmup > total:
-        raise ValueError(f"schedule.warmup ({config.warmup} {config.unit}) must be within the run")
+        raise _does_not_fit(config, total_steps, with_decay=False)
+    if decay is not None and warmup + decay > total + 1e-9:
+        raise _does_not_fit(config, total_steps, with_decay=True)
     return SCHEDULES[config.name](peak, warmup=warmup, total=total, final=peak * config.final_lr_ratio,
                                   decay=decay, decay_shape=config.decay_shape)

@@ -125,7 +125,8 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
     except ObjectiveError as error:
         raise ConfigError(str(error)) from None
     train_step = make_train_step(objective, optimizer, schedule, mesh, shardings, frozen_shardings,
-                                 accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed)
+                                 accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed,
+                                 nonfinite=config.train.nonfinite)
     eval_step = make_eval_step(objective, mesh, shardings.params, frozen_shardings)
     return RunSetup(config=config, model_config=model_config, objective=objective, phases=phases, mesh=mesh,
                     schedule=schedule, optimizer=optimizer, shardings=shardings, frozen=frozen,

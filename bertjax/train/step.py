@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bertjax.data.global_batch import batch_sharding
+from bertjax.train import guards
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.objectives import Objective
 from bertjax.train.state import TrainState
@@ -26,7 +28,7 @@ COUNT_METRICS = ("tokens", "predictions", "rows")
 
 
 def batch_shardings(mesh: Mesh, batch: dict) -> dict[str, NamedSharding]:
-    return {name: mesh_lib.batch_sharding(mesh, len(value.shape)) for name, value in batch.items()}
+    return {name: batch_sharding(mesh, mesh_lib.BATCH_AXES) for name in batch}
 
 
 def _split_microbatches(batch: dict, count: int) -> dict:
@@ -44,9 +46,13 @@ def _split_microbatches(batch: dict, count: int) -> dict:
 
 def make_train_step(objective: Objective, optimizer: optax.GradientTransformation, schedule: Callable, mesh: Mesh,
                     shardings: TrainState, frozen_shardings: Any = None, *, accumulation_steps: int = 1,
-                    seed: int = 0) -> "JittedStep":
+                    seed: int = 0, nonfinite: str = "stop") -> "JittedStep":
     """`train_step(state, frozen, batch) -> (state, metrics)`; batch arrays global and sharded by
-    `batch_shardings`, `frozen` the objective's frozen parameters ({} for most objectives)."""
+    `batch_shardings`, `frozen` the objective's frozen parameters ({} for most objectives).
+
+    `nonfinite="skip"` keeps the old parameters and optimizer state when the loss or gradient norm is not finite
+    (bertjax/train/guards.py); "stop" leaves that to the loop.
+    """
     base_key = jax.random.key(seed)
     frozen_shardings = {} if frozen_shardings is None else frozen_shardings
 
@@ -81,7 +87,10 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
                        tokens=jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32),
                        predictions=jnp.sum(batch["masked_weights"].astype(jnp.float32)),
                        rows=jnp.float32(batch["input_ids"].shape[0]))
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        if nonfinite == "skip":
+            return guards.keep_finite_update(state, new_state, metrics)
+        return new_state, metrics
 
     return JittedStep(train_step, mesh, lambda batch: (shardings, frozen_shardings, batch_shardings(mesh, batch)),
                       out_shardings=(shardings, mesh_lib.replicated(mesh)), donate_argnums=(0,))

@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 
 from bertjax.config import EncoderConfig
+from bertjax.models.params import init_boxed  # re-exported: the objectives' initialiser of one model
 
 Sums = dict[str, jax.Array]
 Params = Any
@@ -53,12 +54,6 @@ def model_inputs(config: EncoderConfig, batch: dict, input_ids: jax.Array | None
     if config.type_vocab_size:
         inputs["token_type_ids"] = batch["token_type_ids"]
     return inputs
-
-
-def init_boxed(model: nn.Module, key: jax.Array, seq_len: int = 8) -> Params:
-    """`model`'s parameters with their logical-axis boxes (what sharded state creation needs)."""
-    ids = jax.numpy.zeros((1, seq_len), jax.numpy.int32)
-    return model.init({"params": key, "dropout": key}, ids)["params"]
 
 
 class Objective(abc.ABC):

@@ -68,7 +68,7 @@ def teacher_layer_map(teacher_layers: int, student_layers: int) -> list[int]:
 
 def load_teacher(path: str):
     """(model, params, tokenizer) of the teacher directory (the same reader as every command's --model)."""
-    from bertjax.commands.fill_mask import load_model_dir
+    from bertjax.model_dirs import load_model_dir
     return load_model_dir(path)
 
 

@@ -3,7 +3,6 @@ first token: next-sentence prediction (`mlm_nsp`, BERT) or sentence-order predic
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
 import jax.numpy as jnp
@@ -14,16 +13,11 @@ from bertjax.train.objectives import losses
 from bertjax.train.objectives.base import Objective, ObjectiveError, ObjectiveOptions, init_boxed, model_inputs
 
 
-@dataclasses.dataclass(frozen=True)
-class MaskedLMOptions(ObjectiveOptions):
-    name: str = "mlm"
-
-
 class MaskedLM(Objective):
     """Cross-entropy at the masked positions only, projected onto the vocabulary after gathering them."""
 
     name = "mlm"
-    options_class = MaskedLMOptions
+    options_class = ObjectiveOptions  # no options besides the name
     head: ClassVar[str] = "masked_lm"
 
     @property
@@ -62,16 +56,10 @@ class MaskedLM(Objective):
         return {"model": (MODEL_CLASSES[self.head](self.model_config), params)}
 
 
-@dataclasses.dataclass(frozen=True)
-class SentencePairOptions(ObjectiveOptions):
-    name: str = "mlm_nsp"
-
-
 class MaskedLMWithSentencePairs(MaskedLM):
     """MLM plus a 2-way classifier on the pooled [CLS] state; the mean of each loss, summed (BERT's loss)."""
 
     name = "mlm_nsp"
-    options_class = SentencePairOptions
     head = "pretraining"
     extra_batch_keys = frozenset({"nsp_labels"})
     sentence_objective: ClassVar[str] = "nsp"  # the data pipeline's pair builder that makes the labels

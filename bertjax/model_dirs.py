@@ -1,0 +1,208 @@
+"""Every directory that holds a model, read one way: `load_model_dir(path, step=None) -> (model, params, tokenizer)`.
+
+Commands that take a model (`convert`, `fill-mask`, and those to come) and the training objectives that need one
+(a distillation teacher) all read it here. Three kinds of directory, told apart by the files present:
+
+- a pretraining workdir (`bertjax pretrain --workdir`): `model_config.json` + `checkpoints/<step>/` + `tokenizer/`;
+  the latest checkpoint, or `step`;
+- a bertjax model directory (`bertjax convert --from-hf`): `model_config.json` + `params/` (an Orbax checkpoint of
+  the parameters) + the tokenizer files;
+- a transformers directory: `config.json` + safetensors weights + the tokenizer files.
+
+`model_config.json` is `{"head": <a key of MODEL_CLASSES>, "config": <EncoderConfig fields>}`, plus in a workdir
+whose checkpoints hold several models (ELECTRA) `"params_key"`, the main model's subtree. The tokenizer is
+None when the directory holds none (a converted checkpoint that came without one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+MODEL_CONFIG_FILE = "model_config.json"
+PARAMS_DIR = "params"
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINTS_DIR = "checkpoints"
+RUN_CONFIG_FILE = "config.yaml"  # the resolved run config a workdir starts with
+
+
+class LoadedModel(NamedTuple):
+    model: Any  # a Flax module of MODEL_CLASSES
+    params: Any  # its parameter pytree
+    tokenizer: Any  # a bertjax.data Tokenizer, or None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# model_config.json: the model's class and EncoderConfig.
+
+def write_model_config(directory: str | Path, model) -> None:
+    from bertjax.hf.pretrained import head_of
+
+    path = Path(directory) / MODEL_CONFIG_FILE
+    path.write_text(json.dumps({"head": head_of(model), "config": model.config.to_dict()}, indent=1) + "\n")
+
+
+def read_model_config(directory: Path) -> dict:
+    path = directory / MODEL_CONFIG_FILE
+    try:
+        described = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: invalid JSON ({error})") from None
+    if not isinstance(described, dict) or "config" not in described:
+        raise ValueError(f"{path}: expected {{\"head\": ..., \"config\": {{...}}}}")
+    return described
+
+
+def read_model(directory: Path):
+    """The (unparameterised) model described by `directory/model_config.json`."""
+    from bertjax.config import EncoderConfig
+    from bertjax.models import MODEL_CLASSES
+
+    described = read_model_config(directory)
+    head = described.get("head")
+    if head not in MODEL_CLASSES:
+        raise ValueError(f"{directory / MODEL_CONFIG_FILE}: head {head!r} is not one of {sorted(MODEL_CLASSES)}")
+    return MODEL_CLASSES[head](EncoderConfig.from_dict(described["config"]))
+
+
+def _tokenizer_in(*candidates: Path):
+    """The tokenizer in the first candidate directory that holds one; None if none does."""
+    from bertjax.data import load_tokenizer
+
+    for directory in candidates:
+        try:
+            return load_tokenizer(directory)
+        except FileNotFoundError:
+            continue
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A bertjax model directory.
+
+def save_model_dir(path: str | Path, model, params, tokenizer=None) -> None:
+    """Write a bertjax model directory (`load_model_dir` reads it back, onto any mesh)."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    write_model_config(path, model)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(path / PARAMS_DIR, params, force=True)
+        checkpointer.wait_until_finished()
+    if tokenizer is not None:
+        tokenizer.save(path / TOKENIZER_DIR)
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / MODEL_CONFIG_FILE).is_file() and (path / PARAMS_DIR).is_dir()
+
+
+def _load_model_dir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
+    import orbax.checkpoint as ocp
+
+    from bertjax.models import abstract_params
+
+    model = read_model(path)
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore(path.absolute() / PARAMS_DIR, abstract_params(model))
+    return LoadedModel(model, params, _tokenizer_in(path / TOKENIZER_DIR, path))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A pretraining workdir.
+
+def _is_workdir(path: Path) -> bool:
+    return (path / MODEL_CONFIG_FILE).is_file() and (path / RUN_CONFIG_FILE).is_file()
+
+
+def checkpoints_dir(workdir: Path) -> Path:
+    """Where the run's checkpoints are: checkpoint.directory of its config, else <workdir>/checkpoints."""
+    import yaml
+
+    run_config = workdir / RUN_CONFIG_FILE
+    if run_config.is_file():
+        saved = yaml.safe_load(run_config.read_text()) or {}
+        directory = (saved.get("checkpoint") or {}).get("directory")
+        if directory:
+            return Path(directory)
+    return workdir / CHECKPOINTS_DIR
+
+
+def checkpoint_steps(workdir: Path) -> list[int]:
+    directory = checkpoints_dir(workdir)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "state").is_dir())
+
+
+def _load_workdir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
+    from bertjax.train.checkpoints import restore_params
+
+    steps = checkpoint_steps(path)
+    if not steps:
+        raise FileNotFoundError(f"{checkpoints_dir(path)} holds no checkpoint yet (the run saves one every "
+                                "checkpoint.every steps and at the end)")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise FileNotFoundError(f"{path}: no checkpoint of step {step}; available steps: {steps}")
+    params = restore_params(checkpoints_dir(path) / str(step))
+    params_key = read_model_config(path).get("params_key")
+    if params_key:  # the checkpoint trains several models (ELECTRA): the main one is this subtree
+        params = params[params_key]
+    return LoadedModel(read_model(path), params, _tokenizer_in(path / TOKENIZER_DIR))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A transformers directory.
+
+def _is_hf_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _load_hf_dir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
+    from bertjax.hf import from_pretrained
+
+    model, params = from_pretrained(str(path), allow_pickle=allow_pickle)
+    return LoadedModel(model, params, _tokenizer_in(path))
+
+
+@dataclasses.dataclass(frozen=True)
+class DirectoryKind:
+    name: str
+    test: Callable[[Path], bool]
+    load: Callable[[Path, int | None, bool], LoadedModel]  # (path, step, allow_pickle)
+    has_steps: bool = False
+
+
+# The first kind whose test passes reads the directory. Add a line to add a kind.
+MODEL_DIR_KINDS: tuple[DirectoryKind, ...] = (
+    DirectoryKind("pretraining workdir", _is_workdir, _load_workdir, has_steps=True),
+    DirectoryKind("bertjax model directory", _is_model_dir, _load_model_dir),
+    DirectoryKind("transformers directory", _is_hf_dir, _load_hf_dir),
+)
+
+
+def model_dir_kind(path: str | Path) -> DirectoryKind:
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such directory")
+    for kind in MODEL_DIR_KINDS:
+        if kind.test(path):
+            return kind
+    raise FileNotFoundError(f"{path}: not a pretraining workdir ({MODEL_CONFIG_FILE} + {RUN_CONFIG_FILE} + "
+                            f"{CHECKPOINTS_DIR}/), a bertjax model directory ({MODEL_CONFIG_FILE} + {PARAMS_DIR}/) "
+                            f"or a transformers directory (config.json + weights)")
+
+
+def load_model_dir(path: str | Path, step: int | None = None, allow_pickle: bool = False) -> LoadedModel:
+    """(model, params, tokenizer) of any model directory; `step` picks a pretraining workdir's checkpoint;
+    `allow_pickle` lets a transformers directory with only a pytorch_model.bin be read (trusted files only)."""
+    kind = model_dir_kind(path)
+    if step is not None and not kind.has_steps:
+        raise ValueError(f"{path} is a {kind.name}: it holds one set of weights, so a step cannot be chosen "
+                         "(--step applies to pretraining workdirs)")
+    return kind.load(Path(path), step, allow_pickle)

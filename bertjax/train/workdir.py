@@ -1,0 +1,216 @@
+"""What a pretraining workdir holds, and keeping it whole: one run at a time, no mistaken rerun written over it,
+no half-made directory left by a run that failed while setting up.
+
+- `exclusive` (a decorator of `pretrain`) takes the workdir's lock file, `bertjax.lock`, holding the host and pid
+  of the run; a second run on the same workdir fails at once with an error naming the holder. A lock left by a
+  process that died (same host, pid no longer running) is taken over with a warning. The lock is released when
+  the run ends, whatever the way. When a run fails before its setup completed (no `config.yaml` yet) in a
+  workdir it created or found empty, what it wrote there is removed again.
+- `check_rerun` compares the requested run config with the workdir's `config.yaml` before anything is written:
+  another model is an error naming the differing fields; other changes (more steps, another evaluation
+  interval) are allowed and listed in a warning.
+- `check_model_config` does the same for `model_config.json` once the model config is built (it depends on the
+  tokenizer), and `record_run` writes both files only after the state was restored or created.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import yaml
+
+from bertjax.train.run_config import ConfigError, RunConfig, to_dict
+
+log = logging.getLogger(__name__)
+
+from bertjax.model_dirs import MODEL_CONFIG_FILE, RUN_CONFIG_FILE as CONFIG_FILE  # noqa: E402 (one definition)
+LOCK_FILE = "bertjax.lock"
+
+# Run-config fields a workdir's checkpoints depend on: resuming with other values would restore a state of another
+# shape. Dotted prefixes. (Tokenizer settings may differ: a resumed run uses the tokenizer saved in the workdir.)
+FIXED_ON_RESUME = ("model.preset", "model.overrides", "objective.name")
+
+
+class WorkdirBusy(ValueError):
+    """Another process holds the workdir's lock."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The lock.
+
+class WorkdirLock:
+    """A lock file created with O_EXCL (atomic on local and NFSv3+ filesystems) holding {host, pid, since}."""
+
+    def __init__(self, workdir: Path):
+        self.path = Path(workdir) / LOCK_FILE
+        self.held = False
+
+    def acquire(self) -> None:
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        for _ in range(10):  # a few rounds: the holder may be writing its lock or releasing it right now
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._read_holder()
+                if holder is None:
+                    time.sleep(0.1)
+                    continue
+                if holder.get("host") == me["host"] and not _process_alive(holder.get("pid")):
+                    log.warning("workdir %s: taking over the lock of process %s on %s, which is no longer running",
+                                self.path.parent, holder.get("pid"), holder.get("host"))
+                    self.path.unlink(missing_ok=True)
+                    continue
+                raise WorkdirBusy(
+                    f"workdir {self.path.parent} is in use by process {holder.get('pid')} on host "
+                    f"{holder.get('host')} (since {holder.get('since')}). Wait for that run to end, or use another "
+                    f"workdir; if that process is gone, delete {self.path}") from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return
+        raise WorkdirBusy(f"workdir {self.path.parent}: cannot take the lock {self.path} (unreadable lock file)")
+
+    def _read_holder(self) -> dict | None:
+        try:
+            holder = json.loads(self.path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return holder if isinstance(holder, dict) else None
+
+    def release(self) -> None:
+        if self.held:
+            holder = self._read_holder()
+            if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+                self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def _process_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def exclusive(pretrain: Callable) -> Callable:
+    """Decorate `pretrain(config, workdir, ...)`: hold the workdir's lock while it runs (process 0 only: the other
+    hosts of a multi-host run share process 0's run), and remove a half-made workdir if setup fails."""
+
+    @functools.wraps(pretrain)
+    def run(config: RunConfig, workdir: str | Path, *args, **kwargs):
+        workdir = Path(workdir).absolute()
+        if jax.process_index() != 0:
+            return pretrain(config, workdir, *args, **kwargs)
+        existed_before = set(workdir.iterdir()) if workdir.is_dir() else None
+        workdir.mkdir(parents=True, exist_ok=True)
+        lock = WorkdirLock(workdir)
+        lock.acquire()
+        try:
+            return pretrain(config, workdir, *args, **kwargs)
+        except BaseException:
+            _remove_half_made(workdir, existed_before, lock.path)
+            raise
+        finally:
+            lock.release()
+            if existed_before is None and workdir.is_dir() and not any(workdir.iterdir()):
+                workdir.rmdir()  # created here and left empty by a failed setup
+
+    return run
+
+
+def _remove_half_made(workdir: Path, existed_before: set[Path] | None, lock_path: Path) -> None:
+    """After a failure before `record_run` (no config.yaml): remove what this run added to a new or empty workdir."""
+    if (workdir / CONFIG_FILE).exists() or existed_before:
+        return
+    for path in workdir.iterdir():
+        if path != lock_path:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    log.warning("the run failed while setting up; removed what it had written to %s", workdir)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rerun checks and the files that describe the run.
+
+def _plain(config: RunConfig) -> dict:
+    """The config as config.yaml holds it (through YAML, so tuples compare equal to the lists read back)."""
+    return yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def differences(held: Any, requested: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, held value, requested value) of every leaf that differs, keys missing on one side included."""
+    if isinstance(held, dict) and isinstance(requested, dict):
+        found = []
+        for key in list(held) + [k for k in requested if k not in held]:
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            found += differences(held.get(key, "<absent>"), requested.get(key, "<absent>"), dotted)
+        return found
+    return [] if held == requested else [(prefix, held, requested)]
+
+
+def _describe(found: list[tuple[str, Any, Any]]) -> str:
+    return "; ".join(f"{key}: {held!r} in the workdir, {requested!r} requested" for key, held, requested in found)
+
+
+def check_rerun(workdir: Path, config: RunConfig) -> None:
+    """Before writing anything: refuse a run whose model differs from the one the workdir holds."""
+    saved = Path(workdir) / CONFIG_FILE
+    if not saved.is_file():
+        return
+    try:
+        held = yaml.safe_load(saved.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{saved} is not valid YAML ({error}); this workdir's run config is damaged") from None
+    found = differences(held, _plain(config))
+    fixed = [d for d in found if any(d[0] == p or d[0].startswith(p + ".") for p in FIXED_ON_RESUME)]
+    if fixed:
+        raise ConfigError(f"workdir {workdir} holds a run with another model ({_describe(fixed)}). "
+                          f"Rerun with the workdir's settings ({saved}) to resume it, or give another --workdir")
+    if found and jax.process_index() == 0:
+        tokenizer_note = any(key.startswith("tokenizer.") for key, _, _ in found)
+        log.warning("resuming %s with changed settings: %s%s", workdir, _describe(found),
+                    " (the tokenizer saved in the workdir is used)" if tokenizer_note else "")
+
+
+def check_model_config(workdir: Path, description: dict) -> None:
+    """The built model's description (model_config.json: its head and config, which follows the tokenizer) must
+    equal the one the workdir's checkpoints hold."""
+    saved = Path(workdir) / MODEL_CONFIG_FILE
+    if not saved.is_file():
+        return
+    try:
+        held = json.loads(saved.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{saved} is not valid JSON ({error}); this workdir's model description is damaged") \
+            from None
+    requested = json.loads(json.dumps(description))
+    found = differences(held, requested)
+    if found:
+        raise ConfigError(f"workdir {workdir} holds another model ({_describe(found)}); give another --workdir")
+
+
+def record_run(workdir: Path, config: RunConfig, description: dict) -> None:
+    """Write config.yaml and model_config.json (process 0; call once the state was restored or created)."""
+    if jax.process_index() != 0:
+        return
+    _write_atomically(Path(workdir) / CONFIG_FILE, yaml.safe_dump(to_dict(config), sort_keys=False))
+    _write_atomically(Path(workdir) / MODEL_CONFIG_FILE, json.dumps(description, indent=1))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -1,0 +1,113 @@
+"""Data on buckets (issue 14, point 5): `bertjax prepare --out gs://...` and `data.input: gs://...` go through
+etils.epath, tested on an in-memory filesystem that stands for a bucket (no bucket is reachable here)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from etils import epath
+from etils.epath import backend as epath_backend
+from fsspec.implementations.memory import MemoryFileSystem
+
+from bertjax.cli import main
+from bertjax.data import default_corpus_documents, load_tokenizer, open_documents
+from bertjax.train.run_config import run_config_from_dict
+from train_helpers import TINY_RUN
+
+
+class FakeBucket(MemoryFileSystem):
+    """fsspec's in-memory filesystem answering for gs:// (a store of its own, not the shared memory:// one)."""
+
+    protocol = ("gs", "gcs")
+    store: dict = {}
+    pseudo_dirs = [""]
+    root_marker = ""
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        for prefix in ("gs://", "gcs://"):
+            path = path.removeprefix(prefix)
+        return path.strip("/")
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory):
+    fs = FakeBucket()
+    fs.store.clear()
+    patch = pytest.MonkeyPatch()
+    # epath reaches gs:// through fsspec (without TensorFlow installed): hand it the fake filesystem instead of gcsfs.
+    patch.setattr(epath_backend._FileSystemSpecBackend, "_get_filesystem", lambda self, name: fs)
+    patch.setenv("BERTJAX_CACHE_DIR", str(tmp_path_factory.mktemp("remote_cache")))
+    documents = default_corpus_documents("all")[:200]
+    for part in range(2):
+        path = epath.Path(f"gs://bucket/corpus/part-{part}.txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(documents[part::2]) + "\n")
+    yield fs
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def prepared(bucket):
+    assert main(["prepare", "--input", "gs://bucket/corpus", "--train-tokenizer", "--vocab-size", "600",
+                 "--out", "gs://bucket/prepared", "--eval-fraction", "0.1"]) == 0
+    return "gs://bucket/prepared"
+
+
+def test_prepare_writes_to_the_bucket(bucket, prepared):
+    root = epath.Path(prepared)
+    metadata = json.loads((root / "metadata.json").read_text())
+    for name in metadata["splits"]["train"]["files"] + metadata["splits"]["eval"]["files"]:
+        assert (root / name).is_file()
+    assert (root / "tokenizer" / "tokenizer.model").is_file()
+    documents = metadata["splits"]["train"]["documents"] + metadata["splits"]["eval"]["documents"]
+    assert documents == len(open_documents("gs://bucket/corpus", split="all"))
+    # a second prepare into the same bucket directory is refused, as on a local disk
+    assert main(["prepare", "--input", "gs://bucket/corpus", "--tokenizer", str(_local_tokenizer(prepared)),
+                 "--out", prepared]) == 2
+
+
+def _local_tokenizer(prepared: str):
+    from bertjax.data.sources import prepared_directory
+    return prepared_directory(prepared) / "tokenizer"
+
+
+def test_remote_inputs_read_like_local_ones(bucket, prepared, tmp_path):
+    local = tmp_path / "corpus"
+    local.mkdir()
+    for part in range(2):
+        (local / f"part-{part}.txt").write_text(epath.Path(f"gs://bucket/corpus/part-{part}.txt").read_text())
+    for remote_spec, local_spec in (("gs://bucket/corpus", str(local)), ("gs://bucket/corpus/*.txt",
+                                                                          str(local / "*.txt")),
+                                    ("gs://bucket/corpus/part-1.txt", str(local / "part-1.txt"))):
+        remote_docs, local_docs = open_documents(remote_spec), open_documents(local_spec)
+        assert [remote_docs[i] for i in range(len(remote_docs))] == [local_docs[i] for i in range(len(local_docs))]
+    tokenizer = load_tokenizer(_local_tokenizer(prepared))
+    raw = open_documents(str(local), split="eval", eval_fraction=0.1)
+    tokens = open_documents(prepared, split="eval")
+    assert len(raw) == len(tokens) > 0
+    for i in range(len(raw)):
+        np.testing.assert_array_equal(tokens[i], tokenizer.encode(raw[i]))
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        open_documents("gs://bucket/corpus/*.jsonl")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        open_documents("gs://bucket/nothing.txt")
+
+
+def test_pretrain_reads_the_bucket(bucket, prepared, tmp_path):
+    from bertjax.train.loop import pretrain
+
+    raw = json.loads(json.dumps(TINY_RUN))
+    raw["data"].update(input=prepared, eval_fraction=0.1)
+    raw["train"].update(steps=2)
+    raw["schedule"] = {"name": "constant"}
+    raw["checkpoint"].update(async_save=False)
+    result = pretrain(run_config_from_dict(raw), tmp_path / "run")
+    assert result.final_step == 2
+    # the run took the tokenizer the data was prepared with, from the bucket
+    assert result.tokenizer.fingerprint == load_tokenizer(_local_tokenizer(prepared)).fingerprint
+    assert np.isfinite([r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text()
+                                                .splitlines()) if "loss" in r]).all()

@@ -1,0 +1,47 @@
+"""A bertjax command on a machine without a TPU starts silently, even with libtpu installed (issue 14, point 1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+import bertjax
+from bertjax.data import load_tokenizer
+from bertjax.model_dirs import save_model_dir
+from bertjax.platforms import has_tpu_chips
+from bertjax.tpu_aot import libtpu_available
+from train_helpers import REPO, small_tokenizer
+
+pytestmark = pytest.mark.skipif(has_tpu_chips(), reason="this machine has TPU chips: libtpu is meant to talk")
+
+NOISE = ("libtpu", "TPU", "E0000", "InitGoogle", "worker hostname")
+
+
+def test_fill_mask_starts_without_libtpu_output(tmp_path):
+    if not libtpu_available():
+        pytest.skip("libtpu is not installed: there is nothing to silence")
+    tokenizer = load_tokenizer(small_tokenizer())
+    config = bertjax.get_config("modernbert-tiny", vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id,
+                                hidden_size=32, num_layers=1, num_heads=2, intermediate_size=32)
+    model = bertjax.EncoderForMaskedLM(config)
+    save_model_dir(str(tmp_path / "model"), model, bertjax.init_params(model, jax.random.key(0)))
+    tokenizer.save(tmp_path / "model")
+    # The user's environment: no JAX_PLATFORMS, nothing set for libtpu.
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS" and not k.startswith("TPU_")}
+    # libtpu writes its log files under TEST_TMPDIR when set (else <tmp>/tpu_logs, shared with other processes).
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env["TEST_TMPDIR"] = str(logs)
+    result = subprocess.run([sys.executable, "-m", "bertjax", "fill-mask", "--model", str(tmp_path / "model"),
+                             "A [MASK] returns a value."], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "mask 1:" in result.stdout
+    output = result.stdout + result.stderr
+    assert not [word for word in NOISE if word in output], output
+    assert not list(logs.rglob("*"))  # no log file either
