@@ -64,7 +64,7 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
     import jax
     import numpy as np
 
-    from bertjax.commands.fill_mask import load_model_dir
+    from bertjax.model_dirs import load_model_dir
     from bertjax.finetune import batches as batch_lib
     from bertjax.finetune.readers import read_rows
 

@@ -227,7 +227,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
              workdir: str | Path, config: FinetuneConfig, *, stop_after: int | None = None,
              say: Callable[[str], None] = print) -> FinetuneResult:
     """Fine-tune; `stop_after` ends the run after that many steps (as a kill would, used to test resuming)."""
-    from bertjax.commands.fill_mask import load_model_dir
+    from bertjax.model_dirs import load_model_dir
     from bertjax.train.checkpoints import Checkpointer
     from bertjax.train.optimizers import build_optimizer
     from bertjax.train.schedules import build_schedule
