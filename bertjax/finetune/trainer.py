@@ -162,7 +162,7 @@ def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Lab
     """A transformers directory (config with id2label/label2id, weights, tokenizer files) when transformers has
     this family's task class, else a bertjax model directory; both load with `bertjax predict`."""
     import bertjax
-    from bertjax.commands.convert import save_model_dir
+    from bertjax.model_dirs import save_model_dir
 
     directory.mkdir(parents=True, exist_ok=True)
     host_params = jax.device_get(params)
