@@ -20,8 +20,8 @@ import bertjax
 from bertjax.config import PRESETS
 from bertjax.hf import FAMILIES
 from bertjax.models.embeddings import sinusoidal_table
-from test_hf_parity import (LENGTHS, SEQ, TINY, VOCAB, assert_outputs_close, bertjax_outputs, padded_batch, perturb_,
-                            random_bertjax_params)
+from test_hf_parity import (LENGTHS, SEQ, TINY, VOCAB, assert_outputs_close, bertjax_outputs, export_to_transformers,
+                            padded_batch, perturb_, random_bertjax_params)
 from test_hf_parity import reference_outputs as bert_reference_outputs
 
 torch = pytest.importorskip("torch")
@@ -201,18 +201,8 @@ ROUND_TRIPS = [
                          ids=[f"{p}-{h}-{i}" for i, (p, h, _, _) in enumerate(ROUND_TRIPS)])
 def test_saved_checkpoint_loads_in_transformers_with_same_outputs_and_back(preset, head, auto_class, overrides,
                                                                            tmp_path):
-    config = bertjax.get_config(preset, vocab_size=VOCAB, **overrides)
-    model = bertjax.MODEL_CLASSES[head](config)
-    params = random_bertjax_params(model, seed=4)
-    bertjax.save_pretrained(str(tmp_path), model, params)
-
-    reference, info = getattr(transformers, auto_class).from_pretrained(
-        str(tmp_path), output_loading_info=True, attn_implementation="eager")
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    reference.eval()
-    written = json.loads((tmp_path / "config.json").read_text())
-    assert type(reference).__name__ == written["architectures"][0]
-    assert written["model_type"] == config.family
+    config, model, params, reference = export_to_transformers(preset, head, auto_class, overrides, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == config.family
     ids, mask = padded_batch(LENGTHS, SEQ, config.pad_token_id, seed=5)
     token_types = np.random.default_rng(6).integers(0, 2, ids.shape) if config.type_vocab_size else None
     ours = bertjax_outputs(model, params, ids, mask, token_types)

@@ -211,19 +211,25 @@ ROUND_TRIPS = [
 ]
 
 
-@pytest.mark.parametrize("preset,head,auto_class,overrides", ROUND_TRIPS,
-                         ids=[f"{p}-{h}" for p, h, _, _ in ROUND_TRIPS])
-def test_saved_checkpoint_loads_in_transformers_with_same_outputs(preset, head, auto_class, overrides, tmp_path):
+def export_to_transformers(preset: str, head: str, auto_class: str, overrides: dict, directory):
+    """A random-weight bertjax model of `preset` saved with `save_pretrained` and loaded by transformers'
+    `auto_class` with no missing, unexpected or mismatched tensor: (config, model, params, reference)."""
     config = bertjax.get_config(preset, vocab_size=VOCAB, **overrides)
     model = bertjax.MODEL_CLASSES[head](config)
     params = random_bertjax_params(model, seed=4)
-    bertjax.save_pretrained(str(tmp_path), model, params)
-
+    bertjax.save_pretrained(str(directory), model, params)
     reference, info = getattr(transformers, auto_class).from_pretrained(
-        str(tmp_path), output_loading_info=True, attn_implementation="eager")
+        str(directory), output_loading_info=True, attn_implementation="eager")
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     reference.eval()
-    assert type(reference).__name__ == json.loads((tmp_path / "config.json").read_text())["architectures"][0]
+    assert type(reference).__name__ == json.loads((directory / "config.json").read_text())["architectures"][0]
+    return config, model, params, reference
+
+
+@pytest.mark.parametrize("preset,head,auto_class,overrides", ROUND_TRIPS,
+                         ids=[f"{p}-{h}" for p, h, _, _ in ROUND_TRIPS])
+def test_saved_checkpoint_loads_in_transformers_with_same_outputs(preset, head, auto_class, overrides, tmp_path):
+    config, model, params, reference = export_to_transformers(preset, head, auto_class, overrides, tmp_path)
     ids, mask = padded_batch(LENGTHS, SEQ, config.pad_token_id, seed=5)
     assert_outputs_close(bertjax_outputs(model, params, ids, mask), reference_outputs(reference, ids, mask), mask)
 
