@@ -61,11 +61,11 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
 
 def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] = (), *,
             batch_size: int = 64) -> list[dict]:
-    import jax
     import numpy as np
 
-    from bertjax.model_dirs import load_model_dir
     from bertjax.finetune import batches as batch_lib
+    from bertjax.model_dirs import load_model_dir
+    from bertjax.models.checked import checked
     from bertjax.finetune.readers import read_rows
 
     if batch_size <= 0:
@@ -77,7 +77,7 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
     encoded = task.encode(tokenizer, read_rows(input_file), labels, str(input_file), with_targets=False)
     type_vocab_size = model.config.type_vocab_size
 
-    @jax.jit
+    @checked  # jit, with token ids outside the model's vocabulary an error (README: bertjax.checked)
     def forward(params, batch):
         output = model.apply({"params": params}, **task.model_kwargs(batch, type_vocab_size), deterministic=True)
         return task.host_outputs(output)

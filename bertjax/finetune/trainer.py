@@ -228,6 +228,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
              say: Callable[[str], None] = print) -> FinetuneResult:
     """Fine-tune; `stop_after` ends the run after that many steps (as a kill would, used to test resuming)."""
     from bertjax.model_dirs import load_model_dir
+    from bertjax.models.inputs import check_ids
     from bertjax.train.checkpoints import Checkpointer
     from bertjax.train.optimizers import build_optimizer
     from bertjax.train.schedules import build_schedule
@@ -253,6 +254,8 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     for note in train_data.notes + validation.notes:
         say(note)
     model = task_model(base_model.config, task, labels, config.task.problem_type)
+    for name, data in (("train", train_data), ("validation", validation)):  # once, on the host: the steps are jitted
+        check_ids(data.arrays["input_ids"], model.config.vocab_size, f"--{name} token ids")
     main_metric = config.eval.main_metric or task.main_metric_for(labels)
 
     mesh = mesh_lib.build_mesh(config.mesh)

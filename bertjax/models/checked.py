@@ -8,7 +8,7 @@ compiled program (two reductions per id array) and raise a ValueError naming the
     predict = bertjax.checked(lambda params, ids: model.apply({"params": params}, ids).logits)
     logits = predict(params, ids)   # ValueError: token ids must be in [0, 30522); got min -1 and max 17
 
-Every bertjax command that runs a model on user text goes through `checked`. Arguments are traced as in
+`bertjax fill-mask` and `bertjax predict` run their models through `checked`. Arguments are traced as in
 `jax.jit`: close over static settings (deterministic=True, ...) rather than passing them.
 """
 

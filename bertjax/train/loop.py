@@ -97,9 +97,9 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
     began = time.perf_counter()
     workdir = Path(workdir).absolute()
     primary = jax.process_index() == 0
+    config = _with_objective_tokenizer(config)  # as config.yaml records it, so a rerun compares equal
     workdir_lib.check_rerun(workdir, config)  # before anything is written
 
-    config = _with_objective_tokenizer(config)
     phases = feed_lib.plan_phases(config)
     tokenizer = feed_lib.prepare_tokenizer(config, workdir)
     setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)

@@ -17,17 +17,16 @@ import dataclasses
 from pathlib import Path
 from typing import Literal
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from bertjax.models import MODEL_CLASSES
+from bertjax.models import MODEL_CLASSES, abstract_params, logical_axes
 from bertjax.train import flops as flops_lib
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.objectives import losses
-from bertjax.train.objectives.base import ObjectiveError, ObjectiveOptions, init_boxed, model_inputs
+from bertjax.train.objectives.base import ObjectiveError, ObjectiveOptions, model_inputs
 from bertjax.train.objectives.mlm import MaskedLM
 
 
@@ -107,9 +106,8 @@ class Distillation(MaskedLM):
     def frozen_params(self, mesh, abstract=False):
         self.check_compatible()
         model, params, _ = self.teacher
-        boxed = jax.eval_shape(lambda key: init_boxed(model, key), jax.random.key(0))
-        shapes = nn.meta.unbox(boxed)
-        shardings = mesh_lib.logical_shardings(nn.get_partition_spec(boxed), shapes, mesh)
+        shapes = abstract_params(model)
+        shardings = mesh_lib.logical_shardings(logical_axes(model), shapes, mesh)
         if abstract:
             placed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
         else:
@@ -158,8 +156,7 @@ class Distillation(MaskedLM):
                 "token_count": jnp.sum(real)}
 
     def normalisers(self, batch):
-        tokens = jnp.maximum(jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32), 1.0)
-        return {"mlm_weight": losses.prediction_count(batch), "token_count": tokens}
+        return {"mlm_weight": losses.prediction_count(batch), "token_count": losses.real_token_count(batch)}
 
     def loss(self, sums, norm):
         o = self.options

@@ -145,8 +145,7 @@ class Electra(Objective):
                 "predicted_replaced": count(predicted), "true_replaced": count(predicted & replaced)}
 
     def normalisers(self, batch):
-        tokens = jnp.maximum(jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32), 1.0)
-        return {"mlm_weight": losses.prediction_count(batch), "token_count": tokens}
+        return {"mlm_weight": losses.prediction_count(batch), "token_count": losses.real_token_count(batch)}
 
     def loss(self, sums, norm):
         return sums["mlm_loss"] / norm["mlm_weight"] + self.options.rtd_weight * sums["rtd_loss"] / norm["token_count"]

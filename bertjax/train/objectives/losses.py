@@ -45,6 +45,11 @@ def prediction_count(batch: dict) -> jax.Array:
     return jnp.maximum(jnp.sum(batch["masked_weights"].astype(jnp.float32)), 1.0)
 
 
+def real_token_count(batch: dict) -> jax.Array:
+    """Non-padding tokens of a whole batch, at least 1 (the count per-token losses are divided by)."""
+    return jnp.maximum(jnp.sum(batch["segment_ids"] > 0).astype(jnp.float32), 1.0)
+
+
 def mean(total: jax.Array, count: jax.Array) -> jax.Array:
     """A sum over (possibly several batches') counts as a mean; 0 when nothing was counted."""
     return total / jnp.maximum(count, 1.0)
