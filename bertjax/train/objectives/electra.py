@@ -27,7 +27,7 @@ from bertjax.config import EncoderConfig
 from bertjax.models import MODEL_CLASSES
 from bertjax.train import flops as flops_lib
 from bertjax.train.objectives import losses
-from bertjax.train.objectives.base import Objective, ObjectiveError, ObjectiveOptions, init_boxed, model_inputs
+from bertjax.train.objectives.base import Objective, ObjectiveOptions, init_boxed, model_inputs
 
 # Parameters under `embeddings/` that the generator takes from the discriminator.
 SHARED_EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings", "norm")
@@ -104,8 +104,6 @@ class Electra(Objective):
 
     def __init__(self, options, model_config, remat_policy="none"):
         super().__init__(options, model_config, remat_policy)
-        if DISCRIMINATOR_HEAD not in MODEL_CLASSES:
-            raise ObjectiveError("objective.name='electra' needs bertjax's replaced-token-detection model")
         self.generator_config = generator_config(model_config, options.generator_size)
         self.discriminator = MODEL_CLASSES[DISCRIMINATOR_HEAD](model_config, remat_policy=remat_policy)
         self.generator = MODEL_CLASSES["masked_lm"](self.generator_config, remat_policy=remat_policy)
