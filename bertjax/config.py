@@ -127,6 +127,10 @@ class EncoderConfig:
     # Attention pattern: layer i is global if i % global_attention_every == 0, else local.
     global_attention_every: int = 1
     local_window: int | None = None  # total window; a token sees |i - j| <= local_window // 2.
+    # Which attention module every layer uses: a key of bertjax.models.attention.ATTENTION_MODULES ("standard":
+    # softmax(q.k) within segments and windows; family-specific kinds such as DeBERTa's disentangled attention add
+    # themselves there). The kernel under it is attention_implementation.
+    attention_kind: str = "standard"
     attention_implementation: str = "auto"  # a name in bertjax.ops.attention.IMPLEMENTATIONS, or "auto".
     attention_interpret: bool = False  # run Pallas attention kernels in interpret mode (CPU tests, debugging).
 
@@ -195,6 +199,8 @@ class EncoderConfig:
         if self.num_layer_groups is not None and not 0 < self.num_layer_groups <= self.num_layers:
             raise ValueError(f"EncoderConfig.num_layer_groups ({self.num_layer_groups}) must be in "
                              f"[1, num_layers={self.num_layers}]")
+        if not self.attention_kind:
+            raise ValueError("EncoderConfig.attention_kind must name an attention module, e.g. 'standard'")
         if not self.family:
             raise ValueError("EncoderConfig.family must name a Hugging Face model_type, e.g. 'bert'")
         if self.position_embedding == "sinusoidal" and self.hidden_size != self.embed_dim:

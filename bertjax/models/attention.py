@@ -1,4 +1,10 @@
-"""Self-attention block: projections, rotary positions, and a call to the one attention entry point."""
+"""Self-attention modules by kind, and the standard one: projections, rotary positions, one call to the attention
+entry point (bertjax.ops.attention).
+
+`EncoderConfig.attention_kind` picks the module from `ATTENTION_MODULES`; every module has the constructor
+(config, local_window, rope_theta) and the call (x [batch, seq, hidden], inputs: EncoderInputs) -> [batch, seq,
+hidden], so the layer, the stack and the heads stay the same for every family.
+"""
 
 from __future__ import annotations
 
@@ -33,3 +39,15 @@ class SelfAttention(nn.Module):
         out = nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_heads",
                                                "activation_kv"))
         return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), use_bias=bias, in_ndim=2, name="out")(out)
+
+
+# attention_kind -> module class. Family modules (DeBERTa, Longformer, ...) register here when their module is
+# imported by bertjax.models.
+ATTENTION_MODULES: dict[str, type[nn.Module]] = {"standard": SelfAttention}
+
+
+def attention_module(config: EncoderConfig) -> type[nn.Module]:
+    if config.attention_kind not in ATTENTION_MODULES:
+        raise ValueError(f"EncoderConfig.attention_kind={config.attention_kind!r} is unknown; known: "
+                         f"{sorted(ATTENTION_MODULES)}")
+    return ATTENTION_MODULES[config.attention_kind]

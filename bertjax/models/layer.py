@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax
 
 from bertjax.config import EncoderConfig
-from bertjax.models.attention import SelfAttention
+from bertjax.models.attention import attention_module
 from bertjax.models.common import norm
 from bertjax.models.inputs import EncoderInputs
 from bertjax.models.mlp import Mlp
@@ -27,7 +27,7 @@ class EncoderLayer(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, inputs: EncoderInputs) -> jax.Array:
         cfg = self.config
-        attention = SelfAttention(cfg, self.local_window, self.rope_theta, name="attention")
+        attention = attention_module(cfg)(cfg, self.local_window, self.rope_theta, name="attention")
         mlp = Mlp(cfg, name="mlp")
         drop = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
         if cfg.norm_placement == "pre":

@@ -6,9 +6,7 @@ RoBERTa/ELECTRA a classification head, DistilBERT `pre_classifier`, ModernBERT `
 mappings (bertjax/hf/task_heads.py) name them. The knobs are EncoderConfig's classifier_* fields and
 EncoderConfig.task (labels, dropout, pooling).
 
-Pooling is per segment, so a packed row (several examples, segment ids 1, 2, ...; 0 = padding) yields one
-prediction per example: slot k of `max_segments` holds segment k + 1. Without `max_segments` the whole row (every
-non-padding token) is one example, as in an unpacked batch.
+Pooling is per segment (bertjax/models/pooling.py), so a packed row yields one prediction per example.
 """
 
 from __future__ import annotations
@@ -19,31 +17,7 @@ import jax.numpy as jnp
 
 from bertjax.config import EncoderConfig
 from bertjax.models.common import ACTIVATIONS, dense, norm
-
-
-def segment_membership(segment_ids: jax.Array, max_segments: int | None) -> jax.Array:
-    """[batch, seq, K] bool: token t belongs to slot k. K = 1 (all non-padding tokens) without max_segments."""
-    if max_segments is None:
-        return (segment_ids != 0)[..., None]
-    if max_segments <= 0:
-        raise ValueError(f"max_segments must be positive, got {max_segments}")
-    return segment_ids[..., None] == jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
-
-
-def pool_segments(x: jax.Array, member: jax.Array, pooling: str) -> jax.Array:
-    """x [batch, seq, dim] -> [batch, K, dim]: each slot's first token ("cls") or token mean ("mean").
-
-    An empty slot pools to the first token of the row (cls) or zeros (mean); callers mask it out.
-    """
-    if pooling == "cls":
-        first = jnp.argmax(member, axis=1)  # [batch, K]: index of the first True (0 when there is none)
-        return jnp.take_along_axis(x, first[..., None], axis=1)
-    if pooling in ("mean", "late"):
-        weights = member.astype(jnp.float32)
-        total = jnp.einsum("bsk,bsd->bkd", weights, x.astype(jnp.float32))
-        count = jnp.maximum(weights.sum(axis=1), 1.0)[..., None]
-        return (total / count).astype(x.dtype)
-    raise ValueError(f"unknown classifier_pooling {pooling!r}; known: cls, mean, late")
+from bertjax.models.pooling import pool_segments, segment_membership
 
 
 def _transform(cfg: EncoderConfig, x: jax.Array) -> jax.Array:
