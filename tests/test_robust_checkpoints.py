@@ -216,16 +216,22 @@ def test_second_ctrl_c_interrupts_at_once():
 
     from bertjax.train.distributed import PreemptionWatch
 
-    watch = PreemptionWatch()
+    # Python's own handler, whatever this process inherited: a background shell job or a pytest-xdist worker
+    # starts with SIGINT ignored, and the watch restores what it found.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        os.kill(os.getpid(), signal.SIGINT)
-        assert watch.should_stop(1) and watch.reason == "Ctrl-C"
-        with pytest.raises(KeyboardInterrupt):
+        watch = PreemptionWatch()
+        try:
             os.kill(os.getpid(), signal.SIGINT)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # until close(): a third one ends the process
+            assert watch.should_stop(1) and watch.reason == "Ctrl-C"
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # until close(): a third one ends the process
+        finally:
+            watch.close()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
-        watch.close()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, inherited)
 
 
 def test_run_without_held_out_documents_succeeds_and_skips_the_fill_mask_demo(finished):
