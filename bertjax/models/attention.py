@@ -36,6 +36,9 @@ class SelfAttention(nn.Module):
         out = ops.attention(q, k, v, segment_ids=inputs.segment_ids, local_window=self.local_window,
                             implementation=cfg.attention_implementation,
                             interpret=cfg.attention_interpret)
+        if self.is_mutable_collection("intermediates"):  # asked for (bertjax.intermediates): costs [seq, seq]
+            self.sow("intermediates", "attention_probabilities", ops.attention_probabilities(
+                q, k, segment_ids=inputs.segment_ids, local_window=self.local_window, scale=cfg.head_dim ** -0.5))
         out = nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_heads",
                                                "activation_kv"))
         return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), use_bias=bias, in_ndim=2, name="out")(out)

@@ -51,6 +51,10 @@ class Embeddings(nn.Module):
     def __call__(self, inputs: EncoderInputs, deterministic: bool = True) -> jax.Array:
         cfg = self.config
         x = self.word_embeddings(inputs.input_ids)
+        if not self.is_initializing():  # init would otherwise return a "perturbations" collection next to params
+            # Zero unless the caller passes a "perturbations" collection: then jax.grad with respect to it is the
+            # gradient with respect to the input embeddings (bertjax.intermediates.input_perturbations).
+            x = self.perturb("input_embeddings", x)
         if cfg.position_embedding == "learned":
             x = x + self.position_embeddings(inputs.positions)
         elif cfg.position_embedding == "sinusoidal":

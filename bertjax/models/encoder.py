@@ -41,10 +41,16 @@ class EncoderStack(nn.Module):
             layers.append(layer_cls(cfg, cfg.layer_window(group_start), cfg.layer_rope_theta(group_start),
                                     has_attention_norm=not skip_norm, deterministic=deterministic,
                                     name=f"layers_{k}"))
+        # sow is free unless "intermediates" is mutable (bertjax.intermediates.hidden_states asks for it). The last
+        # entry is the stack's output after the final norm, as transformers' hidden_states[-1] is.
+        self.sow("intermediates", "hidden_states", x)
         for i in range(cfg.num_layers):
             group = cfg.layer_group(i)
             for j in range(per_group):
                 x = layers[group * per_group + j](x, inputs)
+            if i < cfg.num_layers - 1:
+                self.sow("intermediates", "hidden_states", x)
         if cfg.final_norm:
             x = norm(cfg, "final_norm")(x)
+        self.sow("intermediates", "hidden_states", x)
         return x
