@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -93,7 +93,15 @@ class _Throughput:
 
 
 @workdir_lib.exclusive  # the workdir's lock; a failed setup leaves no half-made workdir
-def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
+def pretrain(config: RunConfig, workdir: str | Path, *,
+             on_log: Callable[[int, dict[str, float]], bool | None] | None = None) -> PretrainResult:
+    """Train `config` in `workdir`, resuming from its latest checkpoint (what `bertjax pretrain` runs).
+
+    `on_log(step, metrics)` is called with every record written to metrics.jsonl (a live plot in a notebook, an
+    early stop); returning True stops the run there as Ctrl-C does: a checkpoint is saved and calling `pretrain`
+    again resumes from it. On several processes it is called on each with the same metrics and must decide the
+    same everywhere.
+    """
     began = time.perf_counter()
     workdir = Path(workdir).absolute()
     primary = jax.process_index() == 0
@@ -169,6 +177,7 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
             logger.advance()
             last = step == total
             stop = watch.should_stop(step)
+            stop_reason = watch.reason
             eval_due = (last and config.eval.at_end) or (
                 config.eval.every > 0 and step % config.eval.every == 0 and not last)
             save_due = step % config.checkpoint.every == 0 or last or stop
@@ -180,6 +189,8 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
                     eval_end = record["eval_loss"]
                 logger.log(step, record)
                 throughput.restart()
+                if on_log is not None and on_log(step, record) and not last:
+                    stop, save_due, stop_reason = True, True, "on_log asked to stop"
             elif throughput.start is None:
                 jax.block_until_ready(metrics)  # the first step compiled: time from here on
                 throughput.restart()
@@ -190,7 +201,7 @@ def pretrain(config: RunConfig, workdir: str | Path) -> PretrainResult:
                 last_saved = step
             if stop and not last:
                 preempted = True
-                logger.message(f"{watch.reason}: saved a checkpoint at step {step} and stopped; rerun the same command "
+                logger.message(f"{stop_reason}: saved a checkpoint at step {step} and stopped; rerun the same command "
                                "to resume")
                 break
     finally:
