@@ -6,4 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[test,tpu-aot]"
-JAX_PLATFORMS=cpu python3 -m pytest -q tests "$@"
+# Two workers, one test file each at a time (module fixtures stay in one process): most of the suite is XLA
+# compiles and small single-threaded computations, which leave the second core idle in a single process.
+JAX_PLATFORMS=cpu python3 -m pytest -q -n 2 --dist loadfile tests "$@"
