@@ -1,6 +1,7 @@
 """Training throughput (tokens/s) and model FLOPs utilisation of the jitted train step.
 
-    python -m bench.train_bench                       # CPU: tiny and modernbert-base, short rows
+    python -m bench.train_bench                       # CPU: tiny, modernbert-base and bert-base at short rows,
+                                                      # packed and one document per row, against transformers
     python -m bench.train_bench --gpu                 # GPU: modernbert-base, 1024 tokens, bfloat16, against
                                                       # transformers' ModernBertForMaskedLM on identical batches
 
@@ -102,8 +103,18 @@ def bench_bertjax(case: Case, steps: int, peak_per_device: float) -> dict:
             "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), peak_per_device), "first_loss": loss}
 
 
-def bench_transformers(case: Case, steps: int, jax_params, jax_model) -> dict:
-    """transformers' ModernBertForMaskedLM (sdpa, bf16 autocast, fused AdamW) on the same weights and rows."""
+def transformers_rows(case: Case) -> dict[str, np.ndarray]:
+    """The rows transformers trains on: one document per row, no padding (it has no packing), labels -100 except
+    at the same masked positions as the bertjax batch."""
+    rows = synthetic_batch(case, documents_per_row=1)
+    labels = np.full((case.batch, case.seq_len), -100, np.int64)
+    np.put_along_axis(labels, rows["masked_positions"], rows["masked_ids"], axis=1)
+    return {"input_ids": rows["input_ids"].astype(np.int64), "labels": labels}
+
+
+def bench_transformers(case: Case, steps: int, jax_params, jax_model, device: str = "cuda") -> dict:
+    """transformers' masked-LM class of the same family (sdpa; bf16 autocast on GPU; ModernBERT with sparse
+    prediction) with torch's AdamW on the same weights and rows."""
     import torch
     import transformers
 
@@ -111,20 +122,19 @@ def bench_transformers(case: Case, steps: int, jax_params, jax_model) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         bertjax.save_pretrained(tmp, jax_model, jax.device_get(jax_params))
-        model = transformers.AutoModelForMaskedLM.from_pretrained(tmp, attn_implementation="sdpa",
-                                                                  sparse_prediction=True).cuda().train()
+        extra = {"sparse_prediction": True} if jax_model.config.family == "modernbert" else {}
+        model = transformers.AutoModelForMaskedLM.from_pretrained(tmp, attn_implementation="sdpa", **extra)
+    model = model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=1e-5,
-                                  fused=True)
-    # transformers has no packing: one document per row, no padding (the bertjax side gets the same rows).
-    rows = synthetic_batch(case, documents_per_row=1)
-    labels = np.full((case.batch, case.seq_len), -100, np.int64)
-    np.put_along_axis(labels, rows["masked_positions"], rows["masked_ids"], axis=1)
-    inputs = {"input_ids": torch.from_numpy(rows["input_ids"].astype(np.int64)).cuda(),
-              "attention_mask": torch.ones(case.batch, case.seq_len, dtype=torch.int64).cuda(),
-              "labels": torch.from_numpy(labels).cuda()}
+                                  fused=device == "cuda")
+    rows = transformers_rows(case)
+    inputs = {name: torch.from_numpy(value).to(device) for name, value in rows.items()}
+    inputs["attention_mask"] = torch.ones(case.batch, case.seq_len, dtype=torch.int64, device=device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with autocast:
             loss = model(**inputs).loss
         loss.backward()
         optimizer.step()
@@ -132,27 +142,42 @@ def bench_transformers(case: Case, steps: int, jax_params, jax_model) -> dict:
         return loss
 
     first_loss = float(step())
-    torch.cuda.synchronize()
+    synchronize()
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    synchronize()
     seconds = (time.perf_counter() - start) / steps
-    return {"case": f"{case.name} (transformers sdpa)", "step_ms": 1e3 * seconds,
-            "tokens_per_sec": case.batch * case.seq_len / seconds, "first_loss": first_loss}
+    return {"case": f"{case.name} (transformers)", "batch": case.batch, "seq_len": case.seq_len,
+            "step_ms": 1e3 * seconds, "tokens_per_sec": case.batch * case.seq_len / seconds,
+            "first_loss": first_loss}
 
 
 def cpu_cases() -> list[Case]:
     tiny = dict(TINY)
     tiny_config = get_config(tiny.pop("preset"), **tiny)
     return [Case("tiny (configs/pretrain/tiny.yaml)", tiny_config, batch=32, seq_len=128),
-            Case("modernbert-base", get_config("modernbert-base"), batch=2, seq_len=128)]
+            Case("modernbert-base", get_config("modernbert-base"), batch=4, seq_len=128),
+            Case("bert-base", get_config("bert-base", dropout_rate=0.0), batch=4, seq_len=128)]
 
 
-def run_cpu(steps: int) -> list[dict]:
+def run_cpu(steps: int, with_transformers: bool = True) -> list[dict]:
+    """Each case three ways in one run: bertjax on packed rows (2 documents per row, as pretraining feeds it),
+    bertjax on one document per row, and transformers on those same single-document rows and initial weights."""
     peak = flops_lib.measure_peak_flops(jnp.float32, size=2048)
     print(f"CPU float32 matmul rate measured here: {peak / 1e9:.1f} GFLOP/s per device (the MFU reference)")
-    return [bench_bertjax(case, steps, peak) for case in cpu_cases()]
+    rows = []
+    for case in cpu_cases():
+        single = dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
+        packed, one_doc = bench_bertjax(case, steps, peak), bench_bertjax(single, steps, peak)
+        rows += [packed, one_doc]
+        if with_transformers:
+            model = MODEL_CLASSES["masked_lm"](case.config)
+            theirs = bench_transformers(case, steps, init_params(model, jax.random.key(0)), model, device="cpu")
+            for ours in (packed, one_doc):
+                ours["speedup_vs_transformers"] = ours["tokens_per_sec"] / theirs["tokens_per_sec"]
+            rows.append(theirs)
+    return rows
 
 
 def run_electra(steps: int) -> list[dict]:
@@ -181,7 +206,7 @@ def run_gpu(steps: int, batch: int) -> list[dict]:
     ours = bench_bertjax(case, steps, peak)
     # The same initial weights as the bertjax state (same init key), exported for transformers.
     model = MODEL_CLASSES["masked_lm"](config.replace(dtype="float32"))
-    theirs = bench_transformers(case, steps, init_params(model, jax.random.key(0)), model)
+    theirs = bench_transformers(case, steps, init_params(model, jax.random.key(0)), model, device="cuda")
     ours["speedup_vs_transformers"] = ours["tokens_per_sec"] / theirs["tokens_per_sec"]
     return [ours, theirs]
 
@@ -191,6 +216,8 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true", help="the GPU comparison (needs a CUDA JAX and torch)")
     parser.add_argument("--electra", action="store_true",
                         help="ELECTRA-Small's step against MLM alone on the same discriminator (CPU)")
+    parser.add_argument("--no-transformers", action="store_true",
+                        help="CPU: bertjax only (no side-by-side transformers step)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 5 on CPU, 20 on GPU)")
     parser.add_argument("--gpu-batch", type=int, default=16, help="rows of 1024 tokens per GPU step")
     args = parser.parse_args()
@@ -204,7 +231,7 @@ def main() -> None:
     elif args.electra:
         rows = run_electra(args.steps or 5)
     else:
-        rows = run_cpu(args.steps or 5)
+        rows = run_cpu(args.steps or 5, with_transformers=not args.no_transformers)
     print(f"\n{'case':<40} {'batch x seq':>12} {'step ms':>9} {'tokens/s':>10} {'MFU':>7} {'vs HF':>6}")
     for row in rows:
         shape = f"{row['batch']}x{row['seq_len']}" if "batch" in row else ""
