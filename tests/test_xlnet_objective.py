@@ -99,3 +99,21 @@ def test_sharded_step_matches_one_device():
     np.testing.assert_allclose(got["losses"], reference["losses"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(got["param_sum"], reference["param_sum"], rtol=1e-5)
     assert got["query_spec"] == ["fsdp", "tensor", None]
+
+
+def test_compile_check_compiles_xlnet_base_for_v5e(capsys):
+    """`bertjax compile-check` on configs/pretrain/xlnet-base.yaml, shrunk: the sharded permutation-LM step (orders
+    drawn on the device, both streams) compiles for a v5e 2x2 slice (full size: docs/benchmarks.md)."""
+    from bertjax import tpu_aot
+    from bertjax.cli import main
+
+    if not tpu_aot.libtpu_available():
+        pytest.skip(tpu_aot.INSTALL_HINT)
+    overrides = ["model.overrides.hidden_size=64", "model.overrides.num_layers=2", "model.overrides.num_heads=4",
+                 "model.overrides.intermediate_size=128", "data.global_batch_size=8", "data.seq_len=64",
+                 "model.overrides.max_position_embeddings=64", "tokenizer.vocab_size=512", "mesh.data=2",
+                 "mesh.fsdp=2"]
+    assert main(["compile-check", "--config", "configs/pretrain/xlnet-base.yaml", "--topology", "v5e:2x2",
+                 *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "objective permutation_lm" in out and "fits in 16 GiB" in out
