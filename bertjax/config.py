@@ -447,13 +447,15 @@ register_preset("eurobert-tiny", _EUROBERT.replace(vocab_size=128, hidden_size=3
 # XLNet (Yang et al. 2019): two-stream attention over relative positions (attention_kind "two_stream", knobs in
 # XLNetOptions), post-norm layers without attention biases, the word embedding alone, a tied LM head without a
 # transform. Token types 0, 1, 2 (<cls>) and 3 (padding) only matter as "same or not". max_position_embeddings
-# bounds the input length at the pretraining length (relative encodings themselves have no table).
+# bounds the input length at the pretraining length (relative encodings themselves have no table). Task heads pool
+# the last token (XLNet's <cls>; XLNetTokenizer pads on the left), so the presets carry that pooling for fine-tuning.
+XLNET_TASK = TaskConfig(classifier_pooling="last")
 _XLNET = EncoderConfig(
     family="xlnet", vocab_size=32000, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
     max_position_embeddings=512, type_vocab_size=4, position_embedding="none", norm_eps=1e-12,
     embedding_norm=False, attention_bias=False, activation="gelu", attention_kind="two_stream",
     xlnet=XLNetOptions(), mlm_head_transform=False, pooler=False, classifier_activation="tanh", pad_token_id=5,
-    dropout_rate=0.1)
+    dropout_rate=0.1, task=XLNET_TASK)
 register_preset("xlnet-base", _XLNET)
 register_preset("xlnet-large", _XLNET.replace(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096))
 register_preset("xlnet-tiny", _XLNET.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,

@@ -18,7 +18,7 @@ import bertjax
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_hf_parity import ATOL, VOCAB, perturb_  # noqa: E402
+from test_hf_parity import ATOL, VOCAB, perturb_, random_bertjax_params  # noqa: E402
 from test_hf_task_heads import CLASS_SUFFIX, LABELS, assert_close, build_reference, hf_outputs  # noqa: E402
 
 SEQ, LENGTHS, PAD = 10, (10, 7, 3), 5
@@ -59,11 +59,12 @@ def permutation_inputs(mask, num_predict: int = 2, seed: int = 4):
     return perm, mapping
 
 
-@pytest.fixture(scope="module", params=[-1, 3], ids=["no-clamp", "clamp3"])
-def lm_checkpoint(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(f"xlnet{request.param}")
+@pytest.fixture(scope="module")
+def lm_checkpoint(tmp_path_factory):
+    """clamp_len 6 with rows of 10: distances up to 6 are exact, longer ones clamped (both regimes in one model)."""
+    directory = tmp_path_factory.mktemp("xlnet")
     torch.manual_seed(0)
-    reference = transformers.XLNetLMHeadModel(xlnet_config(clamp_len=request.param)).eval()
+    reference = transformers.XLNetLMHeadModel(xlnet_config(clamp_len=6)).eval()
     perturb_(reference, seed=1)
     reference.save_pretrained(str(directory))
     model, params = bertjax.from_pretrained(str(directory))
@@ -77,6 +78,7 @@ def _torch(x):
 def test_lm_head_matches_transformers_plain_padded_types_and_permutations(lm_checkpoint):
     reference, model, params, _ = lm_checkpoint
     assert type(model) is bertjax.MODEL_CLASSES["masked_lm"] and model.config.attention_kind == "two_stream"
+    assert model.config.xlnet.clamp_len == 6
     ids, mask, types = left_padded_batch()
     perm, mapping = permutation_inputs(mask)
     apply = jax.jit(model.apply)
@@ -157,7 +159,7 @@ def test_task_heads_match_transformers_and_round_trip(head, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_lm():
     model = bertjax.MODEL_CLASSES["masked_lm"](bertjax.get_config("xlnet-tiny"))
-    return model, jax.jit(model.init)(jax.random.key(0), jnp.ones((1, 4), jnp.int32))["params"]
+    return model, random_bertjax_params(model, seed=0)  # drawn with numpy: no initialiser to compile
 
 
 def test_perm_mask_on_a_model_without_a_query_stream_is_refused():
@@ -187,3 +189,26 @@ def test_bad_permutation_inputs_and_lengths_are_named(tiny_lm):
     too_long = jnp.ones((1, model.config.max_position_embeddings + 1), jnp.int32)
     with pytest.raises(ValueError, match="sequence length 65 exceeds the model's max_position_embeddings"):
         model.apply({"params": params}, too_long)
+
+
+def test_packed_rows_give_each_document_its_own_outputs(tiny_lm):
+    """Two documents packed in one row (segment ids 1, 2) give the logits each has alone, also with a
+    permutation: attention and relative distances stay inside each document."""
+    model, params = tiny_lm
+    rng = np.random.default_rng(0)
+    first, second = rng.integers(6, 100, 5), rng.integers(6, 100, 3)
+    packed = jnp.asarray(np.concatenate([first, second])[None], jnp.int32)
+    segments = jnp.asarray([[1] * 5 + [2] * 3])
+    perm = np.zeros((1, 8, 8), np.float32)
+    perm[0, :, [1, 6]] = 1.0  # positions 1 and 6 (one per document) are targets nobody sees
+    mapping = np.zeros((1, 2, 8), np.float32)
+    mapping[0, 0, 1] = mapping[0, 1, 6] = 1.0
+    apply = jax.jit(model.apply)
+    out = apply({"params": params}, packed, segment_ids=segments, perm_mask=jnp.asarray(perm),
+                target_mapping=jnp.asarray(mapping)).logits
+    for slot, (doc, start, target) in enumerate(((first, 0, 1), (second, 5, 1))):
+        n = len(doc)
+        alone = apply({"params": params}, jnp.asarray(doc[None], jnp.int32),
+                      perm_mask=jnp.asarray(perm[:, start:start + n, start:start + n]),
+                      target_mapping=jnp.asarray(np.eye(n, dtype=np.float32)[None, target:target + 1])).logits
+        np.testing.assert_allclose(np.asarray(out[0, slot]), np.asarray(alone[0, 0]), atol=1e-5)

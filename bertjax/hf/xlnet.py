@@ -10,7 +10,7 @@ without `mems`, which bertjax does not take.
 
 from __future__ import annotations
 
-from bertjax.config import EncoderConfig, XLNetOptions
+from bertjax.config import XLNET_TASK, EncoderConfig, XLNetOptions
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
 from bertjax.hf.mapping import COPY, KeyMapping, Layout, TensorRule, embedding, layer_norm, linear, mlm_decoder
@@ -51,7 +51,7 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         mlp="dense", attention_kind="two_stream", xlnet=XLNetOptions(clamp_len=int(read("clamp_len"))),
         tie_word_embeddings=read("tie_word_embeddings"), decoder_bias=True, mlm_head_transform=False, pooler=False,
         pad_token_id=read("pad_token_id"), dropout_rate=float(read("dropout")),
-        initializer_range=float(read("initializer_range")))
+        initializer_range=float(read("initializer_range")), task=XLNET_TASK)  # task heads: replaced from the file
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:
@@ -62,9 +62,9 @@ def to_hf_config(config: EncoderConfig, head: str) -> dict:
     refuse.check(cfg.attention_head_dim in (None, cfg.hidden_size // cfg.num_heads),
                  f"attention_head_dim={cfg.attention_head_dim} (heads are d_model // n_head wide)")
     refuse.exportable_activation("activation")
-    refuse.need(norm="layernorm", attention_kind="two_stream", position_embedding="none", norm_bias=True, norm_placement="post",
-                embedding_norm=False, final_norm=False, attention_bias=False, mlp_bias=True, mlp="dense",
-                decoder_bias=True, mlm_head_transform=False, pooler=False)
+    refuse.need(norm="layernorm", attention_kind="two_stream", position_embedding="none", norm_bias=True,
+                norm_placement="post", embedding_norm=False, final_norm=False, attention_bias=False,
+                mlp_bias=True, mlp="dense", decoder_bias=True, mlm_head_transform=False, pooler=False)
     refuse.raise_if_any()
     return {
         "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size, "d_model": cfg.hidden_size, "n_layer": cfg.num_layers,
