@@ -310,6 +310,9 @@ class EncoderConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
+        if isinstance(changes.get("xlnet"), dict):  # YAML overrides such as `xlnet: {clamp_len: 256}` update fields
+            base = dataclasses.asdict(self.xlnet) if self.xlnet is not None else {}
+            changes = {**changes, "xlnet": XLNetOptions.from_dict({**base, **changes["xlnet"]})}
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

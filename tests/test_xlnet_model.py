@@ -212,3 +212,17 @@ def test_packed_rows_give_each_document_its_own_outputs(tiny_lm):
                       perm_mask=jnp.asarray(perm[:, start:start + n, start:start + n]),
                       target_mapping=jnp.asarray(np.eye(n, dtype=np.float32)[None, target:target + 1])).logits
         np.testing.assert_allclose(np.asarray(out[0, slot]), np.asarray(alone[0, 0]), atol=1e-5)
+
+
+def test_xlnet_options_are_a_nested_checked_sub_config():
+    import json
+
+    config = bertjax.get_config("xlnet-base", xlnet={"clamp_len": 256})  # a YAML override updates the sub-config
+    assert config.xlnet.clamp_len == 256 and config.task.classifier_pooling == "last"
+    assert bertjax.EncoderConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(ValueError, match="XLNetOptions has no field"):
+        bertjax.get_config("xlnet-base", xlnet={"clamp": 1})
+    with pytest.raises(ValueError, match="xlnet must be set exactly when attention_kind='two_stream'"):
+        bertjax.get_config("bert-tiny", attention_kind="two_stream")
+    with pytest.raises(ValueError, match="needs position_embedding='none'"):
+        bertjax.get_config("xlnet-tiny", position_embedding="learned")
