@@ -79,11 +79,11 @@ class RelativeAttention(nn.Module):
 
     def _attend(self, q, k, v, k_rel, segment_differs, allowed, deterministic):
         """q [b, i, n, d] over k, v [b, j, n, d] -> [b, i, n, d]."""
-        f32 = jnp.float32
-        content = jnp.einsum("bind,bjnd->bnij", q + self.content_bias, k, preferred_element_type=f32)
-        position = shift_relative(jnp.einsum("bind,pnd->bnip", q + self.position_bias, k_rel,
+        f32, dtype = jnp.float32, q.dtype
+        content = jnp.einsum("bind,bjnd->bnij", q + self.content_bias.astype(dtype), k, preferred_element_type=f32)
+        position = shift_relative(jnp.einsum("bind,pnd->bnip", q + self.position_bias.astype(dtype), k_rel,
                                              preferred_element_type=f32))
-        by_type = jnp.einsum("bind,snd->bnis", q + self.segment_bias, self.segment_embed.astype(q.dtype),
+        by_type = jnp.einsum("bind,snd->bnis", q + self.segment_bias.astype(dtype), self.segment_embed.astype(dtype),
                              preferred_element_type=f32)
         segment = jnp.where(segment_differs[:, None], by_type[..., 1:2], by_type[..., 0:1])
         scores = (content + position + segment) * (self.config.head_dim ** -0.5)
