@@ -21,7 +21,7 @@ DType = Literal["float32", "bfloat16", "float16"]
 ProblemType = Literal["single_label_classification", "multi_label_classification", "regression"]
 # How a sequence head turns a segment's token states into one prediction: the first token ("cls"; EuroBERT calls it
 # "bos"), the mean of the token states ("mean"), or the mean of per-token logits ("late", EuroBERT's default).
-ClassifierPooling = Literal["cls", "mean", "late"]
+ClassifierPooling = Literal["cls", "mean", "late", "last"]  # "last": the last token (XLNet's <cls>)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +77,28 @@ class TaskConfig:
         values = dict(values)
         if isinstance(values.get("labels"), list):  # JSON and YAML have no tuples
             values["labels"] = tuple(values["labels"])
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class XLNetOptions:
+    """XLNet's knobs (`EncoderConfig.xlnet`, set with attention_kind="two_stream"); nothing else reads them.
+
+    XLNet has no absolute positions: attention scores add a term over sinusoidal encodings of the relative
+    distance i - j, clamped to [-clamp_len, clamp_len] when clamp_len > 0 (transformers' `clamp_len`; -1 in the
+    published configs: no clamp). Token types enter only as "same segment or not" inside attention.
+    """
+
+    clamp_len: int = -1
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "XLNetOptions":
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"XLNetOptions has no field(s) {sorted(unknown)}")
         return cls(**values)
 
 
@@ -160,6 +182,8 @@ class EncoderConfig:
     classifier_token_transform: bool = False
     # What the task head predicts (labels, pooling); None outside fine-tuning (task models then use TaskConfig()).
     task: TaskConfig | None = None
+    # XLNet's knobs; set exactly when attention_kind == "two_stream" (bertjax/models/xlnet).
+    xlnet: XLNetOptions | None = None
 
     # Special tokens.
     pad_token_id: int = 0
@@ -201,6 +225,16 @@ class EncoderConfig:
                              f"[1, num_layers={self.num_layers}]")
         if not self.attention_kind:
             raise ValueError("EncoderConfig.attention_kind must name an attention module, e.g. 'standard'")
+        if (self.attention_kind == "two_stream") != (self.xlnet is not None):
+            raise ValueError("EncoderConfig.xlnet must be set exactly when attention_kind='two_stream' (XLNet), got "
+                             f"attention_kind={self.attention_kind!r} and xlnet={self.xlnet!r}")
+        if self.xlnet is not None and (self.position_embedding != "none" or self.embedding_norm
+                                       or self.norm_placement != "post" or self.embed_dim != self.hidden_size
+                                       or self.shares_layers or self.global_attention_every != 1):
+            raise ValueError("EncoderConfig.xlnet (two-stream attention) needs position_embedding='none', "
+                             "embedding_norm=False, norm_placement='post', embedding_size=None, no shared layers "
+                             "and global_attention_every=1: XLNet's positions are relative and its embedding is the "
+                             "word embedding alone")
         if not self.family:
             raise ValueError("EncoderConfig.family must name a Hugging Face model_type, e.g. 'bert'")
         if self.position_embedding == "sinusoidal" and self.hidden_size != self.embed_dim:
@@ -230,6 +264,12 @@ class EncoderConfig:
     @property
     def task_or_default(self) -> TaskConfig:
         return self.task if self.task is not None else TaskConfig()
+
+    @property
+    def token_type_embedding(self) -> bool:
+        """Whether token types add an embedding row; XLNet's token types only say "same segment or not" inside
+        attention, so its type_vocab_size bounds the ids without a table."""
+        return self.type_vocab_size > 0 and self.xlnet is None
 
     @property
     def head_dim(self) -> int:
@@ -270,6 +310,9 @@ class EncoderConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
+        if isinstance(changes.get("xlnet"), dict):  # YAML overrides such as `xlnet: {clamp_len: 256}` update fields
+            base = dataclasses.asdict(self.xlnet) if self.xlnet is not None else {}
+            changes = {**changes, "xlnet": XLNetOptions.from_dict({**base, **changes["xlnet"]})}
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -282,6 +325,8 @@ class EncoderConfig:
             raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
         if isinstance(values.get("task"), dict):
             values = {**values, "task": TaskConfig.from_dict(values["task"])}
+        if isinstance(values.get("xlnet"), dict):
+            values = {**values, "xlnet": XLNetOptions.from_dict(values["xlnet"])}
         return cls(**values)
 
 
@@ -401,3 +446,20 @@ register_preset("eurobert-2.1b", _EUROBERT.replace(hidden_size=2304, num_layers=
 register_preset("eurobert-tiny", _EUROBERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
                                                    num_kv_heads=2, intermediate_size=64, max_position_embeddings=256,
                                                    pad_token_id=0))
+
+# XLNet (Yang et al. 2019): two-stream attention over relative positions (attention_kind "two_stream", knobs in
+# XLNetOptions), post-norm layers without attention biases, the word embedding alone, a tied LM head without a
+# transform. Token types 0, 1, 2 (<cls>) and 3 (padding) only matter as "same or not". max_position_embeddings
+# bounds the input length at the pretraining length (relative encodings themselves have no table). Task heads pool
+# the last token (XLNet's <cls>; XLNetTokenizer pads on the left), so the presets carry that pooling for fine-tuning.
+XLNET_TASK = TaskConfig(classifier_pooling="last")
+_XLNET = EncoderConfig(
+    family="xlnet", vocab_size=32000, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
+    max_position_embeddings=512, type_vocab_size=4, position_embedding="none", norm_eps=1e-12,
+    embedding_norm=False, attention_bias=False, activation="gelu", attention_kind="two_stream",
+    xlnet=XLNetOptions(), mlm_head_transform=False, pooler=False, classifier_activation="tanh", pad_token_id=5,
+    dropout_rate=0.1, task=XLNET_TASK)
+register_preset("xlnet-base", _XLNET)
+register_preset("xlnet-large", _XLNET.replace(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096))
+register_preset("xlnet-tiny", _XLNET.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                             intermediate_size=64, max_position_embeddings=64, dropout_rate=0.0))

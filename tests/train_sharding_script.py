@@ -20,10 +20,12 @@ RUNS = {
             ((2, 2, 2), 8, 2)],
     # Accumulation is the objective-independent part the MLM runs cover (ELECTRA's samples depend on the microbatch).
     "electra": [((1, 1, 1), 1, 1), ((2, 2, 2), 8, 1)],
+    "permutation_lm": [((1, 1, 1), 1, 1), ((2, 2, 2), 8, 1)],  # orders drawn on the device, per row
 }
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 48}
 MODELS = {"mlm": ("modernbert-tiny", {**TINY, "local_window": 8}),
-          "electra": ("electra-tiny-discriminator", {**TINY, "embedding_size": 16})}
+          "electra": ("electra-tiny-discriminator", {**TINY, "embedding_size": 16}),
+          "permutation_lm": ("xlnet-tiny", TINY)}
 
 
 def main(tokenizer_dir: str, objective: str) -> None:

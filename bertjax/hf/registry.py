@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from bertjax.hf import albert, bert, distilbert, electra, eurobert, modernbert, roberta
+from bertjax.hf import xlnet
 from bertjax.hf.family import HfFamily
 
 FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
@@ -14,6 +15,7 @@ FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     distilbert.FAMILY,
     electra.FAMILY,
     eurobert.FAMILY,
+    xlnet.FAMILY,
 )}
 
 # transformers class name (config.architectures[0]) -> (model_type, bertjax head).

@@ -11,6 +11,7 @@ no family repeats the label handling. The math is bertjax.models.task_heads'; he
     ELECTRA     classifier.dense, classifier.out_proj (MC: summary)    classifier / qa_outputs
     EuroBERT    dense, classifier                                      classifier (no QA or MC class)
     ModernBERT  head.dense, head.norm, classifier (all four heads; TC and QA also run head.dense/norm)
+    XLNet       sequence_summary.summary, logits_proj (last token)      classifier / qa_outputs
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class TaskHeads:
     # bertjax classifier_pooling -> config.json `classifier_pooling` value; empty: first token only, key not written.
     poolings: Mapping[str, str] = dataclasses.field(default_factory=dict)
     pooling_default: str = "cls"  # the config class's default, as a bertjax name
+    pooling_key: str = "classifier_pooling"  # the config.json key naming the pooling (XLNet: summary_type)
 
     def layout(self, config: EncoderConfig) -> dict:
         activation = self.activation if self.activation is not None else config.head_activation
@@ -87,12 +89,12 @@ class TaskHeads:
             names = None
         labels = None if names is None or names == TaskConfig(num_labels=num_labels).label_names else names
         pooling = self.pooling_default
-        if self.poolings and values.get("classifier_pooling") is not None:
+        if self.poolings and values.get(self.pooling_key) is not None:
             by_hf_name = {hf: ours for ours, hf in self.poolings.items()}
-            if values["classifier_pooling"] not in by_hf_name:
-                raise ValueError(f"config.json: classifier_pooling={values['classifier_pooling']!r} is not "
+            if values[self.pooling_key] not in by_hf_name:
+                raise ValueError(f"config.json: {self.pooling_key}={values[self.pooling_key]!r} is not "
                                  f"supported; known: {sorted(by_hf_name)}")
-            pooling = by_hf_name[values["classifier_pooling"]]
+            pooling = by_hf_name[values[self.pooling_key]]
         dropout = values.get(self.dropout_key) if self.dropout_key else None
         dropout = None if dropout is None or float(dropout) == dropout_rate else float(dropout)
         return TaskConfig(num_labels=num_labels, labels=labels, problem_type=values.get("problem_type"),
@@ -102,7 +104,7 @@ class TaskHeads:
         """What a task head model must have to be written as this family's checkpoint."""
         refuse.need(**self.layout(config))
         task = config.task_or_default
-        allowed = tuple(self.poolings) or ("cls",)
+        allowed = tuple(self.poolings) or (self.pooling_default,)
         refuse.check(task.classifier_pooling in allowed, f"task.classifier_pooling={task.classifier_pooling!r} "
                      f"(the family's heads pool with {list(allowed)})")
         if head == "question_answering":
@@ -117,7 +119,7 @@ class TaskHeads:
             values[self.dropout_key] = (config.dropout_rate if task.classifier_dropout is None
                                         else task.classifier_dropout)
         if self.poolings:
-            values["classifier_pooling"] = self.poolings[task.classifier_pooling]
+            values[self.pooling_key] = self.poolings[task.classifier_pooling]
         return values
 
     def rules(self, config: EncoderConfig, head: str) -> list[TensorRule]:

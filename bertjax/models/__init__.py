@@ -6,6 +6,7 @@ from bertjax.models.task_models import (TASK_HEADS, EncoderForMultipleChoice, En
                                         EncoderForSequenceClassification, EncoderForTokenClassification,
                                         MultipleChoiceOutput, QuestionAnsweringOutput, SequenceClassifierOutput,
                                         TokenClassifierOutput)
+from bertjax.models import xlnet  # registers attention_kind "two_stream"  # noqa: E402,F401
 
 __all__ = ["abstract_params", "init_boxed", "init_params", "logical_axes", "MODEL_CLASSES", "TASK_HEADS",
            "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForReplacedTokenDetection", "EncoderModel",

@@ -39,7 +39,7 @@ class Embeddings(nn.Module):
         if cfg.position_embedding == "learned":
             self.position_embeddings = embed(cfg.max_position_embeddings, ("position", "embed"),
                                              "position_embeddings")
-        if cfg.type_vocab_size:
+        if cfg.token_type_embedding:
             self.token_type_embeddings = embed(cfg.type_vocab_size, ("token_type", "embed"), "token_type_embeddings")
         if cfg.embedding_norm:
             self.norm = norm(cfg, "norm")
@@ -60,7 +60,7 @@ class Embeddings(nn.Module):
         elif cfg.position_embedding == "sinusoidal":
             table = jnp.asarray(sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim), compute_dtype(cfg))
             x = x + table[inputs.positions]
-        if cfg.type_vocab_size:
+        if cfg.token_type_embedding:
             x = x + self.token_type_embeddings(inputs.token_type_ids)
         if cfg.embedding_norm:
             x = self.norm(x)

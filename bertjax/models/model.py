@@ -45,6 +45,13 @@ class ReplacedTokenOutput:
     last_hidden_state: jax.Array
 
 
+# attention_kind -> the layer stack running it, for kinds whose layers do not fit EncoderStack's one stream (XLNet's
+# "two_stream" registers here when bertjax.models.xlnet is imported). These stacks also take the permutation inputs
+# `perm_mask` and `target_mapping`.
+STACKS: dict[str, type[nn.Module]] = {}
+PERMUTATION_INPUTS = ("perm_mask", "target_mapping")
+
+
 class _Backbone(nn.Module):
     """Embeddings and layer stack; subclasses add heads. Parameters: embeddings/, encoder/, then head names."""
 
@@ -53,7 +60,7 @@ class _Backbone(nn.Module):
 
     def setup(self):
         self.embeddings = Embeddings(self.config)
-        self.encoder = EncoderStack(self.config, self.remat_policy)
+        self.encoder = STACKS.get(self.config.attention_kind, EncoderStack)(self.config, self.remat_policy)
 
     def example_input_ids(self, seq_len: int = 1) -> jax.Array:
         """Zero token ids of the shape `__call__` takes (multiple choice adds a choices axis), for `init`."""
@@ -65,10 +72,18 @@ class _Backbone(nn.Module):
                                        deterministic)[0]
 
     def encode_with_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                           segment_ids=None, deterministic: bool = True) -> tuple[jax.Array, EncoderInputs]:
-        """The last hidden state and the prepared inputs (segment ids with padding folded in: heads pool on them)."""
+                           segment_ids=None, deterministic: bool = True, perm_mask=None,
+                           target_mapping=None) -> tuple[jax.Array, EncoderInputs]:
+        """The last hidden state and the prepared inputs (segment ids with padding folded in: heads pool on them).
+        With XLNet's `target_mapping`, the query stream's output [batch, num_predict, hidden] instead."""
         inputs = prepare_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, segment_ids)
-        return self.encoder(self.embeddings(inputs, deterministic), inputs, deterministic), inputs
+        given = {name: value for name, value in zip(PERMUTATION_INPUTS, (perm_mask, target_mapping))
+                 if value is not None}
+        if given and self.config.attention_kind not in STACKS:
+            raise ValueError(f"{sorted(given)[0]} is an XLNet input (permutation language modelling); this model has "
+                             f"attention_kind={self.config.attention_kind!r}, which has no query stream (XLNet's is "
+                             "'two_stream')")
+        return self.encoder(self.embeddings(inputs, deterministic), inputs, deterministic, **given), inputs
 
 
 def gather_positions(hidden: jax.Array, positions: jax.Array | None) -> jax.Array:
@@ -91,8 +106,9 @@ class EncoderModel(_Backbone):
             self.pooler = Pooler(self.config)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 deterministic: bool = True) -> EncoderOutput:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+                 deterministic: bool = True, perm_mask=None, target_mapping=None) -> EncoderOutput:
+        hidden, _ = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
+                                            deterministic, perm_mask, target_mapping)
         pooled = self.pooler(hidden) if self.config.pooler else None
         return EncoderOutput(last_hidden_state=hidden, pooler_output=pooled)
 
@@ -103,8 +119,15 @@ class EncoderForMaskedLM(_Backbone):
         self.mlm_head = MaskedLMHead(self.config)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 masked_positions=None, deterministic: bool = True) -> MaskedLMOutput:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+                 masked_positions=None, deterministic: bool = True, perm_mask=None,
+                 target_mapping=None) -> MaskedLMOutput:
+        """XLNet: with `target_mapping` the head reads the query stream, so `logits` is [batch, num_predict, vocab]
+        (transformers' XLNetLMHeadModel)."""
+        if target_mapping is not None and masked_positions is not None:
+            raise ValueError("give masked_positions or target_mapping, not both: target_mapping already picks the "
+                             "predicted positions")
+        hidden, _ = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
+                                            deterministic, perm_mask, target_mapping)
         logits = self.mlm_head(gather_positions(hidden, masked_positions), self.embeddings.attend)
         return MaskedLMOutput(logits=logits, last_hidden_state=hidden)
 

@@ -21,16 +21,20 @@ def segment_membership(segment_ids: jax.Array, max_segments: int | None) -> jax.
 
 
 def pool_segments(x: jax.Array, member: jax.Array, pooling: str) -> jax.Array:
-    """x [batch, seq, dim] -> [batch, K, dim]: each slot's first token ("cls") or token mean ("mean").
+    """x [batch, seq, dim] -> [batch, K, dim]: each slot's first token ("cls"), last token ("last") or token mean
+    ("mean").
 
     An empty slot pools to the first token of the row (cls) or zeros (mean); callers mask it out.
     """
     if pooling == "cls":
         first = jnp.argmax(member, axis=1)  # [batch, K]: index of the first True (0 when there is none)
         return jnp.take_along_axis(x, first[..., None], axis=1)
+    if pooling == "last":  # XLNet's summary token <cls> ends each example
+        last = member.shape[1] - 1 - jnp.argmax(member[:, ::-1], axis=1)
+        return jnp.take_along_axis(x, last[..., None], axis=1)
     if pooling in ("mean", "late"):
         weights = member.astype(jnp.float32)
         total = jnp.einsum("bsk,bsd->bkd", weights, x.astype(jnp.float32))
         count = jnp.maximum(weights.sum(axis=1), 1.0)[..., None]
         return (total / count).astype(x.dtype)
-    raise ValueError(f"unknown classifier_pooling {pooling!r}; known: cls, mean, late")
+    raise ValueError(f"unknown classifier_pooling {pooling!r}; known: cls, last, mean, late")

@@ -5,6 +5,7 @@
     objective: {name: mlm_sop}                                 # ALBERT (data.sentence_objective: sop)
     objective: {name: electra, rtd_weight: 50}                 # ELECTRA: generator + discriminator
     objective: {name: distillation, teacher: runs/teacher}     # DistilBERT: frozen teacher
+    objective: {name: permutation_lm, prediction_ratio: 6}     # XLNet: permutation LM on the query stream
 
 Adding an objective is one module with an `Objective` subclass and one line in `OBJECTIVES`.
 """
@@ -18,9 +19,11 @@ from bertjax.train.objectives.base import (MODEL_BATCH_KEYS, Objective, Objectiv
 from bertjax.train.objectives.distillation import Distillation
 from bertjax.train.objectives.electra import Electra
 from bertjax.train.objectives.mlm import MaskedLM, MaskedLMWithSentenceOrder, MaskedLMWithSentencePairs
+from bertjax.train.objectives.permutation_lm import PermutationLM
 
 OBJECTIVES: dict[str, type[Objective]] = {
-    cls.name: cls for cls in (MaskedLM, MaskedLMWithSentencePairs, MaskedLMWithSentenceOrder, Electra, Distillation)
+    cls.name: cls for cls in (MaskedLM, MaskedLMWithSentencePairs, MaskedLMWithSentenceOrder, Electra, Distillation,
+                                 PermutationLM)
 }
 
 
