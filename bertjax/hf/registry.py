@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from bertjax.hf import albert, bert, distilbert, electra, eurobert, modernbert, roberta
+from bertjax.hf import albert, bert, deberta, distilbert, electra, eurobert, modernbert, roberta
 from bertjax.hf.family import HfFamily
 
 FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
@@ -14,6 +14,8 @@ FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     distilbert.FAMILY,
     electra.FAMILY,
     eurobert.FAMILY,
+    deberta.FAMILY_V1,
+    deberta.FAMILY_V2,
 )}
 
 # transformers class name (config.architectures[0]) -> (model_type, bertjax head).
