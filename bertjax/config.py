@@ -22,6 +22,8 @@ ProblemType = Literal["single_label_classification", "multi_label_classification
 # How a sequence head turns a segment's token states into one prediction: the first token ("cls"; EuroBERT calls it
 # "bos"), the mean of the token states ("mean"), or the mean of per-token logits ("late", EuroBERT's default).
 ClassifierPooling = Literal["cls", "mean", "late", "last"]  # "last": the last token (XLNet's <cls>)
+RelativeTerm = Literal["c2p", "p2c"]
+DisentangledImplementation = Literal["auto", "dense", "blockwise"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +101,72 @@ class XLNetOptions:
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"XLNetOptions has no field(s) {sorted(unknown)}")
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class DisentangledAttentionConfig:
+    """DeBERTa's knobs: `EncoderConfig.disentangled`, read by the "disentangled" attention kind, the relative
+    embedding table the stack builds once per forward, v2's convolution after the first layer and DeBERTa's
+    embedding layout (factorised projection before the norm, padding rows zeroed).
+
+    The relative table has 2 * span rows, span = position_buckets when > 0, else max_relative_positions; distances
+    beyond it clamp to the last row, so any sequence length can be represented.
+    """
+
+    pos_att_type: tuple[RelativeTerm, ...] = ("p2c", "c2p")  # which relative terms add to q.k (any subset)
+    max_relative_positions: int = 512  # the longest distance the log buckets resolve (HF -1: max_position_embeddings)
+    position_buckets: int = 0  # > 0: log-bucketed distances (DeBERTa-v2/v3); 0: distances clamped at the span
+    share_att_key: bool = False  # project relative embeddings with the content query/key kernels (v2/v3)
+    norm_rel_ebd: bool = False  # LayerNorm on the relative embeddings (HF norm_rel_ebd="layer_norm")
+    conv_kernel_size: int = 0  # > 0: v2's convolution over the embeddings after the first layer
+    conv_act: Activation = "tanh"
+    conv_groups: int = 1
+    fused_qkv: bool = False  # DeBERTa v1: one bias-free in_proj for q, k, v plus separate q_bias and v_bias
+    # Hugging Face tensor names only: True writes the MLM head as `cls.predictions.*`, False as
+    # `lm_predictions.lm_head.*` (the `legacy` key); the math is the same.
+    legacy_mlm_head: bool = True
+    implementation: DisentangledImplementation = "auto"  # "auto": dense up to block_size * 4 tokens, else blockwise
+    block_size: int = 128  # queries per step of the blockwise path
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        if len(set(self.pos_att_type)) != len(self.pos_att_type):
+            raise ValueError(f"DisentangledAttentionConfig.pos_att_type repeats a term: {self.pos_att_type}")
+        for name in ("max_relative_positions", "block_size", "conv_groups"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DisentangledAttentionConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.position_buckets < 0 or self.position_buckets == 1:
+            raise ValueError(f"DisentangledAttentionConfig.position_buckets must be 0 (off) or >= 2, got "
+                             f"{self.position_buckets}")
+        if self.position_buckets and self.max_relative_positions <= self.position_buckets // 2 + 1:
+            raise ValueError(f"DisentangledAttentionConfig.max_relative_positions ({self.max_relative_positions}) "
+                             f"must exceed position_buckets // 2 + 1 ({self.position_buckets // 2 + 1})")
+        if self.conv_kernel_size < 0 or (self.conv_kernel_size and self.conv_kernel_size % 2 == 0):
+            raise ValueError(f"DisentangledAttentionConfig.conv_kernel_size must be 0 or odd (a same-length "
+                             f"convolution), got {self.conv_kernel_size}")
+        if self.fused_qkv and self.share_att_key:
+            raise ValueError("DisentangledAttentionConfig.fused_qkv (DeBERTa v1) has no share_att_key")
+
+    @property
+    def span(self) -> int:
+        """Half the number of rows of the relative embedding table."""
+        return self.position_buckets if self.position_buckets > 0 else self.max_relative_positions
+
+    def replace(self, **changes) -> "DisentangledAttentionConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"DisentangledAttentionConfig has no field(s) {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "DisentangledAttentionConfig":
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"DisentangledAttentionConfig has no field(s) {sorted(unknown)}")
+        values = dict(values)
+        if isinstance(values.get("pos_att_type"), list):  # JSON and YAML have no tuples
+            values["pos_att_type"] = tuple(values["pos_att_type"])
         return cls(**values)
 
 
@@ -184,6 +252,8 @@ class EncoderConfig:
     task: TaskConfig | None = None
     # XLNet's knobs; set exactly when attention_kind == "two_stream" (bertjax/models/xlnet).
     xlnet: XLNetOptions | None = None
+    # DeBERTa's disentangled attention and embedding layout; set exactly when attention_kind="disentangled".
+    disentangled: DisentangledAttentionConfig | None = None
 
     # Special tokens.
     pad_token_id: int = 0
@@ -235,6 +305,12 @@ class EncoderConfig:
                              "embedding_norm=False, norm_placement='post', embedding_size=None, no shared layers "
                              "and global_attention_every=1: XLNet's positions are relative and its embedding is the "
                              "word embedding alone")
+        if (self.attention_kind == "disentangled") != (self.disentangled is not None):
+            raise ValueError("EncoderConfig.disentangled must be set exactly when attention_kind='disentangled' "
+                             f"(got attention_kind={self.attention_kind!r}, disentangled={self.disentangled!r})")
+        if self.disentangled is not None and self.global_attention_every != 1:
+            raise ValueError("EncoderConfig.disentangled: DeBERTa attention is global in every layer "
+                             "(global_attention_every must be 1)")
         if not self.family:
             raise ValueError("EncoderConfig.family must name a Hugging Face model_type, e.g. 'bert'")
         if self.position_embedding == "sinusoidal" and self.hidden_size != self.embed_dim:
@@ -327,6 +403,8 @@ class EncoderConfig:
             values = {**values, "task": TaskConfig.from_dict(values["task"])}
         if isinstance(values.get("xlnet"), dict):
             values = {**values, "xlnet": XLNetOptions.from_dict(values["xlnet"])}
+        if isinstance(values.get("disentangled"), dict):
+            values = {**values, "disentangled": DisentangledAttentionConfig.from_dict(values["disentangled"])}
         return cls(**values)
 
 
@@ -463,3 +541,29 @@ register_preset("xlnet-base", _XLNET)
 register_preset("xlnet-large", _XLNET.replace(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096))
 register_preset("xlnet-tiny", _XLNET.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
                                              intermediate_size=64, max_position_embeddings=64, dropout_rate=0.0))
+# DeBERTa (He et al. 2021): post-norm BERT layers with disentangled attention. v1 (deberta-base/large): v1's fused
+# in_proj, distances clamped at 512. v3 (DeBERTa-v2 code): no absolute positions, 256 log
+# buckets, shared attention keys, LayerNorm'd relative table, 128k SentencePiece vocabulary, no token types.
+_DEBERTA = _BERT.replace(family="deberta", vocab_size=50265, type_vocab_size=0, norm_eps=1e-7, pooler=False,
+                         classifier_activation="gelu", position_embedding="none", attention_kind="disentangled",
+                         disentangled=DisentangledAttentionConfig(pos_att_type=("c2p", "p2c"), fused_qkv=True,
+                                                                  max_relative_positions=512))
+_DEBERTA_V3 = _BERT.replace(
+    family="deberta-v2", vocab_size=128100, type_vocab_size=0, norm_eps=1e-7, pooler=False,
+    classifier_activation="gelu", position_embedding="none", attention_kind="disentangled",
+    disentangled=DisentangledAttentionConfig(max_relative_positions=512, position_buckets=256, share_att_key=True,
+                                             norm_rel_ebd=True))
+register_preset("deberta-base", _DEBERTA)
+register_preset("deberta-large", _DEBERTA.replace(hidden_size=1024, num_layers=24, num_heads=16,
+                                                  intermediate_size=4096))
+register_preset("deberta-v3-xsmall", _DEBERTA_V3.replace(hidden_size=384, num_layers=12, num_heads=6,
+                                                         intermediate_size=1536))
+register_preset("deberta-v3-small", _DEBERTA_V3.replace(hidden_size=768, num_layers=6, num_heads=12,
+                                                        intermediate_size=3072))
+register_preset("deberta-v3-base", _DEBERTA_V3)
+register_preset("deberta-v3-large", _DEBERTA_V3.replace(hidden_size=1024, num_layers=24, num_heads=16,
+                                                        intermediate_size=4096))
+register_preset("deberta-v3-tiny", _DEBERTA_V3.replace(
+    vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_position_embeddings=64,
+    dropout_rate=0.0, disentangled=DisentangledAttentionConfig(max_relative_positions=16, position_buckets=8,
+                                                               share_att_key=True, norm_rel_ebd=True)))

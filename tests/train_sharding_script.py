@@ -21,11 +21,16 @@ RUNS = {
     # Accumulation is the objective-independent part the MLM runs cover (ELECTRA's samples depend on the microbatch).
     "electra": [((1, 1, 1), 1, 1), ((2, 2, 2), 8, 1)],
     "permutation_lm": [((1, 1, 1), 1, 1), ((2, 2, 2), 8, 1)],  # orders drawn on the device, per row
+    "deberta_gdes": [((1, 1, 1), 1, 1), ((2, 2, 2), 8, 1)],
 }
 TINY = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 48}
 MODELS = {"mlm": ("modernbert-tiny", {**TINY, "local_window": 8}),
           "electra": ("electra-tiny-discriminator", {**TINY, "embedding_size": 16}),
-          "permutation_lm": ("xlnet-tiny", TINY)}
+          "permutation_lm": ("xlnet-tiny", TINY),
+          "deberta_gdes": ("deberta-v3-tiny", TINY)}
+# Objective sections that are not just {name: <run name>}.
+OBJECTIVES = {"deberta_gdes": {"name": "electra", "embedding_sharing": "gdes", "generator_size": 1.0,
+                               "generator_depth": 0.5}}
 
 
 def main(tokenizer_dir: str, objective: str) -> None:
@@ -33,7 +38,7 @@ def main(tokenizer_dir: str, objective: str) -> None:
     tokenizer = load_tokenizer(tokenizer_dir)
     preset, overrides = MODELS[objective]
     raw = {"model": {"preset": preset, "overrides": overrides},
-           "objective": {"name": objective},
+           "objective": OBJECTIVES.get(objective, {"name": objective}),
            "data": {"seq_len": 32, "global_batch_size": 8, "mlm_probability": 0.3, "window_documents": 64},
            "optimizer": {"name": "stable_adamw", "learning_rate": 3e-3, "weight_decay": 1e-5},
            "schedule": {"name": "linear", "warmup": 2}, "train": {"steps": STEPS}}

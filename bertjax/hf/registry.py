@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from bertjax.hf import albert, bert, distilbert, electra, eurobert, modernbert, roberta
-from bertjax.hf import xlnet
+from bertjax.hf import albert, bert, deberta, distilbert, electra, eurobert, modernbert, roberta, xlnet
 from bertjax.hf.family import HfFamily
 
 FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
@@ -16,6 +15,8 @@ FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     electra.FAMILY,
     eurobert.FAMILY,
     xlnet.FAMILY,
+    deberta.FAMILY_V1,
+    deberta.FAMILY_V2,
 )}
 
 # transformers class name (config.architectures[0]) -> (model_type, bertjax head).

@@ -1,3 +1,4 @@
+from bertjax.models import disentangled  # noqa: F401  (registers the "disentangled" attention kind)
 from bertjax.models.model import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForPreTraining,
                                   EncoderForReplacedTokenDetection, EncoderModel, EncoderOutput, MaskedLMOutput,
                                   PreTrainingOutput, ReplacedTokenOutput)

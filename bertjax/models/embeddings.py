@@ -43,9 +43,9 @@ class Embeddings(nn.Module):
             self.token_type_embeddings = embed(cfg.type_vocab_size, ("token_type", "embed"), "token_type_embeddings")
         if cfg.embedding_norm:
             self.norm = norm(cfg, "norm")
-        if cfg.embed_dim != cfg.hidden_size:
-            self.projection = dense(cfg, cfg.hidden_size, ("embed_factor", "embed"), use_bias=True,
-                                    name="projection")
+        if cfg.embed_dim != cfg.hidden_size:  # DeBERTa's embed_proj has no bias
+            self.projection = dense(cfg, cfg.hidden_size, ("embed_factor", "embed"),
+                                    use_bias=cfg.disentangled is None, name="projection")
         self.dropout = nn.Dropout(cfg.dropout_rate)
 
     def __call__(self, inputs: EncoderInputs, deterministic: bool = True) -> jax.Array:
@@ -62,6 +62,12 @@ class Embeddings(nn.Module):
             x = x + table[inputs.positions]
         if cfg.token_type_embedding:
             x = x + self.token_type_embeddings(inputs.token_type_ids)
+        if cfg.disentangled is not None:
+            # DeBERTa projects before the norm and zeroes padding rows: v2's convolution reads its neighbours.
+            if cfg.embed_dim != cfg.hidden_size:
+                x = self.projection(x)
+            x = self.norm(x) * (inputs.segment_ids != 0)[..., None].astype(x.dtype)
+            return self.dropout(x, deterministic=deterministic)
         if cfg.embedding_norm:
             x = self.norm(x)
         x = self.dropout(x, deterministic=deterministic)

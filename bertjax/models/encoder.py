@@ -8,6 +8,7 @@ import jax
 from bertjax.config import EncoderConfig
 from bertjax.models.common import norm
 from bertjax.models.inputs import EncoderInputs
+from bertjax.models.disentangled import EmbeddingConvolution, RelativeEmbeddings
 from bertjax.models.layer import EncoderLayer
 
 # Rematerialisation policies by name (the run config picks one). "none" keeps every activation.
@@ -44,10 +45,15 @@ class EncoderStack(nn.Module):
         # sow is free unless "intermediates" is mutable (bertjax.intermediates.hidden_states asks for it). The last
         # entry is the stack's output after the final norm, as transformers' hidden_states[-1] is.
         self.sow("intermediates", "hidden_states", x)
+        embeddings = x
+        if cfg.disentangled is not None:  # one relative table per forward, read by every layer
+            inputs = inputs.replace(relative_embeddings=RelativeEmbeddings(cfg, name="relative")())
         for i in range(cfg.num_layers):
             group = cfg.layer_group(i)
             for j in range(per_group):
                 x = layers[group * per_group + j](x, inputs)
+            if i == 0 and cfg.disentangled is not None and cfg.disentangled.conv_kernel_size:
+                x = EmbeddingConvolution(cfg, name="conv")(embeddings, x, inputs.segment_ids)
             if i < cfg.num_layers - 1:
                 self.sow("intermediates", "hidden_states", x)
         if cfg.final_norm:

@@ -18,6 +18,8 @@ class EncoderInputs:
     segment_ids: jax.Array  # [batch, seq] int32; 0 = padding
     positions: jax.Array  # [batch, seq] int32; restart at every packed document
     token_type_ids: jax.Array | None  # [batch, seq] or None when the model has no token types
+    # DeBERTa: the [2 * span, hidden] relative embedding table, built once per forward by the stack for every layer.
+    relative_embeddings: jax.Array | None = None
 
 
 def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
@@ -29,8 +31,10 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
         raise ValueError(f"input_ids must be integers, got {input_ids.dtype}")
     batch, seq = input_ids.shape
     # Learned positions start at position_offset (RoBERTa: pad_token_id + 1), so the offset eats into the table.
-    if seq + config.position_offset > config.max_position_embeddings:
-        raise ValueError(f"sequence length {seq} exceeds the model's max_position_embeddings "
+    # A model without absolute positions whose relative distances clamp (DeBERTa-v3) represents any length.
+    unbounded = config.position_embedding == "none" and config.disentangled is not None
+    if not unbounded and seq + config.position_offset > config.max_position_embeddings:
+        raise ValueError(f"input_ids: sequence length {seq} exceeds the model's max_position_embeddings "
                          f"({config.max_position_embeddings}, of which position_offset={config.position_offset} "
                          "are never used)")
     check_ids(input_ids, config.vocab_size, "token ids")

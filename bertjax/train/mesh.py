@@ -38,6 +38,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("position", None),
     ("token_type", None),
     ("classes", None),
+    ("relative", None),  # DeBERTa's relative embedding rows: a small table every layer reads whole
+    ("conv_width", None),
     # Activations.
     ("activation_batch", BATCH_AXES),
     ("activation_length", None),

@@ -11,6 +11,12 @@ token, position and token-type embeddings and the embedding norm: the generator'
 and reads the discriminator's, so both losses train one copy. Their widths differ, so each keeps its own
 embedding projection (E -> its hidden size).
 
+DeBERTa-v3 (He et al. 2021) trains the same two models with gradient-disentangled embedding sharing
+(`embedding_sharing: gdes`): the generator owns the embedding tables and only its MLM loss trains them; the
+discriminator embeds with stop_gradient(generator table) + its own zero-initialised residual, so the RTD loss
+trains the residual alone and cannot pull the shared table towards its own, conflicting, objective. The norms stay
+each model's own. The released code shares the word and position tables; token-type tables are shared alike.
+
 The trainable parameters are `{"discriminator": ..., "generator": ...}`; `exports` gives both as ordinary models
 (the generator with the shared tensors filled in). The discriminator is the model users fine-tune.
 """
@@ -18,6 +24,7 @@ The trainable parameters are `{"discriminator": ..., "generator": ...}`; `export
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +39,8 @@ from bertjax.train.objectives.base import Objective, ObjectiveOptions, init_boxe
 # Parameters under `embeddings/` that the generator takes from the discriminator.
 SHARED_EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings", "norm")
 DISCRIMINATOR_HEAD = "replaced_token_detection"
+# Tables shared by GDES: the discriminator's copies of these hold only its residual.
+GDES_EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +51,10 @@ class ElectraOptions(ObjectiveOptions):
     generator_size: float | None = None
     rtd_weight: float = 50.0  # lambda of the paper
     temperature: float = 1.0  # of the generator's sampling distribution
+    # "shared": the generator reads the discriminator's embeddings (ELECTRA); "gdes": the discriminator reads the
+    # generator's under stop-gradient plus its own zero-initialised residual (DeBERTa-v3).
+    embedding_sharing: Literal["shared", "gdes"] = "shared"
+    generator_depth: float = 1.0  # the generator's layers as a fraction of the discriminator's (DeBERTa-v3: 0.5)
 
     def __post_init__(self) -> None:
         if self.generator_size is not None and not 0.0 < self.generator_size <= 1.0:
@@ -50,11 +63,15 @@ class ElectraOptions(ObjectiveOptions):
             raise ValueError(f"objective.rtd_weight must be >= 0, got {self.rtd_weight}")
         if self.temperature <= 0:
             raise ValueError(f"objective.temperature must be positive, got {self.temperature}")
+        if self.embedding_sharing not in ("shared", "gdes"):
+            raise ValueError(f"objective.embedding_sharing must be 'shared' or 'gdes', got {self.embedding_sharing!r}")
+        if not 0.0 < self.generator_depth <= 1.0:
+            raise ValueError(f"objective.generator_depth must be in (0, 1], got {self.generator_depth}")
 
 
-def generator_config(discriminator: EncoderConfig, size: float | None) -> EncoderConfig:
+def generator_config(discriminator: EncoderConfig, size: float | None, depth: float = 1.0) -> EncoderConfig:
     """The generator of `discriminator`: `size` of its heads (each of the same head size) and feed-forward width,
-    the same depth, embedding size and vocabulary."""
+    `depth` of its layers, the same embedding size and vocabulary."""
     if size is None:
         size = 1 / 3 if discriminator.hidden_size <= 256 else 1 / 4
     heads = max(1, round(discriminator.num_heads * size))
@@ -62,7 +79,8 @@ def generator_config(discriminator: EncoderConfig, size: float | None) -> Encode
     return discriminator.replace(
         hidden_size=heads * head_dim, num_heads=heads, num_kv_heads=None,
         intermediate_size=max(1, round(discriminator.intermediate_size * size)),
-        embedding_size=discriminator.embed_dim, pooler=False, tie_word_embeddings=True)
+        embedding_size=discriminator.embed_dim, pooler=False, tie_word_embeddings=True,
+        num_layers=max(1, round(discriminator.num_layers * depth)))
 
 
 def _split_shared(generator: dict) -> dict:
@@ -74,6 +92,16 @@ def with_shared_embeddings(generator: dict, discriminator: dict) -> dict:
     """The generator's full parameter tree: its own leaves plus the discriminator's shared embeddings."""
     shared = {k: v for k, v in discriminator["embeddings"].items() if k in SHARED_EMBEDDINGS}
     return {**generator, "embeddings": {**generator["embeddings"], **shared}}
+
+
+def with_gdes_embeddings(discriminator: dict, generator: dict) -> dict:
+    """The discriminator's effective tree under GDES: stop_gradient(generator table) + its residual, per table."""
+    embeddings = dict(discriminator["embeddings"])
+    for name in GDES_EMBEDDINGS:
+        if name in embeddings:
+            shared = jax.lax.stop_gradient(generator["embeddings"][name]["embedding"])
+            embeddings[name] = {"embedding": shared + embeddings[name]["embedding"]}
+    return {**discriminator, "embeddings": embeddings}
 
 
 def replace_at(ids: jax.Array, positions: jax.Array, used: jax.Array, values: jax.Array) -> jax.Array:
@@ -104,19 +132,26 @@ class Electra(Objective):
 
     def __init__(self, options, model_config, remat_policy="none"):
         super().__init__(options, model_config, remat_policy)
-        self.generator_config = generator_config(model_config, options.generator_size)
+        self.generator_config = generator_config(model_config, options.generator_size, options.generator_depth)
+        self.gdes = options.embedding_sharing == "gdes"
         self.discriminator = MODEL_CLASSES[DISCRIMINATOR_HEAD](model_config, remat_policy=remat_policy)
         self.generator = MODEL_CLASSES["masked_lm"](self.generator_config, remat_policy=remat_policy)
 
     def init_params(self, key):
         disc_key, gen_key = jax.random.split(key)
+        if self.gdes:  # the generator keeps its tables; the discriminator's start as a zero residual
+            discriminator = init_boxed(self.discriminator, disc_key)
+            embeddings = {name: jax.tree.map(jnp.zeros_like, value) if name in GDES_EMBEDDINGS else value
+                          for name, value in discriminator["embeddings"].items()}
+            return {"discriminator": {**discriminator, "embeddings": embeddings},
+                    "generator": init_boxed(self.generator, gen_key)}
         return {"discriminator": init_boxed(self.discriminator, disc_key),
                 "generator": _split_shared(init_boxed(self.generator, gen_key))}
 
     def loss_sums(self, params, frozen, batch, key, deterministic):
         gen_key, sample_key, disc_key = jax.random.split(key, 3)
         rngs = (lambda k: None) if deterministic else (lambda k: {"dropout": k})
-        generator = with_shared_embeddings(params["generator"], params["discriminator"])
+        generator, discriminator = self._models(params)
         gen = self.generator.apply({"params": generator}, **model_inputs(self.generator_config, batch),
                                    masked_positions=batch["masked_positions"], deterministic=deterministic,
                                    rngs=rngs(gen_key))
@@ -129,7 +164,7 @@ class Electra(Objective):
         real = batch["segment_ids"] > 0
         replaced = (corrupted != original) & real
 
-        disc = self.discriminator.apply({"params": params["discriminator"]},
+        disc = self.discriminator.apply({"params": discriminator},
                                         **model_inputs(self.model_config, batch, input_ids=corrupted),
                                         deterministic=deterministic, rngs=rngs(disc_key))
         rtd_logits = disc.logits.astype(jnp.float32)
@@ -172,7 +207,13 @@ class Electra(Objective):
                                                 predictions=predictions)
         return 3.0 * generator / self.train_flops(seq_len=seq_len, tokens=tokens, predictions=predictions, rows=0)
 
+    def _models(self, params) -> tuple[dict, dict]:
+        """(generator, discriminator) full parameter trees with the shared embeddings filled in."""
+        if self.gdes:
+            return params["generator"], with_gdes_embeddings(params["discriminator"], params["generator"])
+        return with_shared_embeddings(params["generator"], params["discriminator"]), params["discriminator"]
+
     def exports(self, params):
-        generator = with_shared_embeddings(params["generator"], params["discriminator"])
-        return {"discriminator": (MODEL_CLASSES[DISCRIMINATOR_HEAD](self.model_config), params["discriminator"]),
+        generator, discriminator = self._models(params)
+        return {"discriminator": (MODEL_CLASSES[DISCRIMINATOR_HEAD](self.model_config), discriminator),
                 "generator": (MODEL_CLASSES["masked_lm"](self.generator_config), generator)}

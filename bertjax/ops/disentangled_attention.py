@@ -1,0 +1,133 @@
+"""DeBERTa's disentangled attention as a pure function: content-to-content plus content-to-position (c2p) and
+position-to-content (p2c) terms over bucketed relative distances.
+
+    score[i, j] = (q_i . k_j + q_i . Kr[idx(i - j)] + k_j . Qr[idx(i - j)]) / sqrt(d * (1 + number of terms))
+
+Kr and Qr are the relative embedding table projected by the layer ([2 * span, heads, head_dim]), idx the clamped
+bucket of a distance (`relative_index`). transformers takes p2c's index at j - i and negates it; the bucket function
+is odd, so both terms read the same index table.
+
+The relative terms are gathered from [batch, heads, seq, 2 * span] products (q . Kr^T, k . Qr^T), linear in seq.
+"dense" then builds [batch, heads, seq, seq] scores (fast at short lengths); "blockwise" walks query blocks
+(rematerialised under autodiff), so no [seq, seq] tensor is ever live and memory stays linear in seq.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.ops.masks import attention_mask
+
+
+def log_bucket(relative: np.ndarray, buckets: int, max_position: int) -> np.ndarray:
+    """DeBERTa-v2's log buckets of signed distances: exact within +-buckets // 2, logarithmic beyond, reaching
+    +-(buckets - 1)... at max_position. Computed in float32 as transformers does, so ceil() lands on the same side."""
+    relative = np.asarray(relative, np.int64)
+    mid = buckets // 2
+    sign = np.sign(relative)
+    abs_pos = np.where((relative < mid) & (relative > -mid), mid - 1, np.abs(relative))
+    ratio = np.log((abs_pos / np.float32(mid)).astype(np.float32)) / np.log(np.float32((max_position - 1) / mid))
+    log_pos = np.ceil((ratio * np.float32(mid - 1)).astype(np.float32)) + mid
+    return np.where(abs_pos <= mid, relative, log_pos * sign).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=32)
+def relative_index(num_queries: int, num_keys: int, span: int, buckets: int, max_position: int) -> np.ndarray:
+    """Row of the relative table for every distance d = i - j, as a vector indexed by d + num_keys - 1: clamped
+    bucket + span, in [0, 2 * span). One entry per distance, so the table is linear in seq, not [seq, seq]."""
+    distances = np.arange(-(num_keys - 1), num_queries)
+    if buckets > 0:
+        distances = log_bucket(distances, buckets, max_position)
+    table = np.clip(distances + span, 0, 2 * span - 1).astype(np.int32)
+    table.flags.writeable = False  # shared through the cache
+    return table
+
+
+def _tile_index(table: jax.Array, q_start, num_q: int, num_keys: int) -> jax.Array:
+    """[num_q, num_keys] rows of the relative table for queries q_start.. against every key."""
+    distance = (q_start + jnp.arange(num_q))[:, None] - jnp.arange(num_keys)[None, :]
+    return jnp.take(table, distance + num_keys - 1, mode="clip")  # padded query rows past the end: masked anyway
+
+
+def _scores(q, k, c2p, p2c, index, mask, scale):
+    """Masked float32 scores [b, h, nq, nk] of query rows q [b, nq, h, d] against all keys k [b, nk, h, d]; c2p
+    [b, h, nq, 2span] (those rows), p2c [b, h, nk, 2span] (all keys), index [nq, nk]."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    if c2p is not None:
+        s = s + jnp.take_along_axis(c2p, index[None, None], axis=-1)
+    if p2c is not None:
+        s = s + jnp.swapaxes(jnp.take_along_axis(p2c, index.T[None, None], axis=-1), -1, -2)
+    s = s * scale
+    return jnp.where(mask[:, None], s, jnp.finfo(jnp.float32).min)
+
+
+def _attend(q, k, v, c2p, p2c, index, mask, scale):
+    probs = jax.nn.softmax(_scores(q, k, c2p, p2c, index, mask, scale), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+
+
+def relative_products(q, k, pos_key, pos_query):
+    """(q . Kr^T [b, h, seq, 2span] or None, k . Qr^T [b, h, seq, 2span] or None), accumulated in float32."""
+    c2p = None if pos_key is None else jnp.einsum("bqhd,rhd->bhqr", q, pos_key, preferred_element_type=jnp.float32)
+    p2c = None if pos_query is None else jnp.einsum("bkhd,rhd->bhkr", k, pos_query,
+                                                    preferred_element_type=jnp.float32)
+    return c2p, p2c
+
+
+def dense_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=None):
+    """Reference path: the whole [b, h, seq, seq] score matrix at once."""
+    seq = q.shape[1]
+    c2p, p2c = relative_products(q, k, pos_key, pos_query)
+    index = _tile_index(table, 0, seq, seq)
+    return _attend(q, k, v, c2p, p2c, index, attention_mask(segment_ids, segment_ids, None), scale)
+
+
+def blockwise_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=128):
+    """Query blocks of `block_size` rows, one after another; each block sees every key (its scores are [b, h,
+    block, seq]) and is rematerialised in the backward pass, so live memory is O(block * seq), not O(seq^2)."""
+    batch, seq, heads, dim = q.shape
+    blocks = -(-seq // block_size)
+    pad = blocks * block_size - seq
+    c2p, p2c = relative_products(q, k, pos_key, pos_query)
+    # Padded query rows carry segment 0: masked everywhere, cut off at the end.
+    q_pad = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    seg_pad = jnp.pad(segment_ids, ((0, 0), (0, pad)))
+    c2p_pad = None if c2p is None else jnp.pad(c2p, ((0, 0), (0, 0), (0, pad), (0, 0)))
+
+    @jax.checkpoint
+    def block(start):
+        q_blk = jax.lax.dynamic_slice_in_dim(q_pad, start, block_size, axis=1)
+        seg_blk = jax.lax.dynamic_slice_in_dim(seg_pad, start, block_size, axis=1)
+        c2p_blk = None if c2p_pad is None else jax.lax.dynamic_slice_in_dim(c2p_pad, start, block_size, axis=2)
+        index = _tile_index(table, start, block_size, seq)
+        return _attend(q_blk, k, v, c2p_blk, p2c, index, attention_mask(seg_blk, segment_ids, None), scale)
+
+    out = jax.lax.map(block, jnp.arange(blocks) * block_size)  # [blocks, b, block, h, d]
+    out = jnp.moveaxis(out, 0, 1).reshape(batch, blocks * block_size, heads, dim)
+    return out[:, :seq]
+
+
+# implementation name -> function; "auto" picks by length (DisentangledAttentionConfig.implementation).
+IMPLEMENTATIONS = {"dense": dense_disentangled, "blockwise": blockwise_disentangled}
+
+
+def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: int, buckets: int, max_position: int,
+                           implementation: str = "auto", block_size: int = 128) -> jax.Array:
+    """q, k, v [batch, seq, heads, head_dim]; pos_key / pos_query [2 * span, heads, head_dim] or None (term off).
+
+    Returns [batch, seq, heads, head_dim]. Tokens attend within their segment (0 = padding)."""
+    seq = q.shape[1]
+    if implementation == "auto":
+        implementation = "dense" if seq <= 4 * block_size else "blockwise"
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"disentangled attention implementation {implementation!r} is unknown; known: "
+                         f"{['auto', *sorted(IMPLEMENTATIONS)]}")
+    terms = 1 + (pos_key is not None) + (pos_query is not None)
+    scale = 1.0 / float(np.sqrt(np.float32(q.shape[-1] * terms)))
+    table = jnp.asarray(relative_index(seq, seq, span, buckets, max_position))
+    return IMPLEMENTATIONS[implementation](q, k, v, pos_key, pos_query, segment_ids=segment_ids, table=table,
+                                           scale=scale, block_size=block_size)
