@@ -44,12 +44,13 @@ class PoolingConfig:
             object.__setattr__(self, "modes", (self.modes,))
         if isinstance(self.modes, list):
             object.__setattr__(self, "modes", tuple(self.modes))
+        if isinstance(self.modes, tuple):  # name unknown modes before the generic type message
+            unknown = [m for m in self.modes if m not in POOLING_MODES]
+            if unknown:
+                raise ValueError(f"PoolingConfig.modes: unknown {unknown}; known: {', '.join(POOLING_MODES)}")
         check_field_types(self)
         if not self.modes:
             raise ValueError("PoolingConfig.modes must name at least one pooling mode")
-        unknown = [m for m in self.modes if m not in POOLING_MODES]
-        if unknown:
-            raise ValueError(f"PoolingConfig.modes: unknown {unknown}; known: {', '.join(POOLING_MODES)}")
         if self.truncate_dim is not None and self.truncate_dim <= 0:
             raise ValueError(f"PoolingConfig.truncate_dim must be positive, got {self.truncate_dim}")
 

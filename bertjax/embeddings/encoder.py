@@ -29,6 +29,13 @@ SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 _MIN_PAD_LENGTH = 8  # `encode` pads rows to a power of two from here: few compiled shapes
 
 
+# One compiled program per (model, shapes), shared by every encoder with an equal model (Flax modules hash by
+# their fields): reloading a model, or a copy with the same settings, compiles nothing new.
+@functools.partial(jax.jit, static_argnames=("model", "max_segments"))
+def _embed_rows_jit(model, params, input_ids, segment_ids, max_segments, prompt_lengths):
+    return model.apply({"params": params}, input_ids, segment_ids, max_segments, prompt_lengths)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SentenceEncoder:
     """Everything needed to turn texts into sentence embeddings the way sentence-transformers does.
@@ -156,10 +163,6 @@ class SentenceEncoder:
         """
         return self.model.apply({"params": params}, input_ids, segment_ids, max_segments, prompt_lengths)
 
-    @functools.cached_property
-    def _embed_rows_jit(self):
-        return jax.jit(self.embed_rows, static_argnames="max_segments")
-
     def encode(self, texts: Sequence[str], prompt_name: str | None = None, prompt: str | None = None,
                batch_size: int = 32) -> np.ndarray:
         """float32 numpy [len(texts), dim]: sentence-transformers' `encode(texts, prompt_name=, prompt=)`.
@@ -185,7 +188,7 @@ class SentenceEncoder:
             for row, i in enumerate(chosen):
                 input_ids[row, :len(tokens[i])] = tokens[i]
                 segment_ids[row, :len(tokens[i])] = 1
-            vectors = self._embed_rows_jit(self.params, jnp.asarray(input_ids), jnp.asarray(segment_ids),
-                                           max_segments=1, prompt_lengths=prompt_length)
+            vectors = _embed_rows_jit(self.model, self.params, jnp.asarray(input_ids), jnp.asarray(segment_ids),
+                                      max_segments=1, prompt_lengths=prompt_length)
             out[chosen] = np.asarray(vectors[:len(chosen), 0])
         return out

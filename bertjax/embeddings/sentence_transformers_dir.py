@@ -110,6 +110,15 @@ def _read_transformer(directory: Path, allow_pickle: bool):
     if config_path.is_file():
         settings = _read_json(config_path, "the Transformer module's settings")
         _expect(isinstance(settings, dict), config_path, "expected a JSON object")
+        task = settings.get("transformer_task", "feature-extraction")
+        _expect(task == "feature-extraction", config_path, f"transformer_task {task!r}: bertjax embeds with the "
+                "bare encoder (feature-extraction) only")
+        output = settings.get("module_output_name", "token_embeddings")
+        _expect(output == "token_embeddings", config_path, f"module_output_name {output!r}: the Pooling module "
+                "reads token_embeddings")
+        text = (settings.get("modality_config") or {}).get("text", {})
+        _expect(text.get("method_output_name", "last_hidden_state") == "last_hidden_state", config_path,
+                f"the text modality reads {text.get('method_output_name')!r}; bertjax pools last_hidden_state")
     model, params, tokenizer = load_model_dir(directory, allow_pickle=allow_pickle)
     return model, params, tokenizer, settings
 
