@@ -165,6 +165,36 @@ def test_plain_transformers_and_bertjax_directories_use_mean_pooling(tmp_path, h
     assert_close(encoder.encode(TEXTS, batch_size=4), expected, "transformers directory")
     save_model_dir(tmp_path / "bertjax", *load_model_dir(hf_dir))
     assert_close(load_sentence_encoder(tmp_path / "bertjax").encode(TEXTS), expected, "bertjax model directory")
+    # bfloat16 compute, float32 pooling and output: close to float32, not equal.
+    fast = load_sentence_encoder(hf_dir, dtype="bfloat16")
+    assert fast.config.dtype == "bfloat16" and fast.encode(TEXTS).dtype == np.float32
+    np.testing.assert_allclose(fast.encode(TEXTS), expected, atol=5e-2)
+
+
+def test_legacy_directory_layout(tmp_path, transformer):
+    """The layout of older sentence-transformers releases still on the Hub: the Transformer in 0_Transformer/,
+    max_seq_length and do_lower_case in sentence_bert_config.json, Pooling as pooling_mode_* booleans."""
+    _, path = saved(tmp_path, "new", [transformer, Pooling(HIDDEN, pooling_mode=("cls", "mean"))])
+    root = tmp_path / "new"
+    (root / "0_Transformer").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.move(root / name, root / "0_Transformer" / name)
+    (root / "0_Transformer" / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 16, "do_lower_case": True}))
+    (root / "sentence_bert_config.json").unlink()
+    modules = json.loads((root / "modules.json").read_text())
+    modules[0].update(path="0_Transformer", type="sentence_transformers.models.Transformer")
+    modules[1].update(type="sentence_transformers.models.Pooling")
+    (root / "modules.json").write_text(json.dumps(modules))
+    legacy_pooling = {key: key in ("pooling_mode_cls_token", "pooling_mode_mean_tokens")
+                      for key in ("pooling_mode_cls_token", "pooling_mode_max_tokens", "pooling_mode_mean_tokens",
+                                  "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
+                                  "pooling_mode_lasttoken")}
+    (root / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": HIDDEN,
+                                                                **legacy_pooling}))
+    encoder = load_sentence_encoder(path)
+    assert (encoder.pooling.modes, encoder.max_seq_length, encoder.do_lower_case) == (("cls", "mean"), 16, True)
+    assert_close(encoder.encode(TEXTS), SentenceTransformer(path).encode(TEXTS), "legacy layout")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -128,21 +128,22 @@ class SentenceEncoder:
             return self.prompts[self.default_prompt_name]
         return None
 
-    def _ids(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def _ids(self, texts: Sequence[str], truncate: bool = True) -> list[np.ndarray]:
         if self.do_lower_case:
             texts = [t.lower() for t in texts]
         cls, sep = np.array([self.tokenizer.cls_id], np.int32), np.array([self.tokenizer.sep_id], np.int32)
-        body = self.max_seq_length - 2
+        body = self.max_seq_length - 2 if truncate else None
         return [np.concatenate([cls, ids[:body], sep]) for ids in self.tokenizer.encode_batch(list(texts))]
 
-    def tokenize(self, texts: Sequence[str], prompt: str | None = None) -> list[np.ndarray]:
+    def tokenize(self, texts: Sequence[str], prompt: str | None = None, truncate: bool = True) -> list[np.ndarray]:
         """int32 token ids per text: [CLS] prompt + text [SEP], truncated to max_seq_length (the prompt is part of
-        the text, as in sentence-transformers, so it counts against the length)."""
+        the text, as in sentence-transformers, so it counts against the length). `truncate=False` keeps every
+        token (for callers that split long texts into chunks)."""
         if isinstance(texts, str):
             raise TypeError("tokenize takes a list of texts, got one string")
         if prompt:
             texts = [prompt + text for text in texts]
-        return self._ids(texts)
+        return self._ids(texts, truncate)
 
     def prompt_length(self, prompt: str | None) -> int:
         """Tokens the prompt occupies at the start of a tokenized text: [CLS] and the prompt's own tokens (0 for no
@@ -167,8 +168,8 @@ class SentenceEncoder:
                batch_size: int = 32) -> np.ndarray:
         """float32 numpy [len(texts), dim]: sentence-transformers' `encode(texts, prompt_name=, prompt=)`.
 
-        One text per row, rows sorted by length and padded to a power of two (few compiled shapes). An empty text
-        is embedded like any other ([CLS] [SEP]).
+        One text per row, rows sorted by length; lengths and row counts padded to powers of two (few compiled
+        shapes). An empty text is embedded like any other ([CLS] [SEP]).
         """
         if isinstance(texts, str):
             raise TypeError("encode takes a list of texts, got one string; wrap it in a list")
@@ -183,8 +184,9 @@ class SentenceEncoder:
             chosen = order[start:start + batch_size]
             longest = max(len(tokens[i]) for i in chosen)
             seq = min(max(_MIN_PAD_LENGTH, 1 << (longest - 1).bit_length()), self.max_seq_length)
-            input_ids = np.full((batch_size, seq), self.config.pad_token_id, np.int32)
-            segment_ids = np.zeros((batch_size, seq), np.int32)
+            rows = min(batch_size, 1 << (len(chosen) - 1).bit_length())
+            input_ids = np.full((rows, seq), self.config.pad_token_id, np.int32)
+            segment_ids = np.zeros((rows, seq), np.int32)
             for row, i in enumerate(chosen):
                 input_ids[row, :len(tokens[i])] = tokens[i]
                 segment_ids[row, :len(tokens[i])] = 1

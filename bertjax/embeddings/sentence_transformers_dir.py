@@ -234,6 +234,7 @@ def _backbone_params(params: dict) -> dict:
 
 
 def _load_st_dir(root: Path, dtype: str | None, allow_pickle: bool) -> SentenceEncoder:
+    import jax
     import jax.numpy as jnp
 
     modules_path = root / MODULES_FILE
@@ -245,8 +246,8 @@ def _load_st_dir(root: Path, dtype: str | None, allow_pickle: bool) -> SentenceE
     _expect(kinds.count("Pooling") == 1 and kinds[1] == "Pooling", modules_path,
             f"a Pooling module must follow the Transformer; modules are {kinds}")
     _expect("Normalize" not in kinds[:-1], modules_path, f"Normalize must be the last module; modules are {kinds}")
-    model, params, tokenizer, settings = _read_transformer(_module_dir(root, entries[0], modules_path), allow_pickle)
     transformer_dir = _module_dir(root, entries[0], modules_path)
+    model, params, tokenizer, settings = _read_transformer(transformer_dir, allow_pickle)
     modes, include_prompt = _read_pooling(_module_dir(root, entries[1], modules_path), model.config.hidden_size)
     dense_specs, dense_params = [], {}
     for entry, kind in zip(entries[2:], kinds[2:]):
@@ -261,10 +262,8 @@ def _load_st_dir(root: Path, dtype: str | None, allow_pickle: bool) -> SentenceE
     except ValueError as error:
         raise ValueError(f"{root}: {error}") from None
     embedding_model = _embedding_model(model, pooling, tuple(dense_specs), dtype)
-    dtype_of = embedding_model.config.param_dtype
-    all_params = {**_backbone_params(params),
-                  **{name: {k: {p: jnp.asarray(v, dtype_of) for p, v in sub.items()} for k, sub in layer.items()}
-                     for name, layer in dense_params.items()}}
+    dense_params = jax.tree.map(lambda v: jnp.asarray(v, embedding_model.config.param_dtype), dense_params)
+    all_params = {**_backbone_params(params), **dense_params}
     max_seq_length = settings.get("max_seq_length") or _default_max_seq_length(model.config, transformer_dir)
     do_lower_case = settings.get("do_lower_case", False)
     _expect(isinstance(do_lower_case, bool), transformer_dir / TRANSFORMER_CONFIG_FILE,

@@ -141,6 +141,9 @@ def pool_sentences(x: jax.Array, segment_ids: jax.Array, max_segments: int, mode
     sentence-transformers' `include_prompt=False` does: the prompt's tokens with the leading [CLS], without the
     prompt's own trailing [SEP]. Empty slots hold zeros.
     """
+    unknown = [mode for mode in modes if mode not in POOLING_MODES]
+    if unknown or not modes:
+        raise ValueError(f"pooling modes must be some of {', '.join(POOLING_MODES)}; got {list(modes)}")
     x = x.astype(jnp.float32)
     in_segment = segment_membership(segment_ids, max_segments)
     member = in_segment
