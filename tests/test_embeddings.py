@@ -200,14 +200,9 @@ def test_legacy_directory_layout(tmp_path, transformer):
 # ---------------------------------------------------------------------------------------------------------------
 # Packed rows.
 
-TINY_FAMILIES = {
-    "bert": lambda: get_config("bert-base", vocab_size=100, hidden_size=HIDDEN, num_layers=2, num_heads=4,
-                               intermediate_size=64, max_position_embeddings=64, dropout_rate=0.0),
-    # 3 layers: local-window layers (window 8) between global ones, and RoPE positions restarting per text.
-    "modernbert": lambda: get_config("modernbert-base", vocab_size=100, hidden_size=HIDDEN, num_layers=3,
-                                     num_heads=4, intermediate_size=48, max_position_embeddings=128, local_window=8,
-                                     pad_token_id=0),
-}
+# 3 layers: local-window layers (window 8) between global ones, and RoPE positions restarting per text.
+TINY_MODERNBERT = dict(vocab_size=97, hidden_size=HIDDEN, num_layers=3, num_heads=4, intermediate_size=48,
+                       max_position_embeddings=128, local_window=8, pad_token_id=0)
 LENGTHS = (5, 1, 9, 3, 12, 2)
 PROMPT_LENGTHS = (2, 0, 3, 1, 2, 2)  # the last text is all prompt: nothing left to pool but its fallback
 PACKING = ((0, 1, 2), (3, 4), (5,))  # texts per packed row (15, 15 and 2 tokens)
@@ -216,7 +211,7 @@ ROWS, SEQ, SLOTS = len(LENGTHS), 16, 4
 
 def one_per_row_and_packed(seed: int):
     rng = np.random.default_rng(seed)
-    texts = [rng.integers(3, 100, n).astype(np.int32) for n in LENGTHS]
+    texts = [rng.integers(5, 97, n).astype(np.int32) for n in LENGTHS]
     layouts = []
     for groups in ([(i,) for i in range(len(texts))], PACKING):
         ids = np.zeros((ROWS, SEQ), np.int32)
@@ -235,16 +230,27 @@ def one_per_row_and_packed(seed: int):
     return layouts
 
 
-@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
-def test_packed_rows_equal_one_text_per_row(family):
-    config = TINY_FAMILIES[family]()
+def packed_model(family: str, hf_dir):
+    """(model, params, embed function) with every pooling mode, prompts excluded, normalised: BERT through the
+    public SentenceEncoder.embed_rows of the shared checkpoint, ModernBERT as a freshly initialised model with a
+    Dense layer."""
     pooling = PoolingConfig(modes=ALL_MODES, include_prompt=False, normalize=True)
-    model = EncoderForEmbedding(config, pooling=pooling, dense=(DenseConfig(len(ALL_MODES) * HIDDEN, 16),))
-    params = init_params(model, jax.random.key(0))
-    embed = jax.jit(lambda p, ids, seg, prompts: model.apply({"params": p}, ids, seg, SLOTS, prompts))
+    if family == "bert":
+        encoder = load_sentence_encoder(hf_dir).replace(pooling=pooling)
+        return encoder.params, jax.jit(encoder.embed_rows, static_argnames="max_segments")
+    model = EncoderForEmbedding(get_config("modernbert-base", **TINY_MODERNBERT), pooling=pooling,
+                                dense=(DenseConfig(len(ALL_MODES) * HIDDEN, 16),))
+    embed = jax.jit(lambda p, ids, seg, max_segments, prompts: model.apply({"params": p}, ids, seg, max_segments,
+                                                                            prompts), static_argnums=3)
+    return init_params(model, jax.random.key(0)), embed
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_packed_rows_equal_one_text_per_row(family, hf_dir):
+    params, embed = packed_model(family, hf_dir)
     outputs = []
     for ids, segments, prompts, where in one_per_row_and_packed(seed=1):
-        out = np.asarray(embed(params, jnp.asarray(ids), jnp.asarray(segments), jnp.asarray(prompts)))
+        out = np.asarray(embed(params, jnp.asarray(ids), jnp.asarray(segments), SLOTS, jnp.asarray(prompts)))
         used = set(where.values())
         empty = [(r, s) for r in range(ROWS) for s in range(SLOTS) if (r, s) not in used]
         assert all(not out[r, s].any() for r, s in empty), "empty slots hold zeros"
