@@ -124,6 +124,12 @@ def test_dense_normalize_and_prompts_equal_sentence_transformers(dense_pipeline)
     assert features["prompt_length"] == 3 and max(map(len, ours)) == MAX_SEQ_LENGTH and 1 not in ours[0]
     with pytest.raises(ValueError, match="not one of the model's prompts"):
         encoder.encode(TEXTS, prompt_name="passage")
+    vectors = reference.encode(TEXTS, normalize_embeddings=False) * np.arange(1, 13)  # not unit length
+    for name in ("cosine", "dot", "euclidean", "manhattan"):
+        reference.similarity_fn_name = name
+        assert_close(np.asarray(encoder.replace(similarity_fn_name=name).similarity(vectors[:2], vectors[2:])),
+                     reference.similarity(vectors[:2], vectors[2:]).numpy(), f"{name} similarity")
+    reference.similarity_fn_name = "cosine"
 
 
 def test_matryoshka_truncation_renormalises(dense_pipeline):
@@ -140,9 +146,10 @@ def test_matryoshka_truncation_renormalises(dense_pipeline):
 def test_round_trip_through_sentence_transformers(tmp_path, dense_pipeline):
     _, encoder = dense_pipeline
     # Lower-casing changes the tokens here (the vocabulary is lower case, the tokenizer cased).
-    encoder = encoder.replace(do_lower_case=True)
+    encoder = encoder.replace(do_lower_case=True, similarity_fn_name="dot")
     save_sentence_encoder(encoder, tmp_path / "out")
     reloaded_st = SentenceTransformer(str(tmp_path / "out"))
+    assert reloaded_st.similarity_fn_name == "dot"
     ours = encoder.encode(TEXTS)
     assert not np.allclose(ours, dense_pipeline[1].encode(TEXTS), atol=1e-3)  # do_lower_case did something
     assert_close(ours, reloaded_st.encode(TEXTS), "sentence-transformers loading bertjax's save")
@@ -150,8 +157,8 @@ def test_round_trip_through_sentence_transformers(tmp_path, dense_pipeline):
                  reloaded_st.encode(TEXTS, prompt_name="document"), "saved prompts")
     reloaded = load_sentence_encoder(tmp_path / "out")
     assert (reloaded.pooling, reloaded.dense, reloaded.max_seq_length, reloaded.do_lower_case, dict(reloaded.prompts),
-            reloaded.default_prompt_name) == (encoder.pooling, encoder.dense, encoder.max_seq_length, True,
-                                              PROMPTS, "query")
+            reloaded.default_prompt_name, reloaded.similarity_fn_name) == (
+        encoder.pooling, encoder.dense, encoder.max_seq_length, True, PROMPTS, "query", "dot")
     assert_close(reloaded.encode(TEXTS), ours, "bertjax reloading its own save")
 
 

@@ -24,8 +24,8 @@ import numpy as np
 
 from bertjax.embeddings.config import DenseConfig, PoolingConfig
 from bertjax.embeddings.model import EncoderForEmbedding
+from bertjax.embeddings.similarity import SIMILARITY_FUNCTIONS
 
-SIMILARITY_FUNCTIONS = ("cosine", "dot", "euclidean", "manhattan")
 _MIN_PAD_LENGTH = 8  # `encode` pads rows to a power of two from here: few compiled shapes
 
 
@@ -70,7 +70,7 @@ class SentenceEncoder:
             raise ValueError(f"default_prompt_name {self.default_prompt_name!r} is not one of the prompts "
                              f"{sorted(self.prompts)}")
         if self.similarity_fn_name not in SIMILARITY_FUNCTIONS:
-            raise ValueError(f"similarity_fn_name must be one of {SIMILARITY_FUNCTIONS}, got "
+            raise ValueError(f"similarity_fn_name must be one of {tuple(SIMILARITY_FUNCTIONS)}, got "
                              f"{self.similarity_fn_name!r}")
         truncate = self.pooling.truncate_dim
         if truncate is not None and truncate > self.full_dim:
@@ -110,6 +110,11 @@ class SentenceEncoder:
         if model_changes:
             changes["model"] = self.model.clone(**model_changes)
         return dataclasses.replace(self, **changes)
+
+    def similarity(self, a, b) -> jax.Array:
+        """float32 [n, m] similarity of embeddings a [n, dim] and b [m, dim] by the model's similarity_fn_name
+        (sentence-transformers' `similarity`). Pure: jit it for large matrices."""
+        return SIMILARITY_FUNCTIONS[self.similarity_fn_name](a, b)
 
     # ---------------------------------------------------------------------------------------------------------
     # Text -> tokens.

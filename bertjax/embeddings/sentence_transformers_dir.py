@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from bertjax.embeddings.config import DenseConfig, PoolingConfig
-from bertjax.embeddings.encoder import SIMILARITY_FUNCTIONS, SentenceEncoder
+from bertjax.embeddings.encoder import SentenceEncoder
+from bertjax.embeddings.similarity import SIMILARITY_FUNCTIONS
 from bertjax.embeddings.model import EncoderForEmbedding
 
 logger = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ def _read_st_settings(root: Path) -> dict:
     similarity = values.get("similarity_fn_name") or "cosine"
     if similarity not in SIMILARITY_FUNCTIONS:
         logger.warning("%s: similarity_fn_name %r is not one of %s; using cosine", path, similarity,
-                       SIMILARITY_FUNCTIONS)
+                       tuple(SIMILARITY_FUNCTIONS))
         similarity = "cosine"
     truncate_dim = values.get("truncate_dim")
     _expect(truncate_dim is None or (isinstance(truncate_dim, int) and truncate_dim > 0), path,
@@ -307,15 +308,19 @@ def _backbone_for_export(encoder: SentenceEncoder):
     """(EncoderModel, params) for `bertjax.save_pretrained`: the backbone, plus a freshly initialised pooler where
     the base model has one (config.pooler: BertModel); sentence-transformers never reads the pooler's output, and
     the embedding model does not keep one."""
+    import flax.linen as nn
     import jax
+    import jax.numpy as jnp
 
-    from bertjax.models import EncoderModel, init_params
+    from bertjax.models import EncoderModel
+    from bertjax.models.heads import Pooler
 
-    model = EncoderModel(encoder.config.replace(dtype=encoder.config.param_dtype))
+    config = encoder.config.replace(dtype=encoder.config.param_dtype)
     params = _backbone_params(encoder.params)
-    if model.config.pooler:
-        params = {**params, "pooler": init_params(model, jax.random.key(0))["pooler"]}
-    return model, params
+    if config.pooler:  # initialise the pooler alone: initialising the whole model would cost a full forward
+        pooler = Pooler(config).init(jax.random.key(0), jnp.zeros((1, 1, config.hidden_size)))["params"]
+        params = {**params, "pooler": nn.meta.unbox(pooler)}
+    return EncoderModel(config), params
 
 
 def _torch_linear(kernel) -> np.ndarray:
