@@ -20,7 +20,7 @@ import pytest
 from bertjax.config import get_config
 from bertjax.embeddings import (DenseConfig, EncoderForEmbedding, PoolingConfig, load_sentence_encoder,
                                 save_sentence_encoder)
-from bertjax.models import init_params
+from bertjax.models import abstract_params
 from bertjax.models.pooling import POOLING_MODES
 
 torch = pytest.importorskip("torch")
@@ -249,7 +249,11 @@ def packed_model(family: str, hf_dir):
                                 dense=(DenseConfig(len(ALL_MODES) * HIDDEN, 16),))
     embed = jax.jit(lambda p, ids, seg, max_segments, prompts: model.apply({"params": p}, ids, seg, max_segments,
                                                                             prompts), static_argnums=3)
-    return init_params(model, jax.random.key(0)), embed
+    # Random values of the parameters' shapes: tracing shapes is far cheaper than running `init` op by op.
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda spec: jnp.asarray(rng.normal(0.0, 0.2, spec.shape), spec.dtype),
+                          abstract_params(model))
+    return params, embed
 
 
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
@@ -275,7 +279,8 @@ def test_pool_sentences_modes_on_a_hand_computed_row():
     x = np.arange(7 * 2, dtype=np.float32).reshape(1, 7, 2) % 5 - 2.0
     segments = np.array([[1, 1, 1, 2, 2, 2, 0]], np.int32)
     prompts = np.array([[1, 0]], np.int32)  # text 1's first token is a prompt token
-    out = np.asarray(pool_sentences(jnp.asarray(x), jnp.asarray(segments), 2, ALL_MODES, jnp.asarray(prompts)))
+    pool = jax.jit(pool_sentences, static_argnums=(2, 3))
+    out = np.asarray(pool(jnp.asarray(x), jnp.asarray(segments), 2, ALL_MODES, jnp.asarray(prompts)))
     for slot, (tokens, weights) in enumerate((([1, 2], [2, 3]), ([3, 4, 5], [1, 2, 3]))):
         rows = x[0, tokens]
         expected = {"cls": rows[0], "max": rows.max(0), "mean": rows.mean(0),
