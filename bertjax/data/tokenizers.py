@@ -227,6 +227,10 @@ class HuggingFaceTokenizer(Tokenizer):
         self._json = tokenizer_json
         self._source = source
         self._tok = HfTokenizer.from_str(tokenizer_json)
+        # A tokenizer.json saved after use can carry padding and truncation settings (sentence-transformers saves
+        # them); they would pad or cut every encoding here, where callers lay out rows themselves.
+        self._tok.no_padding()
+        self._tok.no_truncation()
         vocab = self._tok.get_vocab(with_added_tokens=True)
         size = max(vocab.values()) + 1
         pieces = [""] * size
