@@ -1,6 +1,6 @@
-"""CPU fine-tuning throughput of bertjax (padded rows, packed rows) vs transformers' Trainer, same run.
+"""CPU fine-tuning throughput of bertjax (padded rows, packed rows) vs transformers, same run.
 
-    JAX_PLATFORMS=cpu python -m bench.finetune_bench [--epochs 4] [--hidden 128] [--layers 2]
+    JAX_PLATFORMS=cpu python -m bench.finetune_bench [--epochs 8] [--hidden 128] [--layers 2] [--torch-threads 1]
 
 Everything both sides see is the same: one transformers directory (a random-init BERT written by
 `bertjax.save_pretrained`, with a WordPiece tokenizer trained on the training texts and exported by
@@ -66,6 +66,7 @@ def run_transformers(model_dir: Path, train: list[dict], validation: list[dict],
                               get_linear_schedule_with_warmup)
 
     torch.manual_seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
     names = sorted({row["label"] for row in train})
     label_id = {name: i for i, name in enumerate(names)}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -152,7 +153,7 @@ def mean_examples_per_row(task, model_dir: Path, train_file: Path) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--weight-decay", type=float, default=0.01)
@@ -162,6 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab-size", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="PyTorch intra-op threads (1: on a busy 2-core machine two threads spin-wait on each "
+                             "other and run several times slower)")
     parser.add_argument("--workdir", default=None, help="keep the model, data and runs here (a temporary dir otherwise)")
     args = parser.parse_args(argv)
 

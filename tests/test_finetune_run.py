@@ -58,7 +58,7 @@ def test_learns_a_separable_task_and_writes_its_artefacts(files, full_run):
     records = read_metrics(workdir)
     validation = [r for r in records if r["split"] == "validation"]
     assert [r["step"] for r in validation] == [16, 32, 48] and [r["epoch"] for r in validation] == [1.0, 2.0, 3.0]
-    assert set(validation[0]) == {"step", "epoch", "split", "loss", "accuracy", "f1_macro", "mcc"}
+    assert set(validation[0]) == {"step", "epoch", "split", "loss", "accuracy", "f1_macro", "mcc", "f1"}
     assert max(r["accuracy"] for r in validation) >= 0.95
     results = json.loads((workdir / "results.json").read_text())
     best = max(validation, key=lambda r: r["accuracy"])

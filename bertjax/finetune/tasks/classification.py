@@ -116,7 +116,7 @@ class SequenceClassification(Task):
         gold = np.asarray(encoded.examples)
         if labels.regression:
             return metrics.regression_scores(logits[:, 0], gold)
-        return metrics.classification_scores(logits.argmax(-1), gold)
+        return metrics.classification_scores(logits.argmax(-1), gold, labels.num_labels)
 
     def predictions(self, outputs, encoded, labels):
         logits = self._example_logits(outputs, encoded)
