@@ -10,7 +10,7 @@ package); AdamW with the same peak learning rate, weight decay, linear warmup ra
 dropout, batch, epochs and max_length. transformers pads each batch to its longest example
 (DataCollatorWithPadding, as run_glue does without --pad_to_max_length); bertjax pads every row to max_length,
 or packs several examples per row. A packed step holds more examples than a padded one, so the packed run uses
-`train.batch_size = batch / mean examples per row` rows: the same number of examples per update.
+`train.batch_size = batch / mean examples per row` rows: the same number of examples per update on average.
 
 Examples/s counts training examples over the time of the training steps (evaluation left out on both sides;
 bertjax leaves out its first step, which compiles, and that compile time is printed). Accuracy is on the
@@ -135,7 +135,8 @@ def run_bertjax(model_dir: Path, data_dir: Path, args, out: Path, packing: bool)
     result = finetune(model_dir, task, data_dir / "train.jsonl", data_dir / "validation.jsonl", out, config,
                       say=lambda text: None)
     results = result.results
-    return {"examples_per_second": results["train_examples_per_second"], "accuracy": results["final_metrics"]["accuracy"],
+    return {"examples_per_second": results["train_examples_per_second"],
+            "accuracy": results["final_metrics"]["accuracy"],
             "compile_seconds": results["first_step_seconds"], "seconds": time.perf_counter() - started,
             "rows_per_step": config.train.batch_size, "examples_per_row": per_row}
 
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="PyTorch intra-op threads (1: on a busy 2-core machine two threads spin-wait on each "
                              "other and run several times slower)")
-    parser.add_argument("--workdir", default=None, help="keep the model, data and runs here (a temporary dir otherwise)")
+    parser.add_argument("--workdir", default=None,
+                        help="keep the model, data and runs here (a temporary directory otherwise)")
     args = parser.parse_args(argv)
 
     import jax

@@ -1,8 +1,8 @@
 """`bertjax glue --model MODEL --data-dir DIR --workdir DIR`: GLUE dev scores on local data in the GLUE layout.
 
 See bertjax/finetune/glue.py for the protocol (grid of learning rates x weight decays x epochs per task, early
-stopping, RTE/MRPC/STS-B from the best MNLI model) and the scores reported per task. Rerunning resumes: every grid point is a `bertjax finetune`
-workdir under DIR/<task>/.
+stopping, RTE/MRPC/STS-B from the best MNLI model) and the scores reported per task. Rerunning resumes: every grid
+point is a `bertjax finetune` workdir under DIR/<task>/.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Classification: `accuracy`, `f1_macro` (unweighted mean of per-class F1 over the classes seen in labels or
 predictions, as scikit-learn's `f1_score(average="macro")`), `mcc` (multi-class Matthews correlation, as
 scikit-learn's `matthews_corrcoef`), and for two classes `f1`, the F1 of the positive class (label id 1: "1" of
-0/1 labels; scikit-learn's `f1_score` default, what GLUE reports for MRPC and QQP). Regression: `pearson`, `spearman` (Pearson of average ranks), `mse`.
+0/1 labels; scikit-learn's `f1_score` default, what GLUE reports for MRPC and QQP). Regression: `pearson`,
+`spearman` (Pearson of average ranks), `mse`.
 Token classification: entity-level `precision`, `recall`, `f1` over BIO / IOB2 tags, chunked as seqeval's default
 (lenient) mode does, so an `I-X` without a `B-X` still opens an entity. Question answering: `exact_match` and `f1`
 with the official SQuAD normalisation, the maximum over the gold answers, on a 0-100 scale as the official script
