@@ -1,5 +1,6 @@
-"""`bertjax glue` on tiny files in the GLUE layout: MNLI (3 labels, dev_matched.tsv) then RTE started from the best
-MNLI model, and CoLA's header-less file read as GLUE ships it."""
+"""`bertjax glue` on tiny files in the GLUE layout: MNLI (3 labels, dev_matched.tsv, dev_mismatched.tsv) then MRPC
+started from the best MNLI model with the scores GLUE reports for each (MNLI matched/mismatched accuracy, MRPC F1 and
+accuracy), and CoLA's header-less file read as GLUE ships it."""
 
 import json
 
@@ -34,7 +35,7 @@ def test_glue_tsv_quirks(tmp_path):
     assert rows == [{"text": 'The "big" dog barked .', "label": "1"}] and skipped == 1
 
 
-def test_glue_runs_mnli_then_rte_from_mnli(tmp_path, capsys):
+def test_glue_runs_mnli_then_mrpc_from_mnli(tmp_path, capsys):
     from bertjax.cli import main
 
     rng = np.random.default_rng(0)
@@ -43,21 +44,32 @@ def test_glue_runs_mnli_then_rte_from_mnli(tmp_path, capsys):
     labels = ["entailment", "contradiction", "neutral"]
     _write(data / "MNLI" / "train.tsv", header, _pairs(rng, 96, labels))
     _write(data / "MNLI" / "dev_matched.tsv", header, _pairs(rng, 32, labels))
-    rte_header = ["index", "sentence1", "sentence2", "label"]
-    _write(data / "RTE" / "train.tsv", rte_header, _pairs(rng, 64, ["entailment", "not_entailment"]))
-    _write(data / "RTE" / "dev.tsv", rte_header, _pairs(rng, 32, ["entailment", "not_entailment"]))
+    _write(data / "MNLI" / "dev_mismatched.tsv", header, _pairs(rng, 24, labels))
+    mrpc_header = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
+    _write(data / "MRPC" / "train.tsv", mrpc_header, [(label, i, i, a, b) for i, a, b, label in _pairs(rng, 64, [1, 0])])
+    _write(data / "MRPC" / "dev.tsv", mrpc_header, [(label, i, i, a, b) for i, a, b, label in _pairs(rng, 32, [1, 0])])
     model = tiny_model_dir(tmp_path / "model")
     workdir = tmp_path / "work"
     assert main(["glue", "--model", str(model), "--data-dir", str(data), "--workdir", str(workdir),
-                 "--learning-rates", "3e-3", "--weight-decays", "0.01", "train.epochs=2", "train.batch_size=16",
+                 "--learning-rates", "3e-3", "--weight-decays", "0.01", "--epochs", "2", "train.batch_size=16",
                  "data.max_length=16", "train.progress_bar=false", "eval.batch_size=32"]) == 0
     table = json.loads((workdir / "glue.json").read_text())
-    assert [row["task"] for row in table] == ["MNLI", "RTE"]
+    assert [row["task"] for row in table] == ["MNLI", "MRPC"]
     assert not table[0]["from_mnli"] and table[1]["from_mnli"]
-    mnli = json.loads((workdir / "MNLI" / "lr0.003-wd0.01" / "finetune.json").read_text())
-    rte = json.loads((workdir / "RTE" / "lr0.003-wd0.01" / "finetune.json").read_text())
-    assert rte["model"] == str((workdir / "MNLI" / "lr0.003-wd0.01" / "best").absolute())
-    assert mnli["labels"] == sorted(labels) and rte["labels"] == ["entailment", "not_entailment"]
+    mnli_dir = workdir / "MNLI" / "lr0.003-wd0.01-ep2"
+    mnli = json.loads((mnli_dir / "finetune.json").read_text())
+    mrpc = json.loads((workdir / "MRPC" / "lr0.003-wd0.01-ep2" / "finetune.json").read_text())
+    assert mrpc["model"] == str((mnli_dir / "best").absolute())
+    assert mnli["labels"] == sorted(labels) and mrpc["labels"] == ["0", "1"]
+    assert set(table[0]["scores"]) == {"accuracy", "accuracy_mismatched"}
+    assert list(table[1]["scores"]) == ["f1", "accuracy"] and table[1]["metric"] == "f1"
+    # The reported MRPC scores are those of its best evaluation; the mismatched accuracy that of best/.
+    mrpc_best = json.loads((workdir / "MRPC" / "lr0.003-wd0.01-ep2" / "results.json").read_text())["best_metrics"]
+    assert table[1]["scores"] == {"f1": mrpc_best["f1"], "accuracy": mrpc_best["accuracy"]}
+    from bertjax.commands.predict import predict
+    gold = [line.split("\t")[-1] for line in (data / "MNLI" / "dev_mismatched.tsv").read_text().splitlines()[1:]]
+    predicted = [p["label"] for p in predict(mnli_dir / "best", workdir / "data" / "MNLI" / "mismatched.jsonl")]
+    assert table[0]["scores"]["accuracy_mismatched"] == pytest.approx(np.mean([p == g for p, g in zip(predicted, gold)]))
     printed = capsys.readouterr().out
-    assert "GLUE dev scores" in printed and "RTE" in printed and "MNLI" in printed
-    assert all(0.0 <= row["score"] <= 1.0 for row in table)
+    assert "GLUE dev scores" in printed and "MRPC" in printed and "acc-mm" in printed and "F1" in printed
+    assert all(0.0 <= v <= 1.0 for row in table for v in row["scores"].values())

@@ -16,6 +16,19 @@ def test_classification_by_hand():
     binary_labels, binary_preds = [1, 1, 1, 0, 0], [1, 1, 0, 1, 0]
     expected = (2 * 1 - 1 * 1) / np.sqrt(3 * 3 * 2 * 2)
     assert m.mcc(binary_preds, binary_labels) == pytest.approx(expected)
+    # positive-class F1 = 2*2 / (2*2 + 1 + 1); the negative class would give 2*1 / (2*1 + 1 + 1)
+    assert m.f1_binary(binary_preds, binary_labels) == pytest.approx(4 / 6)
+    assert m.f1_binary(binary_preds, binary_labels, positive=0) == pytest.approx(2 / 4)
+    assert m.f1_binary([0, 0], [0, 0]) == 0.0
+    assert "f1" in m.classification_scores(binary_preds, binary_labels, 2)
+    assert "f1" not in m.classification_scores(preds, labels, 3)
+
+
+def test_binary_f1_against_scikit_learn():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(1)
+    labels, preds = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
+    assert m.f1_binary(preds, labels) == pytest.approx(sklearn_metrics.f1_score(labels, preds))
 
 
 def test_mcc_multiclass_and_degenerate():

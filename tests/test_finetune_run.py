@@ -58,7 +58,7 @@ def test_learns_a_separable_task_and_writes_its_artefacts(files, full_run):
     records = read_metrics(workdir)
     validation = [r for r in records if r["split"] == "validation"]
     assert [r["step"] for r in validation] == [16, 32, 48] and [r["epoch"] for r in validation] == [1.0, 2.0, 3.0]
-    assert set(validation[0]) == {"step", "epoch", "split", "loss", "accuracy", "f1_macro", "mcc"}
+    assert set(validation[0]) == {"step", "epoch", "split", "loss", "accuracy", "f1_macro", "mcc", "f1"}
     assert max(r["accuracy"] for r in validation) >= 0.95
     results = json.loads((workdir / "results.json").read_text())
     best = max(validation, key=lambda r: r["accuracy"])
@@ -102,6 +102,28 @@ def test_resume_after_a_stop_gives_the_same_metrics(files, full_run):
     resumed = finetune(*args, say=lambda _: None)
     assert resumed.start_step == 21 and resumed.final_step == 48
     assert read_metrics(workdir) == read_metrics(reference)
+
+
+def test_resume_after_a_crash_between_an_evaluation_and_its_checkpoint(files, full_run):
+    """A run killed right after its step-32 evaluation (metrics.jsonl and best/ written, no checkpoint yet) resumes
+    from step 16 and ends with the metrics of the uninterrupted run, the step-32 lines written once."""
+    reference, _ = full_run
+    workdir = files["root"] / "crashed"
+    args = (files["model"], task_class("sequence-classification"), files["train"], files["validation"], workdir,
+            config("sequence-classification"))
+
+    def crash(text):
+        if text.startswith("step 32 "):
+            raise KeyboardInterrupt("killed")
+
+    with pytest.raises(KeyboardInterrupt):
+        finetune(*args, say=crash)
+    assert max(r["step"] for r in read_metrics(workdir)) == 32
+    resumed = finetune(*args, say=lambda _: None)
+    assert resumed.start_step == 16 and resumed.final_step == 48
+    assert read_metrics(workdir) == read_metrics(reference)
+    assert json.loads((workdir / "results.json").read_text())["best"] == \
+        json.loads((reference / "results.json").read_text())["best"]
 
 
 def test_rerun_with_other_settings_is_refused(files, full_run):

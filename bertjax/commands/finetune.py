@@ -3,7 +3,9 @@
 MODEL is any model directory bertjax reads (a transformers checkpoint, a `bertjax convert` directory, a pretraining
 workdir) with its tokenizer. The run config starts from the task's defaults (BERT's fine-tuning settings; the same
 values as configs/finetune/<task>.yaml), then `--config FILE`, then the overrides. Rerunning the same command in
-the same workdir resumes.
+the same workdir resumes. On several hosts, start the same command on each with `--coordinator HOST:PORT
+--num-processes N --process-id I` (or nothing on a TPU pod slice), as `bertjax pretrain`: the mesh spans every
+host's devices, each host feeds its rows of every batch, and process 0 writes the workdir's files.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ HELP = "fine-tune a model on a classification, tagging, question-answering or mu
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bertjax.finetune.tasks import TASKS
+    from bertjax.train import distributed
 
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="a transformers directory, a bertjax model directory or a pretraining workdir")
@@ -28,9 +31,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a YAML run config (configs/finetune/); the task's defaults otherwise")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides, e.g. train.epochs=5 data.text_column=sentence")
+    distributed.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertjax.train import distributed
+
+    # Before anything touches a JAX backend: the processes must connect first.
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    import jax
+
     from bertjax.finetune.config import load_finetune_config
     from bertjax.finetune.tasks import task_class
     from bertjax.finetune.trainer import BEST_DIR, finetune
@@ -38,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     task = task_class(args.task)
     config = load_finetune_config(args.config, args.overrides, task.defaults)
     result = finetune(args.model, task, args.train, args.validation, args.workdir, config)
+    if jax.process_index() != 0:
+        return 0
     results = result.results
     print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} in {result.seconds:.0f} s")
     if results["best"] is not None:

@@ -1,15 +1,25 @@
 """`bertjax glue --model MODEL --data-dir DIR --workdir DIR`: GLUE dev scores on local data in the GLUE layout.
 
-See bertjax/finetune/glue.py for the protocol (grid of learning rates x weight decays, epochs per task, early
-stopping, RTE/MRPC/STS-B from the best MNLI model). Rerunning resumes: every grid point is a `bertjax finetune`
-workdir under DIR/<task>/.
+See bertjax/finetune/glue.py for the protocol (grid of learning rates x weight decays x epochs per task, early
+stopping, RTE/MRPC/STS-B from the best MNLI model) and the scores reported per task. Rerunning resumes: every grid
+point is a `bertjax finetune` workdir under DIR/<task>/.
 """
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "fine-tune on the GLUE tasks found in a directory (learning-rate x weight-decay grid) and print dev scores"
+HELP = "fine-tune on the GLUE tasks found in a directory (ModernBERT's grid and protocol) and print dev scores"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
 
 
 def _floats(text: str) -> list[float]:
@@ -23,14 +33,22 @@ def _floats(text: str) -> list[float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bertjax.finetune.glue import LARGE_EPOCHS, LEARNING_RATES, SMALL_EPOCHS, WEIGHT_DECAYS
+
+    def listed(values) -> str:
+        return ",".join(f"{v:g}" for v in values)
+
     parser.add_argument("--model", required=True, metavar="MODEL", help="any model directory bertjax reads")
     parser.add_argument("--data-dir", required=True, metavar="DIR", help="GLUE layout: DIR/MNLI/train.tsv, ...")
     parser.add_argument("--workdir", required=True, metavar="DIR", help="one fine-tuning workdir per task and setting")
     parser.add_argument("--tasks", default=None, help="comma-separated subset (default: every task found)")
-    parser.add_argument("--learning-rates", type=_floats, default=[1e-5, 3e-5, 5e-5, 8e-5], metavar="LR,LR,...",
-                        help="learning-rate grid (default 1e-5,3e-5,5e-5,8e-5)")
-    parser.add_argument("--weight-decays", type=_floats, default=[1e-6, 1e-5], metavar="WD,WD,...",
-                        help="weight-decay grid (default 1e-6,1e-5)")
+    parser.add_argument("--learning-rates", type=_floats, default=list(LEARNING_RATES), metavar="LR,LR,...",
+                        help=f"learning-rate grid (default {listed(LEARNING_RATES)})")
+    parser.add_argument("--weight-decays", type=_floats, default=list(WEIGHT_DECAYS), metavar="WD,WD,...",
+                        help=f"weight-decay grid (default {listed(WEIGHT_DECAYS)})")
+    parser.add_argument("--epochs", type=_ints, default=None, metavar="N,N,...",
+                        help=f"epochs grid for every task (default: {listed(LARGE_EPOCHS)} for MNLI, QNLI, QQP, "
+                             f"SST-2; {listed(SMALL_EPOCHS)} for CoLA, MRPC, RTE, STS-B)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="fine-tuning overrides for every run, e.g. train.batch_size=16 data.max_length=256")
 
@@ -40,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     table = run_glue(args.model, args.data_dir, args.workdir, tasks=tasks, learning_rates=args.learning_rates,
-                     weight_decays=args.weight_decays, overrides=args.overrides)
+                     weight_decays=args.weight_decays, epochs=args.epochs, overrides=args.overrides)
     print("\nGLUE dev scores (best over the grid):")
     print(format_table(table))
     return 0

@@ -104,6 +104,12 @@ class Tokenizer(abc.ABC):
         return self._word_start
 
     @property
+    def special_template(self):
+        """Where [CLS]/[SEP] (or <s>/</s>) go around one text or a pair (bertjax.data.special_template)."""
+        from bertjax.data.special_template import bert_template
+        return bert_template(self.cls_id, self.sep_id)
+
+    @property
     def fingerprint(self) -> str:
         digest = hashlib.sha256(self.kind.encode())
         for name, content in sorted(self._files().items()):
@@ -265,6 +271,14 @@ class HuggingFaceTokenizer(Tokenizer):
     def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         encoding = self._tok.encode(text, add_special_tokens=False)
         return np.asarray(encoding.ids, np.int32), _trim_spans(text, encoding.offsets)
+
+    @property
+    def special_template(self):
+        """The layout of the tokenizer.json's own post-processor (RoBERTa's `<s> A </s></s> B </s>`, ...)."""
+        if "_template" not in self.__dict__:
+            from bertjax.data.special_template import from_post_processor
+            self._template = from_post_processor(self._tok) or super().special_template
+        return self._template
 
     def _files(self) -> dict[str, bytes]:
         return {self.FILE_NAME: self._json.encode("utf-8")}

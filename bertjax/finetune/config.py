@@ -35,7 +35,9 @@ class TaskConfig:
 @dataclasses.dataclass(frozen=True)
 class FinetuneTrainConfig:
     epochs: int = 3
-    batch_size: int = 32  # examples per optimizer update (multiple choice: questions, each with all its choices)
+    # Examples per optimizer update (multiple choice: questions, each with all its choices; data.packing: packed
+    # rows, each holding several examples).
+    batch_size: int = 32
     learning_rate: float = 2e-5  # the peak; linear warmup then linear decay to 0
     weight_decay: float = 0.01  # not on biases and norms
     warmup_ratio: float = 0.1  # share of the updates spent warming up

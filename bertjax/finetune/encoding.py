@@ -1,7 +1,9 @@
-"""Examples -> fixed-length rows of token ids: `[CLS] first [SEP] (second [SEP])`, padded to data.max_length.
+"""Examples -> fixed-length rows of token ids, padded to data.max_length, with the special tokens where the model's
+tokenizer puts them (`tokenizer.special_template`: BERT's `[CLS] first [SEP] second [SEP]` with token types 0/1,
+RoBERTa's `<s> first </s></s> second </s>`, ...).
 
 Every row has the same length so that one compiled step serves every batch. `segment_ids` is 1 on real tokens
-and 0 on padding (the models' attention mask); `token_type_ids` is 0 on the first text and 1 on the second.
+and 0 on padding (the models' attention mask); `token_type_ids` are the template's.
 A row that does not fit is cut longest-text-first (as transformers' default truncation), or, with
 data.truncation=false, is an error that names the example.
 """
@@ -16,9 +18,8 @@ IGNORE = -100  # label of a position that the loss and the metrics skip (as tran
 
 
 def fit_pair(first: list[int], second: list[int] | None, max_length: int, truncation: bool,
-             what: str) -> tuple[list[int], list[int] | None]:
-    """Cut `first`/`second` to fit with their special tokens, always from the longer one."""
-    specials = 2 if second is None else 3
+             what: str, specials: int) -> tuple[list[int], list[int] | None]:
+    """Cut `first`/`second` to fit with their `specials` special tokens, always from the longer one."""
     room = max_length - specials
     total = len(first) + (len(second) if second is not None else 0)
     if total <= room:
@@ -37,11 +38,7 @@ def fit_pair(first: list[int], second: list[int] | None, max_length: int, trunca
 
 def layout(tokenizer, first: Sequence[int], second: Sequence[int] | None, max_length: int) -> dict[str, np.ndarray]:
     """One padded row (input_ids, segment_ids, token_type_ids); the texts must already fit."""
-    ids = [tokenizer.cls_id, *first, tokenizer.sep_id]
-    types = [0] * len(ids)
-    if second is not None:
-        ids += [*second, tokenizer.sep_id]
-        types += [1] * (len(second) + 1)
+    ids, types = tokenizer.special_template.build(first, second)
     if len(ids) > max_length:
         raise ValueError(f"internal: a row of {len(ids)} tokens for max_length {max_length}")
     row = {"input_ids": np.full(max_length, tokenizer.pad_id, np.int32),
@@ -57,10 +54,11 @@ def encode_texts(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, m
     """Rows for texts (and their pairs): arrays [examples, max_length]."""
     firsts = tokenizer.encode_batch(list(texts))
     seconds = tokenizer.encode_batch(list(pairs)) if pairs is not None else [None] * len(firsts)
+    specials = tokenizer.special_template.specials(pairs is not None)
     rows = []
     for i, (first, second) in enumerate(zip(firsts, seconds)):
         first, second = fit_pair([int(t) for t in first], None if second is None else [int(t) for t in second],
-                                 max_length, truncation, f"{source}, example {i + 1}")
+                                 max_length, truncation, f"{source}, example {i + 1}", specials)
         rows.append(layout(tokenizer, first, second, max_length))
     return stack(rows)
 
@@ -82,17 +80,19 @@ def encode_words(tokenizer, words: Sequence[str], max_length: int, truncation: b
     # (transformers' add_prefix_space); WordPiece and SentencePiece encode " word" exactly as "word".
     pieces = tokenizer.encode_batch([" " + word for word in words]) if len(words) else []
     total = sum(len(p) for p in pieces)
-    if total + 2 > max_length and not truncation:
-        raise ValueError(f"{what} is {total + 2} tokens, longer than data.max_length={max_length}; raise "
+    template = tokenizer.special_template
+    specials, start = template.specials(pair=False), template.text_start(0, 0, pair=False)
+    if total + specials > max_length and not truncation:
+        raise ValueError(f"{what} is {total + specials} tokens, longer than data.max_length={max_length}; raise "
                          "data.max_length or allow cutting with data.truncation=true")
     ids: list[int] = []
     word_of_token = np.full(max_length, -1, np.int32)
     for index, word_pieces in enumerate(pieces):
         if len(word_pieces) == 0:
             continue
-        if len(ids) + len(word_pieces) > max_length - 2:
+        if len(ids) + len(word_pieces) > max_length - specials:
             break  # a word is kept whole or not at all
-        word_of_token[1 + len(ids)] = index
+        word_of_token[start + len(ids)] = index
         ids.extend(int(t) for t in word_pieces)
     return layout(tokenizer, ids, None, max_length), word_of_token
 

@@ -2,7 +2,9 @@
 
 Classification: `accuracy`, `f1_macro` (unweighted mean of per-class F1 over the classes seen in labels or
 predictions, as scikit-learn's `f1_score(average="macro")`), `mcc` (multi-class Matthews correlation, as
-scikit-learn's `matthews_corrcoef`). Regression: `pearson`, `spearman` (Pearson of average ranks), `mse`.
+scikit-learn's `matthews_corrcoef`), and for two classes `f1`, the F1 of the positive class (label id 1: "1" of
+0/1 labels; scikit-learn's `f1_score` default, what GLUE reports for MRPC and QQP). Regression: `pearson`,
+`spearman` (Pearson of average ranks), `mse`.
 Token classification: entity-level `precision`, `recall`, `f1` over BIO / IOB2 tags, chunked as seqeval's default
 (lenient) mode does, so an `I-X` without a `B-X` still opens an entity. Question answering: `exact_match` and `f1`
 with the official SQuAD normalisation, the maximum over the gold answers, on a 0-100 scale as the official script
@@ -46,6 +48,14 @@ def f1_macro(predictions: Sequence[int], labels: Sequence[int]) -> float:
     denominator = matrix.sum(0) + matrix.sum(1)  # 2TP + FP + FN
     f1 = np.divide(2 * tp, denominator, out=np.zeros_like(tp), where=denominator > 0)
     return float(f1.mean())
+
+
+def f1_binary(predictions: Sequence[int], labels: Sequence[int], positive: int = 1) -> float:
+    """F1 of the `positive` class: 2TP / (2TP + FP + FN); 0 when it is neither predicted nor present."""
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
+    tp = float(np.sum((predictions == positive) & (labels == positive)))
+    denominator = float(np.sum(predictions == positive) + np.sum(labels == positive))
+    return 2 * tp / denominator if denominator else 0.0
 
 
 def mcc(predictions: Sequence[int], labels: Sequence[int]) -> float:
@@ -188,9 +198,13 @@ def squad_scores(predictions: Sequence[str], golds: Sequence[Sequence[str]]) -> 
 # ---------------------------------------------------------------------------------------------------------------
 # Per task.
 
-def classification_scores(predictions: Sequence[int], labels: Sequence[int]) -> dict[str, float]:
-    return {"accuracy": accuracy(predictions, labels), "f1_macro": f1_macro(predictions, labels),
-            "mcc": mcc(predictions, labels)}
+def classification_scores(predictions: Sequence[int], labels: Sequence[int],
+                          num_labels: int | None = None) -> dict[str, float]:
+    scores = {"accuracy": accuracy(predictions, labels), "f1_macro": f1_macro(predictions, labels),
+              "mcc": mcc(predictions, labels)}
+    if num_labels == 2:
+        scores["f1"] = f1_binary(predictions, labels)
+    return scores
 
 
 def regression_scores(predictions: Sequence[float], labels: Sequence[float]) -> dict[str, float]:

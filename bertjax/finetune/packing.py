@@ -2,8 +2,11 @@
 
 Padding a batch of short sentences to data.max_length wastes most of every row; packing fills rows with whole
 examples (segment ids 1, 2, ...; attention never crosses segments, positions restart at each) and the model pools
-one prediction per segment (`max_segments`). Examples are placed in file order, each in the first row with room,
-so a packing is a pure function of the data: the same rows every epoch and after a resume.
+one prediction per segment (`max_segments`). Examples are placed in a given order (the training file's in a
+seeded shuffled order, `training_order`; other files in file order), each in the first row with room, so a packing
+is a pure function of the data: the same rows every epoch and after a resume. Shuffling first matters: files are
+often sorted by label, and rows of consecutive examples would make every packed row (and batch) one-label, which
+costs accuracy (measured: bench/finetune_bench.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -11,16 +14,23 @@ from __future__ import annotations
 import numpy as np
 
 MAX_SEGMENTS = 32  # examples per row at most: bounds the [rows, K, labels] logits of a row of tiny examples
+TRAINING_ORDER_SEED = 0  # the order training examples are packed in (fixed: the rows must not change on resume)
 
 
-def pack_rows(arrays: dict[str, np.ndarray], pad_id: int) -> dict[str, np.ndarray]:
+def training_order(count: int) -> np.ndarray:
+    return np.random.default_rng(TRAINING_ORDER_SEED).permutation(count)
+
+
+def pack_rows(arrays: dict[str, np.ndarray], pad_id: int, order: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Unpacked rows (`segment_ids` 1 on tokens, 0 on padding; optional `labels` [examples]) -> packed rows with
-    `labels`/`slot_weight`/`slot_example` [rows, K]: slot k of a row holds its segment k + 1."""
+    `labels`/`slot_weight`/`slot_example` [rows, K]: slot k of a row holds its segment k + 1. Examples are placed
+    in `order` (default: as given)."""
     lengths = (arrays["segment_ids"] > 0).sum(1)
     max_length = arrays["input_ids"].shape[1]
     rows: list[list[int]] = []  # example indices per packed row
     room: list[int] = []
-    for example, length in enumerate(lengths):
+    for example in (range(len(lengths)) if order is None else order):
+        example, length = int(example), int(lengths[example])
         target = next((r for r, free in enumerate(room) if free >= length and len(rows[r]) < MAX_SEGMENTS), None)
         if target is None:
             rows.append([])

@@ -1,7 +1,8 @@
 """Extractive question answering: contexts cut into overlapping windows, answers mapped to token spans through
 character offsets, and start/end logits mapped back to answer text.
 
-A row is `[CLS] question [SEP] context-window [SEP]`. A context longer than the room left by the question is
+A row is `[CLS] question [SEP] context-window [SEP]` (in the tokenizer's own layout: RoBERTa's
+`<s> question </s></s> window </s>`). A context longer than the room left by the question is
 split into windows that share `doc_stride` tokens, so an answer cut by one window's edge lies whole in the next.
 A window that does not hold the whole answer (and an unanswerable question, SQuAD v2) is labelled with the
 [CLS] position, 0, as BERT does. Prediction takes, per question, the best-scoring valid span (start <= end,
@@ -61,7 +62,8 @@ def make_windows(tokenizer, question: str, context: str, answer: Answer | None, 
                              f"data.max_length={max_length}; raise data.max_length or set data.truncation=true")
         question_ids = question_ids[:max_question]
     context_ids, context_offsets = tokenizer.encode_with_offsets(context)
-    room = max_length - len(question_ids) - 3
+    template = tokenizer.special_template
+    room = max_length - len(question_ids) - template.specials(pair=True)
     stride = min(doc_stride, room - 1)
     span = None
     if answer is not None:
@@ -69,7 +71,7 @@ def make_windows(tokenizer, question: str, context: str, answer: Answer | None, 
         inside = np.nonzero((context_offsets[:, 0] < end_char) & (context_offsets[:, 1] > answer.start))[0]
         span = (int(inside[0]), int(inside[-1])) if inside.size else None
     rows, offsets, starts, ends = [], [], [], []
-    first_context = len(question_ids) + 2  # row position of the window's first context token
+    first_context = template.text_start(1, len(question_ids), pair=True)  # row position of the first context token
     for begin in window_starts(len(context_ids), room, stride):
         window = [int(t) for t in context_ids[begin:begin + room]]
         rows.append(layout(tokenizer, question_ids, window, max_length))

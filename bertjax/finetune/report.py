@@ -30,8 +30,10 @@ def evaluations_since_best(records: list[dict], metric: str) -> int:
     return 0 if best is None else len(validation) - 1 - validation.index(best)
 
 
-def write_results(workdir: Path, task: str, metric: str, extra: dict) -> dict:
-    records = read_metrics(workdir)
+def write_results(workdir: Path, task: str, metric: str, extra: dict, records: list[dict] | None = None,
+                  write: bool = True) -> dict:
+    """results.json from the run's evaluation records (metrics.jsonl when `records` is None)."""
+    records = read_metrics(workdir) if records is None else records
     best = best_record(records, metric)
     final = next((r for r in reversed(records) if r.get("split") == VALIDATION), None)
     results = {"task": task, "main_metric": metric,
@@ -39,7 +41,8 @@ def write_results(workdir: Path, task: str, metric: str, extra: dict) -> dict:
                "best_step": None if best is None else best["step"],
                "best_epoch": None if best is None else best["epoch"],
                "best_metrics": best, "final_metrics": final, **extra}
-    (workdir / RESULTS_FILE).write_text(json.dumps(results, indent=1) + "\n")
+    if write:
+        (workdir / RESULTS_FILE).write_text(json.dumps(results, indent=1) + "\n")
     return results
 
 
@@ -83,28 +86,42 @@ class EvaluationLog:
     again, identically, so the file reads like one uninterrupted run.
     """
 
-    def __init__(self, workdir: Path, start_step: int):
+    def __init__(self, workdir: Path, start_step: int, write: bool = True):
+        """`write` False (every process but 0 of a multi-host run): the records are kept, nothing is written."""
         from tensorboardX import SummaryWriter
 
         from bertjax.train.metrics import METRICS_FILE, TENSORBOARD_DIR
 
         path = workdir / METRICS_FILE
         kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step] if start_step else []
-        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         self.records = kept
-        self._file = open(path, "a")
-        self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
+        self._file = self._tensorboard = None
+        _all_processes_read("finetune metrics.jsonl read")  # before process 0 rewrites it
+        if write:
+            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self._file = open(path, "a")
+            self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
 
     def log(self, step: int, epoch: float, split: str, values: dict) -> dict:
         record = {"step": int(step), "epoch": round(float(epoch), 4), "split": split,
                   **{k: float(v) for k, v in values.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
         self.records.append(record)
-        for name, value in values.items():
-            self._tensorboard.add_scalar(f"{split}/{name}", float(value), step)
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+            for name, value in values.items():
+                self._tensorboard.add_scalar(f"{split}/{name}", float(value), step)
         return record
 
     def close(self) -> None:
-        self._file.close()
-        self._tensorboard.close()
+        if self._file is not None:
+            self._file.close()
+            self._tensorboard.close()
+
+
+def _all_processes_read(name: str) -> None:
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)

@@ -88,7 +88,7 @@ def transplant(fresh: Any, pretrained: Any, path: str = "") -> tuple[Any, list[s
                 new.append(f"{path}/{key}" if path else key)
         return out, new
     if hasattr(pretrained, "shape") and tuple(pretrained.shape) == tuple(fresh.shape):
-        return jnp.asarray(pretrained, fresh.dtype), []
+        return np.asarray(jax.device_get(pretrained)).astype(fresh.dtype), []
     return fresh, [path]
 
 
@@ -137,21 +137,67 @@ def make_steps(task: Task, model, optimizer, schedule, mesh, shardings, seed: in
     return train, evaluate
 
 
+def global_batch(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
+    """The global arrays of a batch that every process can build (it is a pure function of seed and step), from
+    this process's rows only: the rows the batch sharding puts on its devices."""
+    from bertjax.data.global_batch import batch_sharding, to_global_batch
+
+    rows = len(next(iter(batch.values())))
+    mine = batch_lib.process_rows(batch_sharding(mesh, mesh_lib.BATCH_AXES), rows)
+    return to_global_batch({k: v[mine] for k, v in batch.items()}, mesh, mesh_lib.BATCH_AXES)
+
+
+def place(tree: Any, shardings: Any) -> Any:
+    """Host values (the same on every process) onto their global shardings; device arrays stay as they are."""
+    def put(value, sharding):
+        if isinstance(value, jax.Array):
+            return value
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+    return jax.tree.map(put, tree, shardings)
+
+
 def _has_targets(task: Task, batch: dict) -> bool:
     return all(key in batch for key in task.target_keys)
 
 
-def run_eval(evaluate: Callable, params, encoded: Encoded, batch_size: int) -> tuple[dict[str, np.ndarray], float]:
-    """Host outputs of every row of a split (in row order) and the mean loss (nan without targets)."""
+def run_eval(evaluate: Callable, params, encoded: Encoded, batch_size: int,
+             mesh=None) -> tuple[dict[str, np.ndarray], float]:
+    """Host outputs of every row of a split (in row order) and the mean loss (nan without targets).
+
+    With a mesh, each process feeds only its rows of every batch; the outputs come back replicated, so every
+    process sees the whole split and computes the same metrics."""
     pieces: list[dict] = []
     total = count = 0.0
     for batch, real in batch_lib.eval_batches(encoded.arrays, batch_size):
-        outputs, loss_sum, loss_count = evaluate(params, batch)
+        outputs, loss_sum, loss_count = evaluate(params, batch if mesh is None else global_batch(batch, mesh))
         pieces.append({k: np.asarray(v)[:real] for k, v in outputs.items()})
         total += float(loss_sum)
         count += float(loss_count)
     outputs = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
     return outputs, (total / count if count else float("nan"))
+
+
+class TrainSpeed:
+    """Examples per second of the training steps alone, batch assembly included; evaluations, checkpoints and
+    the first step (which compiles) are left out. Packed rows count every example they hold, so padded and packed
+    runs compare (results.json; bench/finetune_bench.py)."""
+
+    def __init__(self):
+        self.first_seconds = None
+        self.examples = 0.0
+        self.seconds = 0.0
+
+    def add(self, examples: float, seconds: float) -> None:
+        if self.first_seconds is None:
+            self.first_seconds = seconds
+            return
+        self.examples += examples
+        self.seconds += seconds
+
+    def summary(self) -> dict:
+        rate = self.examples / self.seconds if self.seconds else None
+        return {"train_examples_per_second": rate, "first_step_seconds": self.first_seconds}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,8 +210,12 @@ def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Lab
     import bertjax
     from bertjax.model_dirs import save_model_dir
 
+    from jax.experimental import multihost_utils
+
+    host_params = multihost_utils.process_allgather(params, tiled=True)  # every process: it is a collective
+    if jax.process_index() != 0:
+        return "none (only process 0 writes)"
     directory.mkdir(parents=True, exist_ok=True)
-    host_params = jax.device_get(params)
     try:
         bertjax.save_pretrained(str(directory), model, host_params)
         kind = "transformers"
@@ -235,9 +285,9 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     from bertjax.train.state import abstract_state, create_train_state, state_shardings
 
     started = time.time()
-    if jax.process_count() > 1:
-        raise ValueError("bertjax finetune runs in one process (one host's devices); multi-host fine-tuning is "
-                         "not supported yet")
+    primary = jax.process_index() == 0  # on several hosts, only process 0 writes files (checkpoints: all)
+    if not primary:
+        say = lambda text: None  # noqa: E731  (one copy of every message)
     workdir = Path(workdir)
     identity = {"model": str(Path(model_dir).absolute()), "task": task_cls.name,
                 "train": str(Path(train_file).absolute()), "validation": str(Path(validation_file).absolute())}
@@ -283,27 +333,31 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     else:
         state, shardings = create_train_state(initialise, optimizer, mesh, config.train.seed)
         params, fresh = transplant(state.params, base_params)
-        state = state.replace(params=jax.device_put(params, shardings.params))
+        state = state.replace(params=place(params, shardings.params))
         say(f"initialised from {model_dir}; new (randomly initialised) parameters: {', '.join(fresh) or 'none'}")
-    save_finetune_config(config, workdir / CONFIG_FILE)
-    write_run_file(workdir, task, labels, config, {**identity, "config": to_dict(config)})
+    if primary:
+        save_finetune_config(config, workdir / CONFIG_FILE)
+        write_run_file(workdir, task, labels, config, {**identity, "config": to_dict(config)})
 
     train_step, evaluate = make_steps(task, model, optimizer, schedule, mesh, shardings, config.train.seed)
     every = config.eval.every or per_epoch
-    log = report.EvaluationLog(workdir, start_step)
+    log = report.EvaluationLog(workdir, start_step, write=primary)
     best = report.best_record(log.records, main_metric)
-    bar = _progress(config, total_steps, start_step)
+    bar = _progress(config, total_steps, start_step) if primary else None
     step = start_step
     end = total_steps if stop_after is None else min(total_steps, start_step + stop_after)
     learning_rate = float("nan")
     patience = config.train.early_stopping_patience
     stopped_early = bool(patience) and report.evaluations_since_best(log.records, main_metric) >= patience
+    speed = TrainSpeed()
     try:
         while step < end and not stopped_early:
+            began = time.perf_counter()
             batch, _ = batch_lib.train_batch(train_data.arrays, step, config.train.batch_size, config.train.seed)
-            state, metrics = train_step(state, batch)
+            state, metrics = train_step(state, global_batch(batch, mesh))
             step += 1
-            accumulated = {k: accumulated[k] + float(metrics[k]) for k in accumulated}
+            accumulated = {k: accumulated[k] + float(metrics[k]) for k in accumulated}  # float() waits for the step
+            speed.add(float(metrics["count"]), time.perf_counter() - began)
             learning_rate = float(metrics["learning_rate"])
             if bar is not None:
                 bar.update(1)
@@ -313,7 +367,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
                 epoch = step / per_epoch
                 log.log(step, epoch, "train", {"loss": accumulated["loss_sum"] / max(accumulated["count"], 1.0),
                                                "learning_rate": learning_rate})
-                outputs, loss = run_eval(evaluate, state.params, validation, config.eval.batch_size)
+                outputs, loss = run_eval(evaluate, state.params, validation, config.eval.batch_size, mesh)
                 record = log.log(step, epoch, report.VALIDATION,
                                  {"loss": loss, **task.metrics(outputs, validation, labels)})
                 if main_metric not in record:
@@ -338,6 +392,8 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
         checkpointer.close()
     results = report.write_results(workdir, task.name, main_metric,
                                    {"steps": step, "total_steps": total_steps, "stopped_early": stopped_early,
-                                    "finished": step == total_steps or stopped_early})
-    report.plot(workdir, main_metric)
+                                    "finished": step == total_steps or stopped_early, **speed.summary()},
+                                   records=log.records, write=primary)
+    if primary:
+        report.plot(workdir, main_metric)
     return FinetuneResult(workdir, results, start_step, step, time.time() - started, model, state.params, labels)

@@ -12,7 +12,7 @@ import numpy as np
 
 from bertjax.finetune import metrics
 from bertjax.finetune.encoding import encode_texts
-from bertjax.finetune.packing import pack_rows
+from bertjax.finetune.packing import pack_rows, training_order
 from bertjax.finetune.readers import require_columns
 from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, fit_names, is_number, label_ids,
                                          softmax)
@@ -71,7 +71,7 @@ class SequenceClassification(Task):
                 gold = label_ids(values, labels.names, source, self.data.label_column)
             arrays["labels"] = gold
         if self.data.packing:
-            arrays = pack_rows(arrays, tokenizer.pad_id)
+            arrays = pack_rows(arrays, tokenizer.pad_id, training_order(len(rows)) if training else None)
         return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold))
 
     # Packed rows carry [rows, K] labels and weights; unpacked ones [rows].
@@ -116,7 +116,7 @@ class SequenceClassification(Task):
         gold = np.asarray(encoded.examples)
         if labels.regression:
             return metrics.regression_scores(logits[:, 0], gold)
-        return metrics.classification_scores(logits.argmax(-1), gold)
+        return metrics.classification_scores(logits.argmax(-1), gold, labels.num_labels)
 
     def predictions(self, outputs, encoded, labels):
         logits = self._example_logits(outputs, encoded)
