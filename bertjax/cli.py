@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     from bertjax.platforms import quiet_start
 
     quiet_start()  # before any command touches a JAX backend: no libtpu noise on CPU/GPU machines
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    _take_late_overrides(parser, args, extra)
     try:
         return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError) as error:
@@ -47,6 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bertjax {args.command}: interrupted", file=sys.stderr)
         return 130  # the shell's status for a process ended by SIGINT
+
+
+def _take_late_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:
+    """`key=value` overrides are accepted anywhere on the line: argparse gives the positional list only the run
+    before the first later flag (`--config c a=1 --workdir w b=2` leaves `b=2` over), so the rest join it here."""
+    overrides = [item for item in extra if "=" in item and not item.startswith("-")]
+    unknown = [item for item in extra if item not in overrides]
+    if unknown or (overrides and not isinstance(getattr(args, "overrides", None), list)):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
 
 
 if __name__ == "__main__":

@@ -123,12 +123,17 @@ class BatchIterator(grain.DatasetIterator):
         return len(self._current["input_ids"]) - self._row
 
     def __next__(self) -> dict[str, np.ndarray]:
+        return self.take(self._dataset._batch_size)
+
+    def take(self, rows: int) -> dict[str, np.ndarray]:
+        """The next batch of `rows` rows: a batch warmup changes the batch size while the rows run on, so a
+        resumed run continues with exactly the next rows whatever the batch was."""
         self._assert_not_closed()
         limit = self._dataset._num_batches
         if limit is not None and self._batches >= limit:
             raise StopIteration
         parts: list[dict] = []
-        needed = self._dataset._batch_size
+        needed = rows
         while needed and not self._exhausted:
             if self._current is None:
                 if not self._fetch():

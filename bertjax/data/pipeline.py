@@ -49,6 +49,8 @@ class DataConfig:
 
     # Masked language modelling.
     mlm_probability: float = 0.15  # BERT 0.15, ModernBERT 0.30
+    # Held-out batches mask at this rate (ModernBERT trains at 30%, evaluates at 15%); None: mlm_probability.
+    eval_mlm_probability: float | None = None
     mask_token_fraction: float = 0.8  # of the predicted tokens: replaced by [MASK] ...
     random_token_fraction: float = 0.1  # ... by a random token; the rest are kept
     masking: Masking = "token"
@@ -82,6 +84,8 @@ class DataConfig:
             raise ValueError(f"DataConfig.seq_len must be at least 5, got {self.seq_len}")
         if not 0.0 < self.mlm_probability < 1.0:
             raise ValueError(f"DataConfig.mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if self.eval_mlm_probability is not None and not 0.0 < self.eval_mlm_probability < 1.0:
+            raise ValueError(f"DataConfig.eval_mlm_probability must be in (0, 1), got {self.eval_mlm_probability}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"DataConfig.eval_fraction must be in [0, 1), got {self.eval_fraction}")
         if not 0.0 <= self.short_seq_prob <= 1.0:
@@ -107,6 +111,12 @@ class DataConfig:
         return MaskingOptions(rate=self.mlm_probability, mask_fraction=self.mask_token_fraction,
                               random_fraction=self.random_token_fraction, max_predictions=self.predictions_per_row,
                               strategy=self.masking, span_p=self.span_p, span_max_words=self.span_max_words)
+
+    def for_evaluation(self) -> "DataConfig":
+        """The config of held-out batches: masked at eval_mlm_probability when set."""
+        if self.eval_mlm_probability is None:
+            return self
+        return dataclasses.replace(self, mlm_probability=self.eval_mlm_probability, eval_mlm_probability=None)
 
     def replace(self, **changes) -> "DataConfig":
         return dataclasses.replace(self, **changes)

@@ -7,7 +7,6 @@ checkpoint so that a resumed run continues with exactly the next batch.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
@@ -18,7 +17,8 @@ from bertjax.data import build_eval_iterator, build_pretraining_iterator, load_t
 from bertjax.data import reshard as reshard_lib
 from bertjax.data.pipeline import open_source, window_plan
 from bertjax.train import mesh as mesh_lib
-from bertjax.train.run_config import ConfigError, RunConfig, data_config_class, parse_dataclass, to_dict
+from bertjax.train import phases as phases_lib
+from bertjax.train.run_config import ConfigError, RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -85,54 +85,23 @@ def _check_same_everywhere(fingerprint: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # Phases.
 
-@dataclasses.dataclass(frozen=True)
-class Phase:
-    index: int
-    start: int  # first step of the phase
-    end: int  # one past its last step
-    data: object  # bertjax.data.DataConfig
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.data.global_batch_size * self.data.seq_len
-
-
-def plan_phases(config: RunConfig) -> list[Phase]:
-    """The run's phases (one when train.phases is empty), with step ranges covering [0, train.steps)."""
-    steps = config.train.steps
-    if not config.train.phases:
-        return [Phase(0, 0, steps, config.data)]
-    phases, start, cumulative = [], 0, 0.0
-    base = to_dict(config.data)
-    for i, phase in enumerate(config.train.phases):
-        cumulative += phase.fraction
-        end = steps if i == len(config.train.phases) - 1 else int(round(cumulative * steps))
-        data = parse_dataclass(data_config_class(), {**base, **phase.data}, f"train.phases[{i}].data")
-        phases.append(Phase(i, start, end, data))
-        start = end
-    return phases
-
-
-def phase_at(phases: list[Phase], step: int) -> Phase:
-    """The phase that trains step `step` (0-based: the step-th update); past the end, the last one."""
-    for phase in phases:
-        if phase.start <= step < phase.end:
-            return phase
-    return phases[-1]
+# The step plan lives in bertjax.train.phases; these names are the feed's public face.
+Phase, plan_phases, phase_at, total_steps = phases_lib.Phase, phases_lib.plan_phases, phases_lib.phase_at, \
+    phases_lib.total_steps
 
 
 def check_batch_fits(phases: list[Phase], mesh, accumulation_steps: int) -> None:
     """Every global batch must split evenly over the batch shards (and then into microbatches)."""
     shards = mesh_lib.batch_shards(mesh)
     for phase in phases:
-        rows = phase.data.global_batch_size
-        if rows % (shards * accumulation_steps):
-            key = "data.global_batch_size" if len(phases) == 1 else f"train.phases[{phase.index}].data"
-            raise ConfigError(f"{key}: global batch {rows} must be divisible by the batch shards of the mesh "
-                              f"(data*fsdp = {shards}) times optimizer.accumulation_steps ({accumulation_steps})")
-        if phase.data.global_batch_size % jax.process_count():
-            raise ConfigError(f"data.global_batch_size ({rows}) must be divisible by the number of processes "
-                              f"({jax.process_count()})")
+        for rows in phase.batch_sizes:
+            if rows % (shards * accumulation_steps):
+                key = "data.global_batch_size" if len(phases) == 1 else f"train.phases[{phase.index}].data"
+                raise ConfigError(f"{key}: global batch {rows} must be divisible by the batch shards of the mesh "
+                                  f"(data*fsdp = {shards}) times optimizer.accumulation_steps ({accumulation_steps})")
+            if rows % jax.process_count():
+                raise ConfigError(f"data.global_batch_size ({rows}) must be divisible by the number of processes "
+                                  f"({jax.process_count()})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -192,7 +161,7 @@ class TrainFeed:
         if self.phase is None or not self.phase.start <= step < self.phase.end:
             self._open(phase_at(self.phases, step), None)
         try:
-            batch = next(self.iterator)
+            batch = self.iterator.take(self.phase.batch_at(step) // jax.process_count())
         except StopIteration:
             raise RuntimeError(f"the training data ran out at step {step} (data.num_epochs="
                                f"{self.phase.data.num_epochs}); raise it or set it to null (repeat)") from None
@@ -212,7 +181,7 @@ def eval_batches(data_config, tokenizer, mesh, count: int) -> list[dict[str, jax
     Every process yields exactly `count` batches (padded with empty rows if its share of held-out data is
     smaller), so multi-host evaluation steps stay in lockstep.
     """
-    iterator = build_eval_iterator(data_config.replace(eval_batches=count), tokenizer, seed=0,
+    iterator = build_eval_iterator(data_config.for_evaluation().replace(eval_batches=count), tokenizer, seed=0,
                                    process_index=jax.process_index(), process_count=jax.process_count())
     batches = [to_global_batch(b, mesh, mesh_lib.BATCH_AXES) for b in iterator]
     iterator.close()
@@ -262,8 +231,10 @@ def mask_a_word(sentence: str, tokenizer, rng: np.random.Generator) -> str:
 
 
 def tokens_per_step(phases: list[Phase]) -> list[int]:
-    return [p.tokens_per_step for p in phases]
+    """Tokens per step of every constant-batch segment (see `boundaries`)."""
+    return phases_lib.clock_segments(phases)[1]
 
 
 def boundaries(phases: list[Phase]) -> list[int]:
-    return [p.start for p in phases]
+    """First step of every constant-batch segment (phases, and the batch warmup's stairs)."""
+    return phases_lib.clock_segments(phases)[0]

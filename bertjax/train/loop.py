@@ -108,13 +108,13 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     config = _with_objective_tokenizer(config)  # as config.yaml records it, so a rerun compares equal
     workdir_lib.check_rerun(workdir, config)  # before anything is written
 
-    phases = feed_lib.plan_phases(config)
     tokenizer = feed_lib.prepare_tokenizer(config, workdir)
     setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
     objective, model_config, mesh = setup.objective, setup.model_config, setup.mesh
     description = model_description(objective)
     workdir_lib.check_model_config(workdir, description)
-    total = config.train.steps
+    phases = setup.phases
+    total = feed_lib.total_steps(phases)
 
     checkpointer = Checkpointer(config.checkpoint.directory or workdir / "checkpoints", config.checkpoint)
     restore_step = config.checkpoint.restore_step
@@ -138,13 +138,14 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
                    f"({count_params(state.params) / 1e6:.2f}M trainable parameters), mesh "
                    f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} device(s), "
                    f"{'resuming from step ' + str(start) if start else 'starting'}; workdir {workdir}")
-    train_step, eval_step, frozen = setup.train_step, setup.eval_step, setup.frozen
+    frozen = setup.frozen
     eval_cache: dict[int, list] = {}
 
     def evaluate(step: int) -> dict[str, float]:
         phase = feed_lib.phase_at(phases, max(step - 1, 0))  # the phase just trained
         if phase.index not in eval_cache:
             eval_cache[phase.index] = feed_lib.eval_batches(phase.data, tokenizer, mesh, config.eval.batches)
+        eval_step = setup.steps_for(phase)[1]
         sums = None
         for batch in eval_cache[phase.index]:
             batch_sums = eval_step(state.params, frozen, batch)
@@ -169,8 +170,12 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
             logger.log(0, record)
             eval_start = record["eval_loss"]
         while step < total:
-            seq_len = feed_lib.phase_at(phases, step).data.seq_len
-            state, metrics = train_step(state, frozen, feed.next(step))
+            phase = feed_lib.phase_at(phases, step)
+            if step == phase.start and len(phases) > 1:  # the boundaries a run used, for readers and the plot
+                logger.log(step, {"phase": phase.index, "phase_start": phase.label, "batch_size": phase.batch_at(step),
+                                  "seq_len": phase.data.seq_len})
+            seq_len = phase.data.seq_len
+            state, metrics = setup.steps_for(phase)[0](state, frozen, feed.next(step))
             step += 1
             throughput.add(seq_len, metrics)
             nonfinite.observe(step, metrics)
@@ -183,6 +188,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
             save_due = step % config.checkpoint.every == 0 or last or stop
             if step % config.train.log_every == 0 or last or eval_due or stop:
                 record = {k: v for k, v in jax.device_get(metrics).items() if k not in COUNT_METRICS}
+                record.update(phase=phase.index, batch_size=phase.batch_at(step - 1))
                 record.update(throughput.report())
                 if eval_due:
                     record.update(evaluate(step))

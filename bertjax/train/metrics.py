@@ -95,7 +95,7 @@ def _plain(value: Any) -> Any:
 
 
 def plot_loss(workdir: str | Path) -> Path | None:
-    """Write loss.png: training loss and held-out loss against the step."""
+    """Write loss.png: training loss and held-out loss against the step, phase boundaries marked."""
     records = read_metrics(workdir)
     train = [(r["step"], r["loss"]) for r in records if "loss" in r]
     held_out = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
@@ -110,6 +110,12 @@ def plot_loss(workdir: str | Path) -> Path | None:
         axes.plot(*zip(*train), label="train loss", linewidth=1)
     if held_out:
         axes.plot(*zip(*held_out), "o-", label="held-out loss")
+    for record in records:  # phase boundaries (context extension, decay, ...): a dashed line and the phase's name
+        if "phase_start" in record and record["step"] > 0:
+            axes.axvline(record["step"], color="gray", linestyle="--", linewidth=0.8)
+        if "phase_start" in record:
+            axes.annotate(str(record["phase_start"]), (record["step"], 1.0), xycoords=("data", "axes fraction"),
+                          xytext=(3, -12), textcoords="offset points", fontsize=8, color="gray")
     axes.set_xlabel("step")
     axes.set_ylabel("loss (MLM + NSP when on)")
     axes.grid(True, alpha=0.3)

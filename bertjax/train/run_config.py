@@ -6,7 +6,7 @@
     data:       the data pipeline's own config (bertjax.data.DataConfig): input, seq_len, global_batch_size, ...
     optimizer:  {name: stable_adamw, learning_rate: 1.0e-3, ...}
     schedule:   {name: wsd, warmup: 100, decay: 200, decay_shape: 1-sqrt, unit: steps}
-    train:      {steps: 1000, seed: 0, log_every: 10, phases: [...]}
+    train:      {steps: 1000, seed: 0, log_every: 10, phases: [{name, fraction | tokens, data, model, ...}]}
     eval:       {every: 100, batches: 8}
     checkpoint: {every: 500, keep: 3}
     mesh:       {data: -1, fsdp: 1, tensor: 1}
@@ -67,16 +67,39 @@ class ScheduleConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class PhaseConfig:
-    """A share of the run trained with different data settings (BERT: 90% of steps at 128 tokens, 10% at 512)."""
+class BatchWarmupConfig:
+    """The global batch ramps from `start` rows to the phase's data.global_batch_size over `tokens` trained tokens,
+    growing by whole per-device rows (the mesh's batch shards at a time): ModernBERT-base 768 -> 4608 over 50B."""
 
-    fraction: float  # share of train.steps; the fractions of all phases sum to 1
+    start: int
+    tokens: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseConfig:
+    """A part of the run with its own data, model (RoPE) settings, batch and learning rate.
+
+    BERT: 90% of steps at 128 tokens then 10% at 512 (`fraction`); ModernBERT: 1.719T tokens at 1024, 250B at 8192
+    with global RoPE theta 160k, then a 50B-token 1-sqrt decay (`tokens`: the phase lasts that many trained tokens).
+    """
+
+    fraction: float | None = None  # share of train.steps; the fractions of all phases sum to 1
+    tokens: float | None = None  # or a token budget (then train.steps is derived from the phases)
+    name: str = ""  # in metrics.jsonl and on the loss plot; "" -> "phase <i>"
     data: dict[str, Any] = dataclasses.field(default_factory=dict)  # data fields replaced in this phase (seq_len, ...)
+    # EncoderConfig fields replaced in this phase that leave the parameters' shapes alone (rope_theta_global, ...).
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    learning_rate: float | None = None  # the peak in this phase; None: optimizer.learning_rate
+    # Schedule fields for a schedule of this phase alone, counted from its start (units relative to the phase:
+    # fraction of the phase, its tokens or steps); None: the run's schedule continues through this phase.
+    schedule: dict[str, Any] | None = None
+    batch_warmup: BatchWarmupConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    steps: int  # optimizer updates; the batch size is data.global_batch_size
+    # Optimizer updates; None when every phase has a token budget (the steps follow from the batch sizes).
+    steps: int | None = None
     seed: int = 0
     log_every: int = 10
     phases: tuple[PhaseConfig, ...] = ()
@@ -333,7 +356,8 @@ def _validate(config: RunConfig) -> None:
     if config.model.remat_policy not in REMAT_POLICIES:
         raise ConfigError(f"model.remat_policy must be one of {sorted(REMAT_POLICIES)}, got "
                           f"{config.model.remat_policy!r}")
-    positive = {"train.steps": config.train.steps, "tokenizer.vocab_size": config.tokenizer.vocab_size,
+    _validate_phases(config)
+    positive = {"tokenizer.vocab_size": config.tokenizer.vocab_size,
                 "train.log_every": config.train.log_every, "eval.batches": config.eval.batches,
                 "checkpoint.every": config.checkpoint.every, "checkpoint.keep": config.checkpoint.keep,
                 "optimizer.learning_rate": config.optimizer.learning_rate,
@@ -351,12 +375,6 @@ def _validate(config: RunConfig) -> None:
             re.compile(pattern)
         except re.error as error:
             raise ConfigError(f"optimizer.no_decay: bad regex {pattern!r}: {error}") from None
-    total = sum(phase.fraction for phase in config.train.phases)
-    if config.train.phases and abs(total - 1.0) > 1e-9:
-        raise ConfigError(f"train.phases: fractions must sum to 1, got {total}")
-    for i, phase in enumerate(config.train.phases):
-        if phase.fraction <= 0:
-            raise ConfigError(f"train.phases[{i}].fraction must be positive, got {phase.fraction}")
     for name in ("data", "fsdp", "tensor"):
         size = getattr(config.mesh, name)
         if size == 0 or size < -1:
@@ -364,18 +382,54 @@ def _validate(config: RunConfig) -> None:
     if [config.mesh.data, config.mesh.fsdp, config.mesh.tensor].count(-1) > 1:
         raise ConfigError("mesh: at most one of data, fsdp, tensor may be -1")
     _validate_schedule(config.schedule)
-    if not 0.0 <= config.schedule.final_lr_ratio <= 1.0:
-        raise ConfigError(f"schedule.final_lr_ratio must be in [0, 1], got {config.schedule.final_lr_ratio}")
 
 
 
-def _validate_schedule(schedule: ScheduleConfig) -> None:
+def _validate_phases(config: RunConfig) -> None:
+    """Phases are all fractions of train.steps or all token budgets (then train.steps is left out)."""
+    phases = config.train.phases
+    if config.train.steps is not None and config.train.steps <= 0:
+        raise ConfigError(f"train.steps must be positive, got {config.train.steps}")
+    by_tokens = [phase.tokens is not None for phase in phases]
+    for i, phase in enumerate(phases):
+        if (phase.fraction is None) == (phase.tokens is None):
+            raise ConfigError(f"train.phases[{i}]: give exactly one of fraction and tokens")
+        length = phase.fraction if phase.tokens is None else phase.tokens
+        if length <= 0:
+            raise ConfigError(f"train.phases[{i}].{'fraction' if phase.tokens is None else 'tokens'} must be "
+                              f"positive, got {length}")
+        if phase.learning_rate is not None and phase.learning_rate <= 0:
+            raise ConfigError(f"train.phases[{i}].learning_rate must be positive, got {phase.learning_rate}")
+        if phase.schedule is not None:
+            schedule = parse_dataclass(ScheduleConfig, phase.schedule, f"train.phases[{i}].schedule")
+            _validate_schedule(schedule, f"train.phases[{i}].schedule")
+        warmup = phase.batch_warmup
+        if warmup is not None and (warmup.start <= 0 or warmup.tokens <= 0):
+            raise ConfigError(f"train.phases[{i}].batch_warmup: start and tokens must be positive, got {warmup}")
+    if any(by_tokens) and not all(by_tokens):
+        raise ConfigError("train.phases: give every phase a fraction of train.steps or every phase a token budget, "
+                          "not a mix")
+    if all(by_tokens) and phases:
+        if config.train.steps is not None:
+            raise ConfigError("train.steps: leave it out when the phases have token budgets (the steps follow from "
+                              "them and the batch sizes)")
+    elif config.train.steps is None:
+        raise ConfigError("missing required key train.steps (or give every train.phases entry a token budget)")
+    if phases and not any(by_tokens):
+        total = sum(phase.fraction for phase in phases)
+        if abs(total - 1.0) > 1e-9:
+            raise ConfigError(f"train.phases: fractions must sum to 1, got {total}")
+
+
+def _validate_schedule(schedule: ScheduleConfig, where: str = "schedule") -> None:
     lengths = {"warmup": schedule.warmup, "decay": schedule.decay, "total": schedule.total}
     for name, value in lengths.items():
         if value is not None and value < 0:
-            raise ConfigError(f"schedule.{name} must be >= 0, got {value}")
+            raise ConfigError(f"{where}.{name} must be >= 0, got {value}")
+    if not 0.0 <= schedule.final_lr_ratio <= 1.0:
+        raise ConfigError(f"{where}.final_lr_ratio must be in [0, 1], got {schedule.final_lr_ratio}")
     if schedule.unit == "fraction":
         for name, value in lengths.items():
             if value is not None and value > 1:
-                raise ConfigError(f"schedule.{name} ({value}) is a fraction of the run (schedule.unit: fraction), so "
+                raise ConfigError(f"{where}.{name} ({value}) is a fraction of the run (schedule.unit: fraction), so "
                                   f"at most 1; for a length in steps set schedule.unit: steps")

@@ -152,3 +152,38 @@ def build_schedule(config: ScheduleConfig, peak: float, total_steps: int, clock:
         raise _does_not_fit(config, total_steps, with_decay=True)
     return SCHEDULES[config.name](peak, warmup=warmup, total=total, final=peak * config.final_lr_ratio,
                                   decay=decay, decay_shape=config.decay_shape)
+
+
+def build_phased_schedule(config: ScheduleConfig, peak: float, phases: list, clock: StepClock) -> Schedule:
+    """The run's schedule, with each phase that sets its own `learning_rate` or `schedule` taking over its steps.
+
+    A phase without its own schedule follows the run's (at its own peak when it sets one: ModernBERT's context
+    extension drops to a lower constant rate); a phase with one runs it from its own start, its lengths relative to
+    the phase (fractions of the phase, its tokens, its steps): the decay phase's 1-sqrt to 0.001 of its peak.
+    """
+    from bertjax.train.phases import clock_segments, total_steps
+
+    total = total_steps(phases)
+    run = build_schedule(config, peak, total, clock)
+    if all(p.learning_rate is None and p.schedule is None for p in phases):
+        return run
+    pieces = []
+    for phase in phases:
+        phase_peak = peak if phase.learning_rate is None else phase.learning_rate
+        if phase.schedule is None:
+            pieces.append((phase.start, run if phase_peak == peak else build_schedule(config, phase_peak, total, clock)))
+            continue
+        starts, tokens = clock_segments([phase])
+        local = StepClock([s - phase.start for s in starts], tokens)
+        try:
+            own = build_schedule(phase.schedule, phase_peak, phase.end - phase.start, local)
+        except ValueError as error:
+            raise ValueError(f"train.phases[{phase.index}].schedule: {error}") from None
+        pieces.append((phase.start, lambda step, own=own, start=phase.start: own(jnp.asarray(step) - start)))
+
+    def schedule(step):
+        rate = pieces[0][1](step)
+        for start, piece in pieces[1:]:
+            rate = jnp.where(jnp.asarray(step) >= start, piece(step), rate)
+        return rate
+    return schedule

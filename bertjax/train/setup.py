@@ -20,7 +20,7 @@ from bertjax.train import mesh as mesh_lib
 from bertjax.train.objectives import Objective, ObjectiveError, build_objective
 from bertjax.train.optimizers import build_optimizer
 from bertjax.train.run_config import ConfigError, RunConfig, ScheduleConfig
-from bertjax.train.schedules import StepClock, build_schedule
+from bertjax.train.schedules import StepClock, build_phased_schedule, build_schedule
 from bertjax.train.state import TrainState, abstract_state, create_train_state, state_shardings
 from bertjax.train.step import JittedStep, make_eval_step, make_train_step
 
@@ -37,8 +37,12 @@ class RunSetup:
     shardings: TrainState  # where every leaf of the train state lives
     frozen: Any  # the objective's frozen parameters, placed ({} for most objectives; abstract for compile-only)
     frozen_shardings: Any
-    train_step: JittedStep
+    train_step: JittedStep  # of the first phase
     eval_step: JittedStep
+    phase_steps: list  # (train_step, eval_step) of each phase: phases changing the model (RoPE) have their own
+
+    def steps_for(self, phase) -> tuple[JittedStep, JittedStep]:
+        return self.phase_steps[phase.index]
 
     def fresh_state(self) -> TrainState:
         """Initial state for train.seed, warm-started by the objective (a student from its teacher)."""
@@ -89,14 +93,15 @@ def check_objective_data(objective: Objective, phases: list) -> None:
 def _schedule(config: RunConfig, phases: list, lenient: bool):
     clock = StepClock(feed_lib.boundaries(phases), feed_lib.tokens_per_step(phases))
     try:
-        return build_schedule(config.schedule, config.optimizer.learning_rate, config.train.steps, clock)
+        return build_phased_schedule(config.schedule, config.optimizer.learning_rate, phases, clock)
     except ValueError as error:
         if not lenient:
             raise
         # The schedule's numbers do not change the compiled program (the step computes the rate from a traced
         # step count), so a schedule that no longer fits an overridden batch need not block a compile check.
         print(f"note: {error}; compiling with a constant learning rate instead")
-        return build_schedule(ScheduleConfig(name="constant"), config.optimizer.learning_rate, config.train.steps)
+        return build_schedule(ScheduleConfig(name="constant"), config.optimizer.learning_rate,
+                              feed_lib.total_steps(phases))
 
 
 def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Sequence | None = None,
@@ -106,16 +111,12 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
     `compile_only`: no weights are loaded (a teacher is abstract) and a schedule that no longer fits an
     overridden batch falls back to a constant rate (compile-check).
     """
-    phases = feed_lib.plan_phases(config)
-    model_config = build_model_config(config, vocab_size=vocab_size, pad_id=pad_id,
-                                      max_seq_len=max(p.data.seq_len for p in phases),
-                                      attention_platform=attention_platform)
-    try:
-        objective = build_objective(config.objective, model_config, config.model.remat_policy)
-    except ObjectiveError as error:
-        raise ConfigError(str(error)) from None
-    check_objective_data(objective, phases)
     mesh = mesh_lib.build_mesh(config.mesh, devices)
+    phases = feed_lib.plan_phases(config, mesh_lib.batch_shards(mesh))
+    objectives = _phase_objectives(config, phases, vocab_size, pad_id, attention_platform)
+    objective = objectives[0]
+    for phase, phase_objective in zip(phases, objectives):
+        check_objective_data(phase_objective, [phase] if len(phases) > 1 else phases)
     feed_lib.check_batch_fits(phases, mesh, config.optimizer.accumulation_steps)
     schedule = _schedule(config, phases, lenient=compile_only)
     optimizer = build_optimizer(config.optimizer, schedule)
@@ -124,10 +125,52 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
         frozen, frozen_shardings = objective.frozen_params(mesh, abstract=compile_only)
     except ObjectiveError as error:
         raise ConfigError(str(error)) from None
-    train_step = make_train_step(objective, optimizer, schedule, mesh, shardings, frozen_shardings,
-                                 accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed,
-                                 nonfinite=config.train.nonfinite)
-    eval_step = make_eval_step(objective, mesh, shardings.params, frozen_shardings)
-    return RunSetup(config=config, model_config=model_config, objective=objective, phases=phases, mesh=mesh,
-                    schedule=schedule, optimizer=optimizer, shardings=shardings, frozen=frozen,
-                    frozen_shardings=frozen_shardings, train_step=train_step, eval_step=eval_step)
+    steps: dict[int, tuple[JittedStep, JittedStep]] = {}  # phases with the same model share their jitted steps
+    for phase_objective in objectives:
+        if id(phase_objective) not in steps:
+            steps[id(phase_objective)] = (
+                make_train_step(phase_objective, optimizer, schedule, mesh, shardings, frozen_shardings,
+                                accumulation_steps=config.optimizer.accumulation_steps, seed=config.train.seed,
+                                nonfinite=config.train.nonfinite),
+                make_eval_step(phase_objective, mesh, shardings.params, frozen_shardings))
+    phase_steps = [steps[id(o)] for o in objectives]
+    return RunSetup(config=config, model_config=objective.model_config, objective=objective, phases=phases,
+                    mesh=mesh, schedule=schedule, optimizer=optimizer, shardings=shardings, frozen=frozen,
+                    frozen_shardings=frozen_shardings, train_step=phase_steps[0][0], eval_step=phase_steps[0][1],
+                    phase_steps=phase_steps)
+
+
+def _phase_objectives(config: RunConfig, phases: list, vocab_size: int, pad_id: int,
+                      attention_platform: str | None) -> list[Objective]:
+    """The objective of each phase: the run's model with the phase's `model` fields (RoPE thetas), one object per
+    distinct model. A phase may change how the model computes, never the shapes of its parameters."""
+    by_model: dict[str, Objective] = {}
+    objectives = []
+    for phase in phases:
+        key = repr(sorted(phase.model.items()))
+        if key not in by_model:
+            phased = dataclasses.replace(config, model=dataclasses.replace(
+                config.model, overrides={**config.model.overrides, **phase.model}))
+            where = "model" if not phase.model else f"train.phases[{phase.index}].model"
+            try:
+                model_config = build_model_config(
+                    phased, vocab_size=vocab_size, pad_id=pad_id, attention_platform=attention_platform,
+                    max_seq_len=max(p.data.seq_len for p in phases if repr(sorted(p.model.items())) == key))
+                by_model[key] = build_objective(config.objective, model_config, config.model.remat_policy)
+            except ObjectiveError as error:
+                raise ConfigError(str(error)) from None
+            except ValueError as error:  # a phase's model fields that the preset refuses
+                if not phase.model:
+                    raise
+                raise ConfigError(f"{where}: {error}") from None
+            if objectives:
+                _check_same_parameters(objectives[0], by_model[key], where)
+        objectives.append(by_model[key])
+    return objectives
+
+
+def _check_same_parameters(first: Objective, other: Objective, where: str) -> None:
+    shapes = [jax.tree.map(lambda x: (x.shape, x.dtype), o.abstract_params()) for o in (first, other)]
+    if shapes[0] != shapes[1]:
+        raise ConfigError(f"{where}: a phase may change how the model computes (RoPE theta, window, positions it "
+                          "accepts) but not the shapes of its parameters")
