@@ -1,13 +1,16 @@
 """The one attention entry point every layer calls, and the registry of its implementations.
 
 Implementations differ by backend, never by meaning: each takes q [batch, seq, heads, head_dim], k/v
-[batch, seq, kv_heads, head_dim], segment ids [batch, seq] (0 = padding) and an optional bidirectional window,
-and returns [batch, seq, heads, head_dim]. They are registered by import path so that a backend's modules (Pallas
-TPU, Pallas GPU) are imported only when that backend is asked for.
+[batch, seq, kv_heads, head_dim], segment ids [batch, seq] (0 = padding), an optional bidirectional window, optional
+ALiBi slopes [heads] and optional global tokens [batch, seq], and returns [batch, seq, heads, head_dim]. They are
+registered by import path so that a backend's modules (Pallas TPU, Pallas GPU) are imported only when that backend
+is asked for, and each declares the features it can serve, so "auto" never picks one that would have to refuse the
+call and an explicit choice that cannot serve it fails before tracing anything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 from typing import Callable
@@ -15,38 +18,90 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-# name -> "module:function". Each function has the signature
-#   fn(q, k, v, *, segment_ids, local_window, scale, interpret) -> out
-IMPLEMENTATIONS: dict[str, str] = {
-    "xla": "bertjax.ops.xla_attention:dense_attention",
-    "xla_blockwise": "bertjax.ops.blockwise_attention:blockwise_local_attention",
-    "xla_auto": "bertjax.ops.blockwise_attention:xla_auto_attention",  # dense or blockwise, by shape
-    "pallas_tpu": "bertjax.ops.pallas_tpu_attention:pallas_tpu_attention",
-    "pallas_gpu": "bertjax.ops.pallas_gpu_attention:pallas_gpu_attention",
+# What a call may need beyond plain attention within segments (which every implementation serves).
+FEATURES = ("local_window", "gqa", "alibi", "global_tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """Where an implementation lives ("module:function") and the features (names in FEATURES) it supports.
+
+    The function has the signature
+      fn(q, k, v, *, segment_ids, local_window, scale, interpret, alibi_slopes, global_tokens) -> out
+    with segment_ids int32 [batch, seq], alibi_slopes float32 [heads] or None, global_tokens bool [batch, seq]
+    (already False on padding) or None.
+    """
+
+    path: str
+    features: frozenset[str]
+
+    def __post_init__(self):
+        unknown = set(self.features) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"attention implementation {self.path}: unknown features {sorted(unknown)}")
+
+
+_ALL = frozenset(FEATURES)
+_WINDOW_GQA = frozenset({"local_window", "gqa"})
+IMPLEMENTATIONS: dict[str, Implementation] = {
+    "xla": Implementation("bertjax.ops.xla_attention:dense_attention", _ALL),
+    "xla_blockwise": Implementation("bertjax.ops.blockwise_attention:blockwise_local_attention", _WINDOW_GQA),
+    "xla_auto": Implementation("bertjax.ops.blockwise_attention:xla_auto_attention", _WINDOW_GQA),
+    "pallas_tpu": Implementation("bertjax.ops.pallas_tpu_attention:pallas_tpu_attention", _WINDOW_GQA),
+    "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _WINDOW_GQA),
 }
 
-# What "auto" means on each JAX platform. A platform missing here falls back to "xla".
-AUTO_BY_PLATFORM: dict[str, str] = {"cpu": "xla_auto", "tpu": "pallas_tpu", "gpu": "pallas_gpu"}
+# What "auto" prefers on each JAX platform, best first; the first that supports the call is used. A platform
+# missing here uses AUTO_FALLBACK.
+AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "cpu": ("xla_auto",),
+    "tpu": ("pallas_tpu", "xla_auto"),
+    "gpu": ("pallas_gpu", "xla_auto"),
+}
+AUTO_FALLBACK = ("xla",)
+# The best implementation per platform for a call needing no optional feature (kept for callers that resolve
+# "auto" for another platform, such as compile-check).
+AUTO_BY_PLATFORM: dict[str, str] = {platform: names[0] for platform, names in AUTO_PREFERENCE.items()}
 
 
+def required_features(*, heads: int, kv_heads: int, local_window: int | None = None, alibi: bool = False,
+                      global_tokens: bool = False) -> frozenset[str]:
+    """The FEATURES a call with these properties needs."""
+    needed = {"local_window": local_window is not None, "gqa": heads != kv_heads, "alibi": alibi,
+              "global_tokens": global_tokens}
+    return frozenset(name for name, used in needed.items() if used)
 
-def resolve_implementation(implementation: str) -> str:
+
+def resolve_implementation(implementation: str, features: frozenset[str] = frozenset(),
+                           platform: str | None = None) -> str:
+    """The registry name that will serve a call needing `features` on `platform` (default: this backend).
+
+    "auto" takes the platform's first preference that supports every feature; an explicit name that lacks one is a
+    ValueError naming the missing features.
+    """
     if implementation == "auto":
-        return AUTO_BY_PLATFORM.get(jax.default_backend(), "xla")
+        candidates = AUTO_PREFERENCE.get(platform or jax.default_backend(), AUTO_FALLBACK) + AUTO_FALLBACK
+        return next(name for name in candidates if features <= IMPLEMENTATIONS[name].features)
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"unknown attention implementation {implementation!r}; known: "
                          f"{['auto', *sorted(IMPLEMENTATIONS)]}")
+    missing = features - IMPLEMENTATIONS[implementation].features
+    if missing:
+        able = [name for name, impl in IMPLEMENTATIONS.items() if features <= impl.features]
+        raise ValueError(f"attention implementation {implementation!r} does not support "
+                         f"{', '.join(sorted(missing))}; implementations that do: {able} (or 'auto')")
     return implementation
 
 
 def _load(name: str) -> Callable:
-    module_name, function_name = IMPLEMENTATIONS[name].split(":")
+    module_name, function_name = IMPLEMENTATIONS[name].path.split(":")
     return getattr(importlib.import_module(module_name), function_name)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
               local_window: int | None = None, implementation: str = "auto", scale: float | None = None,
-              interpret: bool = False) -> jax.Array:
+              interpret: bool = False, alibi_slopes: jax.Array | None = None,
+              global_tokens: jax.Array | None = None) -> jax.Array:
     """Bidirectional multi-head attention within segments.
 
     Args:
@@ -54,9 +109,14 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
       segment_ids: [batch, seq] int; a token attends only to tokens of its own segment; 0 marks padding.
         None means one segment covering the whole row.
       local_window: None for global attention; w for a sliding window |i - j| <= w // 2 (inclusive).
-      implementation: a name in `IMPLEMENTATIONS`, or "auto" for the best one on the current backend.
+      implementation: a name in `IMPLEMENTATIONS`, or "auto" for the best one on the current backend that supports
+        the call.
       scale: multiplier of q.k; default 1 / sqrt(head_dim).
       interpret: run Pallas implementations in interpret mode (CPU testing); ignored by XLA ones.
+      alibi_slopes: float [heads] or None; adds -slope_h * |i - j| to the scores of head h, with i, j the positions
+        in the row (equal, between two tokens of one packed document, to the distance of per-document positions).
+      global_tokens: bool [batch, seq] or None; a global token attends to every token of its own segment and every
+        token of its segment attends to it, whatever the window. Padding (segment 0) stays out even if flagged.
     """
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"attention expects 4-d q, k, v [batch, seq, heads, head_dim]; got {q.shape}, "
@@ -73,8 +133,22 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
         segment_ids = jnp.ones((batch, seq), jnp.int32)
     elif segment_ids.shape != (batch, seq):
         raise ValueError(f"segment_ids must be [batch={batch}, seq={seq}], got {segment_ids.shape}")
+    segment_ids = jnp.asarray(segment_ids).astype(jnp.int32)
+    if alibi_slopes is not None:
+        if jnp.shape(alibi_slopes) != (heads,):
+            raise ValueError(f"alibi_slopes must be [heads={heads}], got {jnp.shape(alibi_slopes)}")
+        alibi_slopes = jnp.asarray(alibi_slopes, jnp.float32)
+    if global_tokens is not None:
+        if jnp.shape(global_tokens) != (batch, seq):
+            raise ValueError(f"global_tokens must be [batch={batch}, seq={seq}], got {jnp.shape(global_tokens)}")
+        # Padding is never global: every implementation can then treat a flagged token as a real one.
+        global_tokens = jnp.asarray(global_tokens).astype(bool) & (segment_ids != 0)
+        if local_window is None:  # every token already sees its whole segment: global tokens change nothing
+            global_tokens = None
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
-    fn = _load(resolve_implementation(implementation))
-    return fn(q, k, v, segment_ids=segment_ids.astype(jnp.int32), local_window=local_window, scale=scale,
-              interpret=interpret)
+    features = required_features(heads=heads, kv_heads=k.shape[2], local_window=local_window,
+                                 alibi=alibi_slopes is not None, global_tokens=global_tokens is not None)
+    fn = _load(resolve_implementation(implementation, features))
+    return fn(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale, interpret=interpret,
+              alibi_slopes=alibi_slopes, global_tokens=global_tokens)

@@ -33,12 +33,13 @@ def default_chunk(half: int) -> int:
     return min(64, max(16, half))
 
 
-def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False,
-                              chunk: int | None = None):
+def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
+                              global_tokens=None, chunk: int | None = None):
     del interpret  # no kernel to interpret
     seq = q.shape[1]
     if local_window is None or local_window // 2 >= seq - 1:
-        return dense_attention(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale)
+        return dense_attention(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale,
+                               alibi_slopes=alibi_slopes, global_tokens=global_tokens)
     half = local_window // 2
     chunk = chunk or default_chunk(half)
     if chunk <= 0:
@@ -101,12 +102,14 @@ def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, inte
 BLOCKWISE_MAX_WINDOW_FRACTION = 0.5
 
 
-def xla_auto_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False):
+def xla_auto_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
+                       global_tokens=None):
     """The faster XLA path for this call's shapes: blockwise for narrow windows, dense otherwise."""
     seq = q.shape[1]
     narrow = local_window is not None and local_window <= BLOCKWISE_MAX_WINDOW_FRACTION * seq
     fn = blockwise_local_attention if narrow else dense_attention
-    return fn(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale, interpret=interpret)
+    return fn(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale, interpret=interpret,
+              alibi_slopes=alibi_slopes, global_tokens=global_tokens)
 
 
 def blockwise_work(seq: int, local_window: int, chunk: int | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Mask and position helpers derived from segment ids (0 = padding, equal ids = one packed document)."""
+"""Mask, bias and position helpers derived from segment ids (0 = padding, equal ids = one packed document)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,36 @@ import jax.numpy as jnp
 
 
 def attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, local_window: int | None,
-                   q_offset: int | jax.Array = 0, kv_offset: int | jax.Array = 0) -> jax.Array:
-    """Boolean [batch, q_len, kv_len] mask: same non-padding segment and, for local layers, |i - j| <= window // 2.
+                   q_offset: int | jax.Array = 0, kv_offset: int | jax.Array = 0, q_global: jax.Array | None = None,
+                   kv_global: jax.Array | None = None) -> jax.Array:
+    """Boolean [batch, q_len, kv_len] mask: same non-padding segment and, for local layers, |i - j| <= window // 2
+    unless the query or the key is a global token (q_global / kv_global: bool [batch, q_len] / [batch, kv_len]).
 
     Offsets give the absolute positions of the first query and key, so blockwise implementations can build the
-    mask of one tile with the same function as the dense reference.
+    mask of one tile with the same function as the dense reference. Padding never attends nor is attended, global
+    or not: the segment test alone decides that.
     """
     same = (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]) & (q_segment_ids[:, :, None] != 0)
     if local_window is None:
         return same
     q_pos = q_offset + jnp.arange(q_segment_ids.shape[1])[:, None]
     kv_pos = kv_offset + jnp.arange(kv_segment_ids.shape[1])[None, :]
-    return same & (jnp.abs(q_pos - kv_pos) <= local_window // 2)[None]
+    near = (jnp.abs(q_pos - kv_pos) <= local_window // 2)[None]
+    if q_global is not None:
+        near = near | q_global[:, :, None] | kv_global[:, None, :]
+    return same & near
+
+
+def alibi_bias(slopes: jax.Array, q_positions: jax.Array, kv_positions: jax.Array) -> jax.Array:
+    """ALiBi's additive score bias -slope_h * |i - j|: float32 [heads, q_len, kv_len] for the given positions.
+
+    Positions are the row's absolute positions, not positions inside each packed document: documents are
+    contiguous, so two tokens of one document are the same distance apart either way, and tokens of different
+    documents never see each other. Callers build it per tile, never for a whole [seq, seq] score matrix at once
+    (except the dense reference, whose scores are [seq, seq] anyway).
+    """
+    distance = jnp.abs(q_positions[:, None] - kv_positions[None, :]).astype(jnp.float32)
+    return -slopes.astype(jnp.float32)[:, None, None] * distance[None]
 
 
 def segment_positions(segment_ids: jax.Array) -> jax.Array:

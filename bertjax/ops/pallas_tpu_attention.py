@@ -57,7 +57,8 @@ def _kernel(seq: int, heads: int, local_window: int | None, block: int, interpre
                                   q_seq_shards=1, interpret=interpret)
 
 
-def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, block: int | None = None):
+def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
+                         global_tokens=None, block: int | None = None):
     """Splash attention. Shapes and meaning as `bertjax.ops.attention`; `block` overrides the tile size."""
     batch, seq, heads, head_dim = q.shape
     block = _block_size(seq, block)

@@ -3,19 +3,22 @@
 Layout matters on CPU: XLA's batched matmul is several times faster when batch and head axes lead
 ([batch, heads, seq, head_dim]) than when it has to gather them from [batch, seq, heads, head_dim], and dividing
 by the softmax denominator after the second matmul touches [seq, head_dim] values instead of [seq, seq].
+Its scores are [seq, seq] by nature, so the ALiBi bias is added to them whole; the long-sequence implementations
+build it per tile instead.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from bertjax.ops.masks import attention_mask
+from bertjax.ops.masks import alibi_bias, attention_mask
 
 # Added to masked scores. Finite, so a row with no visible key (a padding query) stays finite instead of NaN.
 MASKED = -1e30
 
 
-def dense_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False):
+def dense_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
+                    global_tokens=None):
     del interpret  # no kernel to interpret
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
@@ -27,8 +30,13 @@ def dense_attention(q, k, v, *, segment_ids, local_window, scale, interpret=Fals
     kt = k.transpose(0, 2, 1, 3)
     vt = v.transpose(0, 2, 1, 3)
     scores = jnp.einsum("bhqd,bhkd->bhqk", qt, kt, preferred_element_type=jnp.float32)
-    bias = jnp.where(attention_mask(segment_ids, segment_ids, local_window), 0.0, MASKED)
-    scores = scores.reshape(batch, kv_heads, group, seq, seq) + bias[:, None, None]
+    visible = attention_mask(segment_ids, segment_ids, local_window, q_global=global_tokens,
+                             kv_global=global_tokens)
+    scores = scores.reshape(batch, kv_heads, group, seq, seq)
+    if alibi_slopes is not None:
+        positions = jnp.arange(seq)
+        scores = scores + alibi_bias(alibi_slopes, positions, positions).reshape(1, kv_heads, group, seq, seq)
+    scores = jnp.where(visible[:, None, None], scores, MASKED)
     weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
     denominator = weights.sum(axis=-1, keepdims=True)  # >= 1: the row maximum contributes exp(0)
     weights = weights.astype(v.dtype).reshape(batch, kv_heads, group * seq, seq)
