@@ -1,0 +1,131 @@
+"""Texts -> token sequences -> packed batches -> row function -> one output per text, in input order.
+
+Texts longer than the model are truncated (the default) or, with `overflow="chunk"`, cut into overlapping chunks
+(`stride` tokens shared by neighbours) whose per-slot outputs are averaged back into one per text. An empty text is
+still a sequence (its special tokens alone) and gets its own output, as in sentence-transformers: the output count
+always equals the input count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertjax.inference.buckets import BucketPlan
+from bertjax.inference.packing import Placement, pack
+from bertjax.inference.runner import Runner
+
+OVERFLOW_MODES = ("truncate", "chunk")
+# Attention kinds whose segment ids fully separate packed sequences (positions restart per segment too).
+PACKABLE_ATTENTION_KINDS = {"standard"}
+
+
+def supports_packing(config) -> bool:
+    return config.attention_kind in PACKABLE_ATTENTION_KINDS
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceFormat:
+    """How token ids of a text become a model sequence: `prefix` + ids + `suffix` (e.g. [CLS] ... [SEP])."""
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    max_length: int  # the longest sequence, special tokens included
+
+    @property
+    def room(self) -> int:
+        room = self.max_length - len(self.prefix) - len(self.suffix)
+        if room <= 0:
+            raise ValueError(f"max length {self.max_length} leaves no room for text between the special tokens")
+        return room
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, max_length: int) -> "SequenceFormat":
+        return cls(prefix=(int(tokenizer.cls_id),), suffix=(int(tokenizer.sep_id),), max_length=max_length)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequences:
+    ids: list[np.ndarray]  # model sequences, special tokens included
+    source: np.ndarray  # [len(ids)]: the text each sequence came from
+    count: int  # number of texts
+
+
+def to_sequences(token_ids: Sequence[np.ndarray], fmt: SequenceFormat, overflow: str = "truncate",
+                 stride: int = 0) -> Sequences:
+    """Model sequences of texts already tokenised without special tokens."""
+    if overflow not in OVERFLOW_MODES:
+        raise ValueError(f"overflow must be one of {OVERFLOW_MODES}, got {overflow!r}")
+    room = fmt.room
+    if overflow == "chunk" and not 0 <= stride < room:
+        raise ValueError(f"stride must be in [0, {room}) (the text tokens of one chunk), got {stride}")
+    prefix, suffix = np.asarray(fmt.prefix, np.int32), np.asarray(fmt.suffix, np.int32)
+    ids, source = [], []
+    for i, tokens in enumerate(token_ids):
+        tokens = np.asarray(tokens, np.int32)
+        if overflow == "truncate" or len(tokens) <= room:
+            starts = [0]
+        else:
+            step = room - stride
+            starts = list(range(0, len(tokens) - stride, step))
+        for start in starts:
+            ids.append(np.concatenate([prefix, tokens[start:start + room], suffix]))
+            source.append(i)
+    return Sequences(ids=ids, source=np.asarray(source, np.int64), count=len(token_ids))
+
+
+@dataclasses.dataclass
+class Outputs:
+    segments: dict[str, np.ndarray]  # name -> [sequences, ...]: one value per sequence
+    tokens: dict[str, list[np.ndarray]]  # name -> per sequence, [its length, ...]
+
+
+def run_sequences(runner: Runner, params, sequences: Sequence[np.ndarray], plan: BucketPlan, pad_id: int, *,
+                  packing: bool = True, segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
+    """The row function's outputs for every sequence, in the order given."""
+    segment_inputs = segment_inputs or {}
+    batches, placement = pack(sequences, plan, pad_id, packing=packing, devices=runner.devices)
+    max_segments = plan.max_segments if packing else 1
+
+    def host_batches():
+        for b, batch in enumerate(batches):
+            arrays = {"input_ids": batch.input_ids, "segment_ids": batch.segment_ids}
+            mine = placement.batch == b
+            for name, values in segment_inputs.items():
+                slots = np.zeros((batch.input_ids.shape[0], max_segments) + values.shape[1:], values.dtype)
+                slots[placement.row[mine], placement.slot[mine]] = values[mine]
+                arrays[name] = slots
+            yield arrays
+
+    results = list(runner.run(params, host_batches(), max_segments))
+    return unpack(results, placement)
+
+
+def unpack(results: list[dict], placement: Placement) -> Outputs:
+    """Per-batch row outputs -> per-sequence values (slot outputs by slot, token outputs by span)."""
+    count = len(placement.batch)
+    segments: dict[str, np.ndarray] = {}
+    tokens: dict[str, list[np.ndarray]] = {}
+    if not results:
+        return Outputs(segments, tokens)
+    for name, first in results[0].get("segments", {}).items():
+        out = np.zeros((count,) + first.shape[2:], first.dtype)
+        for b, result in enumerate(results):
+            mine = np.flatnonzero(placement.batch == b)
+            out[mine] = result["segments"][name][placement.row[mine], placement.slot[mine]]
+        segments[name] = out
+    for name in results[0].get("tokens", {}):
+        spans = zip(placement.batch, placement.row, placement.start, placement.length)
+        tokens[name] = [results[b]["tokens"][name][r, s:s + n] for b, r, s, n in spans]
+    return Outputs(segments, tokens)
+
+
+def pool_chunks(values: np.ndarray, source: np.ndarray, count: int) -> np.ndarray:
+    """Per-sequence values -> per-text mean over the text's chunks (identity when every text is one sequence)."""
+    if len(source) == count:
+        return values
+    sums = np.zeros((count,) + values.shape[1:], np.float64)
+    np.add.at(sums, source, values)
+    return (sums / np.bincount(source, minlength=count).reshape((count,) + (1,) * (values.ndim - 1))).astype(values.dtype)

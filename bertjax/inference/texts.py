@@ -1,0 +1,78 @@
+"""`TextInference`: the public entry point for jitted inference over raw texts.
+
+    inference = TextInference(row_fn, tokenizer, max_length=model_max_length(model.config))
+    outputs = inference.run(params, ["first text", "second", ""])
+    outputs.segments["embedding"]  # [3, dim], in input order
+
+It tokenises, truncates or chunks, packs into shape buckets under a token budget, runs the row function (jitted,
+data-parallel over the mesh) and hands back one output per text. `fill-mask`, `predict` and `embed` use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertjax.inference.buckets import BucketConfig, plan_buckets
+from bertjax.inference.pipeline import Outputs, SequenceFormat, pool_chunks, run_sequences, to_sequences
+from bertjax.inference.runner import Runner, RowFunction
+
+
+def model_max_length(config) -> int:
+    """Tokens per row the model takes (learned positions lose `position_offset` of their table, as RoBERTa)."""
+    return config.max_position_embeddings - config.position_offset
+
+
+def with_compute_dtype(model, dtype: str | None):
+    """The same module computing in `dtype` (e.g. "bfloat16"); parameters stay as they are (float32)."""
+    if dtype is None or dtype == model.config.dtype:
+        return model
+    return model.clone(config=model.config.replace(dtype=dtype))
+
+
+class TextInference:
+    """Texts in, one output per text out. `row_fn` as in bertjax.inference.runner; `segment_inputs` of `run` are
+    per-text values handed to the row function per slot (e.g. prompt lengths)."""
+
+    def __init__(self, row_fn: RowFunction, tokenizer, max_length: int, *, buckets: BucketConfig = BucketConfig(),
+                 packing: bool = True, mesh=None, overflow: str = "truncate", stride: int = 0,
+                 sequence_format: SequenceFormat | None = None):
+        self.runner = Runner(row_fn, mesh)
+        self.tokenizer = tokenizer
+        self.format = sequence_format or SequenceFormat.for_tokenizer(tokenizer, max_length)
+        self.plan = plan_buckets(buckets, max_length, self.runner.devices)
+        self.packing = packing and buckets.max_segments > 1
+        self.overflow, self.stride = overflow, stride
+        self.pad_id = int(tokenizer.pad_id)
+
+    @property
+    def compiles(self) -> int:
+        return self.runner.compiles
+
+    def tokenize(self, texts: Sequence[str]) -> list[np.ndarray]:
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+        return list(self.tokenizer.encode_batch(list(texts))) if texts else []
+
+    def run(self, params, texts: Sequence[str], segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
+        return self.run_tokens(params, self.tokenize(texts), segment_inputs)
+
+    def run_tokens(self, params, token_ids: Sequence[np.ndarray],
+                   segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
+        """As `run`, for texts already tokenised (without special tokens)."""
+        sequences = to_sequences(token_ids, self.format, self.overflow, self.stride)
+        per_sequence = {k: np.asarray(v)[sequences.source] for k, v in (segment_inputs or {}).items()}
+        outputs = self.run_sequences(params, sequences.ids, per_sequence)
+        chunked = len(sequences.ids) != sequences.count
+        if chunked and outputs.tokens:
+            raise ValueError("token outputs cannot be pooled over chunks; use overflow='truncate'")
+        return Outputs(segments={k: pool_chunks(v, sequences.source, sequences.count)
+                                 for k, v in outputs.segments.items()}, tokens=outputs.tokens)
+
+    def run_sequences(self, params, sequences: Sequence[np.ndarray],
+                      segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
+        """As `run`, for complete model sequences (special tokens included, at most max_length each)."""
+        return run_sequences(self.runner, params, sequences, self.plan, self.pad_id, packing=self.packing,
+                             segment_inputs=segment_inputs)
