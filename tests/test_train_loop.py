@@ -36,7 +36,9 @@ def finished_run(tmp_path_factory):
 
 def test_metrics_cover_mlm_nsp_and_held_out_loss(finished_run):
     records = read_metrics(finished_run.workdir)
-    by_step = {r["step"]: r for r in records}
+    by_step = {}
+    for record in records:  # a step can have several records: a phase boundary, then that step's log line
+        by_step.setdefault(record["step"], {}).update(record)
     assert sorted(by_step) == [0, 2, 3, 4, 6]  # eval at start and every 3 steps, logs every 2, the last step
     for name in ("loss", "mlm_loss", "nsp_loss", "nsp_accuracy", "mlm_accuracy", "learning_rate", "grad_norm",
                  "eval_loss", "eval_nsp_loss"):
