@@ -13,7 +13,7 @@ import jax
 
 from bertjax import ops
 from bertjax.config import EncoderConfig
-from bertjax.models.common import dense
+from bertjax.models.common import compute_dtype, dense, dense_weights, project
 from bertjax.models.inputs import EncoderInputs
 
 
@@ -26,10 +26,12 @@ class SelfAttention(nn.Module):
     def __call__(self, x: jax.Array, inputs: EncoderInputs) -> jax.Array:
         cfg = self.config
         bias = cfg.attention_bias
-        # Kernels keep heads as their own axis so tensor parallelism can split heads without reshapes.
-        q = dense(cfg, (cfg.num_heads, cfg.head_dim), ("embed", "heads", "kv"), use_bias=bias, name="query")(x)
-        k = dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed", "kv_heads", "kv"), use_bias=bias, name="key")(x)
-        v = dense(cfg, (cfg.kv_heads, cfg.head_dim), ("embed", "kv_heads", "kv"), use_bias=bias, name="value")(x)
+        # Kernels keep heads as their own axis so tensor parallelism can split heads without reshapes; q, k and v
+        # run as one matmul when they have one shape (no GQA).
+        weights = lambda heads, axis, name: dense_weights(
+            cfg, x.shape[-1], (heads, cfg.head_dim), ("embed", axis, "kv"), use_bias=bias, name=name)()
+        q, k, v = project(x, [weights(cfg.num_heads, "heads", "query"), weights(cfg.kv_heads, "kv_heads", "key"),
+                              weights(cfg.kv_heads, "kv_heads", "value")], 1, compute_dtype(cfg))
         if cfg.position_embedding == "rope":
             q = ops.apply_rope(q, inputs.positions, self.rope_theta)
             k = ops.apply_rope(k, inputs.positions, self.rope_theta)

@@ -37,6 +37,14 @@ def zeros_init(axes: tuple[str, ...]):
     return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
+def _linear_params(module: nn.Module, in_shape: tuple[int, ...], features: tuple[int, ...], axes: tuple[str, ...],
+                   use_bias: bool, cfg: EncoderConfig) -> tuple[jax.Array, jax.Array | None]:
+    kernel = module.param("kernel", kernel_init(cfg, axes), (*in_shape, *features), param_dtype(cfg))
+    bias = (module.param("bias", zeros_init(axes[len(in_shape):]), features, param_dtype(cfg))
+            if use_bias else None)
+    return kernel, bias
+
+
 class Linear(nn.Module):
     """x contracted over its last `in_ndim` axes with a kernel [*in_shape, *features], plus an optional bias.
 
@@ -53,17 +61,54 @@ class Linear(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        cfg = self.config
         in_shape = x.shape[x.ndim - self.in_ndim:]
-        kernel = self.param("kernel", kernel_init(cfg, self.axes), (*in_shape, *self.features), param_dtype(cfg))
-        dtype = compute_dtype(cfg)
-        contract = tuple(range(x.ndim - self.in_ndim, x.ndim))
-        y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
-                                ((contract, tuple(range(self.in_ndim))), ((), ())))
-        if self.use_bias:
-            bias = self.param("bias", zeros_init(self.axes[self.in_ndim:]), self.features, param_dtype(cfg))
-            y = y + bias.astype(dtype)
-        return y
+        weights = _linear_params(self, in_shape, self.features, self.axes, self.use_bias, self.config)
+        return project(x, [weights], self.in_ndim, compute_dtype(self.config))[0]
+
+
+class LinearWeights(nn.Module):
+    """A Linear's kernel and bias (same names, shapes and logical axes) without applying them, for `project`."""
+
+    in_shape: tuple[int, ...]
+    features: tuple[int, ...]
+    axes: tuple[str, ...]
+    use_bias: bool
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array | None]:
+        return _linear_params(self, self.in_shape, self.features, self.axes, self.use_bias, self.config)
+
+
+def project(x: jax.Array, weights: list[tuple[jax.Array, jax.Array | None]], in_ndim: int, dtype) -> list[jax.Array]:
+    """x through several linear maps of the same input, as one matmul where their kernels have one shape.
+
+    Stacked on a new, unsharded axis (not concatenated along an output axis that tensor parallelism may split),
+    the kernels become one dot: x is read once, and in the backward pass XLA computes one input gradient instead
+    of summing several (on CPU, GeGLU's wi_0/wi_1 as one dot makes ModernBERT's fwd+bwd ~9% cheaper).
+    """
+    contract = tuple(range(x.ndim - in_ndim, x.ndim))
+    x = x.astype(dtype)
+    kernels = [kernel for kernel, _ in weights]
+    if len(weights) > 1 and len({kernel.shape for kernel in kernels}) == 1:
+        kernel = jnp.stack(kernels, axis=in_ndim).astype(dtype)  # [*in_shape, n, *features]
+        y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(in_ndim))), ((), ())))
+        axis = x.ndim - in_ndim  # split, not indexed: the backward concatenates instead of padding and adding
+        outputs = [part.squeeze(axis) for part in jnp.split(y, len(weights), axis=axis)]
+    else:
+        outputs = [jax.lax.dot_general(x, kernel.astype(dtype), ((contract, tuple(range(in_ndim))), ((), ())))
+                   for kernel in kernels]
+    return [y if bias is None else y + bias.astype(dtype) for y, (_, bias) in zip(outputs, weights)]
+
+
+def dense_weights(config: EncoderConfig, in_shape, features, axes: tuple[str, ...], *, use_bias: bool,
+                  name: str) -> LinearWeights:
+    """`dense`'s parameters alone (same paths and logical axes), for several projections fused by `project`."""
+    in_shape = in_shape if isinstance(in_shape, tuple) else (in_shape,)
+    features = features if isinstance(features, tuple) else (features,)
+    if len(axes) != len(in_shape) + len(features):
+        raise ValueError(f"{name}: {len(axes)} logical axes for a kernel of rank {len(in_shape) + len(features)}")
+    return LinearWeights(in_shape, features, axes, use_bias, config, name=name)
 
 
 def dense(config: EncoderConfig, features, axes: tuple[str, ...], *, use_bias: bool, name: str,

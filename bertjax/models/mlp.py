@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 
 from bertjax.config import EncoderConfig
-from bertjax.models.common import ACTIVATIONS, dense
+from bertjax.models.common import ACTIVATIONS, compute_dtype, dense, dense_weights, project
 
 
 class Mlp(nn.Module):
@@ -16,10 +16,12 @@ class Mlp(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
         act = ACTIVATIONS[cfg.activation]
-        up = lambda name: dense(cfg, cfg.intermediate_size, ("embed", "mlp"), use_bias=cfg.mlp_bias, name=name)
+        up = lambda name: dense_weights(cfg, x.shape[-1], cfg.intermediate_size, ("embed", "mlp"),
+                                        use_bias=cfg.mlp_bias, name=name)()
         if cfg.mlp == "glu":
-            h = act(up("wi_0")(x)) * up("wi_1")(x)  # wi_0 is activated, wi_1 is the linear gate
+            activated, gate = project(x, [up("wi_0"), up("wi_1")], 1, compute_dtype(cfg))  # wi_1: the linear gate
+            h = act(activated) * gate
         else:
-            h = act(up("wi")(x))
+            h = act(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), use_bias=cfg.mlp_bias, name="wi")(x))
         h = nn.with_logical_constraint(h, ("activation_batch", "activation_length", "activation_mlp"))
         return dense(cfg, cfg.hidden_size, ("mlp", "embed"), use_bias=cfg.mlp_bias, name="wo")(h)
