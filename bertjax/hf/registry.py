@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from bertjax.hf import albert, bert, deberta, distilbert, electra, eurobert, modernbert, roberta, xlnet
+from bertjax.hf import longformer
 from bertjax.hf.family import HfFamily
 
 FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
@@ -17,6 +18,7 @@ FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     xlnet.FAMILY,
     deberta.FAMILY_V1,
     deberta.FAMILY_V2,
+    longformer.FAMILY,
 )}
 
 # transformers class name (config.architectures[0]) -> (model_type, bertjax head).
