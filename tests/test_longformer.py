@@ -183,3 +183,31 @@ def test_bad_inputs_are_clear_errors_naming_the_field(tiny):
     model, params = tiny
     with pytest.raises(ValueError, match="global_attention_mask must have the shape of input_ids"):
         model.apply({"params": params}, np.ones((1, 6), np.int32), global_attention_mask=np.ones((1, 5)))
+
+
+def test_init_from_roberta_tiles_positions_and_copies_global_projections(tmp_path):
+    from bertjax.models.params import abstract_params
+    from bertjax.train.init_from import initial_params
+
+    roberta = bertjax.EncoderForMaskedLM(get_config("roberta-tiny", vocab_size=VOCAB))  # 66 = 2 + 64 positions
+    source = random_bertjax_params(roberta, seed=7)
+    bertjax.save_pretrained(str(tmp_path), roberta, source)
+    target_config = get_config("longformer-tiny", vocab_size=VOCAB)  # 258 = 2 + 4 * 64 positions
+    target = bertjax.EncoderForMaskedLM(target_config)
+    params = initial_params(str(tmp_path), target_config, abstract_params(target), None)
+    table, old = np.asarray(params["embeddings"]["position_embeddings"]["embedding"]), np.asarray(
+        source["embeddings"]["position_embeddings"]["embedding"])
+    assert table.shape == (258, 32)
+    np.testing.assert_array_equal(table[:66], old)
+    for k in range(1, 4):  # position 2 + 64 k + i starts as position 2 + i
+        np.testing.assert_array_equal(table[2 + 64 * k:2 + 64 * (k + 1)], old[2:])
+    for layer in ("layers_0", "layers_1"):
+        attention = params["encoder"][layer]["attention"]
+        for name in ("query", "key", "value"):
+            np.testing.assert_array_equal(attention[f"{name}_global"]["kernel"], attention[name]["kernel"])
+            np.testing.assert_array_equal(attention[name]["bias"],
+                                          source["encoder"][layer]["attention"][name]["bias"])
+    np.testing.assert_array_equal(params["mlm_head"]["decoder_bias"], source["mlm_head"]["decoder_bias"])
+    with pytest.raises(ValueError, match="model.init_from: parameter embeddings/word_embeddings/embedding"):
+        wider = get_config("longformer-tiny", vocab_size=VOCAB + 1)
+        initial_params(str(tmp_path), wider, abstract_params(bertjax.EncoderForMaskedLM(wider)), None)
