@@ -16,34 +16,14 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bertjax import ops
 from bertjax.config import EncoderConfig
 from bertjax.models.attention import ATTENTION_MODULES
 from bertjax.models.common import dense
 from bertjax.models.inputs import EncoderInputs
+from bertjax.ops.masks import global_slots
 from bertjax.ops.xla_attention import MASKED
-
-
-def global_slots(global_tokens: jax.Array, max_global_tokens: int | None) -> int:
-    """How many global positions per row the global rows are computed for (static).
-
-    With a bound (LongformerOptions.max_global_tokens) that bound, checked against the input when it is concrete;
-    without one, the largest count of the concrete input, or every position when the mask is traced.
-    """
-    seq = global_tokens.shape[1]
-    concrete = not isinstance(global_tokens, jax.core.Tracer)
-    if max_global_tokens is not None:
-        if concrete:
-            most = int(np.asarray(global_tokens).sum(axis=1).max(initial=0))
-            if most > max_global_tokens:
-                raise ValueError(f"global_attention_mask: a row has {most} global tokens, more than the model's "
-                                 f"longformer.max_global_tokens={max_global_tokens}")
-        return min(max_global_tokens, seq)
-    if concrete:
-        return max(int(np.asarray(global_tokens).sum(axis=1).max(initial=0)), 1)
-    return seq
 
 
 class LongformerSelfAttention(nn.Module):
@@ -60,7 +40,7 @@ class LongformerSelfAttention(nn.Module):
         global_tokens = inputs.global_tokens
         out = ops.attention(q, k, v, segment_ids=inputs.segment_ids, local_window=self.local_window,
                             implementation=cfg.attention_implementation, interpret=cfg.attention_interpret,
-                            global_tokens=global_tokens)
+                            global_tokens=global_tokens, max_global_tokens=cfg.longformer.max_global_tokens)
         query_global, key_global, value_global = proj("query_global"), proj("key_global"), proj("value_global")
         if global_tokens is not None:
             out = self.global_rows(x, out, global_tokens, inputs.segment_ids, query_global, key_global,

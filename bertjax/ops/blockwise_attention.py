@@ -34,7 +34,7 @@ def default_chunk(half: int) -> int:
 
 
 def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                              global_tokens=None, chunk: int | None = None):
+                              global_tokens=None, global_slots=None, chunk: int | None = None):
     del interpret  # no kernel to interpret
     seq = q.shape[1]
     if local_window is None or local_window // 2 >= seq - 1:
@@ -78,21 +78,76 @@ def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, inte
     k_pos = (np.arange(num_chunks)[:, None] - reach) * chunk + np.arange(slab)[None, :]
     near = np.abs(q_pos[:, :, None] - k_pos[:, None, :]) <= half  # [chunks, chunk, slab]
     visible = (seg_q[..., None] == seg_k[:, :, None, :]) & (seg_q[..., None] != 0) & near[None]
-    bias = jnp.where(visible, 0.0, MASKED)[:, None, :, None]  # [batch, 1, chunks, 1, chunk, slab]
+    if global_tokens is not None:  # global keys are scored once, in the global part below, not in the slab
+        visible = visible & ~key_slabs(global_tokens, 1)[:, :, None, :]
 
     qt = (q * jnp.asarray(scale, q.dtype)).reshape(batch, seq, kv_heads, group, head_dim)
     qt = pad_seq(qt.transpose(0, 2, 3, 1, 4), 3, 0, tail)  # [batch, kv_heads, group, padded, head_dim]
     qt = qt.reshape(batch, kv_heads, group, num_chunks, chunk, head_dim).transpose(0, 1, 3, 2, 4, 5)
     qt = qt.reshape(batch, kv_heads, num_chunks, group * chunk, head_dim)
     scores = jnp.einsum("bhcqd,bhckd->bhcqk", qt, k_slab, preferred_element_type=jnp.float32)
-    scores = scores.reshape(batch, kv_heads, num_chunks, group, chunk, slab) + bias
+    scores = scores.reshape(batch, kv_heads, num_chunks, group, chunk, slab)
+    slopes = None if alibi_slopes is None else alibi_slopes.astype(jnp.float32).reshape(kv_heads, group)
+    if slopes is not None:
+        # q_pos - k_pos = reach * chunk + i - j inside every chunk's slab: one [chunk, slab] distance table.
+        distance = np.abs(reach * chunk + np.arange(chunk)[:, None] - np.arange(slab)[None, :]).astype(np.float32)
+        scores = scores - slopes[None, :, None, :, None, None] * distance
+    scores = jnp.where(visible[:, None, :, None], scores, MASKED)
+    if global_tokens is not None:
+        order, valid = _global_order(global_tokens, global_slots or seq)
+        slots = order.shape[1]
+        g_seg = jnp.where(valid, jnp.take_along_axis(segment_ids, order, axis=1), -1)  # -1 matches no query
+        gather = lambda x: jnp.take_along_axis(x, order[:, :, None, None], axis=1).transpose(0, 2, 1, 3)
+        k_glob, v_glob = gather(k), gather(v)  # [batch, kv_heads, slots, head_dim]
+        g_scores = jnp.einsum("bhcqd,bhgd->bhcqg", qt, k_glob, preferred_element_type=jnp.float32)
+        g_scores = g_scores.reshape(batch, kv_heads, num_chunks, group, chunk, slots)
+        if slopes is not None:
+            g_distance = jnp.abs(q_pos[None, :, :, None] - order[:, None, None, :]).astype(jnp.float32)
+            g_scores = g_scores - slopes[None, :, None, :, None, None] * g_distance[:, None, :, None]
+        g_visible = (seg_q[..., None] == g_seg[:, None, None, :]) & (seg_q[..., None] != 0)
+        scores = jnp.concatenate([scores, jnp.where(g_visible[:, None, :, None], g_scores, MASKED)], axis=-1)
     weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
     denominator = weights.sum(axis=-1, keepdims=True)  # >= 1: the row maximum contributes exp(0)
-    weights = weights.astype(v.dtype).reshape(batch, kv_heads, num_chunks, group * chunk, slab)
-    out = jnp.einsum("bhcqk,bhckd->bhcqd", weights, v_slab, preferred_element_type=jnp.float32)
+    weights = weights.astype(v.dtype).reshape(batch, kv_heads, num_chunks, group * chunk, -1)
+    out = jnp.einsum("bhcqk,bhckd->bhcqd", weights[..., :slab], v_slab, preferred_element_type=jnp.float32)
+    if global_tokens is not None:
+        out = out + jnp.einsum("bhcqg,bhgd->bhcqd", weights[..., slab:], v_glob,
+                               preferred_element_type=jnp.float32)
     out = out.reshape(batch, kv_heads, num_chunks, group, chunk, head_dim) / denominator
     out = out.transpose(0, 2, 4, 1, 3, 5).reshape(batch, padded, heads, head_dim)
-    return out[:, :seq].astype(q.dtype)
+    out = out[:, :seq].astype(q.dtype)
+    if global_tokens is not None:  # global queries see their whole segment: [slots, seq] scores per head
+        out = _global_query_rows(out, q, k, v, segment_ids, order, valid, scale, slopes)
+    return out
+
+
+def _global_order(global_tokens, slots: int):
+    """(positions [batch, slots], valid [batch, slots]): each row's global positions first, in order."""
+    slots = min(slots, global_tokens.shape[1])
+    order = jnp.argsort(~global_tokens, axis=1, stable=True)[:, :slots].astype(jnp.int32)
+    return order, jnp.take_along_axis(global_tokens, order, axis=1)
+
+
+def _global_query_rows(out, q, k, v, segment_ids, order, valid, scale, slopes):
+    """`out` with the rows of global queries replaced by attention over every key of their segment."""
+    batch, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    group, slots = heads // kv_heads, order.shape[1]
+    qg = jnp.take_along_axis(q, order[:, :, None, None], axis=1) * jnp.asarray(scale, q.dtype)
+    qg = qg.reshape(batch, slots, kv_heads, group, head_dim).transpose(0, 2, 3, 1, 4)  # [b, kv, g, slots, d]
+    scores = jnp.einsum("bhgqd,bkhd->bhgqk", qg, k, preferred_element_type=jnp.float32)
+    if slopes is not None:
+        distance = jnp.abs(order[:, :, None] - jnp.arange(seq)[None, None, :]).astype(jnp.float32)
+        scores = scores - slopes[None, :, :, None, None] * distance[:, None, None]
+    q_seg = jnp.take_along_axis(segment_ids, order, axis=1)
+    visible = (q_seg[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+    scores = jnp.where(visible[:, None, None], scores, MASKED)
+    weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
+    denominator = weights.sum(axis=-1, keepdims=True)
+    rows = jnp.einsum("bhgqk,bkhd->bhgqd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    rows = (rows / denominator).transpose(0, 3, 1, 2, 4).reshape(batch, slots, heads, head_dim).astype(out.dtype)
+    target = jnp.where(valid, order, seq)  # slots past a row's last global token write nowhere
+    return out.at[jnp.arange(batch)[:, None], target].set(rows, mode="drop")
 
 
 # Measured on the 2-core CPU against the dense path (12 heads x 64,
@@ -103,13 +158,16 @@ BLOCKWISE_MAX_WINDOW_FRACTION = 0.5
 
 
 def xla_auto_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                       global_tokens=None):
+                       global_tokens=None, global_slots=None):
     """The faster XLA path for this call's shapes: blockwise for narrow windows, dense otherwise."""
     seq = q.shape[1]
     narrow = local_window is not None and local_window <= BLOCKWISE_MAX_WINDOW_FRACTION * seq
-    fn = blockwise_local_attention if narrow else dense_attention
-    return fn(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale, interpret=interpret,
-              alibi_slopes=alibi_slopes, global_tokens=global_tokens)
+    if narrow:
+        return blockwise_local_attention(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale,
+                                         alibi_slopes=alibi_slopes, global_tokens=global_tokens,
+                                         global_slots=global_slots)
+    return dense_attention(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale,
+                           alibi_slopes=alibi_slopes, global_tokens=global_tokens)
 
 
 def blockwise_work(seq: int, local_window: int, chunk: int | None = None) -> int:

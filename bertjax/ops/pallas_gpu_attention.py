@@ -279,7 +279,8 @@ _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                         global_tokens=None, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+                         global_tokens=None, global_slots=None, block_q: int = DEFAULT_BLOCK_Q,
+                         block_k: int = DEFAULT_BLOCK_K,
                          num_warps: int | None = None, num_stages: int = 2):
     """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`."""
     for name, size in (("block_q", block_q), ("block_k", block_k)):
