@@ -102,3 +102,51 @@ def test_alibi_and_global_tokens_match_dense_forward_and_gradients(name):
     with pytest.raises(ValueError, match="more than max_global_tokens=1"):
         ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation=name, global_tokens=glob,
                       max_global_tokens=1)
+
+
+def test_global_alibi_layer_query_chunked_matches_dense_forward_and_gradients():
+    from bertjax.ops.blockwise_attention import blockwise_local_attention
+
+    q, k, v, segments, _, slopes = feature_case()
+    real = segments != 0
+
+    def loss_and_out(chunked, q, k, v):
+        def loss(q, k, v):
+            if chunked:  # forced at this length (it starts at GLOBAL_CHUNKED_MIN_SEQ by default)
+                out = blockwise_local_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=None,
+                                                scale=8 ** -0.5, alibi_slopes=jnp.asarray(slopes),
+                                                global_query_chunk=16)
+            else:
+                out = ops.attention(q, k, v, segment_ids=segments, implementation="xla", alibi_slopes=slopes)
+            return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+    run = jax.jit(loss_and_out, static_argnums=0)
+    (_, expected), expected_grads = run(False, q, k, v)
+    (_, out), grads = run(True, q, k, v)
+    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
+    for got, want in zip(grads, expected_grads):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
+
+
+def test_alibi_and_longformer_memory_grows_linearly_in_blockwise():
+    """Compiled temporaries of forward + backward, seq 2048 -> 4096 (dense grows 4x: docs/benchmarks.md)."""
+    def temp_bytes(implementation, seq, window, globals_):
+        x = jax.ShapeDtypeStruct((1, seq, 2, 16), jnp.float32)
+        glob = np.zeros((1, seq), bool)
+        glob[0, :globals_] = True
+        slopes = np.asarray(alibi_slopes(2), np.float32)
+
+        def fwd_bwd(q, k, v):
+            fn = lambda q, k, v: ops.attention(q, k, v, local_window=window, implementation=implementation,
+                                               alibi_slopes=slopes if window is None else None,
+                                               global_tokens=glob if globals_ else None,
+                                               max_global_tokens=globals_ or None)
+            out, vjp = jax.vjp(fn, q, k, v)
+            return vjp(out)
+
+        return jax.jit(fwd_bwd).lower(x, x, x).compile().memory_analysis().temp_size_in_bytes
+
+    for window, globals_ in ((None, 0), (256, 8)):  # an ALiBi (global) layer; a Longformer layer
+        block = [temp_bytes("xla_blockwise", seq, window, globals_) for seq in (2048, 4096)]
+        assert block[1] / block[0] < 2.6, (window, block)

@@ -6,8 +6,12 @@ chunks are gathered with static slices of a padded copy of k and v (no gather op
 adds), and one batched matmul scores every query chunk against its own key slab. Work per query is
 (2n + 1) * chunk keys, a small constant times the window, whatever the sequence length.
 
-Global layers, and windows that cover the whole sequence, have nothing to skip: they go to the dense reference,
-which computes exactly the same function.
+Global layers, and windows that cover the whole sequence, have nothing to skip: short ones go to the dense reference,
+which computes exactly the same function; from GLOBAL_CHUNKED_MIN_SEQ tokens they run one query chunk at a time
+(`query_chunked_attention`), so memory stays linear in the sequence (MosaicBERT's ALiBi layers at long lengths).
+ALiBi adds -slope * |i - j| per tile; global tokens (Longformer) add, next to every slab, the keys of the row's
+global tokens (gathered into `global_slots` static slots), and their own query rows attend to the whole segment:
+work and memory O(seq * (window + globals)).
 
 `xla_auto_attention` is what "auto" runs on CPU: it picks this path or the dense one per call, by a rule measured
 with `python -m bench.attention_bench` (see docs/benchmarks.md, "Attention kernels").
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -33,11 +38,57 @@ def default_chunk(half: int) -> int:
     return min(64, max(16, half))
 
 
+# Global layers at least this long run query chunk by query chunk (memory O(seq * GLOBAL_QUERY_CHUNK) instead of the
+# dense [seq, seq]); shorter ones run the dense program, which is faster while its scores fit comfortably.
+GLOBAL_CHUNKED_MIN_SEQ = 2048
+GLOBAL_QUERY_CHUNK = 256
+
+
+def query_chunked_attention(q, k, v, *, segment_ids, scale, alibi_slopes=None, chunk: int = GLOBAL_QUERY_CHUNK):
+    """Global attention one query chunk at a time: each step scores `chunk` queries against every key, so a step
+    holds [chunk, seq] scores, and the step is rematerialised in the backward pass (jax.checkpoint), so training
+    memory grows linearly with the sequence too. The ALiBi bias is built per step from positions."""
+    batch, seq, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    num_chunks = -(-seq // chunk)
+    tail = num_chunks * chunk - seq
+    qt = jnp.pad(q * jnp.asarray(scale, q.dtype), ((0, 0), (0, tail), (0, 0), (0, 0)))
+    qt = qt.reshape(batch, num_chunks, chunk, kv_heads, group, head_dim).transpose(1, 0, 3, 4, 2, 5)
+    seg_q = jnp.pad(segment_ids, ((0, 0), (0, tail))).reshape(batch, num_chunks, chunk).transpose(1, 0, 2)
+    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [batch, kv_heads, seq, head_dim]
+    slopes = None if alibi_slopes is None else alibi_slopes.astype(jnp.float32).reshape(kv_heads, group)
+
+    @jax.checkpoint
+    def one_chunk(args):
+        index, qc, sc = args  # qc [batch, kv_heads, group, chunk, head_dim], sc [batch, chunk]
+        scores = jnp.einsum("bhgqd,bhkd->bhgqk", qc, kt, preferred_element_type=jnp.float32)
+        if slopes is not None:
+            q_pos = index * chunk + jnp.arange(chunk)
+            distance = jnp.abs(q_pos[:, None] - jnp.arange(seq)[None, :]).astype(jnp.float32)
+            scores = scores - slopes[None, :, :, None, None] * distance
+        visible = (sc[:, :, None] == segment_ids[:, None, :]) & (sc[:, :, None] != 0)
+        scores = jnp.where(visible[:, None, None], scores, MASKED)
+        weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
+        denominator = weights.sum(axis=-1, keepdims=True)
+        out = jnp.einsum("bhgqk,bhkd->bhgqd", weights.astype(v.dtype), vt, preferred_element_type=jnp.float32)
+        return (out / denominator).astype(q.dtype)
+
+    out = lax.map(one_chunk, (jnp.arange(num_chunks), qt, seg_q))  # [chunks, batch, kv_heads, group, chunk, d]
+    out = out.transpose(1, 0, 4, 2, 3, 5).reshape(batch, num_chunks * chunk, heads, head_dim)
+    return out[:, :seq]
+
+
 def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                              global_tokens=None, global_slots=None, chunk: int | None = None):
+                              global_tokens=None, global_slots=None, chunk: int | None = None,
+                              global_query_chunk: int | None = None):
     del interpret  # no kernel to interpret
     seq = q.shape[1]
     if local_window is None or local_window // 2 >= seq - 1:
+        # Global tokens cannot widen what a global layer already sees, so only the layer's own reach matters.
+        if global_query_chunk is not None or seq >= GLOBAL_CHUNKED_MIN_SEQ:
+            return query_chunked_attention(q, k, v, segment_ids=segment_ids, scale=scale, alibi_slopes=alibi_slopes,
+                                           chunk=global_query_chunk or GLOBAL_QUERY_CHUNK)
         return dense_attention(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale,
                                alibi_slopes=alibi_slopes, global_tokens=global_tokens)
     half = local_window // 2
