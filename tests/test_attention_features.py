@@ -150,3 +150,30 @@ def test_alibi_and_longformer_memory_grows_linearly_in_blockwise():
     for window, globals_ in ((None, 0), (256, 8)):  # an ALiBi (global) layer; a Longformer layer
         block = [temp_bytes("xla_blockwise", seq, window, globals_) for seq in (2048, 4096)]
         assert block[1] / block[0] < 2.6, (window, block)
+
+
+@pytest.mark.parametrize("window", [8])  # the bias code is the same for global layers (window None)
+def test_pallas_gpu_alibi_matches_dense_forward_and_gradients_in_interpret_mode(window):
+    from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
+
+    q, k, v, segments, _, slopes = feature_case()
+    real = segments != 0
+
+    def loss_and_out(pallas, q, k, v):
+        def loss(q, k, v):
+            if pallas:  # small tiles: 45 tokens span several query and key blocks
+                out = pallas_gpu_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=window,
+                                           scale=8 ** -0.5, interpret=True, alibi_slopes=jnp.asarray(slopes),
+                                           block_q=16, block_k=16)
+            else:
+                out = ops.attention(q, k, v, segment_ids=segments, local_window=window, implementation="xla",
+                                    alibi_slopes=slopes)
+            return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+    run = jax.jit(loss_and_out, static_argnums=0)
+    (_, expected), expected_grads = run(False, q, k, v)
+    (_, out), grads = run(True, q, k, v)
+    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
+    for got, want in zip(grads, expected_grads):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
