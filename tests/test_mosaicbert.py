@@ -130,3 +130,16 @@ def test_alibi_with_rope_or_another_attention_kind_is_a_clear_error():
         get_config("deberta-v3-tiny", position_embedding="alibi")
     with pytest.raises(ValueError, match="EncoderConfig.position_embedding must be"):
         get_config("mosaicbert-tiny", position_embedding="alibi+rope")
+
+
+def test_no_transformers_class_is_a_clear_error_and_the_bertjax_directory_round_trips(tiny, tmp_path):
+    from bertjax.model_dirs import load_model_dir, save_model_dir
+
+    config, model, params = tiny
+    with pytest.raises(ValueError, match="MosaicBERT has no transformers class"):
+        bertjax.save_pretrained(str(tmp_path / "hf"), model, params)
+    save_model_dir(tmp_path / "bj", model, params)
+    loaded, loaded_params, _ = load_model_dir(tmp_path / "bj")
+    assert loaded.config == config
+    for a, b in zip(jax.tree.leaves(loaded_params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
