@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     print(f"# attention_bias_bench  {datetime.date.today()}  {machine_description()}")
     print(f"# batch 1, heads {args.heads}, head_dim {args.head_dim}, {dtype.name}; forward+backward; longformer: "
           f"window {args.window}, {args.globals} global tokens; memory = compiled temp buffers (GiB)\n")
-    print("| layer | seq | implementation | time (ms) | vs xla | vs plain | temp (GiB) | memory vs xla |")
+    print("| layer | seq | implementation | time (ms) | speed-up vs xla | time vs plain | temp (GiB) | memory vs xla |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     shape_of = lambda seq: (1, seq, args.heads, args.head_dim)
     for layer in args.layers:
@@ -112,7 +112,7 @@ def row(layer, seq, name, r, reference, plain) -> str:
         return f"| {layer} | {seq} | {name} | {status} | | | {gib(r.get('temp'))} | |"
     vs_xla = vs_plain = memory = ""
     if reference is not None and reference["status"] == "ok":
-        vs_xla = f"{reference['seconds'] / r['seconds']:.2f}x faster"
+        vs_xla = f"{reference['seconds'] / r['seconds']:.2f}x"
     if reference is not None and reference.get("temp"):
         memory = f"{r['temp'] / reference['temp']:.3f}"
     if plain is not None and plain["status"] == "ok":

@@ -85,7 +85,9 @@ def test_alibi_and_global_tokens_match_dense_forward_and_gradients(name):
 
     run = jax.jit(loss_and_out, static_argnums=(0, 1))
     (_, expected), expected_grads = run("xla", None, q, k, v, glob)
-    for bound in (None, 2):  # traced mask: every position as a slot, or at most 2 global tokens per row
+    # A traced mask with a bound of 2 global tokens per row (unbounded, every position is a slot: the Longformer
+    # model tests run that path under jit).
+    for bound in (2,):
         (_, out), grads = run(name, bound, q, k, v, glob)
         np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
         for got, want in zip(grads, expected_grads):
