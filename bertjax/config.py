@@ -16,7 +16,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 NormPlacement = Literal["post", "pre"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "tanh"]
 MlpKind = Literal["dense", "glu"]
-PositionKind = Literal["learned", "sinusoidal", "rope", "none"]
+PositionKind = Literal["learned", "sinusoidal", "rope", "alibi", "none"]  # "alibi": MosaicBERT (no table)
 DType = Literal["float32", "bfloat16", "float16"]
 ProblemType = Literal["single_label_classification", "multi_label_classification", "regression"]
 # How a sequence head turns a segment's token states into one prediction: the first token ("cls"; EuroBERT calls it
@@ -171,6 +171,65 @@ class DisentangledAttentionConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LongformerOptions:
+    """Longformer's knobs (`EncoderConfig.longformer`, set exactly when attention_kind="longformer").
+
+    Every layer attends in a sliding window (|i - j| <= window // 2) and a few tokens, chosen per input with the
+    model input `global_attention_mask`, attend and are attended globally, with their own query/key/value
+    projections (transformers' query_global, key_global, value_global). `attention_window` is transformers' key:
+    one even int for every layer, or one per layer.
+    """
+
+    attention_window: int | tuple[int, ...] = 512
+    # At most this many global tokens per row (static, so under jit the global rows are a [max_global_tokens, seq]
+    # computation, not [seq, seq]). None: as many as the concrete input has, and every position when the mask is
+    # traced (correct for any mask, but quadratic in the sequence length).
+    max_global_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        windows = self.attention_window if isinstance(self.attention_window, tuple) else (self.attention_window,)
+        if not windows:
+            raise ValueError("LongformerOptions.attention_window must name at least one window")
+        for i, window in enumerate(windows):
+            where = f"attention_window[{i}]" if isinstance(self.attention_window, tuple) else "attention_window"
+            if window <= 0 or window % 2:
+                raise ValueError(f"LongformerOptions.{where}={window} must be positive and even (transformers requires "
+                                 "even windows: a token sees window // 2 tokens either side)")
+        if self.max_global_tokens is not None and self.max_global_tokens <= 0:
+            raise ValueError(f"LongformerOptions.max_global_tokens must be positive or None, got "
+                             f"{self.max_global_tokens}")
+
+    def window(self, layer: int) -> int:
+        """The attention window of one layer."""
+        return self.attention_window[layer] if isinstance(self.attention_window, tuple) else self.attention_window
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "LongformerOptions":
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"LongformerOptions has no field(s) {sorted(unknown)}")
+        values = dict(values)
+        if isinstance(values.get("attention_window"), list):  # JSON and YAML have no tuples
+            values["attention_window"] = tuple(values["attention_window"])
+        return cls(**values)
+
+
+def alibi_slopes(num_heads: int) -> tuple[float, ...]:
+    """ALiBi's per-head slopes (Press et al. 2022, as MosaicBERT computes them): 2^(-8 i / n) for i = 1..n when n
+    is a power of two; otherwise the slopes of the closest smaller power of two p, then every other slope of 2p."""
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** (num_heads.bit_length() - 1)
+    slopes = power_of_two(closest)
+    if closest < num_heads:
+        slopes += power_of_two(2 * closest)[0::2][:num_heads - closest]
+    return tuple(slopes)
+
+
+@dataclasses.dataclass(frozen=True)
 class EncoderConfig:
     """Architecture of one encoder. Frozen and hashable, so it can be a static argument of `jax.jit`."""
 
@@ -254,6 +313,8 @@ class EncoderConfig:
     xlnet: XLNetOptions | None = None
     # DeBERTa's disentangled attention and embedding layout; set exactly when attention_kind="disentangled".
     disentangled: DisentangledAttentionConfig | None = None
+    # Longformer's windows and global-token bound; set exactly when attention_kind="longformer".
+    longformer: LongformerOptions | None = None
 
     # Special tokens.
     pad_token_id: int = 0
@@ -311,6 +372,28 @@ class EncoderConfig:
         if self.disentangled is not None and self.global_attention_every != 1:
             raise ValueError("EncoderConfig.disentangled: DeBERTa attention is global in every layer "
                              "(global_attention_every must be 1)")
+        if (self.attention_kind == "longformer") != (self.longformer is not None):
+            raise ValueError("EncoderConfig.longformer must be set exactly when attention_kind='longformer' "
+                             f"(got attention_kind={self.attention_kind!r}, longformer={self.longformer!r})")
+        if self.longformer is not None:
+            windows = self.longformer.attention_window
+            if isinstance(windows, tuple) and len(windows) != self.num_layers:
+                raise ValueError(f"EncoderConfig.longformer.attention_window has {len(windows)} windows for "
+                                 f"num_layers={self.num_layers} (one int, or one window per layer)")
+            if self.global_attention_every != 1 or self.local_window is not None or self.shares_layers:
+                raise ValueError("EncoderConfig.longformer: windows are per layer in longformer.attention_window; "
+                                 "needs global_attention_every=1, local_window=None and no shared layers")
+            if self.kv_heads != self.num_heads:
+                raise ValueError("EncoderConfig.longformer: Longformer attention has no grouped-query attention "
+                                 f"(num_kv_heads={self.num_kv_heads})")
+        if self.position_embedding == "alibi":
+            if self.attention_kind != "standard":
+                raise ValueError("EncoderConfig.position_embedding='alibi' needs attention_kind='standard' (the "
+                                 f"ALiBi bias is added by bertjax.ops.attention), got {self.attention_kind!r}")
+            if (self.rope_theta_global, self.rope_theta_local) != (10_000.0, 10_000.0):
+                raise ValueError("EncoderConfig.position_embedding='alibi' cannot be combined with RoPE: "
+                                 "rope_theta_global/rope_theta_local are read only with position_embedding='rope' "
+                                 f"(got {self.rope_theta_global}, {self.rope_theta_local})")
         if not self.family:
             raise ValueError("EncoderConfig.family must name a Hugging Face model_type, e.g. 'bert'")
         if self.position_embedding == "sinusoidal" and self.hidden_size != self.embed_dim:
@@ -377,6 +460,8 @@ class EncoderConfig:
 
     def layer_window(self, layer: int) -> int | None:
         """The attention window of one layer: None for global attention."""
+        if self.longformer is not None:
+            return self.longformer.window(layer)
         return None if self.is_global_layer(layer) else self.local_window
 
     def layer_rope_theta(self, layer: int) -> float:
@@ -389,6 +474,9 @@ class EncoderConfig:
         if isinstance(changes.get("xlnet"), dict):  # YAML overrides such as `xlnet: {clamp_len: 256}` update fields
             base = dataclasses.asdict(self.xlnet) if self.xlnet is not None else {}
             changes = {**changes, "xlnet": XLNetOptions.from_dict({**base, **changes["xlnet"]})}
+        if isinstance(changes.get("longformer"), dict):  # YAML: `longformer: {attention_window: 256}`
+            base = dataclasses.asdict(self.longformer) if self.longformer is not None else {}
+            changes = {**changes, "longformer": LongformerOptions.from_dict({**base, **changes["longformer"]})}
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -405,6 +493,8 @@ class EncoderConfig:
             values = {**values, "xlnet": XLNetOptions.from_dict(values["xlnet"])}
         if isinstance(values.get("disentangled"), dict):
             values = {**values, "disentangled": DisentangledAttentionConfig.from_dict(values["disentangled"])}
+        if isinstance(values.get("longformer"), dict):
+            values = {**values, "longformer": LongformerOptions.from_dict(values["longformer"])}
         return cls(**values)
 
 
@@ -567,3 +657,30 @@ register_preset("deberta-v3-tiny", _DEBERTA_V3.replace(
     vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_position_embeddings=64,
     dropout_rate=0.0, disentangled=DisentangledAttentionConfig(max_relative_positions=16, position_buckets=8,
                                                                share_att_key=True, norm_rel_ebd=True)))
+
+# MosaicBERT (Portes et al. 2023; mosaicml/examples bert_layers.py): BERT's post-norm layers without position
+# embeddings, ALiBi in every attention layer (so a model trained at 128 runs at longer lengths), GeGLU
+# feed-forward, the bert-base-uncased vocabulary padded to a multiple of 64. No Hugging Face family: MosaicML's
+# checkpoints run through remote code, not a transformers class. MosaicML's gated_layers has no bias where bertjax's
+# GLU takes mlp_bias for both projections; mosaicbert-base has 137M parameters either way.
+_MOSAICBERT = _BERT.replace(family="mosaicbert", vocab_size=30528, position_embedding="alibi", mlp="glu",
+                            activation="gelu", max_position_embeddings=8192)
+register_preset("mosaicbert-base", _MOSAICBERT)
+register_preset("mosaicbert-large", _MOSAICBERT.replace(hidden_size=1024, num_layers=24, num_heads=16,
+                                                        intermediate_size=4096))
+register_preset("mosaicbert-tiny", _MOSAICBERT.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                                       intermediate_size=64, max_position_embeddings=1024,
+                                                       dropout_rate=0.0))
+
+# Longformer (Beltagy et al. 2020; allenai/longformer-*-4096): RoBERTa's weights and layout with every layer
+# attending in a 512-token sliding window plus global tokens chosen per input (`global_attention_mask`), which have
+# their own query/key/value projections. Positions were extended from RoBERTa's 512 to 4096 by copying.
+_LONGFORMER = _ROBERTA.replace(family="longformer", max_position_embeddings=4098, attention_kind="longformer",
+                               longformer=LongformerOptions(attention_window=512))
+register_preset("longformer-base-4096", _LONGFORMER)
+register_preset("longformer-large-4096", _LONGFORMER.replace(hidden_size=1024, num_layers=24, num_heads=16,
+                                                             intermediate_size=4096))
+register_preset("longformer-tiny", _LONGFORMER.replace(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                                                       intermediate_size=64, max_position_embeddings=258,
+                                                       dropout_rate=0.0,
+                                                       longformer=LongformerOptions(attention_window=(8, 16))))

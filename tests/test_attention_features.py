@@ -2,10 +2,12 @@
 against numpy in test_attention_reference.py), forward and dq/dk/dv; and the capability registry behind "auto"."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bertjax import ops
+from bertjax.config import alibi_slopes
 from bertjax.ops.attention import AUTO_PREFERENCE, FEATURES, IMPLEMENTATIONS, required_features
 
 
@@ -45,3 +47,135 @@ def test_global_tokens_on_a_global_layer_change_nothing():
     glob = np.array([[True, False, False, True, False, False]])
     got = ops.attention(q, k, v, global_tokens=glob, implementation="xla")
     np.testing.assert_allclose(np.asarray(got), np.asarray(ops.attention(q, k, v, implementation="xla")))
+
+
+# Implementations claiming both features that run on CPU without a kernel. xla_auto claims them too and runs one of
+# xla_blockwise or xla per call (by BLOCKWISE_MAX_WINDOW_FRACTION), both held to the dense result here.
+CLAIMING = sorted(name for name, impl in IMPLEMENTATIONS.items()
+                  if name not in ("xla", "xla_auto") and {"alibi", "global_tokens"} <= impl.features
+                  and not name.startswith("pallas"))
+
+
+def feature_case(dtype=np.float32):
+    """GQA (4 query heads on 2 kv heads), 45 tokens (no chunk multiple), row 0 packing two documents with a
+    global token each and padding, row 1 with padding whose only global token is padding."""
+    rng = np.random.default_rng(0)
+    batch, seq, heads, kv_heads, dim = 2, 45, 4, 2, 8
+    q = rng.standard_normal((batch, seq, heads, dim)).astype(dtype)
+    k, v = (rng.standard_normal((batch, seq, kv_heads, dim)).astype(dtype) for _ in range(2))
+    segments = np.ones((batch, seq), np.int32)
+    segments[0, 20:], segments[0, 40:], segments[1, 30:] = 2, 0, 0
+    glob = np.zeros((batch, seq), bool)
+    glob[0, [3, 25]] = True
+    glob[1, 35] = True
+    return q, k, v, segments, glob, np.asarray(alibi_slopes(heads), np.float32)
+
+
+@pytest.mark.parametrize("name", CLAIMING)
+def test_alibi_and_global_tokens_match_dense_forward_and_gradients(name):
+    q, k, v, segments, glob, slopes = feature_case()
+    real = segments != 0
+
+    def loss_and_out(implementation, bound, q, k, v, glob):
+        def loss(q, k, v):
+            out = ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation=implementation,
+                                alibi_slopes=slopes, global_tokens=glob, max_global_tokens=bound)
+            return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+    run = jax.jit(loss_and_out, static_argnums=(0, 1))
+    (_, expected), expected_grads = run("xla", None, q, k, v, glob)
+    # A traced mask with a bound of 2 global tokens per row (unbounded, every position is a slot: the Longformer
+    # model tests run that path under jit).
+    for bound in (2,):
+        (_, out), grads = run(name, bound, q, k, v, glob)
+        np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
+        for got, want in zip(grads, expected_grads):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
+    # The bias and the global tokens really change the result.
+    plain = ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation="xla")
+    assert np.abs(np.asarray(plain) - np.asarray(expected))[real].max() > 1e-2
+    # bfloat16 inputs: close to the float32 dense result.
+    qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    low = ops.attention(qb, kb, vb, segment_ids=segments, local_window=8, implementation=name, alibi_slopes=slopes,
+                        global_tokens=glob)
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(low, np.float32)[real], np.asarray(expected)[real], atol=5e-2)
+    with pytest.raises(ValueError, match="more than max_global_tokens=1"):
+        ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation=name, global_tokens=glob,
+                      max_global_tokens=1)
+
+
+def test_global_alibi_layer_query_chunked_matches_dense_forward_and_gradients():
+    from bertjax.ops.blockwise_attention import blockwise_local_attention
+
+    q, k, v, segments, _, slopes = feature_case()
+    real = segments != 0
+
+    def loss_and_out(chunked, q, k, v):
+        def loss(q, k, v):
+            if chunked:  # forced at this length (it starts at GLOBAL_CHUNKED_MIN_SEQ by default)
+                out = blockwise_local_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=None,
+                                                scale=8 ** -0.5, alibi_slopes=jnp.asarray(slopes),
+                                                global_query_chunk=16)
+            else:
+                out = ops.attention(q, k, v, segment_ids=segments, implementation="xla", alibi_slopes=slopes)
+            return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+    run = jax.jit(loss_and_out, static_argnums=0)
+    (_, expected), expected_grads = run(False, q, k, v)
+    (_, out), grads = run(True, q, k, v)
+    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
+    for got, want in zip(grads, expected_grads):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
+
+
+def test_alibi_and_longformer_memory_grows_linearly_in_blockwise():
+    """Compiled temporaries of forward + backward, seq 2048 -> 4096 (dense grows 4x: docs/benchmarks.md)."""
+    def temp_bytes(implementation, seq, window, globals_):
+        x = jax.ShapeDtypeStruct((1, seq, 2, 16), jnp.float32)
+        glob = np.zeros((1, seq), bool)
+        glob[0, :globals_] = True
+        slopes = np.asarray(alibi_slopes(2), np.float32)
+
+        def fwd_bwd(q, k, v):
+            fn = lambda q, k, v: ops.attention(q, k, v, local_window=window, implementation=implementation,
+                                               alibi_slopes=slopes if window is None else None,
+                                               global_tokens=glob if globals_ else None,
+                                               max_global_tokens=globals_ or None)
+            out, vjp = jax.vjp(fn, q, k, v)
+            return vjp(out)
+
+        return jax.jit(fwd_bwd).lower(x, x, x).compile().memory_analysis().temp_size_in_bytes
+
+    for window, globals_ in ((None, 0), (256, 8)):  # an ALiBi (global) layer; a Longformer layer
+        block = [temp_bytes("xla_blockwise", seq, window, globals_) for seq in (2048, 4096)]
+        assert block[1] / block[0] < 2.6, (window, block)
+
+
+@pytest.mark.parametrize("window", [8])  # the bias code is the same for global layers (window None)
+def test_pallas_gpu_alibi_matches_dense_forward_and_gradients_in_interpret_mode(window):
+    from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
+
+    q, k, v, segments, _, slopes = feature_case()
+    real = segments != 0
+
+    def loss_and_out(pallas, q, k, v):
+        def loss(q, k, v):
+            if pallas:  # small tiles: 45 tokens span several query and key blocks
+                out = pallas_gpu_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=window,
+                                           scale=8 ** -0.5, interpret=True, alibi_slopes=jnp.asarray(slopes),
+                                           block_q=16, block_k=16)
+            else:
+                out = ops.attention(q, k, v, segment_ids=segments, local_window=window, implementation="xla",
+                                    alibi_slopes=slopes)
+            return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+    run = jax.jit(loss_and_out, static_argnums=0)
+    (_, expected), expected_grads = run(False, q, k, v)
+    (_, out), grads = run(True, q, k, v)
+    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
+    for got, want in zip(grads, expected_grads):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from bertjax.hf import albert, bert, deberta, distilbert, electra, eurobert, modernbert, roberta, xlnet
+from bertjax.hf import longformer
 from bertjax.hf.family import HfFamily
 
 FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
@@ -17,7 +18,14 @@ FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     xlnet.FAMILY,
     deberta.FAMILY_V1,
     deberta.FAMILY_V2,
+    longformer.FAMILY,
 )}
+
+# Families bertjax models that have no transformers class, so no checkpoint format to read or write: family -> why.
+WITHOUT_HF_CLASS: dict[str, str] = {
+    "mosaicbert": "MosaicBERT has no transformers class (MosaicML's checkpoints run through remote code); save the "
+                  "model as a bertjax model directory instead",
+}
 
 # transformers class name (config.architectures[0]) -> (model_type, bertjax head).
 ARCHITECTURES: dict[str, tuple[str, str]] = {
@@ -26,6 +34,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
 
 def family_named(model_type: str, source: str = "config.json") -> HfFamily:
     """The family for a model_type; `source` names where it came from (config.json, or EncoderConfig.family)."""
+    if model_type in WITHOUT_HF_CLASS:
+        raise ValueError(f"{source}: {model_type!r}: {WITHOUT_HF_CLASS[model_type]}")
     if model_type not in FAMILIES:
         raise ValueError(f"{source}: unknown model_type {model_type!r}; Hugging Face families bertjax reads and "
                          f"writes: {sorted(FAMILIES)}")

@@ -1,4 +1,5 @@
 from bertjax.models import disentangled  # noqa: F401  (registers the "disentangled" attention kind)
+from bertjax.models import longformer  # noqa: F401  (registers the "longformer" attention kind)
 from bertjax.models.model import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForPreTraining,
                                   EncoderForReplacedTokenDetection, EncoderModel, EncoderOutput, MaskedLMOutput,
                                   PreTrainingOutput, ReplacedTokenOutput)

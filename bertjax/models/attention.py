@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from bertjax import ops
-from bertjax.config import EncoderConfig
+from bertjax.config import EncoderConfig, alibi_slopes
 from bertjax.models.common import compute_dtype, dense, dense_weights, project
 from bertjax.models.inputs import EncoderInputs
 
@@ -35,12 +36,15 @@ class SelfAttention(nn.Module):
         if cfg.position_embedding == "rope":
             q = ops.apply_rope(q, inputs.positions, self.rope_theta)
             k = ops.apply_rope(k, inputs.positions, self.rope_theta)
+        # ALiBi (MosaicBERT): a per-head distance bias added inside the kernel, never a [seq, seq] tensor here.
+        slopes = jnp.asarray(alibi_slopes(cfg.num_heads), jnp.float32) if cfg.position_embedding == "alibi" else None
         out = ops.attention(q, k, v, segment_ids=inputs.segment_ids, local_window=self.local_window,
                             implementation=cfg.attention_implementation,
-                            interpret=cfg.attention_interpret)
+                            interpret=cfg.attention_interpret, alibi_slopes=slopes)
         if self.is_mutable_collection("intermediates"):  # asked for (bertjax.intermediates): costs [seq, seq]
             self.sow("intermediates", "attention_probabilities", ops.attention_probabilities(
-                q, k, segment_ids=inputs.segment_ids, local_window=self.local_window, scale=cfg.head_dim ** -0.5))
+                q, k, segment_ids=inputs.segment_ids, local_window=self.local_window, scale=cfg.head_dim ** -0.5,
+                alibi_slopes=slopes))
         out = nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_heads",
                                                "activation_kv"))
         return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), use_bias=bias, in_ndim=2, name="out")(out)

@@ -20,10 +20,12 @@ class EncoderInputs:
     token_type_ids: jax.Array | None  # [batch, seq] or None when the model has no token types
     # DeBERTa: the [2 * span, hidden] relative embedding table, built once per forward by the stack for every layer.
     relative_embeddings: jax.Array | None = None
+    # Longformer: bool [batch, seq], the tokens with global attention (never padding); None: none.
+    global_tokens: jax.Array | None = None
 
 
 def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                   segment_ids=None) -> EncoderInputs:
+                   segment_ids=None, global_attention_mask=None) -> EncoderInputs:
     input_ids = jnp.asarray(input_ids)
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
@@ -32,14 +34,17 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
     batch, seq = input_ids.shape
     # Learned positions start at position_offset (RoBERTa: pad_token_id + 1), so the offset eats into the table.
     # A model without absolute positions whose relative distances clamp (DeBERTa-v3) represents any length.
-    unbounded = config.position_embedding == "none" and config.disentangled is not None
+    # ALiBi (MosaicBERT) has no position table: its bias is a function of the distance, so any length runs.
+    unbounded = (config.position_embedding == "none" and config.disentangled is not None
+                 or config.position_embedding == "alibi")
     if not unbounded and seq + config.position_offset > config.max_position_embeddings:
         raise ValueError(f"input_ids: sequence length {seq} exceeds the model's max_position_embeddings "
                          f"({config.max_position_embeddings}, of which position_offset={config.position_offset} "
                          "are never used)")
     check_ids(input_ids, config.vocab_size, "token ids")
     for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids),
-                        ("position_ids", position_ids), ("segment_ids", segment_ids)):
+                        ("position_ids", position_ids), ("segment_ids", segment_ids),
+                        ("global_attention_mask", global_attention_mask)):
         if value is not None and jnp.shape(value) != (batch, seq):
             raise ValueError(f"{name} must have the shape of input_ids {(batch, seq)}, got {jnp.shape(value)}")
     if segment_ids is None:
@@ -49,6 +54,13 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
         segment_ids = segment_ids * (jnp.asarray(attention_mask) != 0)
     if position_ids is None:
         position_ids = segment_positions(segment_ids) + config.position_offset
+    global_tokens = None
+    if global_attention_mask is not None:
+        if config.longformer is None:
+            raise ValueError("global_attention_mask is a Longformer input (tokens with global attention); this model "
+                             f"has attention_kind={config.attention_kind!r}, which has no global attention (Longformer's "
+                             "is 'longformer')")
+        global_tokens = (jnp.asarray(global_attention_mask) != 0) & (segment_ids != 0)  # padding is never global
     if config.type_vocab_size == 0:
         if token_type_ids is not None:
             raise ValueError("token_type_ids given but the model has no token-type embedding (type_vocab_size=0)")
@@ -58,7 +70,8 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
         check_ids(token_type_ids, config.type_vocab_size, "token_type_ids")
     return EncoderInputs(input_ids=input_ids.astype(jnp.int32), segment_ids=segment_ids,
                          positions=jnp.asarray(position_ids, jnp.int32),
-                         token_type_ids=None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32))
+                         token_type_ids=None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32),
+                         global_tokens=global_tokens)
 
 
 def check_ids(ids, size: int, what: str) -> None:

@@ -67,16 +67,19 @@ class _Backbone(nn.Module):
         return jnp.zeros((1, seq_len), jnp.int32)
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool = True, global_attention_mask=None) -> jax.Array:
         return self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
-                                       deterministic)[0]
+                                       deterministic, global_attention_mask=global_attention_mask)[0]
 
     def encode_with_inputs(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                            segment_ids=None, deterministic: bool = True, perm_mask=None,
-                           target_mapping=None) -> tuple[jax.Array, EncoderInputs]:
+                           target_mapping=None, global_attention_mask=None) -> tuple[jax.Array, EncoderInputs]:
         """The last hidden state and the prepared inputs (segment ids with padding folded in: heads pool on them).
-        With XLNet's `target_mapping`, the query stream's output [batch, num_predict, hidden] instead."""
-        inputs = prepare_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, segment_ids)
+        With XLNet's `target_mapping`, the query stream's output [batch, num_predict, hidden] instead.
+        Longformer's `global_attention_mask` [batch, seq] (1 = global, as transformers names it) picks the tokens
+        that attend, and are attended, globally; any other model refuses it."""
+        inputs = prepare_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
+                                global_attention_mask)
         given = {name: value for name, value in zip(PERMUTATION_INPUTS, (perm_mask, target_mapping))
                  if value is not None}
         if given and self.config.attention_kind not in STACKS:
@@ -106,9 +109,10 @@ class EncoderModel(_Backbone):
             self.pooler = Pooler(self.config)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 deterministic: bool = True, perm_mask=None, target_mapping=None) -> EncoderOutput:
+                 deterministic: bool = True, perm_mask=None, target_mapping=None,
+                 global_attention_mask=None) -> EncoderOutput:
         hidden, _ = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
-                                            deterministic, perm_mask, target_mapping)
+                                            deterministic, perm_mask, target_mapping, global_attention_mask)
         pooled = self.pooler(hidden) if self.config.pooler else None
         return EncoderOutput(last_hidden_state=hidden, pooler_output=pooled)
 
@@ -120,14 +124,14 @@ class EncoderForMaskedLM(_Backbone):
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
                  masked_positions=None, deterministic: bool = True, perm_mask=None,
-                 target_mapping=None) -> MaskedLMOutput:
+                 target_mapping=None, global_attention_mask=None) -> MaskedLMOutput:
         """XLNet: with `target_mapping` the head reads the query stream, so `logits` is [batch, num_predict, vocab]
         (transformers' XLNetLMHeadModel)."""
         if target_mapping is not None and masked_positions is not None:
             raise ValueError("give masked_positions or target_mapping, not both: target_mapping already picks the "
                              "predicted positions")
         hidden, _ = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
-                                            deterministic, perm_mask, target_mapping)
+                                            deterministic, perm_mask, target_mapping, global_attention_mask)
         logits = self.mlm_head(gather_positions(hidden, masked_positions), self.embeddings.attend)
         return MaskedLMOutput(logits=logits, last_hidden_state=hidden)
 
@@ -142,8 +146,9 @@ class EncoderForPreTraining(_Backbone):
         self.nsp_head = Classifier(self.config, 2)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 masked_positions=None, deterministic: bool = True) -> PreTrainingOutput:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+                 masked_positions=None, deterministic: bool = True, global_attention_mask=None) -> PreTrainingOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
+                             global_attention_mask)
         logits = self.mlm_head(gather_positions(hidden, masked_positions), self.embeddings.attend)
         return PreTrainingOutput(logits=logits, nsp_logits=self.nsp_head(self.pooler(hidden)),
                                  last_hidden_state=hidden)
@@ -161,8 +166,9 @@ class EncoderForReplacedTokenDetection(_Backbone):
         self.rtd_head = ReplacedTokenHead(self.config)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 deterministic: bool = True) -> ReplacedTokenOutput:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+                 deterministic: bool = True, global_attention_mask=None) -> ReplacedTokenOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
+                             global_attention_mask)
         return ReplacedTokenOutput(logits=self.rtd_head(hidden), last_hidden_state=hidden)
 
 

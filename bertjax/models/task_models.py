@@ -50,6 +50,16 @@ class MultipleChoiceOutput:
     last_hidden_state: jax.Array  # [batch, choices, seq, hidden]
 
 
+def segment_starts(input_ids, attention_mask=None, segment_ids=None) -> jax.Array:
+    """int32 [batch, seq]: 1 on the first token of every segment (of the row when unpacked), 0 elsewhere."""
+    input_ids = jnp.asarray(input_ids)
+    segments = jnp.ones(input_ids.shape, jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+    if attention_mask is not None:
+        segments = segments * (jnp.asarray(attention_mask) != 0)
+    previous = jnp.pad(segments[:, :-1], ((0, 0), (1, 0)))
+    return ((segments != previous) & (segments != 0)).astype(jnp.int32)
+
+
 class EncoderForSequenceClassification(_Backbone):
     """Sequence classification or regression (num_labels=1): one prediction per row, or per packed segment."""
 
@@ -58,9 +68,14 @@ class EncoderForSequenceClassification(_Backbone):
         self.classifier = SequenceHead(self.config, self.config.task_or_default.num_labels)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 max_segments: int | None = None, deterministic: bool = True) -> SequenceClassifierOutput:
+                 max_segments: int | None = None, deterministic: bool = True,
+                 global_attention_mask=None) -> SequenceClassifierOutput:
+        """Longformer: without a `global_attention_mask`, the first token of every segment (the pooled <s>) is global,
+        as transformers' LongformerForSequenceClassification puts global attention on the first token."""
+        if global_attention_mask is None and self.config.longformer is not None:
+            global_attention_mask = segment_starts(input_ids, attention_mask, segment_ids)
         hidden, inputs = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids,
-                                                 segment_ids, deterministic)
+                                                 segment_ids, deterministic, global_attention_mask=global_attention_mask)
         logits, segment_mask = self.classifier(hidden, inputs.segment_ids, max_segments, deterministic)
         if max_segments is None:
             return SequenceClassifierOutput(logits=logits[:, 0], last_hidden_state=hidden)
@@ -75,8 +90,9 @@ class EncoderForTokenClassification(_Backbone):
         self.classifier = TokenHead(self.config, self.config.task_or_default.num_labels)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 deterministic: bool = True) -> TokenClassifierOutput:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+                 deterministic: bool = True, global_attention_mask=None) -> TokenClassifierOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
+                             global_attention_mask)
         return TokenClassifierOutput(logits=self.classifier(hidden, deterministic), last_hidden_state=hidden)
 
 
@@ -88,8 +104,9 @@ class EncoderForQuestionAnswering(_Backbone):
         self.classifier = TokenHead(self.config, 2)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 deterministic: bool = True) -> QuestionAnsweringOutput:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic)
+                 deterministic: bool = True, global_attention_mask=None) -> QuestionAnsweringOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
+                             global_attention_mask)
         logits = self.classifier(hidden, deterministic)
         return QuestionAnsweringOutput(start_logits=logits[..., 0], end_logits=logits[..., 1],
                                        last_hidden_state=hidden)
@@ -106,7 +123,7 @@ class EncoderForMultipleChoice(_Backbone):
         return jnp.zeros((1, 1, seq_len), jnp.int32)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
-                 deterministic: bool = True) -> MultipleChoiceOutput:
+                 deterministic: bool = True, global_attention_mask=None) -> MultipleChoiceOutput:
         input_ids = jnp.asarray(input_ids)
         if input_ids.ndim != 3:
             raise ValueError(f"multiple choice input_ids must be [batch, choices, seq], got shape {input_ids.shape}")
@@ -121,7 +138,8 @@ class EncoderForMultipleChoice(_Backbone):
             return jnp.reshape(x, (batch * choices, seq))
 
         hidden, inputs = self.encode_with_inputs(rows(input_ids), rows(attention_mask), rows(token_type_ids),
-                                                 rows(position_ids), rows(segment_ids), deterministic)
+                                                 rows(position_ids), rows(segment_ids), deterministic,
+                                                 global_attention_mask=rows(global_attention_mask))
         logits, _ = self.classifier(hidden, inputs.segment_ids, None, deterministic)
         return MultipleChoiceOutput(logits=logits.reshape(batch, choices),
                                     last_hidden_state=hidden.reshape(batch, choices, seq, -1))

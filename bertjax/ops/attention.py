@@ -18,6 +18,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from bertjax.ops.masks import global_slots
+
 # What a call may need beyond plain attention within segments (which every implementation serves).
 FEATURES = ("local_window", "gqa", "alibi", "global_tokens")
 
@@ -27,9 +29,10 @@ class Implementation:
     """Where an implementation lives ("module:function") and the features (names in FEATURES) it supports.
 
     The function has the signature
-      fn(q, k, v, *, segment_ids, local_window, scale, interpret, alibi_slopes, global_tokens) -> out
+      fn(q, k, v, *, segment_ids, local_window, scale, interpret, alibi_slopes, global_tokens, global_slots) -> out
     with segment_ids int32 [batch, seq], alibi_slopes float32 [heads] or None, global_tokens bool [batch, seq]
-    (already False on padding) or None.
+    (already False on padding) or None, and global_slots the static number of global positions per row an
+    implementation may gather (at least the largest count in the batch).
     """
 
     path: str
@@ -45,10 +48,10 @@ _ALL = frozenset(FEATURES)
 _WINDOW_GQA = frozenset({"local_window", "gqa"})
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "xla": Implementation("bertjax.ops.xla_attention:dense_attention", _ALL),
-    "xla_blockwise": Implementation("bertjax.ops.blockwise_attention:blockwise_local_attention", _WINDOW_GQA),
-    "xla_auto": Implementation("bertjax.ops.blockwise_attention:xla_auto_attention", _WINDOW_GQA),
+    "xla_blockwise": Implementation("bertjax.ops.blockwise_attention:blockwise_local_attention", _ALL),
+    "xla_auto": Implementation("bertjax.ops.blockwise_attention:xla_auto_attention", _ALL),
     "pallas_tpu": Implementation("bertjax.ops.pallas_tpu_attention:pallas_tpu_attention", _WINDOW_GQA),
-    "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _WINDOW_GQA),
+    "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _WINDOW_GQA | {"alibi"}),
 }
 
 # What "auto" prefers on each JAX platform, best first; the first that supports the call is used. A platform
@@ -101,7 +104,7 @@ def _load(name: str) -> Callable:
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
               local_window: int | None = None, implementation: str = "auto", scale: float | None = None,
               interpret: bool = False, alibi_slopes: jax.Array | None = None,
-              global_tokens: jax.Array | None = None) -> jax.Array:
+              global_tokens: jax.Array | None = None, max_global_tokens: int | None = None) -> jax.Array:
     """Bidirectional multi-head attention within segments.
 
     Args:
@@ -117,6 +120,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
         in the row (equal, between two tokens of one packed document, to the distance of per-document positions).
       global_tokens: bool [batch, seq] or None; a global token attends to every token of its own segment and every
         token of its segment attends to it, whatever the window. Padding (segment 0) stays out even if flagged.
+      max_global_tokens: static bound on the global tokens of one row; implementations that gather the global
+        positions (xla_blockwise) then work on [bound, seq] instead of [seq, seq] when the mask is traced. None: the
+        count of a concrete mask, or every position for a traced one. A concrete row above the bound is an error.
     """
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"attention expects 4-d q, k, v [batch, seq, heads, head_dim]; got {q.shape}, "
@@ -150,5 +156,6 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     features = required_features(heads=heads, kv_heads=k.shape[2], local_window=local_window,
                                  alibi=alibi_slopes is not None, global_tokens=global_tokens is not None)
     fn = _load(resolve_implementation(implementation, features))
+    slots = None if global_tokens is None else global_slots(global_tokens, max_global_tokens)
     return fn(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale, interpret=interpret,
-              alibi_slopes=alibi_slopes, global_tokens=global_tokens)
+              alibi_slopes=alibi_slopes, global_tokens=global_tokens, global_slots=slots)

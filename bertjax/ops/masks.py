@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def attention_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, local_window: int | None,
@@ -47,3 +48,20 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
         [jnp.ones_like(segment_ids[..., :1], dtype=bool), segment_ids[..., 1:] != segment_ids[..., :-1]], axis=-1)
     start_index = jax.lax.cummax(jnp.where(starts, index, 0), axis=segment_ids.ndim - 1)
     return index - start_index
+
+
+def global_slots(global_tokens: jax.Array, max_global_tokens: int | None) -> int:
+    """How many global positions per row an implementation gathers (a static count).
+
+    With a bound, that bound (checked against the input when it is concrete); without one, the largest count of a
+    concrete input, or every position when the mask is traced (correct for any mask, quadratic in the length).
+    """
+    seq = global_tokens.shape[1]
+    concrete = not isinstance(global_tokens, jax.core.Tracer)
+    most = int(np.asarray(global_tokens).sum(axis=1).max(initial=0)) if concrete else None
+    if max_global_tokens is not None:
+        if most is not None and most > max_global_tokens:
+            raise ValueError(f"global_attention_mask: a row has {most} global tokens, more than "
+                             f"max_global_tokens={max_global_tokens} (a Longformer's longformer.max_global_tokens)")
+        return min(max_global_tokens, seq)
+    return max(most, 1) if most is not None else seq

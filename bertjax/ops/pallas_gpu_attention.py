@@ -90,6 +90,7 @@ class _Static:
     interpret: bool
     num_warps: int
     num_stages: int
+    alibi: bool = False  # add -slope_h * |i - j| (slopes: an operand, one per query head, padded to a power of 2)
 
 
 def _visible(q_seg, k_seg, q_first, k_first, half):
@@ -102,13 +103,32 @@ def _visible(q_seg, k_seg, q_first, k_first, half):
     return mask
 
 
+def _alibi_bias(slopes_ref, h, q_first, k_first, block_q: int, block_k: int):
+    """[block_q, block_k] float32 ALiBi bias of query head h: the whole (power-of-two) slope vector is loaded and
+    the head's slope selected with a where/sum, which lowers to Triton without a scalar load."""
+    slopes = slopes_ref[...]
+    slope = jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, slopes.shape, 0) == h, slopes, 0.0))
+    q_pos = q_first + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+    k_pos = k_first + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+    return -slope * jnp.abs(q_pos - k_pos).astype(jnp.float32)
+
+
+def _scores(q, k, st: _Static, slopes_ref, h, q_first, k_first):
+    """Scaled q.k of one tile, plus the ALiBi bias when the call has one."""
+    s = _dot(q, k, ((1,), (1,))) * st.scale
+    if st.alibi:
+        s = s + _alibi_bias(slopes_ref, h, q_first, k_first, q.shape[0], k.shape[0])
+    return s
+
+
 def _dot(a, b, contract=((1,), (0,))):
     # float32 inputs: full precision (no TF32) so results match the reference tightly; bfloat16: tensor cores.
     precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
     return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
 
 
-def _forward_kernel(lo_ref, hi_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, st: _Static, group: int):
+def _forward_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, st: _Static,
+                    group: int):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     kv_head = lax.div(h, group)
     q_first = i * st.block_q
@@ -121,7 +141,7 @@ def _forward_kernel(lo_ref, hi_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref
         k = k_ref[b, keys, kv_head, :]
         v = v_ref[b, keys, kv_head, :]
         mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
-        s = jnp.where(mask, _dot(q, k, ((1,), (1,))) * st.scale, MASK_VALUE)
+        s = jnp.where(mask, _scores(q, k, st, slopes_ref, h, q_first, j * st.block_k), MASK_VALUE)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         # A row with nothing visible so far has m_new == MASK_VALUE and s == MASK_VALUE: exp(0) = 1, hence the
         # explicit zero for masked entries.
@@ -139,8 +159,8 @@ def _forward_kernel(lo_ref, hi_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref
     lse_ref[...] = jnp.where(empty, 0.0, m + jnp.log(safe_l))
 
 
-def _dq_kernel(lo_ref, hi_ref, seg_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, dq_ref, *, st: _Static,
-               group: int):
+def _dq_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, dq_ref, *,
+               st: _Static, group: int):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     kv_head = lax.div(h, group)
     q_first = i * st.block_q
@@ -153,7 +173,7 @@ def _dq_kernel(lo_ref, hi_ref, seg_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref
         k = k_ref[b, keys, kv_head, :]
         v = v_ref[b, keys, kv_head, :]
         mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
-        p = jnp.where(mask, jnp.exp(_dot(q, k, ((1,), (1,))) * st.scale - lse[:, None]), 0.0)
+        p = jnp.where(mask, jnp.exp(_scores(q, k, st, slopes_ref, h, q_first, j * st.block_k) - lse[:, None]), 0.0)
         ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)
 
@@ -161,8 +181,8 @@ def _dq_kernel(lo_ref, hi_ref, seg_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref
     dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(lo_ref, hi_ref, seg_ref, k_ref, v_ref, q_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
-                st: _Static, group: int):
+def _dkv_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+                *, st: _Static, group: int):
     b, kv_head, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k_first = j * st.block_k
     k, v = k_ref[...], v_ref[...]
@@ -178,7 +198,8 @@ def _dkv_kernel(lo_ref, hi_ref, seg_ref, k_ref, v_ref, q_ref, do_ref, lse_ref, d
             q = q_ref[b, queries, h, :]
             do = do_ref[b, queries, h, :]
             mask = _visible(seg_ref[b, queries], k_seg, i * st.block_q, k_first, st.half)
-            p = jnp.where(mask, jnp.exp(_dot(q, k, ((1,), (1,))) * st.scale - lse_ref[b, h, queries][:, None]), 0.0)
+            scores = _scores(q, k, st, slopes_ref, h, i * st.block_q, k_first)
+            p = jnp.where(mask, jnp.exp(scores - lse_ref[b, h, queries][:, None]), 0.0)
             dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
             ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None])
             return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv
@@ -203,7 +224,7 @@ def _whole():
     return pl.no_block_spec
 
 
-def _forward(q, k, v, seg, st: _Static):
+def _forward(q, k, v, seg, slopes, st: _Static):
     batch, seq, heads, head_dim = q.shape
     group = heads // k.shape[2]
     lo, hi = key_block_ranges(seg, None if st.half is None else 2 * st.half, st.block_q, st.block_k)
@@ -212,16 +233,16 @@ def _forward(q, k, v, seg, st: _Static):
     return pl.pallas_call(
         functools.partial(_forward_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
-        in_specs=[_whole(), _whole(), _whole(), q_block, _whole(), _whole()],
+        in_specs=[_whole(), _whole(), _whole(), _whole(), q_block, _whole(), _whole()],
         out_specs=[q_block, row_block],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_forward",
-    )(lo, hi, seg, q, k, v)
+    )(lo, hi, seg, slopes, q, k, v)
 
 
-def _backward(q, k, v, seg, out, lse, do, st: _Static):
+def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static):
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -235,13 +256,13 @@ def _backward(q, k, v, seg, out, lse, do, st: _Static):
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
-        in_specs=[_whole(), _whole(), _whole(), q_block, q_block, row_block, row_block, _whole(), _whole()],
+        in_specs=[_whole(), _whole(), _whole(), _whole(), q_block, q_block, row_block, row_block, _whole(), _whole()],
         out_specs=q_block,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_dq",
-    )(lo, hi, seg, q, do, lse, delta, k, v)
+    )(lo, hi, seg, slopes, q, do, lse, delta, k, v)
 
     # The visibility rule is symmetric, so the query-block range of a key block is the same function transposed.
     k_lo, k_hi = key_block_ranges(seg, window, st.block_k, st.block_q)
@@ -249,37 +270,39 @@ def _backward(q, k, v, seg, out, lse, do, st: _Static):
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, st=st, group=group),
         grid=(batch, kv_heads, seq // st.block_k),
-        in_specs=[_whole(), _whole(), _whole(), k_block, k_block, _whole(), _whole(), _whole(), _whole()],
+        in_specs=[_whole(), _whole(), _whole(), _whole(), k_block, k_block, _whole(), _whole(), _whole(), _whole()],
         out_specs=[k_block, k_block],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_dkv",
-    )(k_lo, k_hi, seg, k, v, q, do, lse, delta)
+    )(k_lo, k_hi, seg, slopes, k, v, q, do, lse, delta)
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash_attention(q, k, v, seg, st: _Static):
-    return _forward(q, k, v, seg, st)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash_attention(q, k, v, seg, slopes, st: _Static):
+    return _forward(q, k, v, seg, slopes, st)[0]
 
 
-def _flash_attention_fwd(q, k, v, seg, st: _Static):
-    out, lse = _forward(q, k, v, seg, st)
-    return out, (q, k, v, seg, out, lse)
+def _flash_attention_fwd(q, k, v, seg, slopes, st: _Static):
+    out, lse = _forward(q, k, v, seg, slopes, st)
+    return out, (q, k, v, seg, slopes, out, lse)
 
 
 def _flash_attention_bwd(st: _Static, residuals, do):
-    q, k, v, seg, out, lse = residuals
-    dq, dk, dv = _backward(q, k, v, seg, out, lse, do, st)
-    return dq, dk, dv, None  # segment ids are integers: no cotangent
+    q, k, v, seg, slopes, out, lse = residuals
+    dq, dk, dv = _backward(q, k, v, seg, slopes, out, lse, do, st)
+    # Segment ids are integers (no cotangent); ALiBi slopes are constants of the model, not trained.
+    return dq, dk, dv, None, jnp.zeros_like(slopes)
 
 
 _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                         global_tokens=None, block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+                         global_tokens=None, global_slots=None, block_q: int = DEFAULT_BLOCK_Q,
+                         block_k: int = DEFAULT_BLOCK_K,
                          num_warps: int | None = None, num_stages: int = 2):
     """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`."""
     for name, size in (("block_q", block_q), ("block_k", block_k)):
@@ -298,7 +321,12 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     tail, extra_dim = padded_seq - seq, padded_dim - head_dim
     st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
                  block_k=block_k, interpret=bool(interpret),
-                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages)
+                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages,
+                 alibi=alibi_slopes is not None)
+    # One slope per query head, padded to a power of two (>= 16) so the kernels load it as one vector.
+    slopes = jnp.zeros((max(16, pl.next_power_of_2(heads)),), jnp.float32)
+    if alibi_slopes is not None:
+        slopes = slopes.at[:heads].set(jnp.asarray(alibi_slopes, jnp.float32))
     out = _flash_attention(pad(q, tail, extra_dim), pad(k, tail, extra_dim), pad(v, tail, extra_dim),
-                           pad(segment_ids.astype(jnp.int32), tail, 0), st)
+                           pad(segment_ids.astype(jnp.int32), tail, 0), slopes, st)
     return out[:, :seq, :, :head_dim]

@@ -58,7 +58,7 @@ def _kernel(seq: int, heads: int, local_window: int | None, block: int, interpre
 
 
 def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                         global_tokens=None, block: int | None = None):
+                         global_tokens=None, global_slots=None, block: int | None = None):
     """Splash attention. Shapes and meaning as `bertjax.ops.attention`; `block` overrides the tile size."""
     batch, seq, heads, head_dim = q.shape
     block = _block_size(seq, block)

@@ -18,8 +18,8 @@ MASKED = -1e30
 
 
 def dense_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                    global_tokens=None):
-    del interpret  # no kernel to interpret
+                    global_tokens=None, global_slots=None):
+    del interpret, global_slots  # no kernel to interpret; every position is a possible global key
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads

@@ -38,6 +38,10 @@ class ModelConfig:
     # EncoderConfig fields replaced on top of the preset; vocab_size and pad_token_id come from the tokenizer.
     overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
     remat_policy: str = "none"  # a name of bertjax.models.encoder.REMAT_POLICIES
+    # A model directory (transformers, bertjax or a pretraining workdir) whose weights start a fresh run instead of
+    # random ones, adapted by bertjax.train.init_from (Longformer from RoBERTa: positions copied to the longer
+    # table, global projections from the local ones). None: random initialisation. A resumed run ignores it.
+    init_from: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

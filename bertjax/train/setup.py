@@ -48,7 +48,11 @@ class RunSetup:
         """Initial state for train.seed, warm-started by the objective (a student from its teacher)."""
         state, _ = create_train_state(self.objective.init_params, self.optimizer, self.mesh, self.config.train.seed)
         warm = jax.jit(self.objective.warm_start, out_shardings=self.shardings.params)
-        return state.replace(params=warm(state.params, self.frozen))
+        params = warm(state.params, self.frozen)
+        if self.config.model.init_from is not None:
+            from bertjax.train.init_from import initial_params
+            params = initial_params(self.config.model.init_from, self.model_config, params, self.shardings.params)
+        return state.replace(params=params)
 
     def abstract_state(self) -> TrainState:
         """ShapeDtypeStructs with shardings: what a checkpoint restores into, or what AOT compiles against."""
@@ -67,10 +71,16 @@ def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_s
     if overrides["vocab_size"] < vocab_size:
         raise ConfigError(f"model.overrides.vocab_size ({overrides['vocab_size']}) is smaller than the tokenizer's "
                           f"vocabulary ({vocab_size})")
-    if attention_platform is not None and overrides.get("attention_implementation", "auto") == "auto":
-        from bertjax.ops.attention import AUTO_BY_PLATFORM
-        overrides["attention_implementation"] = AUTO_BY_PLATFORM[attention_platform]
     model_config = get_config(config.model.preset, **overrides)
+    if attention_platform is not None and model_config.attention_implementation == "auto":
+        # The platform's best implementation that serves this model's attention (ALiBi needs one that adds it).
+        from bertjax.ops.attention import required_features, resolve_implementation
+        windows = {model_config.layer_window(i) for i in range(model_config.num_layers)} - {None}
+        features = required_features(heads=model_config.num_heads, kv_heads=model_config.kv_heads,
+                                     local_window=min(windows) if windows else None,
+                                     alibi=model_config.position_embedding == "alibi")
+        model_config = model_config.replace(
+            attention_implementation=resolve_implementation("auto", features, attention_platform))
     longest = max_seq_len + model_config.position_offset
     if longest > model_config.max_position_embeddings:
         raise ConfigError(f"data.seq_len ({max_seq_len}) does not fit the model's max_position_embeddings "
