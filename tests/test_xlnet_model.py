@@ -218,6 +218,12 @@ def test_bad_permutation_inputs_and_lengths_are_named(tiny_lm):
                                          "position 0"):
         model.apply({"params": params}, ids, attention_mask=mask,
                     target_mapping=jnp.asarray([[[0, 0, 1, 0], [1, 0, 0, 0]]], jnp.float32))
+    jitted = bertjax.checked(lambda p, i, m, t: model.apply({"params": p}, i, attention_mask=m,
+                                                            target_mapping=t).logits)
+    good = jnp.asarray([[[0, 0, 1, 0], [0, 0, 0, 1]]], jnp.float32)
+    assert jitted(params, ids, mask, good).shape == (1, 2, model.config.vocab_size)
+    with pytest.raises(ValueError, match="target_mapping selects padding: 1 .row, prediction slot. entries"):
+        jitted(params, ids, mask, jnp.asarray([[[0, 0, 1, 0], [1, 0, 0, 0]]], jnp.float32))
     with pytest.raises(ValueError, match=r"perm_mask must be \[batch, seq, seq\]"):
         model.apply({"params": params}, ids, perm_mask=jnp.zeros((1, 4, 3)))
     with pytest.raises(ValueError, match=r"target_mapping must be \[batch, num_predict, seq\]"):
