@@ -32,7 +32,8 @@ RATIO = 6
 
 def _models(name: str):
     config = bertjax.get_config(name, dropout_rate=0.0)
-    encoder, lm = bertjax.EncoderModel(config), bertjax.EncoderForMaskedLM(config)
+    # The forward times the bare encoder on the LM's parameters: without BERT's pooler, which they do not hold.
+    encoder, lm = bertjax.EncoderModel(config.replace(pooler=False)), bertjax.EncoderForMaskedLM(config)
     params = bertjax.init_params(lm, jax.random.key(0))
     return config, encoder, lm, params
 

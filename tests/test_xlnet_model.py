@@ -75,46 +75,74 @@ def _torch(x):
     return None if x is None else torch.tensor(x)
 
 
-def test_lm_head_matches_transformers_plain_padded_types_and_permutations(lm_checkpoint):
-    reference, model, params, _ = lm_checkpoint
-    assert type(model) is bertjax.MODEL_CLASSES["masked_lm"] and model.config.attention_kind == "two_stream"
-    assert model.config.xlnet.clamp_len == 6
+PARITY_CASES = ("plain", "left padding", "token types", "permutation")
+
+
+def parity_inputs(name: str) -> dict:
     ids, mask, types = left_padded_batch()
     perm, mapping = permutation_inputs(mask)
+    return {"plain": dict(input_ids=ids[:1]), "left padding": dict(input_ids=ids, attention_mask=mask),
+            "token types": dict(input_ids=ids, attention_mask=mask, token_type_ids=types),
+            "permutation": dict(input_ids=ids, attention_mask=mask, token_type_ids=types, perm_mask=perm,
+                                target_mapping=mapping)}[name]
+
+
+@pytest.mark.parametrize("head", ["encoder", "masked_lm"])
+def test_models_match_transformers_plain_padded_types_and_permutations(lm_checkpoint, head):
+    """XLNetModel (`last_hidden_state`: the content stream, or the query stream [batch, num_predict, hidden] with
+    target_mapping) and XLNetLMHeadModel (`logits`) on the same checkpoint; transformers reads XLNetModel out of
+    the LM checkpoint (dropping lm_loss) as bertjax does with head="encoder"."""
+    reference, model, params, directory = lm_checkpoint
+    if head == "encoder":
+        reference = transformers.XLNetModel.from_pretrained(str(directory)).eval()
+        model, params = bertjax.from_pretrained(str(directory), head="encoder")
+    assert type(model) is bertjax.MODEL_CLASSES[head] and model.config.attention_kind == "two_stream"
+    assert model.config.xlnet.clamp_len == 6
+    field = "logits" if head == "masked_lm" else "last_hidden_state"
     apply = jax.jit(model.apply)
-    cases = {"plain": dict(input_ids=ids[:1]), "left padding": dict(input_ids=ids, attention_mask=mask),
-             "token types": dict(input_ids=ids, attention_mask=mask, token_type_ids=types),
-             "permutation": dict(input_ids=ids, attention_mask=mask, token_type_ids=types, perm_mask=perm,
-                                 target_mapping=mapping)}
-    for name, inputs in cases.items():
+    for name in PARITY_CASES:
+        inputs = parity_inputs(name)
         with torch.no_grad():
-            expected = reference(**{k: _torch(v) for k, v in inputs.items()}).logits.numpy()
-        ours = np.asarray(apply({"params": params}, **{k: jnp.asarray(v) for k, v in inputs.items()}).logits)
+            expected = getattr(reference(**{k: _torch(v) for k, v in inputs.items()}), field).numpy()
+        ours = np.asarray(getattr(apply({"params": params}, **{k: jnp.asarray(v) for k, v in inputs.items()}),
+                                  field))
         assert ours.shape == expected.shape and ours.dtype == np.float32, (name, ours.shape, expected.shape)
-        if "attention_mask" in inputs and "target_mapping" not in inputs:
+        if name == "permutation":  # one row per prediction slot: [batch, num_predict, ...]
+            assert ours.shape[:2] == inputs["target_mapping"].shape[:2]
+        elif "attention_mask" in inputs:
             keep = inputs["attention_mask"].astype(bool)
             ours, expected = ours[keep], expected[keep]
         diff = float(np.max(np.abs(ours - expected)))
-        assert diff <= ATOL, f"{name}: max abs diff {diff:.3g} > {ATOL}"
+        assert diff <= ATOL, f"{head} {name}: max abs diff {diff:.3g} > {ATOL}"
 
 
-def test_encoder_round_trips_through_transformers(lm_checkpoint, tmp_path):
+@pytest.mark.parametrize("head", ["encoder", "masked_lm"])
+def test_models_round_trip_through_transformers(lm_checkpoint, tmp_path, head):
+    """bertjax -> XLNetModel / XLNetLMHeadModel: every tensor of the original checkpoint comes back bit for bit
+    (lm_loss tied to the word embedding, its bias kept), the reloaded model's outputs on the permutation inputs equal
+    the original's, and bertjax reads its own export back to the same config and parameters. (bertjax's outputs
+    against transformers on this checkpoint: the parity test above.)"""
     reference, model, params, directory = lm_checkpoint
-    encoder, encoder_params = bertjax.from_pretrained(str(directory), head="encoder")  # drops lm_loss, as HF does
-    bertjax.save_pretrained(str(tmp_path), encoder, encoder_params)
-    reloaded, info = transformers.AutoModel.from_pretrained(str(tmp_path), output_loading_info=True)
-    assert type(reloaded) is transformers.XLNetModel
+    if head == "encoder":  # drops lm_loss, as transformers does
+        reference = transformers.XLNetModel.from_pretrained(str(directory)).eval()
+        model, params = bertjax.from_pretrained(str(directory), head="encoder")
+    bertjax.save_pretrained(str(tmp_path), model, params)
+    auto = transformers.AutoModel if head == "encoder" else transformers.AutoModelForCausalLM
+    reloaded, info = auto.from_pretrained(str(tmp_path), output_loading_info=True)
+    assert type(reloaded) is type(reference)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    ids, mask, types = left_padded_batch()
+    original, back = reference.state_dict(), reloaded.eval().state_dict()
+    assert set(back) == set(original)
+    for key, tensor in original.items():
+        torch.testing.assert_close(back[key], tensor, rtol=0, atol=0, msg=key)
+    inputs = {k: _torch(v) for k, v in parity_inputs("permutation").items()}
+    field = "logits" if head == "masked_lm" else "last_hidden_state"
     with torch.no_grad():
-        expected = reloaded.eval()(torch.tensor(ids), attention_mask=torch.tensor(mask),
-                                   token_type_ids=torch.tensor(types)).last_hidden_state.numpy()
-    ours = jax.jit(encoder.apply)({"params": encoder_params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
-                                  token_type_ids=jnp.asarray(types)).last_hidden_state
-    keep = mask.astype(bool)
-    assert float(np.max(np.abs(np.asarray(ours)[keep] - expected[keep]))) <= ATOL
-    again, _ = bertjax.from_pretrained(str(tmp_path))
-    assert again.config == encoder.config
+        torch.testing.assert_close(getattr(reloaded(**inputs), field), getattr(reference(**inputs), field),
+                                   rtol=0, atol=1e-6)
+    again, again_params = bertjax.from_pretrained(str(tmp_path))
+    assert type(again) is type(model) and again.config == model.config
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), again_params, params)
 
 
 XLNET_HEADS = tuple(CLASS_SUFFIX)
@@ -179,6 +207,12 @@ def test_bad_permutation_inputs_and_lengths_are_named(tiny_lm):
                                          "position 0"):
         model.apply({"params": params}, ids, attention_mask=mask,
                     target_mapping=jnp.asarray([[[0, 0, 1, 0], [1, 0, 0, 0]]], jnp.float32))
+    jitted = bertjax.checked(lambda p, i, m, t: model.apply({"params": p}, i, attention_mask=m,
+                                                            target_mapping=t).logits)
+    good = jnp.asarray([[[0, 0, 1, 0], [0, 0, 0, 1]]], jnp.float32)
+    assert jitted(params, ids, mask, good).shape == (1, 2, model.config.vocab_size)
+    with pytest.raises(ValueError, match="target_mapping selects padding: 1 .row, prediction slot. entries"):
+        jitted(params, ids, mask, jnp.asarray([[[0, 0, 1, 0], [1, 0, 0, 0]]], jnp.float32))
     with pytest.raises(ValueError, match=r"perm_mask must be \[batch, seq, seq\]"):
         model.apply({"params": params}, ids, perm_mask=jnp.zeros((1, 4, 3)))
     with pytest.raises(ValueError, match=r"target_mapping must be \[batch, num_predict, seq\]"):

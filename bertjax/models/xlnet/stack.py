@@ -16,9 +16,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import checkify
 
 from bertjax.config import EncoderConfig
 from bertjax.models.attention import attention_module
+from bertjax.models.checked import checking_traced_values
 from bertjax.models.common import kernel_init, norm, param_dtype
 from bertjax.models.encoder import REMAT_POLICIES
 from bertjax.models.inputs import EncoderInputs
@@ -48,7 +50,8 @@ class XLNetLayer(nn.Module):
 
 
 def check_stream_inputs(inputs: EncoderInputs, perm_mask, target_mapping) -> None:
-    """Shapes always; with concrete values, that no prediction slot selects a padding position."""
+    """Shapes always; that no prediction slot selects a padding position with concrete values, and on the device
+    inside `bertjax.checked` (under a plain jit the values are not known while tracing)."""
     batch, seq = inputs.input_ids.shape
     if perm_mask is not None and jnp.shape(perm_mask) != (batch, seq, seq):
         raise ValueError(f"perm_mask must be [batch, seq, seq] = {(batch, seq, seq)}, got {jnp.shape(perm_mask)}")
@@ -59,6 +62,10 @@ def check_stream_inputs(inputs: EncoderInputs, perm_mask, target_mapping) -> Non
         raise ValueError(f"target_mapping must be [batch, num_predict, seq] = ({batch}, num_predict, {seq}), got "
                          f"{shape}")
     if isinstance(target_mapping, jax.core.Tracer) or isinstance(inputs.segment_ids, jax.core.Tracer):
+        if checking_traced_values():  # inside bertjax.checked: the same check, on the device
+            bad = (jnp.asarray(target_mapping) != 0) & (inputs.segment_ids == 0)[:, None, :]
+            checkify.check(~jnp.any(bad), "target_mapping selects padding: {} (row, prediction slot) entries point "
+                           "at positions where attention_mask/segment_ids say padding", jnp.sum(bad))
         return
     selected = np.asarray(target_mapping) != 0
     padding = np.asarray(inputs.segment_ids) == 0
