@@ -201,6 +201,22 @@ class TrainSpeed:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The model directory's tokenizer against its model.
+
+def check_tokenizer_fits(tokenizer, model_config, model_dir) -> None:
+    """A tokenizer with more tokens than the model has embedding rows is the wrong tokenizer (or the embedding was
+    not resized after tokens were added): some text would become ids past the table, which a jitted gather turns
+    into NaN rows instead of an error. Refused before any data is read; an embedding larger than the tokenizer
+    (rows padded to a multiple of 64, as ModernBERT's) is fine."""
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(
+            f"{model_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+            f"{model_config.vocab_size}, so ids {model_config.vocab_size}..{tokenizer.vocab_size - 1} have no "
+            "embedding; use the tokenizer the model was trained with, or a model whose vocab_size is at least "
+            f"{tokenizer.vocab_size}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Saving the best model.
 
 def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Labels, config: FinetuneConfig,
@@ -296,6 +312,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     base_model, base_params, tokenizer = load_model_dir(model_dir)
     if tokenizer is None:
         raise FileNotFoundError(f"{model_dir} holds no tokenizer; fine-tuning needs the one it was trained with")
+    check_tokenizer_fits(tokenizer, base_model.config, model_dir)
     task = task_cls(config.data, config.task)
     train_rows, validation_rows = read_rows(train_file), read_rows(validation_file)
     labels = task.fit_labels(train_rows, str(train_file), known_labels(base_model))
