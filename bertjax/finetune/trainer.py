@@ -181,23 +181,28 @@ def run_eval(evaluate: Callable, params, encoded: Encoded, batch_size: int,
 class TrainSpeed:
     """Examples per second of the training steps alone, batch assembly included; evaluations, checkpoints and
     the first step (which compiles) are left out. Packed rows count every example they hold, so padded and packed
-    runs compare (results.json; bench/finetune_bench.py)."""
+    runs compare (results.json; bench/finetune_bench.py). Also per second of this process's CPU time (all its
+    threads): on a machine shared with other jobs, wall-clock time counts the others' work too."""
 
     def __init__(self):
         self.first_seconds = None
         self.examples = 0.0
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
 
-    def add(self, examples: float, seconds: float) -> None:
+    def add(self, examples: float, seconds: float, cpu_seconds: float) -> None:
         if self.first_seconds is None:
             self.first_seconds = seconds
             return
         self.examples += examples
         self.seconds += seconds
+        self.cpu_seconds += cpu_seconds
 
     def summary(self) -> dict:
         rate = self.examples / self.seconds if self.seconds else None
-        return {"train_examples_per_second": rate, "first_step_seconds": self.first_seconds}
+        cpu_rate = self.examples / self.cpu_seconds if self.cpu_seconds else None
+        return {"train_examples_per_second": rate, "train_examples_per_cpu_second": cpu_rate,
+                "first_step_seconds": self.first_seconds}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -369,12 +374,12 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     speed = TrainSpeed()
     try:
         while step < end and not stopped_early:
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             batch, _ = batch_lib.train_batch(train_data.arrays, step, config.train.batch_size, config.train.seed)
             state, metrics = train_step(state, global_batch(batch, mesh))
             step += 1
             accumulated = {k: accumulated[k] + float(metrics[k]) for k in accumulated}  # float() waits for the step
-            speed.add(float(metrics["count"]), time.perf_counter() - began)
+            speed.add(float(metrics["count"]), time.perf_counter() - began, time.process_time() - began_cpu)
             learning_rate = float(metrics["learning_rate"])
             if bar is not None:
                 bar.update(1)
