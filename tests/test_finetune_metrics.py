@@ -1,4 +1,5 @@
-"""Fine-tuning metrics against hand-computed values and, where installed, scipy as the independent reference."""
+"""Fine-tuning metrics against hand-computed values and, where installed, independent references: scikit-learn
+(accuracy, macro F1, MCC, binary F1), scipy (Pearson, Spearman), seqeval (entity precision, recall, F1)."""
 
 import numpy as np
 import pytest
@@ -29,6 +30,16 @@ def test_binary_f1_against_scikit_learn():
     rng = np.random.default_rng(1)
     labels, preds = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
     assert m.f1_binary(preds, labels) == pytest.approx(sklearn_metrics.f1_score(labels, preds))
+
+
+def test_classification_against_scikit_learn():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, 4, 300)
+    preds = np.where(rng.random(300) < 0.6, labels, rng.integers(0, 5, 300))  # class 4 only ever predicted
+    assert m.accuracy(preds, labels) == pytest.approx(sklearn_metrics.accuracy_score(labels, preds))
+    assert m.f1_macro(preds, labels) == pytest.approx(sklearn_metrics.f1_score(labels, preds, average="macro"))
+    assert m.mcc(preds, labels) == pytest.approx(sklearn_metrics.matthews_corrcoef(labels, preds))
 
 
 def test_mcc_multiclass_and_degenerate():
@@ -72,6 +83,22 @@ def test_entity_scores_by_hand():
     assert scores["precision"] == pytest.approx(2 / 4)
     assert scores["recall"] == pytest.approx(2 / 3)
     assert scores["f1"] == pytest.approx(2 * 0.5 * (2 / 3) / (0.5 + 2 / 3))
+
+
+def test_entity_scores_against_seqeval():
+    """Random BIO / IOB2 sequences, stray I- tags and type changes included, scored as seqeval's default mode."""
+    seqeval = pytest.importorskip("seqeval.metrics")
+    from seqeval.metrics.sequence_labeling import get_entities
+    rng = np.random.default_rng(3)
+    tags = np.array(["O", "B-PER", "I-PER", "B-LOC", "I-LOC"])
+    gold = [list(tags[rng.integers(0, 5, rng.integers(1, 12))]) for _ in range(200)]
+    pred = [[t if rng.random() < 0.7 else str(rng.choice(tags)) for t in sentence] for sentence in gold]
+    ours = m.entity_scores(pred, gold)
+    assert ours["precision"] == pytest.approx(seqeval.precision_score(gold, pred))
+    assert ours["recall"] == pytest.approx(seqeval.recall_score(gold, pred))
+    assert ours["f1"] == pytest.approx(seqeval.f1_score(gold, pred))
+    for sentence in gold[:50]:
+        assert m.entities(sentence) == get_entities(sentence)
 
 
 def test_squad_normalisation_and_scores():

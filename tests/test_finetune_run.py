@@ -141,6 +141,25 @@ def test_validation_label_unseen_in_training(files, tmp_path):
                  tmp_path / "w", config("sequence-classification"), say=lambda _: None)
 
 
+def test_tokenizer_larger_than_the_model_is_refused(files, full_run, tmp_path):
+    import re
+    import shutil
+
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from finetune_helpers import VOCAB
+
+    model = shutil.copytree(full_run[0] / "best", tmp_path / "model")
+    WordPieceTokenizer("\n".join(VOCAB + ["extra", "words"])).save(model)  # 2 tokens past the embedding
+    expected = re.escape(f"{model}: the tokenizer has {len(VOCAB) + 2} tokens but the model's vocab_size is "
+                         f"{len(VOCAB)}")
+    with pytest.raises(ValueError, match=expected):
+        finetune(model, task_class("sequence-classification"), files["train"], files["validation"], tmp_path / "w",
+                 config("sequence-classification"), say=lambda _: None)
+    assert not (tmp_path / "w").exists()
+    with pytest.raises(ValueError, match=expected):
+        predict(model, files["validation"])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The other tasks, one short run each, through the command line.
 

@@ -67,12 +67,14 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
     from bertjax.model_dirs import load_model_dir
     from bertjax.models.checked import checked
     from bertjax.finetune.readers import read_rows
+    from bertjax.finetune.trainer import check_tokenizer_fits
 
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
     model, params, tokenizer = load_model_dir(model_dir)
     if tokenizer is None:
         raise FileNotFoundError(f"{model_dir} holds no tokenizer")
+    check_tokenizer_fits(tokenizer, model.config, model_dir)
     task, labels = load_task(model_dir, model, list(overrides))
     encoded = task.encode(tokenizer, read_rows(input_file), labels, str(input_file), with_targets=False)
     type_vocab_size = model.config.type_vocab_size

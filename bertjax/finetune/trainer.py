@@ -181,23 +181,44 @@ def run_eval(evaluate: Callable, params, encoded: Encoded, batch_size: int,
 class TrainSpeed:
     """Examples per second of the training steps alone, batch assembly included; evaluations, checkpoints and
     the first step (which compiles) are left out. Packed rows count every example they hold, so padded and packed
-    runs compare (results.json; bench/finetune_bench.py)."""
+    runs compare (results.json; bench/finetune_bench.py). Also per second of this process's CPU time (all its
+    threads): on a machine shared with other jobs, wall-clock time counts the others' work too."""
 
     def __init__(self):
         self.first_seconds = None
         self.examples = 0.0
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
 
-    def add(self, examples: float, seconds: float) -> None:
+    def add(self, examples: float, seconds: float, cpu_seconds: float) -> None:
         if self.first_seconds is None:
             self.first_seconds = seconds
             return
         self.examples += examples
         self.seconds += seconds
+        self.cpu_seconds += cpu_seconds
 
     def summary(self) -> dict:
         rate = self.examples / self.seconds if self.seconds else None
-        return {"train_examples_per_second": rate, "first_step_seconds": self.first_seconds}
+        cpu_rate = self.examples / self.cpu_seconds if self.cpu_seconds else None
+        return {"train_examples_per_second": rate, "train_examples_per_cpu_second": cpu_rate,
+                "first_step_seconds": self.first_seconds}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model directory's tokenizer against its model.
+
+def check_tokenizer_fits(tokenizer, model_config, model_dir) -> None:
+    """A tokenizer with more tokens than the model has embedding rows is the wrong tokenizer (or the embedding was
+    not resized after tokens were added): some text would become ids past the table, which a jitted gather turns
+    into NaN rows instead of an error. Refused before any data is read; an embedding larger than the tokenizer
+    (rows padded to a multiple of 64, as ModernBERT's) is fine."""
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(
+            f"{model_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+            f"{model_config.vocab_size}, so ids {model_config.vocab_size}..{tokenizer.vocab_size - 1} have no "
+            "embedding; use the tokenizer the model was trained with, or a model whose vocab_size is at least "
+            f"{tokenizer.vocab_size}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -296,6 +317,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     base_model, base_params, tokenizer = load_model_dir(model_dir)
     if tokenizer is None:
         raise FileNotFoundError(f"{model_dir} holds no tokenizer; fine-tuning needs the one it was trained with")
+    check_tokenizer_fits(tokenizer, base_model.config, model_dir)
     task = task_cls(config.data, config.task)
     train_rows, validation_rows = read_rows(train_file), read_rows(validation_file)
     labels = task.fit_labels(train_rows, str(train_file), known_labels(base_model))
@@ -352,12 +374,12 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     speed = TrainSpeed()
     try:
         while step < end and not stopped_early:
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             batch, _ = batch_lib.train_batch(train_data.arrays, step, config.train.batch_size, config.train.seed)
             state, metrics = train_step(state, global_batch(batch, mesh))
             step += 1
             accumulated = {k: accumulated[k] + float(metrics[k]) for k in accumulated}  # float() waits for the step
-            speed.add(float(metrics["count"]), time.perf_counter() - began)
+            speed.add(float(metrics["count"]), time.perf_counter() - began, time.process_time() - began_cpu)
             learning_rate = float(metrics["learning_rate"])
             if bar is not None:
                 bar.update(1)
