@@ -47,6 +47,13 @@ def tail_rows(plan: BucketPlan, length: int, real: int, devices: int) -> int:
     return full
 
 
+def batch_shapes(plan: BucketPlan, devices: int = 1) -> set[tuple[int, int]]:
+    """Every [rows, length] a batch of `pack` may take: the most programs one row function compiles for a job,
+    whatever the number and lengths of its texts (at most three per bucket length)."""
+    return {(tail_rows(plan, length, real, devices), length) for length in plan.lengths
+            for real in range(1, plan.rows[length] + 1)}
+
+
 def pack(sequences: Sequence[np.ndarray], plan: BucketPlan, pad_id: int, *, packing: bool = True,
          devices: int = 1) -> tuple[list[Batch], Placement]:
     """Batches for `sequences` (each at most plan.max_length tokens) and the placement of every sequence."""
