@@ -147,14 +147,15 @@ def test_embedder_equals_encode_in_input_order_with_bad_texts(model_dir):
     SentenceEncoder.encode one text per row (float32, 1e-5), with a prompt excluded from pooling; bfloat16
     compute stays close; one row per input text, always."""
     encoder = load_sentence_encoder(model_dir)
-    texts = sample_texts(40) + ["", "dog " * 25_000, "", "日本語のテキスト \u2028 ünïcödé"]
+    texts = sample_texts(24) + ["", "dog " * 25_000, "", "日本語のテキスト \u2028 ünïcödé"]
     reference = encoder.encode(texts, prompt_name="query")
-    embedder = Embedder(encoder, dtype="float32", max_tokens=256, lengths=(16, 32))
+    embedder = Embedder(encoder, dtype="float32", max_tokens=256)
     ours = embedder.embed(texts, prompt_name="query")
     assert ours.shape == (len(texts), encoder.dim) and ours.dtype == np.float32
     np.testing.assert_allclose(ours, reference, atol=1e-5)
     assert embedder.embed([]).shape == (0, encoder.dim)
-    half = Embedder(encoder, dtype="bfloat16", max_tokens=256, lengths=(16, 32)).embed(texts, prompt_name="query")
+    assert embedder.compiles <= 2
+    half = Embedder(encoder, dtype="bfloat16", max_tokens=256).embed(texts, prompt_name="query")
     assert half.dtype == np.float32
     np.testing.assert_allclose(half, reference, atol=3e-2)
     with pytest.raises(ValueError, match="text 1 is a int"):
@@ -181,7 +182,7 @@ def test_chunking_averages_the_chunks_of_a_long_text(model_dir):
     segment_ids = np.zeros((len(rows), seq), np.int32)
     for i, row in enumerate(rows):
         input_ids[i, :len(row)], segment_ids[i, :len(row)] = row, 1
-    per_chunk = np.asarray(encoder.embed_rows(encoder.params, input_ids, segment_ids, 1,
+    per_chunk = np.asarray(jax.jit(encoder.embed_rows, static_argnums=3)(encoder.params, input_ids, segment_ids, 1,
                                               encoder.prompt_length("query: ")))[:, 0]
     expected = per_chunk.mean(0) / np.linalg.norm(per_chunk.mean(0))
     np.testing.assert_allclose(chunked[0], expected, atol=1e-5)

@@ -17,6 +17,7 @@ normalises). Empty texts are embedded like any other ([CLS] [SEP]); the row coun
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,8 +28,10 @@ from bertjax.inference.pipeline import SequenceFormat, supports_packing
 from bertjax.inference.texts import TextInference, with_compute_dtype
 
 
+@functools.lru_cache(maxsize=16)
 def embedding_row_fn(model):
-    """Row function (bertjax.inference.runner) of an EncoderForEmbedding: per slot, its embedding."""
+    """Row function (bertjax.inference.runner) of an EncoderForEmbedding: per slot, its embedding. Cached per
+    model (modules hash by their fields), so every Embedder of an equal model shares compiled programs."""
 
     def row_fn(params, batch, max_segments):
         vectors = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], max_segments,
@@ -67,8 +70,8 @@ class Embedder:
 
     @property
     def compiles(self) -> int:
-        """XLA programs compiled so far, over every prompt (each has its own runner, same shapes)."""
-        return sum(inference.compiles for inference in self._by_prompt.values())
+        """XLA programs compiled by this Embedder so far (every prompt shares one runner)."""
+        return next(iter(self._by_prompt.values())).compiles if self._by_prompt else 0
 
     def _inference(self, prompt: str | None) -> TextInference:
         if prompt not in self._by_prompt:
