@@ -322,3 +322,37 @@ def test_data_parallel_over_four_devices_equals_one(tmp_path):
            "PYTHONPATH": ":".join(sys.path)}
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fill-mask on the same path.
+
+def test_fill_mask_packed_equals_the_model_on_each_text():
+    """`bertjax fill-mask`'s predictor runs through TextInference (several texts packed per row); its top-k at
+    each [MASK] equals a plain forward of each text alone (softmax over non-special tokens)."""
+    import bertjax
+    from bertjax.commands.fill_mask import encode_with_masks, make_predictor
+    from bertjax.data import load_tokenizer
+    from train_helpers import small_tokenizer
+
+    tokenizer = load_tokenizer(small_tokenizer())
+    config = get_config("bert-tiny", vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    model = bertjax.EncoderForMaskedLM(config)
+    params = random_params(model, seed=2)
+    texts = ["The [MASK] statement ends a loop.", "A [MASK] returns [MASK] value from the function.", "[MASK]"]
+    got = make_predictor(model, params, tokenizer).many(texts, 4)
+    banned = np.zeros(config.vocab_size, bool)
+    banned[tokenizer.special_ids] = True
+    forward = jax.jit(lambda p, ids: model.apply({"params": p}, ids, token_type_ids=jnp.zeros_like(ids)).logits)
+    for text, predictions in zip(texts, got):
+        ids, masks = encode_with_masks(tokenizer, text)
+        logits = np.asarray(forward(params, ids[None]))[0].astype(np.float64)
+        logits[:, banned] = -np.inf
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        assert len(predictions) == len(masks)
+        for position, options in zip(masks, predictions):
+            ranked = np.argsort(-probs[position], kind="stable")[:20]  # pieces that decode to nothing are skipped
+            expected = [t for t in ranked if tokenizer.decode([int(t)]).strip()][:4]
+            assert [o.token_id for o in options] == list(expected) and len(options) == 4
+            np.testing.assert_allclose([o.probability for o in options], probs[position][expected], rtol=1e-4)
