@@ -96,6 +96,7 @@ def make_predictor(model, params, tokenizer, *, max_tokens: int = 4096) -> Calla
     """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities.
     `predict.many(texts, top_k)` does a list of texts in packed batches (bertjax.inference, as `embed`)."""
     from bertjax.inference import BucketConfig, TextInference, model_max_length, supports_packing
+    from bertjax.models.inputs import check_ids
 
     config = model.config
     banned = np.zeros(config.vocab_size, bool)
@@ -114,9 +115,7 @@ def make_predictor(model, params, tokenizer, *, max_tokens: int = 4096) -> Calla
         for text, (ids, _) in zip(texts, encoded):
             if len(ids) > max_length:
                 raise ValueError(f"text is {len(ids)} tokens; the model takes at most {max_length}: {text[:60]!r}")
-            if ids.min() < 0 or ids.max() >= config.vocab_size:  # as bertjax.checked reports it
-                raise ValueError(f"token ids must be in [0, {config.vocab_size}); got min {ids.min()} and max "
-                                 f"{ids.max()} (the tokenizer's vocabulary is larger than the model's)")
+            check_ids(ids, config.vocab_size, "token ids")  # a tokenizer larger than the model's vocabulary
         k = min(top_k + 8, config.vocab_size)  # spare candidates: pieces that decode to nothing are skipped
         if k not in by_k:
             by_k[k] = TextInference(fill_mask_row_fn(model, banned, k), tokenizer, max_length, buckets=buckets,
