@@ -99,6 +99,9 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=["bertjax", "st", "transformers"])
     args = parser.parse_args()
 
+    from bertjax.platforms import quiet_start
+
+    quiet_start()  # no libtpu probing on a CPU machine
     import jax
     import torch
 
