@@ -9,7 +9,7 @@
 # MODEL_DIR: any embedding model bertjax reads: a sentence-transformers directory, a transformers checkpoint, or
 # a pretraining workdir (default runs/tiny, the README's main job; mean pooling then). A workdir of
 # `bertjax train-embedder` gives far better hits than a model pretrained for MLM alone.
-# PARAGRAPHS: how many paragraphs to embed (default 5000; the whole corpus is some 60k).
+# PARAGRAPHS: how many paragraphs to embed (default 5000; the corpus has some 17,600 of 8 words or more).
 set -euo pipefail
 MODEL=${1:-runs/tiny}
 COUNT=${2:-5000}
