@@ -103,6 +103,16 @@ def test_bucketing_compiles_at_most_the_configured_programs_over_1000_lengths():
         assert all(np.array_equal(got, e) for got, e in zip(out.tokens["ids"], expected))
         start += size
     assert start == 1000
+    # Padding rows: fewer than the smallest batch of each length (the tail runs in quarter / sixteenth batches).
+    from bertjax.inference.packing import batch_sizes, pack
+    from bertjax.inference.pipeline import SequenceFormat, to_sequences
+
+    sequences = to_sequences(texts, SequenceFormat((1,), (2,), 256)).ids
+    batches, _ = pack(sequences, inference.plan, 0)
+    for length in inference.plan.lengths:
+        mine = [b for b in batches if b.input_ids.shape[1] == length]
+        empty = sum(b.input_ids.shape[0] - b.real_rows for b in mine)
+        assert empty < batch_sizes(inference.plan, length, 1)[0] or not mine, (length, empty)
     assert 1 <= inference.compiles <= len(shapes), (inference.compiles, sorted(shapes))
 
 
