@@ -19,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "finetune": "bertjax.commands.finetune",
     "predict": "bertjax.commands.predict",
     "glue": "bertjax.commands.glue",
+    "embed": "bertjax.commands.embed",
+    "search": "bertjax.commands.search",
 }
 
 

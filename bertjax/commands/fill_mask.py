@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if args.top_k <= 0:
         raise ValueError(f"--top-k must be positive, got {args.top_k}")
     predictor = load_predictor(args.model, step=args.step, allow_pickle=args.allow_pickle)
-    for text in args.texts:
-        print(format_predictions(text, predictor(text, args.top_k)))
+    # Every text in one packed pass through the inference layer (bertjax.inference), as `embed` runs.
+    for text, predictions in zip(args.texts, predictor.many(args.texts, args.top_k)):
+        print(format_predictions(text, predictions))
     return 0
 
 
@@ -75,39 +76,73 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(ids, np.int32), np.asarray(masks, np.int32)
 
 
-def make_predictor(model, params, tokenizer) -> Callable[[str, int], list[list[Prediction]]]:
-    """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities."""
-    from bertjax.models.checked import checked
+def fill_mask_row_fn(model, banned: np.ndarray, top_k: int):
+    """Row function (bertjax.inference.runner) of a masked language model: per token, the top_k token ids and
+    their probabilities (special tokens and rows beyond the tokenizer's vocabulary banned), float32."""
+    type_vocab_size = model.config.type_vocab_size
+
+    def row_fn(params, batch, max_segments):
+        ids = batch["input_ids"]
+        kwargs = {"token_type_ids": jnp.zeros_like(ids)} if type_vocab_size else {}
+        logits = model.apply({"params": params}, ids, segment_ids=batch["segment_ids"], **kwargs).logits
+        probs = jax.nn.softmax(jnp.where(jnp.asarray(banned), -jnp.inf, logits.astype(jnp.float32)), axis=-1)
+        top_probs, top_ids = jax.lax.top_k(probs, top_k)
+        return {"tokens": {"top_ids": top_ids, "top_probs": top_probs}}
+
+    return row_fn
+
+
+def make_predictor(model, params, tokenizer, *, max_tokens: int = 4096) -> Callable[[str, int], list[list[Prediction]]]:
+    """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities.
+    `predict.many(texts, top_k)` does a list of texts in packed batches (bertjax.inference, as `embed`)."""
+    from bertjax.inference import BucketConfig, TextInference, model_max_length, supports_packing
+    from bertjax.models.inputs import check_ids
 
     config = model.config
     banned = np.zeros(config.vocab_size, bool)
     banned[tokenizer.special_ids[tokenizer.special_ids < config.vocab_size]] = True
     banned[tokenizer.vocab_size:] = True  # padding rows of an embedding larger than the vocabulary
+    max_length = model_max_length(config)
+    packing = supports_packing(config)
+    buckets = BucketConfig(max_tokens=max_tokens, max_segments=16 if packing else 1)
+    by_k: dict[int, TextInference] = {}
+    placed = []
 
-    @checked  # jit, with out-of-range ids an error (a model whose vocabulary is smaller than the tokenizer's)
-    def probabilities(params, ids, masked_positions):
-        kwargs = {"token_type_ids": jnp.zeros_like(ids)} if config.type_vocab_size else {}
-        logits = model.apply({"params": params}, ids, masked_positions=masked_positions, **kwargs).logits
-        return jax.nn.softmax(jnp.where(jnp.asarray(banned), -jnp.inf, logits.astype(jnp.float32)), axis=-1)
+    def many(texts: list[str], top_k: int = 5) -> list[list[list[Prediction]]]:
+        if top_k <= 0:
+            raise ValueError(f"top_k must be positive, got {top_k}")
+        encoded = [encode_with_masks(tokenizer, text) for text in texts]
+        for text, (ids, _) in zip(texts, encoded):
+            if len(ids) > max_length:
+                raise ValueError(f"text is {len(ids)} tokens; the model takes at most {max_length}: {text[:60]!r}")
+            check_ids(ids, config.vocab_size, "token ids")  # a tokenizer larger than the model's vocabulary
+        k = min(top_k + 8, config.vocab_size)  # spare candidates: pieces that decode to nothing are skipped
+        if k not in by_k:
+            by_k[k] = TextInference(fill_mask_row_fn(model, banned, k), tokenizer, max_length, buckets=buckets,
+                                    packing=packing)
+        inference = by_k[k]
+        if not placed:
+            placed.append(inference.runner.place_params(params))
+        outputs = inference.run_sequences(placed[0], [ids for ids, _ in encoded])
+        results = []
+        for (_, masks), top_ids, top_probs in zip(encoded, outputs.tokens["top_ids"], outputs.tokens["top_probs"]):
+            per_mask = []
+            for position in masks:
+                options = []
+                for t, p in zip(top_ids[position], top_probs[position]):
+                    if p == 0.0:
+                        break
+                    token = tokenizer.decode([int(t)]).strip()
+                    if token:  # pieces that decode to nothing (a lone word-boundary marker) say nothing to a reader
+                        options.append(Prediction(token, int(t), float(p)))
+                per_mask.append(options[:top_k])
+            results.append(per_mask)
+        return results
 
     def predict(text: str, top_k: int = 5) -> list[list[Prediction]]:
-        ids, masks = encode_with_masks(tokenizer, text)
-        if len(ids) > config.max_position_embeddings - config.position_offset:
-            raise ValueError(f"text is {len(ids)} tokens; the model takes at most "
-                             f"{config.max_position_embeddings - config.position_offset}")
-        probs = np.asarray(probabilities(params, ids[None], masks[None]))[0]
-        out = []
-        for row in probs:
-            options = []
-            for t in np.argsort(-row, kind="stable"):
-                token = tokenizer.decode([int(t)]).strip()
-                if token:  # pieces that decode to nothing (a lone word-boundary marker) say nothing to a reader
-                    options.append(Prediction(token, int(t), float(row[t])))
-                if len(options) == top_k or row[t] == 0.0:
-                    break
-            out.append(options)
-        return out
+        return many([text], top_k)[0]
 
+    predict.many = many
     return predict
 
 

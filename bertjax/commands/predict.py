@@ -64,10 +64,11 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
     import numpy as np
 
     from bertjax.finetune import batches as batch_lib
-    from bertjax.model_dirs import load_model_dir
-    from bertjax.models.checked import checked
     from bertjax.finetune.readers import read_rows
     from bertjax.finetune.trainer import check_tokenizer_fits
+    from bertjax.inference import Runner
+    from bertjax.model_dirs import load_model_dir
+    from bertjax.models.inputs import check_ids
 
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
@@ -77,15 +78,21 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
     check_tokenizer_fits(tokenizer, model.config, model_dir)
     task, labels = load_task(model_dir, model, list(overrides))
     encoded = task.encode(tokenizer, read_rows(input_file), labels, str(input_file), with_targets=False)
-    type_vocab_size = model.config.type_vocab_size
+    type_vocab_size, vocab_size = model.config.type_vocab_size, model.config.vocab_size
+    check_ids(encoded.arrays["input_ids"], vocab_size, "token ids")  # on the host, before any compile
 
-    @checked  # jit, with token ids outside the model's vocabulary an error (README: bertjax.checked)
-    def forward(params, batch):
+    def row_fn(params, batch, max_segments):
         output = model.apply({"params": params}, **task.model_kwargs(batch, type_vocab_size), deterministic=True)
         return task.host_outputs(output)
 
-    pieces = []
-    for batch, real in batch_lib.eval_batches(encoded.arrays, batch_size):
-        pieces.append({k: np.asarray(v)[:real] for k, v in forward(params, batch).items()})
+    # The inference layer's runner (as fill-mask and embed): one jitted program, rows split over every local
+    # device, the next batch dispatched while the current one computes. The task's own encoding keeps its
+    # layouts (text pairs, word-aligned tags, question/context windows), one example per row.
+    runner = Runner(row_fn)
+    batch_size = -(-batch_size // runner.devices) * runner.devices
+    batches = list(batch_lib.eval_batches(encoded.arrays, batch_size))
+    outputs_per_batch = runner.run(runner.place_params(params), (batch for batch, _ in batches), max_segments=1)
+    pieces = [{k: np.asarray(v)[:real] for k, v in out.items()}
+              for out, (_, real) in zip(outputs_per_batch, batches)]
     outputs = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
     return task.predictions(outputs, encoded, labels)

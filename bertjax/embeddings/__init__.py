@@ -8,6 +8,8 @@ Files:
     config.py                     PoolingConfig (modes, normalize, truncate_dim, include_prompt), DenseConfig
     model.py                      EncoderForEmbedding: backbone -> pool per segment -> Dense -> truncate -> normalise
     encoder.py                    SentenceEncoder: model + params + tokenizer + prompts; embed_rows, tokenize, encode
+    embed.py                      Embedder: the fast path (packed rows, shape buckets, max_tokens, bf16, mesh, chunking)
+    search.py                     exact top-k search over a saved embedding matrix (jitted, chunked)
     similarity.py                 cosine / dot / euclidean / manhattan, as sentence-transformers' similarity
     sentence_transformers_dir.py  load_sentence_encoder / save_sentence_encoder
 Pooling modes live in bertjax.models.pooling (task heads share them).
@@ -16,10 +18,11 @@ Pooling modes live in bertjax.models.pooling (task heads share them).
 from __future__ import annotations
 
 from bertjax.embeddings.config import DenseConfig, PoolingConfig
+from bertjax.embeddings.embed import Embedder
 from bertjax.embeddings.encoder import SentenceEncoder
 from bertjax.embeddings.model import EncoderForEmbedding
 from bertjax.embeddings.sentence_transformers_dir import load_sentence_encoder, save_sentence_encoder
 from bertjax.embeddings.similarity import SIMILARITY_FUNCTIONS
 
-__all__ = ["DenseConfig", "PoolingConfig", "EncoderForEmbedding", "SentenceEncoder", "load_sentence_encoder",
+__all__ = ["DenseConfig", "Embedder", "PoolingConfig", "EncoderForEmbedding", "SentenceEncoder", "load_sentence_encoder",
            "save_sentence_encoder", "SIMILARITY_FUNCTIONS"]

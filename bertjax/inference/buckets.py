@@ -2,8 +2,9 @@
 
 Every distinct [rows, length] shape is a new XLA program, so a stream of texts of any lengths must map onto a few
 shapes. A bucket is a row length; its rows per batch follow from the token budget (`max_tokens // length`, rounded
-down to a multiple of the data-parallel device count), so every batch holds about the same number of tokens and a
-job compiles at most one program per bucket length.
+down to a multiple of the data-parallel device count), so every batch holds about the same number of tokens; the last
+rows of a length run in batches of a quarter or a sixteenth of that (packing.tail_rows). A job therefore
+compiles at most three programs per bucket length (`packing.batch_shapes` lists them), whatever its texts.
 """
 
 from __future__ import annotations

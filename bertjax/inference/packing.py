@@ -36,15 +36,26 @@ class Placement:
     length: np.ndarray
 
 
-def tail_rows(plan: BucketPlan, length: int, real: int, devices: int) -> int:
-    """Rows of a batch holding `real` rows of `length`: the bucket's rows, or a quarter / a sixteenth of them for a
-    short tail (three programs per bucket at most, instead of computing hundreds of empty rows)."""
+def batch_sizes(plan: BucketPlan, length: int, devices: int) -> list[int]:
+    """The row counts a batch of `length` may have, ascending: the bucket's rows, a quarter and a sixteenth of
+    them (each a multiple of the device count)."""
     full = plan.rows[length]
-    for divisor in (16, 4):
-        smaller = max(full // divisor // devices, 1) * devices
-        if real <= smaller:
-            return smaller
-    return full
+    return sorted({full, *(max(full // divisor // devices, 1) * devices for divisor in (4, 16))})
+
+
+def tail_rows(plan: BucketPlan, length: int, real: int, devices: int) -> int:
+    """Rows of the next batch when `real` rows of `length` remain: the largest allowed size they fill, else the
+    smallest. Three programs per bucket length at most, and a job's padding rows fewer than a sixteenth of a full
+    batch (a remainder of 100 rows under a 256-row bucket runs as 64 + 16 + 16 + 16, not as 256)."""
+    sizes = batch_sizes(plan, length, devices)
+    fitting = [size for size in sizes if size <= real]
+    return fitting[-1] if fitting else sizes[0]
+
+
+def batch_shapes(plan: BucketPlan, devices: int = 1) -> set[tuple[int, int]]:
+    """Every [rows, length] a batch of `pack` may take: the most programs one row function compiles for a job,
+    whatever the number and lengths of its texts (at most three per bucket length)."""
+    return {(size, length) for length in plan.lengths for size in batch_sizes(plan, length, devices)}
 
 
 def pack(sequences: Sequence[np.ndarray], plan: BucketPlan, pad_id: int, *, packing: bool = True,

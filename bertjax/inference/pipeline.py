@@ -18,8 +18,10 @@ from bertjax.inference.packing import Placement, pack
 from bertjax.inference.runner import Runner
 
 OVERFLOW_MODES = ("truncate", "chunk")
-# Attention kinds whose segment ids fully separate packed sequences (positions restart per segment too).
-PACKABLE_ATTENTION_KINDS = {"standard"}
+# Attention kinds whose segment ids fully separate packed sequences (positions restart per segment, or only
+# relative distances inside a segment count: DeBERTa's disentangled and XLNet's relative attention).
+# tests/test_inference.py holds a packed row equal to one text per row for a preset of each.
+PACKABLE_ATTENTION_KINDS = {"standard", "disentangled", "two_stream"}
 
 
 def supports_packing(config) -> bool:

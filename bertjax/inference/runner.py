@@ -26,6 +26,24 @@ def data_mesh(devices: Iterable[jax.Device] | None = None) -> Mesh:
     return Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
+# row function -> (its jitted form, [traces so far]). Runners of one row function (equal functions hash equal, e.g.
+# embedding_row_fn of equal models) share one jitted function, so its compiled programs outlive any one runner:
+# a second `bertjax embed` in one process, or a new Embedder of the same model, compiles nothing again.
+_JITTED: dict = {}
+
+
+def _jitted(row_fn: RowFunction):
+    if row_fn not in _JITTED:
+        traces = [0]
+
+        def traced(params, batch, max_segments):
+            traces[0] += 1  # Python runs once per trace, i.e. once per new shape: the compile count
+            return row_fn(params, batch, max_segments)
+
+        _JITTED[row_fn] = (jax.jit(traced, static_argnames="max_segments"), traces)
+    return _JITTED[row_fn]
+
+
 class Runner:
     """Compiles `row_fn` once per batch shape (`compiles` counts them) and runs batches with rows split over the
     mesh. Up to `in_flight` batches are dispatched before the first result is read back, so packing the next batch
@@ -34,16 +52,17 @@ class Runner:
     def __init__(self, row_fn: RowFunction, mesh: Mesh | None = None, in_flight: int = 2):
         self.mesh = mesh if mesh is not None else data_mesh()
         self.devices = self.mesh.devices.size
-        self.compiles = 0
         self.in_flight = max(in_flight, 1)
-
-        def traced(params, batch, max_segments):
-            self.compiles += 1  # Python runs once per trace, i.e. once per new shape: the compile count
-            return row_fn(params, batch, max_segments)
-
+        self._fn, self._traces = _jitted(row_fn)
+        self._traces_before = self._traces[0]
         self._rows = NamedSharding(self.mesh, PartitionSpec(DATA_AXIS))
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
-        self._fn = jax.jit(traced, static_argnames="max_segments")
+
+    @property
+    def compiles(self) -> int:
+        """Programs compiled since this runner was made (a runner of an equal row function made before may
+        already have compiled a shape: its programs are reused)."""
+        return self._traces[0] - self._traces_before
 
     def place_params(self, params):
         """Parameters replicated on every device of the mesh (do this once, not per batch)."""

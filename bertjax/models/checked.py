@@ -8,8 +8,8 @@ compiled program (two reductions per id array) and raise a ValueError naming the
     predict = bertjax.checked(lambda params, ids: model.apply({"params": params}, ids).logits)
     logits = predict(params, ids)   # ValueError: token ids must be in [0, 30522); got min -1 and max 17
 
-`bertjax fill-mask` and `bertjax predict` run their models through `checked`. Arguments are traced as in
-`jax.jit`: close over static settings (deterministic=True, ...) rather than passing them.
+`bertjax fill-mask` and `bertjax predict` check their ids on the host instead (bertjax.inference runs them).
+Arguments are traced as in `jax.jit`: close over static settings (deterministic=True, ...) rather than passing them.
 """
 
 from __future__ import annotations

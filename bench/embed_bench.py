@@ -1,0 +1,153 @@
+"""Embedding throughput on CPU: bertjax `Embedder` (what `bertjax embed` runs) vs sentence-transformers `encode` vs
+padded transformers, on fixed-length and variable-length texts (the ModernBERT paper's Table 2 setting, scaled to
+a CPU), same random-weight models, same texts, same run.
+
+    python -m bench.embed_bench [--models bert-base modernbert-base] [--texts 2000] [--max-length 128]
+
+Texts: `--texts` texts of single-token words (a WordPiece vocabulary of whole words, so a text of n words is n + 2
+tokens with [CLS] and [SEP]). Fixed: every text `--max-length` tokens. Variable: token counts drawn from a normal
+distribution around half the maximum (standard deviation a quarter of the mean, clipped to [3, max]), as the paper's
+variable set centres 512-token models at 256 (std 64). tokens/s counts real tokens only (no padding), over the
+whole corpus, after a warm-up (bertjax: a pass over the corpus, which compiles its programs; torch: 64 texts).
+
+Systems (one process, one model's weights for all three; float32 on CPU):
+  bertjax      Embedder: packed rows, shape buckets, --max-tokens per batch (bertjax embed's defaults)
+  st           sentence-transformers SentenceTransformer.encode(batch_size=32): sorts texts by length, pads per batch
+  transformers AutoModel + mean pooling, batches of 32 in input order, each padded to its longest text
+The embeddings of bertjax and sentence-transformers are compared too (max abs difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+
+import numpy as np
+
+
+def make_texts(count: int, max_length: int, variable: bool, vocab: list[str], seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    body = max_length - 2  # [CLS] and [SEP]
+    if variable:
+        mean = max_length / 2
+        lengths = np.clip(np.rint(rng.normal(mean, mean / 4, count)), 3, max_length).astype(int) - 2
+    else:
+        lengths = np.full(count, body)
+    return [" ".join(rng.choice(vocab, n)) for n in lengths]
+
+
+def real_tokens(texts: list[str], max_length: int) -> int:
+    return sum(min(len(t.split()) + 2, max_length) for t in texts)
+
+
+def timed(fn, warm_up) -> float:
+    warm_up()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def build_models(name: str, directory: str, vocab: list[str], max_length: int):
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *vocab]
+    tokenizer = transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(tokens)}, do_lower_case=False)
+    if name.startswith("modernbert"):
+        config = transformers.ModernBertConfig(vocab_size=len(tokens), pad_token_id=0, cls_token_id=2, sep_token_id=3,
+                                               bos_token_id=2, eos_token_id=3)
+    else:
+        config = transformers.BertConfig(vocab_size=len(tokens))
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config, attn_implementation="sdpa").eval()
+    hf_dir = os.path.join(directory, "hf")
+    model.save_pretrained(hf_dir)
+    tokenizer.save_pretrained(hf_dir)
+    transformer = Transformer(hf_dir, max_seq_length=max_length)
+    st = SentenceTransformer(modules=[transformer, Pooling(config.hidden_size, pooling_mode="mean")], device="cpu")
+    st.eval()
+    st_dir = os.path.join(directory, "st")
+    st.save(st_dir)
+    return st, st_dir, model, tokenizer
+
+
+def padded_transformers(model, tokenizer, texts: list[str], max_length: int, batch_size: int = 32) -> np.ndarray:
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(texts), batch_size):
+            batch = tokenizer(texts[start:start + batch_size], padding=True, truncation=True, max_length=max_length,
+                              return_tensors="pt")
+            hidden = model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            out.append(((hidden * mask).sum(1) / mask.sum(1)).numpy())
+    return np.concatenate(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["bert-base", "modernbert-base"])
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=16384)
+    parser.add_argument("--systems", nargs="+", default=["bertjax", "st", "transformers"])
+    args = parser.parse_args()
+
+    from bertjax.platforms import quiet_start
+
+    quiet_start()  # no libtpu probing on a CPU machine
+    import jax
+    import torch
+
+    from bertjax.embeddings import Embedder, load_sentence_encoder
+
+    vocab = [f"w{i}" for i in range(4000)]
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} "
+          f"({jax.default_backend()}), torch {torch.__version__} ({torch.get_num_threads()} threads); "
+          f"{args.texts} texts, max length {args.max_length}, max_tokens {args.max_tokens}")
+    print("| model | system | fixed tokens/s | variable tokens/s | variable / fixed | variable vs st |")
+    print("|---|---|---|---|---|---|")
+    for name in args.models:
+        with tempfile.TemporaryDirectory() as tmp:
+            st, st_dir, hf_model, tokenizer = build_models(name, tmp, vocab, args.max_length)
+            embedder = Embedder(load_sentence_encoder(st_dir), max_tokens=args.max_tokens, dtype="float32")
+            runners = {
+                "bertjax": lambda texts: embedder.embed(texts),
+                "st": lambda texts: st.encode(texts, batch_size=32, convert_to_numpy=True),
+                "transformers": lambda texts: padded_transformers(hf_model, tokenizer, texts, args.max_length),
+            }
+            rates: dict[str, dict[str, float]] = {}
+            outputs = {}
+            for setting in ("fixed", "variable"):
+                texts = make_texts(args.texts, args.max_length, setting == "variable", vocab, seed=1)
+                tokens = real_tokens(texts, args.max_length)
+                for system in args.systems:
+                    result = {}
+
+                    def run(system=system, texts=texts, result=result):
+                        result["out"] = runners[system](texts)
+
+                    # bertjax warms up on the whole corpus (every program it needs is compiled before timing);
+                    # torch compiles nothing, a few batches warm its allocator and thread pool.
+                    subset = texts if system == "bertjax" else texts[:64]
+                    seconds = timed(run, lambda system=system, subset=subset: runners[system](subset))
+                    rates.setdefault(system, {})[setting] = tokens / seconds
+                    outputs[(system, setting)] = result["out"]
+            for system in args.systems:
+                fixed, variable = rates[system]["fixed"], rates[system]["variable"]
+                versus = f"{variable / rates['st']['variable']:.2f}x" if "st" in rates else "-"
+                print(f"| {name} | {system} | {fixed:,.0f} | {variable:,.0f} | {variable / fixed:.2f} | {versus} |")
+            if "bertjax" in args.systems and "st" in args.systems:
+                error = max(np.abs(outputs[("bertjax", s)] - outputs[("st", s)]).max() for s in ("fixed", "variable"))
+                print(f"#   {name}: bertjax vs sentence-transformers embeddings, max abs difference {error:.1e}; "
+                      f"bertjax compiled {embedder.compiles} programs")
+
+
+if __name__ == "__main__":
+    main()

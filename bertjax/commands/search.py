@@ -1,0 +1,104 @@
+"""`bertjax search --model DIR --corpus FILE.npy --query "..." [-k 10]`: exact top-k search of a saved embedding
+matrix (`bertjax embed` output).
+
+The query is embedded by DIR (with the model's "query" prompt when it has one, or --prompt-name / --prompt), then
+compared with every corpus row: cosine by default, jitted and chunked over the corpus (bertjax/embeddings/search.py)
+so memory stays bounded. FILE.json (written by `bertjax embed`) names the texts shown next to each hit and the model
+that embedded the corpus: a query embedded by another model is refused (dimension mismatch, or another model's
+fingerprint; --allow-other-model to search anyway when the dimensions agree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bertjax.commands.embed import add_embedding_arguments
+
+HELP = "top-k cosine search of a query over embeddings saved by `bertjax embed`"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, metavar="DIR", help="the model that embedded the corpus")
+    parser.add_argument("--corpus", required=True, metavar="FILE.npy", help="embeddings written by bertjax embed")
+    parser.add_argument("--query", required=True, action="append", metavar="TEXT",
+                        help="a query (repeat for several)")
+    parser.add_argument("-k", "--top-k", dest="k", type=int, default=10, help="hits per query (default 10)")
+    parser.add_argument("--texts", metavar="FILE", help="the corpus texts to show (default: FILE.json's input)")
+    parser.add_argument("--column", help="column of the texts in --texts (default: FILE.json's, else 'text')")
+    parser.add_argument("--prompt-name", metavar="NAME", help="prompt for the query (default: the model's 'query')")
+    parser.add_argument("--prompt", metavar="TEXT", help="a prefix for the query, e.g. 'search_query: '")
+    parser.add_argument("--similarity", choices=("cosine", "dot"), default="cosine")
+    parser.add_argument("--chunk-size", type=int, default=32768, help="corpus rows per jitted step")
+    parser.add_argument("--allow-other-model", action="store_true",
+                        help="search even when FILE.json names another model of the same dimension")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per query")
+    add_embedding_arguments(parser)
+
+
+def load_corpus(path: str | Path):
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--corpus {path} does not exist")
+    try:
+        corpus = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as error:
+        raise ValueError(f"--corpus {path}: not a .npy embedding matrix ({error})") from None
+    if corpus.ndim != 2:
+        raise ValueError(f"--corpus {path}: expected a [texts, dim] matrix, got shape {corpus.shape}")
+    if corpus.shape[0] == 0:
+        raise ValueError(f"--corpus {path}: the corpus is empty (0 embeddings); nothing to search")
+    return corpus
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertjax.commands.embed import load_embedder
+    from bertjax.embeddings.corpus import model_fingerprint, read_description, read_texts
+    from bertjax.embeddings.search import top_k_search
+
+    if args.k <= 0:
+        raise ValueError(f"-k must be positive, got {args.k}")
+    corpus = load_corpus(args.corpus)
+    description = read_description(args.corpus) or {}
+    if args.truncate_dim is None and description.get("truncate_dim"):
+        args.truncate_dim = description["truncate_dim"]  # the query truncated as the corpus was
+    embedder = load_embedder(args)
+    encoder = embedder.encoder
+    if embedder.dim != corpus.shape[1]:
+        raise ValueError(f"dimension mismatch: --model {args.model} gives {embedder.dim}-dimensional embeddings, the "
+                         f"corpus {args.corpus} holds {corpus.shape[1]}-dimensional ones (embedded by "
+                         f"{description.get('model', 'another model')}); embed the corpus with this model")
+    recorded = description.get("model_fingerprint")
+    if recorded and recorded != model_fingerprint(encoder) and not args.allow_other_model:
+        raise ValueError(f"--corpus {args.corpus} was embedded by another model ({description.get('model')}, "
+                         f"fingerprint {recorded}) than --model {args.model}; its scores would mean nothing. "
+                         "Embed the corpus with this model, or pass --allow-other-model")
+    prompt_name = args.prompt_name
+    if prompt_name is None and args.prompt is None and "query" in encoder.prompts:
+        prompt_name = "query"
+    queries = embedder.embed(args.query, prompt_name=prompt_name, prompt=args.prompt)
+    scores, indices = top_k_search(queries, corpus, args.k, similarity=args.similarity, chunk_size=args.chunk_size)
+
+    texts = None
+    source = args.texts or description.get("input")
+    if source and Path(source).is_file():
+        column = args.column or description.get("column") or "text"
+        texts, _ = read_texts(source, column, errors="replace")
+        if len(texts) != corpus.shape[0]:
+            raise ValueError(f"{source} holds {len(texts)} texts but the corpus {corpus.shape[0]} embeddings; "
+                             "give the file that was embedded with --texts")
+    for query, row_scores, row_indices in zip(args.query, scores, indices):
+        hits = [{"rank": r + 1, "index": int(i), "score": float(s), **({"text": texts[i]} if texts else {})}
+                for r, (s, i) in enumerate(zip(row_scores, row_indices))]
+        if args.json:
+            print(json.dumps({"query": query, "hits": hits}, ensure_ascii=False))
+            continue
+        print(f"query: {query}")
+        for hit in hits:
+            shown = hit.get("text", "")
+            shown = shown if len(shown) <= 100 else shown[:97] + "..."
+            print(f"  {hit['rank']:>3}  {hit['score']:.4f}  #{hit['index']}  {shown}")
+    return 0

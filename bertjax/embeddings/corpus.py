@@ -1,0 +1,130 @@
+"""Texts in from files, embedding matrices out to .npy with a small JSON description beside them.
+
+Inputs (`read_texts`): a text file (any suffix but the ones below) holds one text per line: every line is a text,
+an empty line is the empty text (it gets an embedding, as sentence-transformers embeds ""), a final newline ends
+the last line rather than adding an empty text, and a trailing "\\r" (Windows line ends) is dropped. JSONL, CSV, TSV
+and Parquet files give the texts of one column (`column`, default "text"); a missing or null cell is an error that
+names the row. Bytes that are not UTF-8 are an error naming the line and byte, or with errors="replace" become
+U+FFFD (the count is reported), never a silently shorter output.
+
+Outputs (`write_embeddings`): FILE.npy (float32 [texts, dim], row i = text i) and FILE.json: the model directory,
+a fingerprint of the model's weights and settings, dim, count, normalisation, the prompt and the input (file and
+column), so `bertjax search` can check that queries are embedded by the same model and show the matching texts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+
+STRUCTURED_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+
+
+def _decode(data: bytes, path: Path, errors: str) -> tuple[str, int]:
+    """(text, number of bytes replaced)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # a byte-order mark is not text
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError as error:
+        if errors != "replace":
+            line = data[:error.start].count(b"\n") + 1
+            raise ValueError(f"{path}, line {line}: not UTF-8 (byte {error.start} is {data[error.start]:#04x}); "
+                             "save the file as UTF-8, or pass --errors replace to read such bytes as U+FFFD") from None
+    text = data.decode("utf-8", errors="replace")
+    return text, text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+
+
+def read_texts(path: str | os.PathLike, column: str = "text", errors: str = "strict") -> tuple[list[str], int]:
+    """(texts, bytes replaced) of a text file (one text per line) or a column of a JSONL/CSV/TSV/Parquet file."""
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file {path} does not exist")
+    if path.suffix.lower() not in STRUCTURED_SUFFIXES:
+        text, replaced = _decode(path.read_bytes(), path, errors)
+        if not text:
+            return [], 0
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()  # the newline that ends the last line
+        return [line[:-1] if line.endswith("\r") else line for line in lines], replaced
+    if path.stat().st_size == 0:
+        return [], 0
+    replaced = 0
+    if path.suffix.lower() != ".parquet" and errors == "replace":
+        # Decode with replacement here, then let the shared readers parse the repaired copy.
+        import tempfile
+
+        text, replaced = _decode(path.read_bytes(), path, errors)
+        with tempfile.TemporaryDirectory() as tmp:
+            repaired = Path(tmp) / path.name
+            repaired.write_text(text, encoding="utf-8")
+            return _column(repaired, column, shown=path), replaced
+    return _column(path, column, shown=path), replaced
+
+
+def _column(path: Path, column: str, shown: Path) -> list[str]:
+    from bertjax.finetune.readers import READERS
+
+    rows = READERS[path.suffix.lower()](path)
+    texts = []
+    for i, row in enumerate(rows):
+        if column not in row:
+            raise ValueError(f"{shown}, row {i + 1}: no column {column!r} (columns: {sorted(row)}); name the column "
+                             "that holds the texts with --column NAME")
+        value = row[column]
+        if not isinstance(value, str):
+            raise ValueError(f"{shown}, row {i + 1}: column {column!r} holds {type(value).__name__} {value!r}, "
+                             "not a text")
+        texts.append(value)
+    return texts
+
+
+def model_fingerprint(encoder) -> str:
+    """A short hash of the embedding model: its settings and a sample of every parameter array, so two copies of
+    one model agree wherever they are stored and two different models (almost surely) do not."""
+    digest = hashlib.sha256()
+    digest.update(repr((encoder.config, encoder.pooling, encoder.dense, encoder.max_seq_length,
+                        encoder.do_lower_case)).encode())
+    for path, leaf in jax.tree_util.tree_flatten_with_path(encoder.params)[0]:
+        values = np.asarray(leaf).reshape(-1)
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(str(values.shape).encode())
+        digest.update(np.ascontiguousarray(values[:: max(len(values) // 256, 1)][:256], np.float32).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def description_path(npy: str | os.PathLike) -> Path:
+    return Path(npy).with_suffix(".json")
+
+
+def write_embeddings(path: str | os.PathLike, vectors: np.ndarray, description: dict) -> Path:
+    """Write FILE.npy (atomically: a partial file never carries the final name) and FILE.json."""
+    path = Path(path)
+    if path.suffix != ".npy":
+        raise ValueError(f"--output {path}: the embeddings are written as a .npy file; name it FILE.npy")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial.npy")
+    np.save(partial, np.asarray(vectors, np.float32))
+    os.replace(partial, path)
+    description = {**description, "count": int(vectors.shape[0]), "dim": int(vectors.shape[1])}
+    description_path(path).write_text(json.dumps(description, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def read_description(npy: str | os.PathLike) -> dict | None:
+    """FILE.json beside FILE.npy, or None for an embedding matrix saved by other means."""
+    path = description_path(npy)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error.msg})") from None

@@ -1,0 +1,126 @@
+"""Embedding a corpus through the inference layer: packed rows, shape buckets, a token budget, bf16 compute.
+
+    from bertjax.embeddings import Embedder, load_sentence_encoder
+    embedder = Embedder(load_sentence_encoder("model_dir"), max_tokens=16384, dtype="bfloat16")
+    vectors = embedder.embed(texts, prompt_name="document")        # float32 [len(texts), dim], input order
+
+`SentenceEncoder.encode` runs one text per row (small jobs, parity tests); `Embedder` is the fast path: many texts
+share a row (segment ids keep them apart, positions restart per text), rows take one of a few bucket shapes, and
+every batch holds about `max_tokens` tokens. The backbone computes in `dtype`; pooling, Dense layers, truncation
+and normalisation stay float32 (EncoderForEmbedding), and so do the outputs.
+
+Long texts are truncated to the encoder's max_seq_length (sentence-transformers' behaviour) unless
+`overflow="chunk"`: the text is cut into chunks of max_seq_length tokens, neighbours sharing `stride` tokens, each
+chunk embedded with the prompt in front, and the chunk embeddings averaged (then re-normalised when the model
+normalises). Empty texts are embedded like any other ([CLS] [SEP]); the row count always equals the input count.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertjax.embeddings.encoder import SentenceEncoder
+from bertjax.inference.buckets import DEFAULT_LENGTHS, BucketConfig
+from bertjax.inference.pipeline import SequenceFormat, supports_packing
+from bertjax.inference.texts import TextInference, with_compute_dtype
+
+
+@functools.lru_cache(maxsize=16)
+def embedding_row_fn(model):
+    """Row function (bertjax.inference.runner) of an EncoderForEmbedding: per slot, its embedding. Cached per
+    model (modules hash by their fields), so every Embedder of an equal model shares compiled programs."""
+
+    def row_fn(params, batch, max_segments):
+        vectors = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"], max_segments,
+                              batch.get("prompt_lengths"))
+        return {"segments": {"embedding": vectors}}
+
+    return row_fn
+
+
+class Embedder:
+    """Texts -> float32 embeddings of `encoder`, through one TextInference (compiled programs are reused across
+    calls: `compiles` counts them).
+
+    max_tokens: token budget of one batch; lengths: bucket row lengths (the encoder's max_seq_length is added);
+    max_segments: texts per packed row at most (1: no packing); dtype: compute dtype of the backbone ("bfloat16",
+    "float32"; None keeps the encoder's); overflow / stride: "truncate" (default) or "chunk" with `stride` tokens
+    shared by neighbouring chunks; mesh: a data mesh (default: every local device).
+    """
+
+    def __init__(self, encoder: SentenceEncoder, *, max_tokens: int = 16384, lengths: Sequence[int] = DEFAULT_LENGTHS,
+                 max_segments: int = 32, dtype: str | None = "bfloat16", overflow: str = "truncate",
+                 stride: int = 0, mesh=None):
+        self.encoder = encoder
+        self.model = with_compute_dtype(encoder.model, dtype)
+        self.overflow, self.stride = overflow, stride
+        packing = supports_packing(encoder.config) and max_segments > 1
+        buckets = BucketConfig(lengths=tuple(lengths), max_tokens=max_tokens,
+                               max_segments=max_segments if packing else 1)
+        self._buckets, self._mesh = buckets, mesh
+        self._by_prompt: dict[str | None, TextInference] = {}
+        self._params = None
+
+    @property
+    def dim(self) -> int:
+        return self.encoder.dim
+
+    @property
+    def compiles(self) -> int:
+        """XLA programs compiled by this Embedder so far (every prompt shares one runner)."""
+        return next(iter(self._by_prompt.values())).compiles if self._by_prompt else 0
+
+    def _inference(self, prompt: str | None) -> TextInference:
+        if prompt not in self._by_prompt:
+            encoder = self.encoder
+            prefix = [int(encoder.tokenizer.cls_id)]
+            if self.overflow == "chunk" and prompt:
+                # Every chunk carries the prompt: [CLS] prompt chunk [SEP].
+                prefix += [int(t) for t in encoder.tokenize([prompt], truncate=False)[0][1:-1]]
+            fmt = SequenceFormat(prefix=tuple(prefix), suffix=(int(encoder.tokenizer.sep_id),),
+                                 max_length=encoder.max_seq_length)
+            inference = TextInference(embedding_row_fn(self.model), encoder.tokenizer, encoder.max_seq_length,
+                                      buckets=self._buckets, packing=self._buckets.max_segments > 1,
+                                      mesh=self._mesh, overflow=self.overflow, stride=self.stride,
+                                      sequence_format=fmt)
+            if self._by_prompt:  # share one compiled function: the programs depend on shapes only
+                inference.runner = next(iter(self._by_prompt.values())).runner
+            self._by_prompt[prompt] = inference
+        return self._by_prompt[prompt]
+
+    def token_ids(self, texts: Sequence[str], prompt: str | None = None) -> list[np.ndarray]:
+        """Token ids per text without [CLS]/[SEP]: prompt + text as sentence-transformers tokenizes them (the text
+        alone when chunking, where the prompt goes in front of every chunk instead)."""
+        if isinstance(texts, str):
+            raise TypeError("embed takes a list of texts, got one string; wrap it in a list")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+        if prompt and self.overflow != "chunk":
+            texts = [prompt + text for text in texts]
+        return [ids[1:-1] for ids in self.encoder.tokenize(list(texts), truncate=False)] if texts else []
+
+    def embed(self, texts: Sequence[str], prompt_name: str | None = None, prompt: str | None = None) -> np.ndarray:
+        """float32 numpy [len(texts), dim], in input order (prompts resolved as SentenceEncoder.encode does)."""
+        text_prompt = self.encoder.resolve_prompt(prompt_name, prompt)
+        token_ids = self.token_ids(texts, text_prompt)
+        if not token_ids:
+            return np.zeros((0, self.dim), np.float32)
+        inference = self._inference(text_prompt)
+        if self._params is None:
+            self._params = inference.runner.place_params(self.encoder.params)
+        prompt_length = self.encoder.prompt_length(text_prompt)
+        segment_inputs = None
+        if not self.encoder.pooling.include_prompt:
+            segment_inputs = {"prompt_lengths": np.full(len(token_ids), prompt_length, np.int32)}
+        outputs = inference.run_tokens(self._params, token_ids, segment_inputs)
+        vectors = outputs.segments["embedding"].astype(np.float32)
+        if self.overflow == "chunk" and self.encoder.pooling.normalize:
+            # The mean of unit vectors is shorter than one; normalise again, as the model promises unit vectors.
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+        if vectors.shape[0] != len(texts):  # the pipeline's promise; a failure here is a bug, not bad input
+            raise AssertionError(f"{vectors.shape[0]} embeddings for {len(texts)} texts")
+        return vectors

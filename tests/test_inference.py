@@ -1,0 +1,368 @@
+"""The inference layer (bertjax.inference) and what runs on it: Embedder, top-k search, `bertjax embed` / `search`.
+
+References are independent of the path under test: one text alone in its row (packing off by construction) for
+packed rows, numpy for unpacking and for top-k, SentenceEncoder.encode (itself held to sentence-transformers in
+test_embeddings.py) for the Embedder. Every model is tiny and compiled once per test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.config import get_config
+from bertjax.embeddings import Embedder, EncoderForEmbedding, PoolingConfig, load_sentence_encoder
+from bertjax.embeddings.embed import embedding_row_fn
+from bertjax.embeddings.search import top_k_search
+from bertjax.inference import BucketConfig, TextInference
+from bertjax.inference.packing import batch_shapes
+from bertjax.models import abstract_params
+from bertjax.models.pooling import POOLING_MODES
+
+ALL_MODES = tuple(POOLING_MODES)
+FAMILIES = ("bert-tiny", "roberta-tiny", "albert-tiny", "distilbert-tiny", "electra-tiny-discriminator",
+            "eurobert-tiny", "modernbert-tiny", "deberta-v3-tiny", "xlnet-tiny")
+
+
+class IdTokenizer:
+    """Special ids only: these tests hand the layer token ids directly."""
+    pad_id, cls_id, sep_id = 0, 1, 2
+
+
+def random_params(model, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda spec: jnp.asarray(rng.normal(0.0, 0.2, spec.shape), spec.dtype),
+                        abstract_params(model))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Packed rows, every family and pooling mode.
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_rows_equal_one_text_at_a_time(family):
+    """Texts packed several to a row (best fit, segment ids) give what each text alone in its row gives: every
+    pooling mode at once, prompts excluded per text, normalised. One compiled program serves both layouts (one
+    row per batch, same slot count), so the only difference is the packing."""
+    overrides = {} if family.startswith("xlnet") else {"max_position_embeddings": 64}
+    config = get_config(family, **overrides)
+    model = EncoderForEmbedding(config, pooling=PoolingConfig(modes=ALL_MODES, include_prompt=False,
+                                                              normalize=True))
+    params = random_params(model)
+    rng = np.random.default_rng(1)
+    lengths = (0, 3, 9, 1, 14, 5, 2, 20)
+    sequences = [np.concatenate([[1], rng.integers(5, config.vocab_size, n), [2]]).astype(np.int32)
+                 for n in lengths]
+    prompts = np.asarray([min(2, n) for n in lengths], np.int32)
+    inference = TextInference(embedding_row_fn(model), IdTokenizer, 32,
+                              buckets=BucketConfig(lengths=(32,), max_tokens=32, max_segments=6))
+    packed = inference.run_sequences(params, sequences, {"prompt_lengths": prompts}).segments["embedding"]
+    alone = np.concatenate([inference.run_sequences(params, [s], {"prompt_lengths": prompts[i:i + 1]})
+                            .segments["embedding"] for i, s in enumerate(sequences)])
+    assert inference.compiles == 1
+    assert packed.shape == (len(lengths), len(ALL_MODES) * config.hidden_size) and packed.dtype == np.float32
+    assert np.isfinite(packed).all()
+    np.testing.assert_allclose(packed, alone, atol=1e-5, err_msg=family)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Buckets: few programs, outputs back in input order.
+
+def test_bucketing_compiles_at_most_the_configured_programs_over_1000_lengths():
+    """1000 texts of random lengths (1..300 tokens, model length 256: long ones truncated), streamed in calls of
+    varying size: the row function compiles at most batch_shapes(plan) programs, and every per-text output lands
+    at its own index (checked against numpy: token count, id sum, and the token spans themselves)."""
+
+    def row_fn(params, batch, max_segments):
+        ids, segments = batch["input_ids"], batch["segment_ids"]
+        member = segments[..., None] == jnp.arange(1, max_segments + 1)
+        return {"segments": {"count": member.sum(1), "sum": jnp.where(member, ids[..., None], 0).sum(1)},
+                "tokens": {"ids": ids * (segments != 0)}}
+
+    inference = TextInference(row_fn, IdTokenizer, 256,
+                              buckets=BucketConfig(lengths=(16, 32, 64, 128), max_tokens=1024, max_segments=8))
+    shapes = batch_shapes(inference.plan)
+    assert len(shapes) <= 3 * len(inference.plan.lengths)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 300, 1000)
+    texts = [rng.integers(5, 1000, n).astype(np.int32) for n in lengths]
+    start = 0
+    for size in (1, 7, 100, 250, 642):
+        chunk = texts[start:start + size]
+        out = inference.run_tokens(None, chunk)
+        expected = [np.concatenate([[1], t[:254], [2]]) for t in chunk]
+        assert out.segments["count"].shape == (size,)
+        np.testing.assert_array_equal(out.segments["count"], [len(e) for e in expected])
+        np.testing.assert_array_equal(out.segments["sum"], [e.sum() for e in expected])
+        assert all(np.array_equal(got, e) for got, e in zip(out.tokens["ids"], expected))
+        start += size
+    assert start == 1000
+    # Padding rows: fewer than the smallest batch of each length (the tail runs in quarter / sixteenth batches).
+    from bertjax.inference.packing import batch_sizes, pack
+    from bertjax.inference.pipeline import SequenceFormat, to_sequences
+
+    sequences = to_sequences(texts, SequenceFormat((1,), (2,), 256)).ids
+    batches, _ = pack(sequences, inference.plan, 0)
+    for length in inference.plan.lengths:
+        mine = [b for b in batches if b.input_ids.shape[1] == length]
+        empty = sum(b.input_ids.shape[0] - b.real_rows for b in mine)
+        assert empty < batch_sizes(inference.plan, length, 1)[0] or not mine, (length, empty)
+    assert 1 <= inference.compiles <= len(shapes), (inference.compiles, sorted(shapes))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Embedder over a real tokenizer.
+
+WORDS = "the a of and to in is it that for on with cat dog sat mat hello world query document".split()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A random-weight BertModel with a WordPiece tokenizer, saved as a sentence-transformers directory with
+    prompts, prompt-excluding pooling over three modes and normalisation."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from bertjax.embeddings import save_sentence_encoder
+
+    hf = tmp_path_factory.mktemp("hf")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz.,:!?'_",
+             *("##" + c for c in "abcdefghijklmnopqrstuvwxyz"), *WORDS]
+    tokenizer = transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)}, do_lower_case=False)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_attention_heads=4,
+                                     num_hidden_layers=2, intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(hf)
+    tokenizer.save_pretrained(hf)
+    encoder = load_sentence_encoder(hf).replace(
+        pooling=PoolingConfig(modes=("mean", "cls", "max"), include_prompt=False, normalize=True),
+        prompts={"query": "query: ", "document": "search_document: "}, max_seq_length=48)
+    out = tmp_path_factory.mktemp("st")
+    save_sentence_encoder(encoder, out)
+    return out
+
+
+def sample_texts(count: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, rng.integers(0, 60))) for _ in range(count)]
+
+
+def test_embedder_equals_encode_in_input_order_with_bad_texts(model_dir):
+    """Packed, bucketed embedding of texts (empty ones, a 100k-character one, one all non-ASCII) equals
+    SentenceEncoder.encode one text per row (float32, 1e-5), with a prompt excluded from pooling; bfloat16
+    compute stays close; one row per input text, always."""
+    encoder = load_sentence_encoder(model_dir)
+    texts = sample_texts(24) + ["", "dog " * 25_000, "", "日本語のテキスト \u2028 ünïcödé"]
+    reference = encoder.encode(texts, prompt_name="query")
+    embedder = Embedder(encoder, dtype="float32", max_tokens=256)
+    ours = embedder.embed(texts, prompt_name="query")
+    assert ours.shape == (len(texts), encoder.dim) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    assert embedder.embed([]).shape == (0, encoder.dim)
+    assert embedder.compiles <= 2
+    half = Embedder(encoder, dtype="bfloat16", max_tokens=256).embed(texts, prompt_name="query")
+    assert half.dtype == np.float32
+    np.testing.assert_allclose(half, reference, atol=3e-2)
+    with pytest.raises(ValueError, match="text 1 is a int"):
+        embedder.embed(["ok", 3])
+
+
+def test_chunking_averages_the_chunks_of_a_long_text(model_dir):
+    """overflow="chunk": a text longer than max_seq_length becomes chunks of [CLS] prompt window [SEP] (windows
+    sharing `stride` tokens), whose embeddings are averaged and re-normalised; short texts are as with truncation."""
+    encoder = load_sentence_encoder(model_dir)
+    long_text = " ".join(sample_texts(30, seed=3))
+    short = "hello world"
+    chunked = Embedder(encoder, dtype="float32", overflow="chunk", stride=8).embed([long_text, short],
+                                                                                  prompt_name="query")
+    ids = encoder.tokenize([long_text], truncate=False)[0][1:-1]
+    prompt = encoder.tokenize(["query: "], truncate=False)[0][1:-1]
+    room = encoder.max_seq_length - 2 - len(prompt)
+    starts = range(0, len(ids) - 8, room - 8)
+    assert len(starts) >= 3
+    rows = [np.concatenate([[encoder.tokenizer.cls_id], prompt, ids[s:s + room], [encoder.tokenizer.sep_id]])
+            for s in starts]
+    seq = max(len(r) for r in rows)
+    input_ids = np.zeros((len(rows), seq), np.int32)
+    segment_ids = np.zeros((len(rows), seq), np.int32)
+    for i, row in enumerate(rows):
+        input_ids[i, :len(row)], segment_ids[i, :len(row)] = row, 1
+    per_chunk = np.asarray(jax.jit(encoder.embed_rows, static_argnums=3)(encoder.params, input_ids, segment_ids, 1,
+                                              encoder.prompt_length("query: ")))[:, 0]
+    expected = per_chunk.mean(0) / np.linalg.norm(per_chunk.mean(0))
+    np.testing.assert_allclose(chunked[0], expected, atol=1e-5)
+    np.testing.assert_allclose(chunked[1], encoder.encode([short], prompt_name="query")[0], atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Top-k search.
+
+def test_top_k_search_equals_numpy():
+    rng = np.random.default_rng(0)
+    corpus = rng.normal(size=(1000, 24)).astype(np.float32)
+    corpus[17] = 0.0  # a zero row scores 0, not NaN
+    queries = rng.normal(size=(6, 24)).astype(np.float32)
+    unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)  # noqa: E731
+    for similarity, scores in (("cosine", unit(queries) @ unit(corpus).T), ("dot", queries @ corpus.T)):
+        expected = np.argsort(-scores, axis=1, kind="stable")[:, :10]
+        for chunk_size in (128, 333, 4096):  # chunk edges inside, and a corpus in one padded chunk
+            got_scores, got = top_k_search(queries, corpus, 10, similarity=similarity, chunk_size=chunk_size)
+            np.testing.assert_array_equal(got, expected)
+            np.testing.assert_allclose(got_scores, np.take_along_axis(scores, expected, 1), rtol=1e-5, atol=1e-5)
+    scores, indices = top_k_search(queries[0], corpus[:3], k=10)  # k beyond the corpus: every row, ranked
+    assert indices.shape == (1, 3) and sorted(indices[0]) == [0, 1, 2]
+    with pytest.raises(ValueError, match="corpus holds no embeddings"):
+        top_k_search(queries, corpus[:0], 5)
+    with pytest.raises(ValueError, match="dimension mismatch: the queries have 24 dimensions, the corpus 16"):
+        top_k_search(queries, corpus[:, :16], 5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Commands.
+
+def run_cli(*argv: str) -> int:
+    from bertjax.cli import main
+
+    return main([str(a) for a in argv])
+
+
+def test_embed_and_search_commands(model_dir, tmp_path, capsys):
+    texts = sample_texts(30, seed=5)
+    texts[3] = texts[9] = ""  # empty lines are texts
+    lines = tmp_path / "corpus.txt"
+    lines.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "emb.npy"
+    assert run_cli("embed", "--model", model_dir, "--input", lines, "--output", out, "--prompt-name", "document",
+                   "--max-tokens", "512") == 0
+    vectors = np.load(out)
+    encoder = load_sentence_encoder(model_dir)
+    assert vectors.shape == (len(texts), encoder.dim)
+    np.testing.assert_allclose(vectors, encoder.encode(texts, prompt_name="document"), atol=1e-5)
+    description = json.loads(out.with_suffix(".json").read_text())
+    assert (description["count"], description["dim"], description["prompt"]) == (30, encoder.dim,
+                                                                                 "search_document: ")
+
+    capsys.readouterr()
+    assert run_cli("search", "--model", model_dir, "--corpus", out, "--query", texts[0], "-k", "3", "--json") == 0
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    query = encoder.encode([texts[0]], prompt_name="query")
+    expected = np.argsort(-(vectors @ query[0]), kind="stable")[:3]
+    assert [h["index"] for h in hits] == list(expected)
+    assert [h["text"] for h in hits] == [texts[i] for i in expected]
+
+    # JSONL with a column; the same texts give the same rows.
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": i, "body": t}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    out2 = tmp_path / "emb2.npy"
+    assert run_cli("embed", "--model", model_dir, "--input", jsonl, "--column", "body", "--output", out2,
+                   "--prompt-name", "document") == 0
+    np.testing.assert_allclose(np.load(out2), vectors, atol=1e-6)
+
+    # Bad input: clear one-line errors (exit status 2), never a silently shorter output.
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\nbroken \xff\xfe bytes\n")
+    capsys.readouterr()
+    assert run_cli("embed", "--model", model_dir, "--input", bad, "--output", tmp_path / "bad.npy") == 2
+    assert "line 2: not UTF-8 (byte 12 is 0xff)" in capsys.readouterr().err
+    assert run_cli("embed", "--model", model_dir, "--input", bad, "--output", tmp_path / "bad.npy",
+                   "--errors", "replace") == 0
+    assert np.load(tmp_path / "bad.npy").shape[0] == 2
+    assert run_cli("embed", "--model", model_dir, "--input", jsonl, "--column", "title",
+                   "--output", tmp_path / "x.npy") == 2
+    assert "row 1: no column 'title'" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert run_cli("embed", "--model", model_dir, "--input", empty, "--output", tmp_path / "empty.npy") == 0
+    assert np.load(tmp_path / "empty.npy").shape == (0, encoder.dim)
+    capsys.readouterr()
+    assert run_cli("search", "--model", model_dir, "--corpus", tmp_path / "empty.npy", "--query", "x") == 2
+    assert "the corpus is empty" in capsys.readouterr().err
+    other = tmp_path / "other.npy"
+    np.save(other, np.ones((4, 7), np.float32))
+    assert run_cli("search", "--model", model_dir, "--corpus", other, "--query", "x") == 2
+    assert "dimension mismatch" in capsys.readouterr().err
+    truncated = tmp_path / "truncated.npy"
+    assert run_cli("embed", "--model", model_dir, "--input", lines, "--output", truncated, "--truncate-dim",
+                   "16") == 0
+    assert np.load(truncated).shape == (30, 16)
+    np.testing.assert_allclose(np.linalg.norm(np.load(truncated), axis=1), 1.0, atol=1e-5)
+    description["model_fingerprint"] = "0" * 16  # as if another model of the same size had embedded it
+    out.with_suffix(".json").write_text(json.dumps(description))
+    capsys.readouterr()
+    assert run_cli("search", "--model", model_dir, "--corpus", out, "--query", "x") == 2
+    assert "embedded by another model" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data parallel.
+
+def test_data_parallel_over_four_devices_equals_one(tmp_path):
+    """In a process with 4 CPU devices: batches are split over a 4-device data mesh and give the outputs of a
+    one-device mesh."""
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+        from bertjax.config import get_config
+        from bertjax.embeddings import EncoderForEmbedding, PoolingConfig
+        from bertjax.embeddings.embed import embedding_row_fn
+        from bertjax.inference import BucketConfig, TextInference, data_mesh
+        from bertjax.models import abstract_params
+        assert jax.device_count() == 4, jax.devices()
+        model = EncoderForEmbedding(get_config("bert-tiny", max_position_embeddings=64),
+                                    pooling=PoolingConfig(modes=("mean", "cls")))
+        rng = np.random.default_rng(0)
+        params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.2, s.shape), s.dtype), abstract_params(model))
+        class Tok: pad_id, cls_id, sep_id = 0, 1, 2
+        texts = [rng.integers(5, 128, n).astype(np.int32) for n in rng.integers(0, 40, 50)]
+        outs = []
+        for devices in (jax.devices(), jax.devices()[:1]):
+            inference = TextInference(embedding_row_fn(model), Tok, 48, mesh=data_mesh(devices),
+                                      buckets=BucketConfig(lengths=(16, 48), max_tokens=192, max_segments=4))
+            assert all(rows % len(devices) == 0 for rows in inference.plan.rows.values())
+            outs.append(inference.run_tokens(inference.runner.place_params(params), texts).segments["embedding"])
+        assert outs[0].shape == (50, 64)
+        np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
+        print("ok")
+    """)
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": ":".join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fill-mask on the same path.
+
+def test_fill_mask_packed_equals_the_model_on_each_text():
+    """`bertjax fill-mask`'s predictor runs through TextInference (several texts packed per row); its top-k at
+    each [MASK] equals a plain forward of each text alone (softmax over non-special tokens)."""
+    import bertjax
+    from bertjax.commands.fill_mask import encode_with_masks, make_predictor
+    from bertjax.data import load_tokenizer
+    from train_helpers import small_tokenizer
+
+    tokenizer = load_tokenizer(small_tokenizer())
+    config = get_config("bert-tiny", vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    model = bertjax.EncoderForMaskedLM(config)
+    params = random_params(model, seed=2)
+    texts = ["The [MASK] statement ends a loop.", "A [MASK] returns [MASK] value from the function.", "[MASK]"]
+    got = make_predictor(model, params, tokenizer).many(texts, 4)
+    banned = np.zeros(config.vocab_size, bool)
+    banned[tokenizer.special_ids] = True
+    forward = jax.jit(lambda p, ids: model.apply({"params": p}, ids, token_type_ids=jnp.zeros_like(ids)).logits)
+    for text, predictions in zip(texts, got):
+        ids, masks = encode_with_masks(tokenizer, text)
+        logits = np.asarray(forward(params, ids[None]))[0].astype(np.float64)
+        logits[:, banned] = -np.inf
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        assert len(predictions) == len(masks)
+        for position, options in zip(masks, predictions):
+            ranked = np.argsort(-probs[position], kind="stable")[:20]  # pieces that decode to nothing are skipped
+            expected = [t for t in ranked if tokenizer.decode([int(t)]).strip()][:4]
+            assert [o.token_id for o in options] == list(expected) and len(options) == 4
+            np.testing.assert_allclose([o.probability for o in options], probs[position][expected], rtol=1e-4)
