@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "finetune": "bertjax.commands.finetune",
     "predict": "bertjax.commands.predict",
     "glue": "bertjax.commands.glue",
+    "train-embedder": "bertjax.commands.train_embedder",
 }
 
 

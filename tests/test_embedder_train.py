@@ -1,0 +1,153 @@
+"""`bertjax train-embedder` end to end on a tiny model (falling loss, resume, a sentence-transformers model at the
+end), and clear errors for bad pairs files and settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from finetune_helpers import NEUTRAL, tiny_model_dir, write_jsonl
+
+from bertjax.embeddings.pairs import read_pairs
+from bertjax.embeddings.train_config import EmbedderDataConfig, embedder_config_from_dict, load_embedder_config
+from bertjax.train.run_config import ConfigError
+
+CUES = ["good", "great", "fine", "nice", "happy", "warm", "bright", "kind", "bad", "poor", "sad", "cold", "dark",
+        "rude", "grim", "dull", "paris", "france"]
+
+
+def cue_pairs(count: int, seed: int, negatives: bool = False) -> list[dict]:
+    """The anchor and its positive share two cue words among neutral ones; the hard negative has other cues."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        cues = list(rng.choice(CUES, size=2, replace=False))
+        sentence = lambda words: " ".join(rng.permutation(words + list(rng.choice(NEUTRAL, 3))))  # noqa: E731
+        row = {"anchor": sentence(cues), "positive": sentence(cues)}
+        if negatives:
+            row["negative"] = sentence(list(rng.choice([c for c in CUES if c not in cues], size=2, replace=False)))
+        rows.append(row)
+    return rows
+
+
+RAW = {"train": {"batch_size": 8, "mini_batch_size": 4, "learning_rate": 2e-3, "warmup_ratio": 0.0, "steps": 12,
+                 "log_every": 2, "progress_bar": False},
+       "data": {"max_length": 16},
+       "eval": {"every": 6, "k": 3, "batch_size": 16},
+       "checkpoint": {"every": 6, "async_save": False}}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embedder")
+    model = tiny_model_dir(root / "model")
+    train = write_jsonl(root / "train.jsonl", cue_pairs(48, 0, negatives=True))
+    validation = write_jsonl(root / "validation.jsonl", cue_pairs(24, 1, negatives=True))
+    return root, model, train, validation
+
+
+def test_train_resume_and_model_dir(files):
+    """6 steps, stop (as a kill after a checkpoint), rerun: it resumes at 6 and ends with the loss down, recall
+    recorded before and after, and a sentence-transformers directory that loads and embeds."""
+    from bertjax.embeddings import load_sentence_encoder
+    from bertjax.embeddings.training import train_embedder
+    from bertjax.train.metrics import read_metrics
+
+    root, model, train, validation = files
+    workdir = root / "run"
+    config = embedder_config_from_dict(RAW)
+    first = train_embedder(config, workdir, model, train, validation, stop_after=6)
+    assert (first.start_step, first.final_step, first.model_dir) == (0, 6, None)
+    second = train_embedder(config, workdir, model, train, validation)
+    assert (second.start_step, second.final_step) == (6, 12)
+    records = read_metrics(workdir)
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert [r["step"] for r in records if "loss" in r] == [2, 4, 6, 8, 10, 12]  # nothing logged twice
+    assert losses[-1] < 0.7 * losses[0], losses
+    evals = [r for r in records if "eval_recall@3" in r]
+    assert [r["step"] for r in evals] == [0, 6, 12]
+    assert second.eval_start["eval_recall@3"] == evals[0]["eval_recall@3"]
+    assert evals[-1]["eval_mrr@3"] > evals[0]["eval_mrr@3"], evals
+    for name in ("config.yaml", "loss.png", "train_embedder.json", "tensorboard"):
+        assert (workdir / name).exists(), name
+
+    # model/: a sentence-transformers directory whose embeddings are the trained ones.
+    assert json.loads((workdir / "model" / "modules.json").read_text())[1]["type"].endswith("Pooling")
+    loaded = load_sentence_encoder(workdir / "model")
+    texts = ["good day", "the cold night"]
+    np.testing.assert_allclose(loaded.encode(texts), second.encoder.encode(texts), atol=1e-5)
+    before = load_sentence_encoder(model).encode(texts)
+    assert np.max(np.abs(before - loaded.encode(texts))) > 1e-3  # training changed the model
+
+    # The same run resumed with another loss is refused; a finished run reruns as a no-op.
+    changed = embedder_config_from_dict({**RAW, "loss": {"symmetric": True}})
+    with pytest.raises(ConfigError, match="loss.symmetric"):
+        train_embedder(changed, workdir, model, train, validation)
+
+
+def test_cli_symmetric_uncached(files, capsys):
+    """The command, with the symmetric loss, no caching and no validation file."""
+    from bertjax.cli import main
+
+    root, model, train, _ = files
+    code = main(["train-embedder", "--model", str(model), "--train", str(train), "--workdir", str(root / "cli"),
+                 "train.steps=2", "train.batch_size=8", "train.progress_bar=false", "loss.symmetric=true",
+                 "data.max_length=16", "checkpoint.async_save=false"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "steps 0 -> 2 of 2" in out and "sentence-transformers model in" in out
+    assert (root / "cli" / "model" / "modules.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input.
+
+def test_pairs_file_errors(tmp_path):
+    data = EmbedderDataConfig()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty.jsonl: the file is empty"):
+        read_pairs(empty, data)
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("anchor,positive\n")
+    with pytest.raises(ValueError, match="no examples"):
+        read_pairs(header_only, data)
+    missing = write_jsonl(tmp_path / "missing.jsonl", [{"anchor": "a", "text": "b"}])
+    with pytest.raises(ValueError, match=r"no column 'positive'.*data.positive_column=NAME"):
+        read_pairs(missing, data)
+    some_negatives = write_jsonl(tmp_path / "some.jsonl", [{"anchor": "a", "positive": "b", "negative": "c"},
+                                                           {"anchor": "d", "positive": "e"}])
+    with pytest.raises(ValueError, match=r"row 2: no column 'negative'"):
+        read_pairs(some_negatives, data)
+    not_text = write_jsonl(tmp_path / "number.jsonl", [{"anchor": "a", "positive": 3}])
+    with pytest.raises(ValueError, match=r"row 1: column 'positive' .* must hold text, got int"):
+        read_pairs(not_text, data)
+    short_row = tmp_path / "short.csv"
+    short_row.write_text("anchor,positive\nq,d\nonly anchor\n")
+    with pytest.raises(ValueError, match=r"row 2: no value in column 'positive'"):
+        read_pairs(short_row, data)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_pairs(tmp_path / "absent.jsonl", data)
+    csv = tmp_path / "ok.csv"
+    csv.write_text('query,doc\n"a, b",c\n')
+    pairs = read_pairs(csv, EmbedderDataConfig(anchor_column="query", positive_column="doc"))
+    assert (pairs.anchors, pairs.positives, pairs.negatives) == (["a, b"], ["c"], None)
+
+
+def test_config_errors(tmp_path, files):
+    with pytest.raises(ConfigError, match="train.mini_batch_size .* must divide train.batch_size"):
+        load_embedder_config(None, ["train.batch_size=64", "train.mini_batch_size=48"])
+    with pytest.raises(ConfigError, match="unknown key loss.temperature"):
+        load_embedder_config(None, ["loss.temperature=0.05"])
+    with pytest.raises(ConfigError, match="train.batch_size must be at least 2"):
+        load_embedder_config(None, ["train.batch_size=1"])
+    from bertjax.embeddings.training import train_embedder
+
+    root, model, train, _ = files
+    config = embedder_config_from_dict({**RAW, "train": {**RAW["train"], "batch_size": 64, "mini_batch_size": None}})
+    with pytest.raises(ValueError, match="48 pairs, fewer than train.batch_size"):
+        train_embedder(config, tmp_path / "w", model, train)
+    assert not (tmp_path / "w").exists()  # a failed setup leaves no half-made workdir
