@@ -174,3 +174,13 @@ def test_gradcache_replays_dropout(tiny_encoder):
     cached_loss, cached_grads = jax.jit(lambda p: cached_loss_and_grads(embed, loss_of, p, rows, key, chunks))(params)
     np.testing.assert_allclose(float(cached_loss), float(loss), rtol=1e-6)
     assert max(jax.tree.leaves(jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x - y))), cached_grads, grads))) <= 1e-5
+
+
+def test_gradcache_memory_is_that_of_one_chunk():
+    """XLA's accounting of the compiled steps (bench/embedder_memory.py at test size): a cached batch of 256 pairs
+    in chunks of 16 needs about the temporaries of an uncached batch of 16, far less than an uncached 256."""
+    from bench.embedder_memory import step_memory
+
+    small, large, cached = (r["temp_mib"] for r in step_memory("bert-tiny", seq=32, batch=256, chunk=16))
+    assert cached <= 1.5 * small, (small, cached)
+    assert large >= 5 * cached, (large, cached)
