@@ -151,3 +151,23 @@ def test_config_errors(tmp_path, files):
     with pytest.raises(ValueError, match="48 pairs, fewer than train.batch_size"):
         train_embedder(config, tmp_path / "w", model, train)
     assert not (tmp_path / "w").exists()  # a failed setup leaves no half-made workdir
+
+
+def test_demo_pairs_and_shipped_configs(tmp_path):
+    from bertjax.embeddings.demo_pairs import split_docstring, write_pairs
+
+    doc = "Return the number of items.\n\nThe count is approximate when other threads add or remove items at the " \
+          "same time, so do not rely on it."
+    assert split_docstring(doc) == ("Return the number of items.", doc.split("\n\n", 1)[1])
+    assert split_docstring("One line only, no body at all here.") is None
+    assert split_docstring("Two\nline summary.\n\n" + "word " * 20) is None
+    twice = "Return self, the same text.\n\n" + "another body with enough words " * 3
+    counts = write_pairs(tmp_path, [doc, twice, twice.replace("another", "a second")])
+    assert sum(counts.values()) == 1  # the summary that occurs twice has no single answer: dropped
+    rows = [json.loads(line) for split in ("train", "validation") for line in
+            (tmp_path / f"{split}.jsonl").read_text().splitlines()]
+    assert rows == [{"anchor": "Return the number of items.", "positive": doc.split("\n\n", 1)[1]}]
+    repo = Path(__file__).resolve().parents[1]
+    for path in sorted((repo / "configs" / "embedder").glob("*.yaml")):
+        load_embedder_config(path)
+    assert load_embedder_config(repo / "configs" / "embedder" / "contrastive.yaml") == load_embedder_config(None)
