@@ -171,3 +171,28 @@ def test_demo_pairs_and_shipped_configs(tmp_path):
     for path in sorted((repo / "configs" / "embedder").glob("*.yaml")):
         load_embedder_config(path)
     assert load_embedder_config(repo / "configs" / "embedder" / "contrastive.yaml") == load_embedder_config(None)
+
+
+def test_evaluation_embeddings_equal_encode_with_prompts(files):
+    """The jitted embedding the evaluation uses gives SentenceEncoder.encode's vectors, prompt left out of
+    pooling included."""
+    import optax
+
+    from bertjax.embeddings.training import embed_texts, load_encoder, make_steps
+    from bertjax.finetune.trainer import boxed_initialiser
+    from bertjax.train import mesh as mesh_lib
+    from bertjax.train.run_config import MeshConfig
+    from bertjax.train.state import state_shardings
+
+    _, model, _, _ = files
+    config = embedder_config_from_dict({"data": {"max_length": 16}})
+    encoder = load_encoder(model, config)
+    encoder = encoder.replace(pooling=encoder.pooling.replace(include_prompt=False, normalize=True))
+    mesh = mesh_lib.build_mesh(MeshConfig())
+    optimizer = optax.sgd(0.1)
+    _, shardings = state_shardings(boxed_initialiser(encoder.model), optimizer, mesh)
+    _, embed_step = make_steps(encoder.model, optimizer, lambda step: 0.1, mesh, shardings, config,
+                               np.zeros(2, np.int32))
+    texts = ["good day", "", "the cold dark night was grim and dull"]
+    got = embed_texts(embed_step, encoder.params, encoder, texts, "who : ", 4, mesh)
+    np.testing.assert_allclose(got, encoder.encode(texts, prompt="who : "), atol=1e-5)

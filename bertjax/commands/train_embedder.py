@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bertjax.train import distributed
 
     parser.add_argument("--model", required=True, metavar="MODEL",
-                        help="a sentence-transformers, transformers or bertjax model directory, or a pretraining workdir")
+                        help="a sentence-transformers, transformers or bertjax model directory, or a pretraining "
+                             "workdir")
     parser.add_argument("--train", required=True, metavar="FILE",
                         help="pairs (.jsonl, .csv, .tsv, .parquet) with columns anchor, positive and optional negative")
     parser.add_argument("--validation", default=None, metavar="FILE",

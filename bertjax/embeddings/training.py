@@ -82,15 +82,18 @@ def load_encoder(model_dir: str | Path, config: EmbedderConfig):
 def make_embed(model, param_shardings, prompt_lengths: np.ndarray, deterministic: bool):
     """(params, rows, key) -> float32 [n, columns, dim]: every text of rows {input_ids, segment_ids} [n, columns,
     seq] embedded, one text per row of the flattened [n * columns, seq] batch (batch-major, so each device keeps
-    its rows)."""
+    its rows). The prompt length of each text (used when the pooling leaves prompts out) is rows["prompt_lengths"]
+    [n, columns] when given, else `prompt_lengths` [columns]."""
     lengths = jnp.asarray(prompt_lengths, jnp.int32)
 
     def embed(params, rows, key):
         params = mesh_lib.gathered_for_compute(params, param_shardings)
         ids, segments = rows["input_ids"], rows["segment_ids"]
         n, columns, seq = ids.shape
-        prompts = None if model.pooling.include_prompt else jnp.broadcast_to(lengths[None, :columns],
-                                                                              (n, columns)).reshape(n * columns, 1)
+        prompts = None
+        if not model.pooling.include_prompt:
+            prompts = rows.get("prompt_lengths", jnp.broadcast_to(lengths[None, :columns], (n, columns)))
+            prompts = prompts.reshape(n * columns, 1)
         vectors = model.apply({"params": params}, ids.reshape(n * columns, seq), segments.reshape(n * columns, seq),
                               1, prompts, deterministic=deterministic,
                               rngs=None if deterministic else {"dropout": key})
@@ -165,11 +168,14 @@ def embed_texts(embed_step, params, encoder, texts: list[str], prompt: str | Non
     from bertjax.finetune.trainer import global_batch
 
     arrays = tokenize_columns(encoder, [texts], [prompt])
+    prompt_lengths = np.broadcast_to(arrays["prompt_lengths"][None, :], (batch_size, 1)).copy()
     out = []
     for start in range(0, len(texts), batch_size):
         chosen = np.arange(start, min(start + batch_size, len(texts)))
         padded = np.concatenate([chosen, np.zeros(batch_size - len(chosen), np.int64)])
         batch = {k: arrays[k][padded] for k in ("input_ids", "segment_ids")}
+        if not encoder.pooling.include_prompt:
+            batch["prompt_lengths"] = prompt_lengths
         out.append(np.asarray(embed_step(params, global_batch(batch, mesh)))[:len(chosen), 0])
     return np.concatenate(out)
 
