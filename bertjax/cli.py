@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "glue": "bertjax.commands.glue",
     "embed": "bertjax.commands.embed",
     "search": "bertjax.commands.search",
+    "train-embedder": "bertjax.commands.train_embedder",
 }
 
 

@@ -315,12 +315,28 @@ def _backbone_for_export(encoder: SentenceEncoder):
     from bertjax.models import EncoderModel
     from bertjax.models.heads import Pooler
 
-    config = encoder.config.replace(dtype=encoder.config.param_dtype)
+    config = _with_base_model_pooler(encoder.config.replace(dtype=encoder.config.param_dtype))
     params = _backbone_params(encoder.params)
     if config.pooler:  # initialise the pooler alone: initialising the whole model would cost a full forward
         pooler = Pooler(config).init(jax.random.key(0), jnp.zeros((1, 1, config.hidden_size)))["params"]
         params = {**params, "pooler": nn.meta.unbox(pooler)}
     return EncoderModel(config), params
+
+
+def _with_base_model_pooler(config):
+    """The config with the pooler its family's base model class has: BertModel has one even when the encoder was
+    loaded from a checkpoint without it (BertForMaskedLM, or a model trained by `bertjax train-embedder` from one);
+    ModernBertModel and DistilBertModel have none."""
+    from bertjax.hf import registry
+
+    family = registry.family_named(config.family, source="EncoderConfig.family")
+    for pooler in (config.pooler, not config.pooler):
+        try:
+            family.hf_config(config.replace(pooler=pooler), "encoder")
+        except ValueError:
+            continue
+        return config.replace(pooler=pooler)
+    return config  # refused either way: save_pretrained names the reason
 
 
 def _torch_linear(kernel) -> np.ndarray:

@@ -31,7 +31,7 @@ class MetricsLogger:
     """
 
     def __init__(self, workdir: str | Path, *, total_steps: int, start_step: int, is_primary: bool,
-                 progress_bar: bool = True, process_index: int = 0):
+                 progress_bar: bool = True, process_index: int = 0, desc: str = "pretrain"):
         self.workdir = Path(workdir)
         self.is_primary = is_primary
         self.process_index = process_index
@@ -48,7 +48,7 @@ class MetricsLogger:
         self._tensorboard = SummaryWriter(str(self.workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
         if progress_bar:
             from tqdm import tqdm
-            self._bar = tqdm(total=total_steps, initial=start_step, desc="pretrain", unit="step",
+            self._bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step",
                              dynamic_ncols=True)
 
     def advance(self, steps: int = 1) -> None:
@@ -94,7 +94,7 @@ def _plain(value: Any) -> Any:
     return float(value)
 
 
-def plot_loss(workdir: str | Path) -> Path | None:
+def plot_loss(workdir: str | Path, ylabel: str = "loss (MLM + NSP when on)") -> Path | None:
     """Write loss.png: training loss and held-out loss against the step, phase boundaries marked."""
     records = read_metrics(workdir)
     train = [(r["step"], r["loss"]) for r in records if "loss" in r]
@@ -117,7 +117,7 @@ def plot_loss(workdir: str | Path) -> Path | None:
             axes.annotate(str(record["phase_start"]), (record["step"], 1.0), xycoords=("data", "axes fraction"),
                           xytext=(3, -12), textcoords="offset points", fontsize=8, color="gray")
     axes.set_xlabel("step")
-    axes.set_ylabel("loss (MLM + NSP when on)")
+    axes.set_ylabel(ylabel)
     axes.grid(True, alpha=0.3)
     axes.legend()
     path = Path(workdir) / PLOT_FILE

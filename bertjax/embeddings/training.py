@@ -1,0 +1,381 @@
+"""Contrastive fine-tuning of an embedding model: a model directory + pairs -> a workdir with a sentence-transformers
+model (what `bertjax train-embedder` runs).
+
+    model dir -> SentenceEncoder (backbone, pooling, Dense, tokenizer, prompts) -> pairs, tokenized once
+    -> one jitted train step under the mesh rules: embed anchors, positives (and hard negatives) -> in-batch
+       ranking loss with the negatives all-gathered over the mesh -> AdamW (pretraining's optimizer and schedule)
+       (train.mini_batch_size: GradCache, chunk by chunk)
+    -> retrieval evaluation on the validation pairs (recall@k, MRR@k) -> metrics.jsonl, TensorBoard, loss.png
+    -> orbax checkpoints (rerunning resumes) -> model/ (a sentence-transformers directory)
+
+The workdir follows pretraining's conventions and reuses its pieces: the lock (bertjax.train.workdir), the
+checkpointer, the metrics logger and plot, the preemption watch (SIGTERM or Ctrl-C save and stop) and the
+non-finite guard. The batch of every step is a pure function of (seed, step) and dropout keys are folded from the
+step, so a resumed run repeats exactly what the interrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import yaml
+
+from bertjax.embeddings.contrastive import (cached_loss_and_grads, mesh_ranking_loss, uncached_loss_and_grads)
+from bertjax.embeddings.pairs import Pairs, read_pairs, resolve_prompt, tokenize_columns, tokenize_pairs
+from bertjax.embeddings.retrieval_metrics import pair_corpus, retrieval_metrics
+from bertjax.embeddings.train_config import EmbedderConfig, save_embedder_config
+from bertjax.train import mesh as mesh_lib
+from bertjax.train import workdir as workdir_lib
+from bertjax.train.run_config import ConfigError, OptimizerConfig, ScheduleConfig, to_dict
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "train_embedder.json"  # which model and data files the workdir's run trains on
+MODEL_DIR = "model"  # the final sentence-transformers directory
+CHECKPOINTS_DIR = "checkpoints"
+# Config sections a resumed run may not change: they decide the model's output and the data it trains on.
+FIXED_ON_RESUME = ("pooling", "data", "loss")
+
+
+@dataclasses.dataclass
+class EmbedderResult:
+    workdir: Path
+    start_step: int
+    final_step: int
+    total_steps: int
+    preempted: bool
+    eval_start: dict | None  # retrieval metrics before training (None without validation pairs)
+    eval_end: dict | None
+    seconds: float
+    encoder: Any  # the trained SentenceEncoder (parameters on the host)
+    model_dir: Path | None  # <workdir>/model, once the run finished
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model.
+
+def load_encoder(model_dir: str | Path, config: EmbedderConfig):
+    """The SentenceEncoder to train: the directory's (sentence-transformers settings kept), with the run config's
+    pooling changes and maximum length."""
+    from bertjax.embeddings import load_sentence_encoder
+
+    encoder = load_sentence_encoder(model_dir)
+    changes = {k: v for k, v in (("modes", config.pooling.modes), ("normalize", config.pooling.normalize))
+               if v is not None}
+    if changes:
+        encoder = encoder.replace(pooling=encoder.pooling.replace(**changes))
+    if config.data.max_length is not None:
+        encoder = encoder.replace(max_seq_length=config.data.max_length)
+    # Train in float32: the loaded dtype may be a fast-inference bfloat16.
+    return encoder.replace(model=encoder.model.clone(config=encoder.config.replace(dtype="float32")))
+
+
+def make_embed(model, param_shardings, prompt_lengths: np.ndarray, deterministic: bool):
+    """(params, rows, key) -> float32 [n, columns, dim]: every text of rows {input_ids, segment_ids} [n, columns,
+    seq] embedded, one text per row of the flattened [n * columns, seq] batch (batch-major, so each device keeps
+    its rows). The prompt length of each text (used when the pooling leaves prompts out) is rows["prompt_lengths"]
+    [n, columns] when given, else `prompt_lengths` [columns]."""
+    lengths = jnp.asarray(prompt_lengths, jnp.int32)
+
+    def embed(params, rows, key):
+        params = mesh_lib.gathered_for_compute(params, param_shardings)
+        ids, segments = rows["input_ids"], rows["segment_ids"]
+        n, columns, seq = ids.shape
+        prompts = None
+        if not model.pooling.include_prompt:
+            prompts = rows.get("prompt_lengths", jnp.broadcast_to(lengths[None, :columns], (n, columns)))
+            prompts = prompts.reshape(n * columns, 1)
+        vectors = model.apply({"params": params}, ids.reshape(n * columns, seq), segments.reshape(n * columns, seq),
+                              1, prompts, deterministic=deterministic,
+                              rngs=None if deterministic else {"dropout": key})
+        return vectors[:, 0].reshape(n, columns, -1)
+
+    return embed
+
+
+def make_steps(model, optimizer, schedule, mesh, shardings, config: EmbedderConfig, prompt_lengths: np.ndarray):
+    """(train_step(state, batch) -> (state, metrics), embed_step(params, batch) -> [rows, columns, dim])."""
+    from bertjax.train import guards
+    from bertjax.train.state import TrainState
+    from bertjax.train.step import JittedStep, batch_shardings
+
+    base_key = jax.random.key(config.train.seed)
+    train_embed = make_embed(model, shardings.params, prompt_lengths, deterministic=False)
+    eval_embed = make_embed(model, shardings.params, prompt_lengths, deterministic=True)
+    ranking = mesh_ranking_loss(mesh, mesh_lib.BATCH_AXES, scale=config.loss.scale, symmetric=config.loss.symmetric,
+                                similarity=config.loss.similarity)
+    mini = config.train.mini_batch_size
+    chunks = config.train.batch_size // mini if mini else 1
+
+    def loss_of(embeddings):  # [batch, columns, dim]: anchors, positives, hard negatives
+        negatives = embeddings[:, 2:] if embeddings.shape[1] > 2 else None
+        return ranking(embeddings[:, 0], embeddings[:, 1], negatives)
+
+    def train_step(state, batch):
+        key = jax.random.fold_in(base_key, state.step)  # dropout depends only on the step: exact resume
+        rows = {"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"]}
+        if chunks > 1:
+            loss, grads = cached_loss_and_grads(train_embed, loss_of, state.params, rows, key, chunks,
+                                                mesh_lib.BATCH_AXES)
+        else:
+            loss, grads = uncached_loss_and_grads(train_embed, loss_of, state.params, rows, key)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "learning_rate": schedule(state.step)}
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        if config.train.nonfinite == "skip":
+            return guards.keep_finite_update(state, new_state, metrics)
+        return new_state, metrics
+
+    def embed_step(params, batch):
+        return eval_embed(params, batch, None)
+
+    train = JittedStep(train_step, mesh, lambda batch: (shardings, batch_shardings(mesh, batch)),
+                       out_shardings=(shardings, mesh_lib.replicated(mesh)), donate_argnums=(0,))
+    embed = JittedStep(embed_step, mesh, lambda batch: (shardings.params, batch_shardings(mesh, batch)),
+                       out_shardings=mesh_lib.replicated(mesh))
+    return train, embed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batches and evaluation.
+
+def steps_per_epoch(pairs: int, batch_size: int) -> int:
+    """Full batches per epoch: a last partial batch is dropped (a padded row would be a false in-batch negative)."""
+    return pairs // batch_size
+
+
+def train_batch(arrays: dict[str, np.ndarray], step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
+    """The pairs of global step `step`: a shuffled order per epoch that depends only on (seed, epoch)."""
+    rows = len(arrays["input_ids"])
+    epoch, position = divmod(step, steps_per_epoch(rows, batch_size))
+    chosen = np.random.default_rng([seed, epoch]).permutation(rows)[position * batch_size:(position + 1) * batch_size]
+    return {k: arrays[k][chosen] for k in ("input_ids", "segment_ids")}
+
+
+def embed_texts(embed_step, params, encoder, texts: list[str], prompt: str | None, batch_size: int,
+                mesh) -> np.ndarray:
+    """float32 [len(texts), dim] through the jitted deterministic embedding (one text per row)."""
+    from bertjax.finetune.trainer import global_batch
+
+    arrays = tokenize_columns(encoder, [texts], [prompt])
+    prompt_lengths = np.broadcast_to(arrays["prompt_lengths"][None, :], (batch_size, 1)).copy()
+    out = []
+    for start in range(0, len(texts), batch_size):
+        chosen = np.arange(start, min(start + batch_size, len(texts)))
+        padded = np.concatenate([chosen, np.zeros(batch_size - len(chosen), np.int64)])
+        batch = {k: arrays[k][padded] for k in ("input_ids", "segment_ids")}
+        if not encoder.pooling.include_prompt:
+            batch["prompt_lengths"] = prompt_lengths
+        out.append(np.asarray(embed_step(params, global_batch(batch, mesh)))[:len(chosen), 0])
+    return np.concatenate(out)
+
+
+class RetrievalEval:
+    """recall@k and MRR@k of the validation anchors against the validation positives (and negatives)."""
+
+    def __init__(self, pairs: Pairs, encoder, config: EmbedderConfig):
+        self.pairs, self.encoder, self.config = pairs, encoder, config
+        self.corpus, self.gold = pair_corpus(pairs.positives, pairs.negatives)
+        self.query_prompt = resolve_prompt(encoder, config.data.anchor_prompt)
+        self.document_prompt = resolve_prompt(encoder, config.data.positive_prompt)
+
+    def __call__(self, embed_step, params, mesh) -> dict[str, float]:
+        size = self.config.eval.batch_size
+        queries = embed_texts(embed_step, params, self.encoder, self.pairs.anchors, self.query_prompt, size, mesh)
+        corpus = embed_texts(embed_step, params, self.encoder, self.corpus, self.document_prompt, size, mesh)
+        metrics = retrieval_metrics(queries, corpus, self.gold, self.config.eval.k, self.encoder.similarity_fn_name)
+        return {f"eval_{name}": value for name, value in metrics.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The workdir.
+
+def _identity(model_dir, train_file, validation_file) -> dict:
+    return {"model": str(Path(model_dir).absolute()), "train": str(Path(train_file).absolute()),
+            "validation": None if validation_file is None else str(Path(validation_file).absolute())}
+
+
+def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict) -> None:
+    """A workdir holds one run: another model, data file, loss, pooling or data setting is refused; other changes
+    (more epochs, another evaluation interval) are allowed with a warning."""
+    run_file = workdir / RUN_FILE
+    if run_file.is_file():
+        held = json.loads(run_file.read_text())
+        for key, value in identity.items():
+            if held.get(key) != value:
+                raise ConfigError(f"workdir {workdir} holds a run with another {key} ({held.get(key)!r}, now "
+                                  f"{value!r}); rerun it unchanged to resume, or use a new --workdir")
+    saved = workdir / workdir_lib.CONFIG_FILE
+    if not saved.is_file():
+        return
+    found = workdir_lib.differences(yaml.safe_load(saved.read_text()),
+                                    yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False)))
+    fixed = [d for d in found if d[0].split(".")[0] in FIXED_ON_RESUME]
+    describe = lambda items: "; ".join(f"{k}: {a!r} in the workdir, {b!r} requested" for k, a, b in items)  # noqa
+    if fixed:
+        raise ConfigError(f"workdir {workdir} holds a run with other settings ({describe(fixed)}); rerun with the "
+                          f"workdir's settings ({saved}) to resume it, or give another --workdir")
+    if found and jax.process_index() == 0:
+        log.warning("resuming %s with changed settings: %s", workdir, describe(found))
+
+
+def save_final_model(directory: Path, encoder, params) -> Any:
+    """The trained encoder (host parameters) written as a sentence-transformers directory by process 0."""
+    from jax.experimental import multihost_utils
+
+    from bertjax.embeddings import save_sentence_encoder
+
+    host = multihost_utils.process_allgather(params, tiled=True)  # every process: it is a collective
+    trained = encoder.replace(params=jax.tree.map(np.asarray, host))
+    if jax.process_index() == 0:
+        save_sentence_encoder(trained, directory)
+    return trained
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The run.
+
+@workdir_lib.exclusive
+def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str | Path, train_file: str | Path,
+                   validation_file: str | Path | None = None, *, stop_after: int | None = None,
+                   on_log: Callable[[int, dict], bool | None] | None = None) -> EmbedderResult:
+    """Train in `workdir`, resuming from its latest checkpoint. `stop_after` ends this invocation after that many
+    steps, as a kill would after a checkpoint (used to test resuming)."""
+    from bertjax.finetune.trainer import boxed_initialiser, global_batch, place, transplant
+    from bertjax.train.checkpoints import Checkpointer
+    from bertjax.train.distributed import PreemptionWatch
+    from bertjax.train.guards import NonFiniteGuard
+    from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
+    from bertjax.train.optimizers import build_optimizer
+    from bertjax.train.schedules import build_schedule
+    from bertjax.train.state import abstract_state, count_params, create_train_state, state_shardings
+
+    began = time.perf_counter()
+    workdir = Path(workdir)
+    primary = jax.process_index() == 0
+    identity = _identity(model_dir, train_file, validation_file)
+    check_rerun(workdir, config, identity)
+
+    encoder = load_encoder(model_dir, config)
+    pairs = read_pairs(train_file, config.data)
+    validation = read_pairs(validation_file, config.data) if validation_file is not None else None
+    mesh = mesh_lib.build_mesh(config.mesh)
+    shards = mesh_lib.batch_shards(mesh)
+    rows_per_chunk = config.train.mini_batch_size or config.train.batch_size
+    if rows_per_chunk % shards or config.eval.batch_size % shards:
+        raise ConfigError(f"train.batch_size ({config.train.batch_size}), train.mini_batch_size "
+                          f"({config.train.mini_batch_size}) and eval.batch_size ({config.eval.batch_size}) must "
+                          f"divide over the {shards} batch shards of the mesh")
+    per_epoch = steps_per_epoch(len(pairs), config.train.batch_size)
+    if per_epoch == 0:
+        raise ValueError(f"{train_file}: {len(pairs)} pairs, fewer than train.batch_size ({config.train.batch_size});"
+                         " lower train.batch_size or give more pairs")
+    total = config.train.steps or per_epoch * config.train.epochs
+    arrays = tokenize_pairs(encoder, pairs, config.data.anchor_prompt, config.data.positive_prompt)
+
+    schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total),
+                              config.train.learning_rate, total)
+    optimizer = build_optimizer(OptimizerConfig(
+        name="adamw", learning_rate=config.train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
+        weight_decay=config.train.weight_decay, clip_global_norm=config.train.max_grad_norm), schedule)
+    model = encoder.model
+    initialise = boxed_initialiser(model)
+    checkpointer = Checkpointer(workdir / CHECKPOINTS_DIR, config.checkpoint)
+    start = checkpointer.latest_step() or 0
+    accumulated = {"loss_sum": 0.0, "count": 0.0}
+    if start:
+        state, accumulated = checkpointer.restore(start, abstract_state(initialise, optimizer, mesh))
+        _, shardings = state_shardings(initialise, optimizer, mesh)
+    else:
+        state, shardings = create_train_state(initialise, optimizer, mesh, config.train.seed)
+        params, fresh = transplant(state.params, encoder.params)
+        if fresh:
+            raise ValueError(f"{model_dir}: the model directory lacks parameters {fresh} of the embedding model")
+        state = state.replace(params=place(params, shardings.params))
+    if primary:
+        save_embedder_config(config, workdir / workdir_lib.CONFIG_FILE)
+        (workdir / RUN_FILE).write_text(json.dumps(identity, indent=1) + "\n")
+    train_step, embed_step = make_steps(model, optimizer, schedule, mesh, shardings, config, arrays["prompt_lengths"])
+    evaluate = RetrievalEval(validation, encoder, config) if validation is not None else None
+
+    logger = MetricsLogger(workdir, total_steps=total, start_step=start, is_primary=primary,
+                           progress_bar=config.train.progress_bar, process_index=jax.process_index(),
+                           desc="train-embedder")
+    logger.message(f"train-embedder: {len(pairs)} pairs{' with hard negatives' if pairs.negatives else ''} "
+                   f"(texts padded to {arrays['input_ids'].shape[-1]} tokens), {count_params(state.params) / 1e6:.2f}M "
+                   f"parameters, pooling {'+'.join(encoder.pooling.modes)}, batch {config.train.batch_size}"
+                   f"{f' in cached chunks of {rows_per_chunk}' if config.train.mini_batch_size else ''}, mesh "
+                   f"{dict(mesh.shape)}; {'resuming from step ' + str(start) if start else 'starting'} of {total}")
+    watch = PreemptionWatch()
+    nonfinite = NonFiniteGuard(config.train.nonfinite)
+    eval_start = eval_end = None
+    step, preempted, last_saved = start, False, start or None
+    end = total if stop_after is None else min(total, start + stop_after)
+    timer = time.perf_counter()
+    try:
+        if evaluate is not None and start == 0 and config.eval.at_start:
+            eval_start = evaluate(embed_step, state.params, mesh)
+            logger.log(0, eval_start)
+        while step < end:
+            batch = train_batch(arrays, step, config.train.batch_size, config.train.seed)
+            state, metrics = train_step(state, global_batch(batch, mesh))
+            step += 1
+            nonfinite.observe(step, metrics)
+            logger.advance()
+            accumulated = {"loss_sum": accumulated["loss_sum"] + float(metrics["loss"]),
+                           "count": accumulated["count"] + 1.0}
+            last = step == total
+            stop = watch.should_stop(step)
+            eval_due = evaluate is not None and (last or (config.eval.every and step % config.eval.every == 0))
+            save_due = step % config.checkpoint.every == 0 or last or stop or step == end
+            if step % config.train.log_every == 0 or last or eval_due or stop or step == end:
+                seconds = time.perf_counter() - timer
+                record = {"loss": accumulated["loss_sum"] / accumulated["count"],
+                          "learning_rate": float(metrics["learning_rate"]), "grad_norm": float(metrics["grad_norm"]),
+                          "epoch": round(step / per_epoch, 4),
+                          "pairs_per_sec": accumulated["count"] * config.train.batch_size / seconds}
+                if eval_due:
+                    eval_end = evaluate(embed_step, state.params, mesh)
+                    record.update(eval_end)
+                logger.log(step, record)
+                accumulated = {"loss_sum": 0.0, "count": 0.0}
+                timer = time.perf_counter()
+                if on_log is not None and on_log(step, record) and not last:
+                    stop, save_due = True, True
+            if save_due or step % config.train.log_every == 0:
+                nonfinite.check(last_saved)
+            if save_due:
+                checkpointer.save(step, state, accumulated)
+                last_saved = step
+            if stop and not last:
+                preempted = True
+                logger.message(f"{watch.reason if watch.received else 'stopped'}: saved a checkpoint at step {step}; "
+                               "rerun the same command to resume")
+                break
+    finally:
+        watch.close()
+        checkpointer.close()
+        logger.close()
+    finished = step == total
+    trained = save_final_model(workdir / MODEL_DIR, encoder, state.params) if finished else \
+        encoder.replace(params=jax.tree.map(np.asarray, jax.device_get(state.params)))
+    if primary:
+        plot_loss(workdir, ylabel="in-batch ranking loss")
+        records = read_metrics(workdir)
+        evals = [r for r in records if any(k.startswith("eval_") for k in r)]
+        if eval_start is None and evals and evals[0]["step"] == 0:
+            eval_start = {k: v for k, v in evals[0].items() if k.startswith("eval_")}
+    return EmbedderResult(workdir=workdir, start_step=start, final_step=step, total_steps=total,
+                          preempted=preempted, eval_start=eval_start, eval_end=eval_end,
+                          seconds=time.perf_counter() - began, encoder=trained,
+                          model_dir=workdir / MODEL_DIR if finished else None)

@@ -1,0 +1,198 @@
+"""`bertjax train-embedder` end to end on a tiny model (falling loss, resume, a sentence-transformers model at the
+end), and clear errors for bad pairs files and settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from finetune_helpers import NEUTRAL, tiny_model_dir, write_jsonl
+
+from bertjax.embeddings.pairs import read_pairs
+from bertjax.embeddings.train_config import EmbedderDataConfig, embedder_config_from_dict, load_embedder_config
+from bertjax.train.run_config import ConfigError
+
+CUES = ["good", "great", "fine", "nice", "happy", "warm", "bright", "kind", "bad", "poor", "sad", "cold", "dark",
+        "rude", "grim", "dull", "paris", "france"]
+
+
+def cue_pairs(count: int, seed: int, negatives: bool = False) -> list[dict]:
+    """The anchor and its positive share two cue words among neutral ones; the hard negative has other cues."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        cues = list(rng.choice(CUES, size=2, replace=False))
+        sentence = lambda words: " ".join(rng.permutation(words + list(rng.choice(NEUTRAL, 3))))  # noqa: E731
+        row = {"anchor": sentence(cues), "positive": sentence(cues)}
+        if negatives:
+            row["negative"] = sentence(list(rng.choice([c for c in CUES if c not in cues], size=2, replace=False)))
+        rows.append(row)
+    return rows
+
+
+RAW = {"train": {"batch_size": 8, "mini_batch_size": 4, "learning_rate": 2e-3, "warmup_ratio": 0.0, "steps": 12,
+                 "log_every": 2, "progress_bar": False},
+       "data": {"max_length": 16},
+       "eval": {"every": 6, "k": 3, "batch_size": 16},
+       "checkpoint": {"every": 6, "async_save": False}}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("embedder")
+    model = tiny_model_dir(root / "model")
+    train = write_jsonl(root / "train.jsonl", cue_pairs(48, 0, negatives=True))
+    validation = write_jsonl(root / "validation.jsonl", cue_pairs(24, 1, negatives=True))
+    return root, model, train, validation
+
+
+def test_train_resume_and_model_dir(files, capsys):
+    """6 steps in Python, stopped (as a kill after a checkpoint), then the same run through the command: it resumes
+    at 6 and ends with the loss down, retrieval measured before, during and after, and a sentence-transformers
+    directory holding the trained parameters."""
+    import jax
+    import yaml
+
+    from bertjax.cli import main
+    from bertjax.embeddings import load_sentence_encoder
+    from bertjax.embeddings.training import train_embedder
+    from bertjax.train.checkpoints import restore_params
+    from bertjax.train.metrics import read_metrics
+
+    root, model, train, validation = files
+    workdir = root / "run"
+    config = embedder_config_from_dict(RAW)
+    first = train_embedder(config, workdir, model, train, validation, stop_after=6)
+    assert (first.start_step, first.final_step, first.model_dir) == (0, 6, None)
+    config_file = root / "run.yaml"
+    config_file.write_text(yaml.safe_dump(RAW))
+    code = main(["train-embedder", "--model", str(model), "--train", str(train), "--validation", str(validation),
+                 "--workdir", str(workdir), "--config", str(config_file)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "steps 6 -> 12 of 12" in out and "recall@3 on the validation pairs:" in out, out
+    assert f"sentence-transformers model in {workdir / 'model'}" in out
+
+    records = read_metrics(workdir)
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert [r["step"] for r in records if "loss" in r] == [2, 4, 6, 8, 10, 12]  # nothing logged twice
+    assert losses[-1] < 0.7 * losses[0], losses
+    evals = [r for r in records if "eval_recall@3" in r]
+    assert [r["step"] for r in evals] == [0, 6, 12]
+    assert evals[-1]["eval_mrr@3"] > evals[0]["eval_mrr@3"], evals
+    for name in ("config.yaml", "loss.png", "train_embedder.json", "tensorboard", "checkpoints/12"):
+        assert (workdir / name).exists(), name
+
+    # model/: a sentence-transformers directory holding the parameters of the last checkpoint.
+    assert json.loads((workdir / "model" / "modules.json").read_text())[1]["type"].endswith("Pooling")
+    loaded = load_sentence_encoder(workdir / "model")
+    trained = restore_params(workdir / "checkpoints" / "12")
+    differences = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))), loaded.params,
+                               {k: trained[k] for k in loaded.params})
+    assert max(jax.tree.leaves(differences)) <= 1e-6
+    texts = ["good day", "the cold night"]
+    assert np.max(np.abs(load_sentence_encoder(model).encode(texts) - loaded.encode(texts))) > 1e-3  # it trained
+
+    # Resuming with another loss is refused, naming the key.
+    changed = embedder_config_from_dict({**RAW, "loss": {"symmetric": True}})
+    with pytest.raises(ConfigError, match="loss.symmetric"):
+        train_embedder(changed, workdir, model, train, validation)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input.
+
+def test_pairs_file_errors(tmp_path):
+    data = EmbedderDataConfig()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty.jsonl: the file is empty"):
+        read_pairs(empty, data)
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("anchor,positive\n")
+    with pytest.raises(ValueError, match="no examples"):
+        read_pairs(header_only, data)
+    missing = write_jsonl(tmp_path / "missing.jsonl", [{"anchor": "a", "text": "b"}])
+    with pytest.raises(ValueError, match=r"no column 'positive'.*data.positive_column=NAME"):
+        read_pairs(missing, data)
+    some_negatives = write_jsonl(tmp_path / "some.jsonl", [{"anchor": "a", "positive": "b", "negative": "c"},
+                                                           {"anchor": "d", "positive": "e"}])
+    with pytest.raises(ValueError, match=r"row 2: no column 'negative'"):
+        read_pairs(some_negatives, data)
+    not_text = write_jsonl(tmp_path / "number.jsonl", [{"anchor": "a", "positive": 3}])
+    with pytest.raises(ValueError, match=r"row 1: column 'positive' .* must hold text, got int"):
+        read_pairs(not_text, data)
+    short_row = tmp_path / "short.csv"
+    short_row.write_text("anchor,positive\nq,d\nonly anchor\n")
+    with pytest.raises(ValueError, match=r"row 2: no value in column 'positive'"):
+        read_pairs(short_row, data)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_pairs(tmp_path / "absent.jsonl", data)
+    csv = tmp_path / "ok.csv"
+    csv.write_text('query,doc\n"a, b",c\n')
+    pairs = read_pairs(csv, EmbedderDataConfig(anchor_column="query", positive_column="doc"))
+    assert (pairs.anchors, pairs.positives, pairs.negatives) == (["a, b"], ["c"], None)
+
+
+def test_config_errors(tmp_path, files):
+    with pytest.raises(ConfigError, match="train.mini_batch_size .* must divide train.batch_size"):
+        load_embedder_config(None, ["train.batch_size=64", "train.mini_batch_size=48"])
+    with pytest.raises(ConfigError, match="unknown key loss.temperature"):
+        load_embedder_config(None, ["loss.temperature=0.05"])
+    with pytest.raises(ConfigError, match="train.batch_size must be at least 2"):
+        load_embedder_config(None, ["train.batch_size=1"])
+    from bertjax.embeddings.training import train_embedder
+
+    root, model, train, _ = files
+    config = embedder_config_from_dict({**RAW, "train": {**RAW["train"], "batch_size": 64, "mini_batch_size": None}})
+    with pytest.raises(ValueError, match="48 pairs, fewer than train.batch_size"):
+        train_embedder(config, tmp_path / "w", model, train)
+    assert not (tmp_path / "w").exists()  # a failed setup leaves no half-made workdir
+
+
+def test_demo_pairs_and_shipped_configs(tmp_path):
+    from bertjax.embeddings.demo_pairs import split_docstring, write_pairs
+
+    doc = "Return the number of items.\n\nThe count is approximate when other threads add or remove items at the " \
+          "same time, so do not rely on it."
+    assert split_docstring(doc) == ("Return the number of items.", doc.split("\n\n", 1)[1])
+    assert split_docstring("One line only, no body at all here.") is None
+    assert split_docstring("Two\nline summary.\n\n" + "word " * 20) is None
+    twice = "Return self, the same text.\n\n" + "another body with enough words " * 3
+    counts = write_pairs(tmp_path, [doc, twice, twice.replace("another", "a second")])
+    assert sum(counts.values()) == 1  # the summary that occurs twice has no single answer: dropped
+    rows = [json.loads(line) for split in ("train", "validation") for line in
+            (tmp_path / f"{split}.jsonl").read_text().splitlines()]
+    assert rows == [{"anchor": "Return the number of items.", "positive": doc.split("\n\n", 1)[1]}]
+    repo = Path(__file__).resolve().parents[1]
+    for path in sorted((repo / "configs" / "embedder").glob("*.yaml")):
+        load_embedder_config(path)
+    assert load_embedder_config(repo / "configs" / "embedder" / "contrastive.yaml") == load_embedder_config(None)
+
+
+def test_evaluation_embeddings_equal_encode_with_prompts(files):
+    """The jitted embedding the evaluation uses gives SentenceEncoder.encode's vectors, prompt left out of
+    pooling included."""
+    import optax
+
+    from bertjax.embeddings.training import embed_texts, load_encoder, make_steps
+    from bertjax.finetune.trainer import boxed_initialiser
+    from bertjax.train import mesh as mesh_lib
+    from bertjax.train.run_config import MeshConfig
+    from bertjax.train.state import state_shardings
+
+    _, model, _, _ = files
+    config = embedder_config_from_dict({"data": {"max_length": 16}})
+    encoder = load_encoder(model, config)
+    encoder = encoder.replace(pooling=encoder.pooling.replace(include_prompt=False, normalize=True))
+    mesh = mesh_lib.build_mesh(MeshConfig())
+    optimizer = optax.sgd(0.1)
+    _, shardings = state_shardings(boxed_initialiser(encoder.model), optimizer, mesh)
+    _, embed_step = make_steps(encoder.model, optimizer, lambda step: 0.1, mesh, shardings, config,
+                               np.zeros(2, np.int32))
+    texts = ["good day", "", "the cold dark night was grim and dull"]
+    got = embed_texts(embed_step, encoder.params, encoder, texts, "who : ", 4, mesh)
+    np.testing.assert_allclose(got, encoder.encode(texts, prompt="who : "), atol=1e-5)
