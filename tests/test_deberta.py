@@ -217,6 +217,10 @@ def test_sequence_longer_than_the_model_represents_is_a_clear_error_naming_input
     ids = jnp.ones((1, v3.max_position_embeddings + 8), jnp.int32)
     out = jax.eval_shape(bertjax.EncoderModel(v3).init_with_output, jax.random.key(0), ids)[0]
     assert out.last_hidden_state.shape == (1, 72, 32)
+    # XLNet's permutation inputs have no meaning here: an error naming the input and the attention kind.
+    for name, shape in (("perm_mask", (1, 8, 8)), ("target_mapping", (1, 2, 8))):
+        with pytest.raises(ValueError, match=f"{name} is an XLNet input.*attention_kind='disentangled'"):
+            jax.eval_shape(bertjax.EncoderModel(v3).init, jax.random.key(0), ids[:, :8], **{name: jnp.zeros(shape)})
 
 
 def test_config_refuses_impossible_combinations_naming_the_field():

@@ -46,10 +46,12 @@ def test_topology_mesh_rejects_wrong_axis_sizes():
         tpu_aot.topology_mesh("v5e:2x2", {"data": 2, "tensor": 4})
 
 
-@pytest.mark.parametrize("config, objective", [("tiny-electra.yaml", "electra"), ("tiny-albert.yaml", "mlm_sop")])
+@pytest.mark.parametrize("config, objective", [("tiny-electra.yaml", "electra"), ("tiny-albert.yaml", "mlm_sop"),
+                                               ("tiny-deberta-v3.yaml", "electra")])
 def test_compile_check_compiles_the_objective_step_for_v5e(config, objective, capsys):
     """`bertjax compile-check` on the shipped tiny configs: the whole sharded train step of ELECTRA (generator +
-    discriminator) and ALBERT (MLM + SOP) compiles for a v5e 2x2 slice (base-size results: docs/benchmarks.md)."""
+    discriminator), ALBERT (MLM + SOP) and DeBERTa-v3 (disentangled attention, GDES) compiles for a v5e 2x2 slice
+    (base-size results: docs/benchmarks.md)."""
     from bertjax.cli import main
 
     overrides = ["model.overrides.hidden_size=64", "model.overrides.num_layers=2", "model.overrides.embedding_size=32",
