@@ -8,7 +8,7 @@ Everything both sides see is the same: one transformers directory (a random-init
 `save_for_transformers`) loaded by `bertjax finetune` and by `AutoModelForSequenceClassification`; the real
 labelled texts of the offline demo (bertjax.finetune.demo_data: standard-library docstrings labelled with their
 package); AdamW with the same peak learning rate, weight decay, linear warmup ratio and decay, gradient clipping,
-dropout, batch, epochs and max_length. transformers pads each batch to its longest example
+dropout (0.1 on hidden states, none on attention probabilities: bertjax has none), batch, epochs and max_length. transformers pads each batch to its longest example
 (DataCollatorWithPadding, as run_glue does without --pad_to_max_length); bertjax pads every row to max_length,
 or packs several examples per row. A packed step holds more examples than a padded one, so the packed run uses
 `train.batch_size = batch / mean examples per row` rows: the same number of examples per update on average.
@@ -77,8 +77,11 @@ def run_transformers(model_dir: Path, train: list[dict], validation: list[dict],
     names = sorted({row["label"] for row in train})
     label_id = {name: i for i, name in enumerate(names)}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # bertjax applies no dropout to attention probabilities (as ModernBERT's default attention_dropout=0), so
+    # transformers runs without it as well: the same computation, the same regularisation.
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_id)
+        model_dir, num_labels=len(names), id2label=dict(enumerate(names)), label2id=label_id,
+        attention_probs_dropout_prob=0.0)
     collate = DataCollatorWithPadding(tokenizer, return_tensors="pt")
 
     def encode(rows):
