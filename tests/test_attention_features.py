@@ -98,7 +98,8 @@ def test_alibi_and_global_tokens_match_dense_forward_and_gradients(name):
     # bfloat16 inputs: close to the float32 dense result.
     qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
     low = jax.jit(lambda q, k, v: ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation=name,
-                                                alibi_slopes=slopes, global_tokens=glob, max_global_tokens=2))(qb, kb, vb)
+                                                alibi_slopes=slopes, global_tokens=glob,
+                                                max_global_tokens=2))(qb, kb, vb)
     assert low.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(low, np.float32)[real], np.asarray(expected)[real], atol=5e-2)
     with pytest.raises(ValueError, match="more than max_global_tokens=1"):
