@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 
 import jax
 import jax.numpy as jnp

@@ -97,8 +97,9 @@ def test_alibi_and_global_tokens_match_dense_forward_and_gradients(name):
     assert np.abs(np.asarray(plain) - np.asarray(expected))[real].max() > 1e-2
     # bfloat16 inputs: close to the float32 dense result.
     qb, kb, vb = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    low = ops.attention(qb, kb, vb, segment_ids=segments, local_window=8, implementation=name, alibi_slopes=slopes,
-                        global_tokens=glob)
+    low = jax.jit(lambda q, k, v: ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation=name,
+                                                alibi_slopes=slopes, global_tokens=glob,
+                                                max_global_tokens=2))(qb, kb, vb)
     assert low.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(low, np.float32)[real], np.asarray(expected)[real], atol=5e-2)
     with pytest.raises(ValueError, match="more than max_global_tokens=1"):
@@ -154,22 +155,24 @@ def test_alibi_and_longformer_memory_grows_linearly_in_blockwise():
         assert block[1] / block[0] < 2.6, (window, block)
 
 
-@pytest.mark.parametrize("window", [8])  # the bias code is the same for global layers (window None)
-def test_pallas_gpu_alibi_matches_dense_forward_and_gradients_in_interpret_mode(window):
+def test_pallas_gpu_alibi_and_global_tokens_match_dense_forward_and_gradients_in_interpret_mode():
+    """The kernel adds ALiBi per tile; global keys beyond the window join its softmax through the log-sum-exp, and
+    global queries get their own rows (both in XLA)."""
     from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
 
-    q, k, v, segments, _, slopes = feature_case()
+    q, k, v, segments, glob, slopes = feature_case()
     real = segments != 0
 
     def loss_and_out(pallas, q, k, v):
         def loss(q, k, v):
             if pallas:  # small tiles: 45 tokens span several query and key blocks
-                out = pallas_gpu_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=window,
+                out = pallas_gpu_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=8,
                                            scale=8 ** -0.5, interpret=True, alibi_slopes=jnp.asarray(slopes),
+                                           global_tokens=jnp.asarray(glob & real), global_slots=2,
                                            block_q=16, block_k=16)
             else:
-                out = ops.attention(q, k, v, segment_ids=segments, local_window=window, implementation="xla",
-                                    alibi_slopes=slopes)
+                out = ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation="xla",
+                                    alibi_slopes=slopes, global_tokens=glob)
             return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
         return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
 

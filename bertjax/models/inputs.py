@@ -58,8 +58,8 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
     if global_attention_mask is not None:
         if config.longformer is None:
             raise ValueError("global_attention_mask is a Longformer input (tokens with global attention); this model "
-                             f"has attention_kind={config.attention_kind!r}, which has no global attention (Longformer's "
-                             "is 'longformer')")
+                             f"has attention_kind={config.attention_kind!r}, which has no global attention "
+                             "(Longformer's is 'longformer')")
         global_tokens = (jnp.asarray(global_attention_mask) != 0) & (segment_ids != 0)  # padding is never global
     if config.type_vocab_size == 0:
         if token_type_ids is not None:

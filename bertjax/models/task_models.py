@@ -75,7 +75,8 @@ class EncoderForSequenceClassification(_Backbone):
         if global_attention_mask is None and self.config.longformer is not None:
             global_attention_mask = segment_starts(input_ids, attention_mask, segment_ids)
         hidden, inputs = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids,
-                                                 segment_ids, deterministic, global_attention_mask=global_attention_mask)
+                                                 segment_ids, deterministic,
+                                                 global_attention_mask=global_attention_mask)
         logits, segment_mask = self.classifier(hidden, inputs.segment_ids, max_segments, deterministic)
         if max_segments is None:
             return SequenceClassifierOutput(logits=logits[:, 0], last_hidden_state=hidden)

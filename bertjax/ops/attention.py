@@ -51,7 +51,7 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     "xla_blockwise": Implementation("bertjax.ops.blockwise_attention:blockwise_local_attention", _ALL),
     "xla_auto": Implementation("bertjax.ops.blockwise_attention:xla_auto_attention", _ALL),
     "pallas_tpu": Implementation("bertjax.ops.pallas_tpu_attention:pallas_tpu_attention", _WINDOW_GQA),
-    "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _WINDOW_GQA | {"alibi"}),
+    "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _ALL),
 }
 
 # What "auto" prefers on each JAX platform, best first; the first that supports the call is used. A platform

@@ -242,13 +242,15 @@ def _forward(q, k, v, seg, slopes, st: _Static):
     )(lo, hi, seg, slopes, q, k, v)
 
 
-def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static):
+def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     window = None if st.half is None else 2 * st.half
     # delta_i = sum_d dO_id O_id: the softmax-backward row term, cheap enough for XLA to compute outside.
     delta = jnp.einsum("bshd,bshd->bhs", do.astype(jnp.float32), out.astype(jnp.float32))
+    if dlse is not None:  # d lse / d s_ij = p_ij, so a log-sum-exp cotangent g enters as ds = p (dP - (delta - g))
+        delta = delta - dlse
 
     lo, hi = key_block_ranges(seg, window, st.block_q, st.block_k)
     q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
@@ -300,6 +302,67 @@ def _flash_attention_bwd(st: _Static, residuals, do):
 _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash_attention_lse(q, k, v, seg, slopes, st: _Static):
+    """(out, lse [batch, heads, seq]): the local part of an attention whose softmax continues over global keys."""
+    return _forward(q, k, v, seg, slopes, st)
+
+
+def _flash_attention_lse_fwd(q, k, v, seg, slopes, st: _Static):
+    out, lse = _forward(q, k, v, seg, slopes, st)
+    return (out, lse), (q, k, v, seg, slopes, out, lse)
+
+
+def _flash_attention_lse_bwd(st: _Static, residuals, cotangents):
+    q, k, v, seg, slopes, out, lse = residuals
+    do, dlse = cotangents
+    dq, dk, dv = _backward(q, k, v, seg, slopes, out, lse, do, st, dlse=dlse)
+    return dq, dk, dv, None, jnp.zeros_like(slopes)
+
+
+_flash_attention_lse.defvjp(_flash_attention_lse_fwd, _flash_attention_lse_bwd)
+
+
+def _with_global_tokens(q, k, v, seg, slopes, glob, global_slots, st: _Static, heads: int):
+    """Local attention in the kernel (which visits only the window's key blocks) merged, through the log-sum-exp,
+    with the row's global keys outside the window ([seq, slots] in XLA); then the global queries' own rows over their
+    whole segment ([slots, seq]). Work O(seq * (window + slots)); nothing [seq, seq]."""
+    from bertjax.ops.blockwise_attention import _global_order, _global_query_rows
+
+    batch, seq, _, dim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    out_local, lse_local = _flash_attention_lse(q, k, v, seg, slopes, st)
+    order, valid = _global_order(glob, global_slots or seq)
+    g_seg = jnp.where(valid, jnp.take_along_axis(seg, order, axis=1), -1)
+    gather = lambda x: jnp.take_along_axis(x, order[:, :, None, None], axis=1)  # [batch, slots, kv_heads, dim]
+    k_glob, v_glob = gather(k), gather(v)
+    qg = (q.astype(jnp.float32) * st.scale).reshape(batch, seq, kv_heads, group, dim)
+    scores = jnp.einsum("bshgd,bnhd->bhgsn", qg, k_glob.astype(jnp.float32))
+    positions = jnp.arange(seq)
+    distance = jnp.abs(positions[None, :, None] - order[:, None, :])  # [batch, seq, slots]
+    head_slopes = slopes[:heads].reshape(kv_heads, group)
+    if st.alibi:
+        scores = scores - head_slopes[None, :, :, None, None] * distance[:, None, None].astype(jnp.float32)
+    # Keys inside the window are already in the kernel's part: only global keys beyond it are added here.
+    visible = (seg[:, :, None] == g_seg[:, None, :]) & (seg[:, :, None] != 0) & (distance > st.half)
+    scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
+    m = jnp.max(scores, axis=-1)
+    p = jnp.where(visible[:, None, None], jnp.exp(scores - m[..., None]), 0.0)
+    total = jnp.sum(p, axis=-1)
+    out_global = jnp.einsum("bhgsn,bnhd->bshgd", p, v_glob.astype(jnp.float32))
+    out_global = out_global.reshape(batch, seq, heads, dim) / jnp.where(total > 0, total, 1.0).reshape(
+        batch, heads, seq).transpose(0, 2, 1)[..., None]
+    lse_global = jnp.where(total > 0, m + jnp.log(jnp.where(total > 0, total, 1.0)), MASK_VALUE).reshape(
+        batch, heads, seq)
+    lse = jnp.logaddexp(lse_local, lse_global)
+    w_local = jnp.exp(lse_local - lse).transpose(0, 2, 1)[..., None]
+    w_global = jnp.exp(lse_global - lse).transpose(0, 2, 1)[..., None]
+    out = (out_local.astype(jnp.float32) * w_local + out_global * w_global).astype(q.dtype)
+    scale = st.scale
+    return _global_query_rows(out, q, k, v, seg, order, valid, scale, head_slopes if st.alibi else None)
+
+
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
                          global_tokens=None, global_slots=None, block_q: int = DEFAULT_BLOCK_Q,
                          block_k: int = DEFAULT_BLOCK_K,
@@ -327,6 +390,10 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     slopes = jnp.zeros((max(16, pl.next_power_of_2(heads)),), jnp.float32)
     if alibi_slopes is not None:
         slopes = slopes.at[:heads].set(jnp.asarray(alibi_slopes, jnp.float32))
-    out = _flash_attention(pad(q, tail, extra_dim), pad(k, tail, extra_dim), pad(v, tail, extra_dim),
-                           pad(segment_ids.astype(jnp.int32), tail, 0), slopes, st)
+    q, k, v = pad(q, tail, extra_dim), pad(k, tail, extra_dim), pad(v, tail, extra_dim)
+    seg = pad(segment_ids.astype(jnp.int32), tail, 0)
+    if global_tokens is not None and st.half is not None:
+        out = _with_global_tokens(q, k, v, seg, slopes, pad(global_tokens, tail, 0), global_slots, st, heads)
+    else:  # a global layer already sees every global token
+        out = _flash_attention(q, k, v, seg, slopes, st)
     return out[:, :seq, :, :head_dim]
