@@ -54,9 +54,9 @@ def _tile_index(table: jax.Array, q_start, num_q: int, num_keys: int) -> jax.Arr
 
 
 def _scores(q, k, c2p, p2c, index, mask, scale):
-    """Masked float32 scores [b, h, nq, nk] of query rows q [b, nq, h, d] against all keys k [b, nk, h, d]; c2p
+    """Masked float32 scores [b, h, nq, nk] of query rows q [b, h, nq, d] against all keys k [b, h, nk, d]; c2p
     [b, h, nq, 2span] (those rows), p2c [b, h, nk, 2span] (all keys), index [nq, nk]."""
-    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    s = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32)
     if c2p is not None:
         s = s + jnp.take_along_axis(c2p, index[None, None], axis=-1)
     if p2c is not None:
@@ -67,20 +67,21 @@ def _scores(q, k, c2p, p2c, index, mask, scale):
 
 def _attend(q, k, v, c2p, p2c, index, mask, scale):
     probs = jax.nn.softmax(_scores(q, k, c2p, p2c, index, mask, scale), axis=-1)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+    return jnp.einsum("bhqk,bhkd->bhqd", probs.astype(v.dtype), v)
 
 
 def relative_products(q, k, pos_key, pos_query):
-    """(q . Kr^T [b, h, seq, 2span] or None, k . Qr^T [b, h, seq, 2span] or None), accumulated in float32."""
-    c2p = None if pos_key is None else jnp.einsum("bqhd,rhd->bhqr", q, pos_key, preferred_element_type=jnp.float32)
-    p2c = None if pos_query is None else jnp.einsum("bkhd,rhd->bhkr", k, pos_query,
+    """(q . Kr^T [b, h, seq, 2span] or None, k . Qr^T [b, h, seq, 2span] or None) of q, k [b, h, seq, d],
+    accumulated in float32."""
+    c2p = None if pos_key is None else jnp.einsum("bhqd,rhd->bhqr", q, pos_key, preferred_element_type=jnp.float32)
+    p2c = None if pos_query is None else jnp.einsum("bhkd,rhd->bhkr", k, pos_query,
                                                     preferred_element_type=jnp.float32)
     return c2p, p2c
 
 
 def dense_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=None):
     """Reference path: the whole [b, h, seq, seq] score matrix at once."""
-    seq = q.shape[1]
+    seq = q.shape[2]
     c2p, p2c = relative_products(q, k, pos_key, pos_query)
     index = _tile_index(table, 0, seq, seq)
     return _attend(q, k, v, c2p, p2c, index, attention_mask(segment_ids, segment_ids, None), scale)
@@ -89,26 +90,26 @@ def dense_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale
 def blockwise_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=128):
     """Query blocks of `block_size` rows, one after another; each block sees every key (its scores are [b, h,
     block, seq]) and is rematerialised in the backward pass, so live memory is O(block * seq), not O(seq^2)."""
-    batch, seq, heads, dim = q.shape
+    batch, heads, seq, dim = q.shape
     blocks = -(-seq // block_size)
     pad = blocks * block_size - seq
     c2p, p2c = relative_products(q, k, pos_key, pos_query)
     # Padded query rows carry segment 0: masked everywhere, cut off at the end.
-    q_pad = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0)))
     seg_pad = jnp.pad(segment_ids, ((0, 0), (0, pad)))
     c2p_pad = None if c2p is None else jnp.pad(c2p, ((0, 0), (0, 0), (0, pad), (0, 0)))
 
     @jax.checkpoint
     def block(start):
-        q_blk = jax.lax.dynamic_slice_in_dim(q_pad, start, block_size, axis=1)
+        q_blk = jax.lax.dynamic_slice_in_dim(q_pad, start, block_size, axis=2)
         seg_blk = jax.lax.dynamic_slice_in_dim(seg_pad, start, block_size, axis=1)
         c2p_blk = None if c2p_pad is None else jax.lax.dynamic_slice_in_dim(c2p_pad, start, block_size, axis=2)
         index = _tile_index(table, start, block_size, seq)
         return _attend(q_blk, k, v, c2p_blk, p2c, index, attention_mask(seg_blk, segment_ids, None), scale)
 
-    out = jax.lax.map(block, jnp.arange(blocks) * block_size)  # [blocks, b, block, h, d]
-    out = jnp.moveaxis(out, 0, 1).reshape(batch, blocks * block_size, heads, dim)
-    return out[:, :seq]
+    out = jax.lax.map(block, jnp.arange(blocks) * block_size)  # [blocks, b, h, block, d]
+    out = jnp.moveaxis(out, 0, 2).reshape(batch, heads, blocks * block_size, dim)
+    return out[:, :, :seq]
 
 
 # implementation name -> function; "auto" picks by length (DisentangledAttentionConfig.implementation).
@@ -129,5 +130,10 @@ def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: in
     terms = 1 + (pos_key is not None) + (pos_query is not None)
     scale = 1.0 / float(np.sqrt(np.float32(q.shape[-1] * terms)))
     table = jnp.asarray(relative_index(seq, seq, span, buckets, max_position))
-    return IMPLEMENTATIONS[implementation](q, k, v, pos_key, pos_query, segment_ids=segment_ids, table=table,
-                                           scale=scale, block_size=block_size)
+    # Heads ahead of the sequence for every contraction: XLA's CPU batched matmuls run several times slower with
+    # the [batch, seq, heads, dim] layout (docs/benchmarks.md, model forward), and the relative products and
+    # gathers then read contiguous [seq, 2 * span] rows per head.
+    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+    out = IMPLEMENTATIONS[implementation](q, k, v, pos_key, pos_query, segment_ids=segment_ids, table=table,
+                                          scale=scale, block_size=block_size)
+    return jnp.swapaxes(out, 1, 2)
