@@ -317,20 +317,20 @@ def test_data_parallel_over_four_devices_equals_one(tmp_path):
         rng = np.random.default_rng(0)
         params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.2, s.shape), s.dtype), abstract_params(model))
         class Tok: pad_id, cls_id, sep_id = 0, 1, 2
-        texts = [rng.integers(5, 128, n).astype(np.int32) for n in rng.integers(0, 40, 50)]
+        texts = [rng.integers(5, 128, n).astype(np.int32) for n in rng.integers(0, 40, 30)]
         outs = []
         for devices in (jax.devices(), jax.devices()[:1]):
             inference = TextInference(embedding_row_fn(model), Tok, 48, mesh=data_mesh(devices),
-                                      buckets=BucketConfig(lengths=(16, 48), max_tokens=192, max_segments=4))
+                                      buckets=BucketConfig(lengths=(48,), max_tokens=192, max_segments=4))
             assert all(rows % len(devices) == 0 for rows in inference.plan.rows.values())
             outs.append(inference.run_tokens(inference.runner.place_params(params), texts).segments["embedding"])
-        assert outs[0].shape == (50, 64)
+        assert outs[0].shape == (30, 64)
         np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
         print("ok")
     """)
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": ":".join(sys.path)}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
