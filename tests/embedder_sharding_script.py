@@ -55,7 +55,44 @@ def main() -> None:
                           "numpy_loss": float(numpy_mnrl(a, p, n if negatives else None, 20.0, symmetric)),
                           "max_grad_difference": difference,
                           "grad_sharding": str(mesh_grads[0].sharding.spec)})
-    print(json.dumps({"devices": jax.device_count(), "cases": cases}))
+    print(json.dumps({"devices": jax.device_count(), "cases": cases, "train_step": train_step_case()}))
+
+
+def train_step_case() -> dict:
+    """One cached (GradCache) train step of train-embedder's own step function on a tiny BERT, symmetric loss
+    with hard negatives: 8 devices (data=8) against 1; the loss and the updated parameters (= the gradients)."""
+    import bertjax
+    from bertjax.embeddings import EncoderForEmbedding, PoolingConfig
+    from bertjax.embeddings.train_config import embedder_config_from_dict
+    from bertjax.embeddings.training import make_steps
+    from bertjax.finetune.trainer import boxed_initialiser, global_batch
+    import optax
+    from bertjax.train.state import create_train_state
+
+    model_config = bertjax.get_config("bert-tiny", vocab_size=40, dropout_rate=0.0, hidden_size=16, num_layers=1,
+                                      num_heads=2, intermediate_size=24)
+    model = EncoderForEmbedding(model_config, pooling=PoolingConfig(modes=("mean",)))
+    config = embedder_config_from_dict({"train": {"batch_size": 16, "mini_batch_size": 8},
+                                        "loss": {"symmetric": True}})
+    rng = np.random.default_rng(2)
+    lengths = rng.integers(3, 8, size=(16, 3))
+    segments = (np.arange(8)[None, None, :] < lengths[..., None]).astype(np.int32)
+    batch = {"input_ids": rng.integers(5, 40, size=(16, 3, 8)).astype(np.int32) * segments,
+             "segment_ids": segments}
+    # Plain SGD with learning rate 1: the parameter change is the gradient itself, so the comparison below is
+    # that of the gradients (Adam would magnify rounding differences where a gradient is nearly 0).
+    schedule = lambda step: 1.0  # noqa: E731
+    optimizer = optax.sgd(1.0)
+    results = {}
+    for name, shape, devices in (("one", (1, 1, 1), jax.devices()[:1]), ("mesh", (8, 1, 1), jax.devices())):
+        mesh = mesh_lib.build_mesh(MeshConfig(*shape), devices)
+        state, shardings = create_train_state(boxed_initialiser(model), optimizer, mesh, seed=0)
+        train, _ = make_steps(model, optimizer, schedule, mesh, shardings, config, np.zeros(3, np.int32))
+        state, metrics = train(state, global_batch(batch, mesh))
+        results[name] = (float(metrics["loss"]), jax.tree.map(np.asarray, jax.device_get(state.params)))
+    difference = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), results["one"][1],
+                                                  results["mesh"][1])))
+    return {"one_device_loss": results["one"][0], "mesh_loss": results["mesh"][0], "max_param_difference": difference}
 
 
 if __name__ == "__main__":

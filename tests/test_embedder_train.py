@@ -95,6 +95,9 @@ def test_train_resume_and_model_dir(files, capsys):
     assert max(jax.tree.leaves(differences)) <= 1e-6
     texts = ["good day", "the cold night"]
     assert np.max(np.abs(load_sentence_encoder(model).encode(texts) - loaded.encode(texts))) > 1e-3  # it trained
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    reference = sentence_transformers.SentenceTransformer(str(workdir / "model"), device="cpu")
+    np.testing.assert_allclose(reference.encode(texts + [""]), loaded.encode(texts + [""]), atol=1e-5)
 
     # Resuming with another loss is refused, naming the key.
     changed = embedder_config_from_dict({**RAW, "loss": {"symmetric": True}})

@@ -12,6 +12,11 @@ Files:
     search.py                     exact top-k search over a saved embedding matrix (jitted, chunked)
     similarity.py                 cosine / dot / euclidean / manhattan, as sentence-transformers' similarity
     sentence_transformers_dir.py  load_sentence_encoder / save_sentence_encoder
+Training (`bertjax train-embedder`):
+    contrastive.py                in-batch ranking loss (one device, and over a mesh), GradCache
+    pairs.py                      (anchor, positive[, negative]) files -> token arrays
+    train_config.py               the typed run config; training.py: the run; retrieval_metrics.py: recall@k, MRR@k
+    demo_pairs.py                 docstring summary -> body pairs from the embedded corpus
 Pooling modes live in bertjax.models.pooling (task heads share them).
 """
 
