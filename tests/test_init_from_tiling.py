@@ -53,11 +53,14 @@ def test_layer_map_is_proportional_in_depth():
 def grown(tmp_path_factory):
     from bertjax.cli import main
     from bertjax.model_dirs import load_model_dir, save_model_dir
-    from bertjax.models import EncoderForMaskedLM, init_params
+    from bertjax.models import EncoderForMaskedLM, abstract_params
 
     root = tmp_path_factory.mktemp("init-from")
     source_model = EncoderForMaskedLM(get_config("modernbert-tiny", **SOURCE))
-    source_params = init_params(source_model, jax.random.key(1), seq_len=16)
+    # Random values everywhere (norm scales too), so that every tiled element is told apart from its neighbours.
+    rng = np.random.default_rng(1)
+    source_params = jax.tree.map(lambda spec: (0.2 * rng.normal(size=spec.shape)).astype(spec.dtype),
+                                 abstract_params(source_model))
     save_model_dir(root / "base", source_model, source_params)
     config = {"model": {"preset": "modernbert-tiny", "overrides": TARGET},
               "data": {"input": "default", "seq_len": 32, "global_batch_size": 8},
@@ -97,7 +100,7 @@ def test_grown_model_runs_and_init_from_reads_it_unchanged(grown):
     root, _, _, model, params = grown
     assert json.loads((root / "large" / "init_from.json").read_text())["layer_map"] == [0, 0, 1, 1, 2]
     ids = jnp.asarray(np.random.default_rng(0).integers(5, 128, size=(2, 24)), jnp.int32)
-    logits = model.apply({"params": params}, ids, jnp.ones_like(ids)).logits
+    logits = jax.jit(lambda p, i: model.apply({"params": p}, i, jnp.ones_like(i)).logits)(params, ids)
     assert logits.shape == (2, 24, 128) and bool(jnp.isfinite(logits).all())
     read = adapt_params(params, model.config, abstract_params(model))
     jax.tree.map(np.testing.assert_array_equal, read, params)
