@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "embed": "bertjax.commands.embed",
     "search": "bertjax.commands.search",
     "train-embedder": "bertjax.commands.train_embedder",
+    "init-from": "bertjax.commands.init_from",
 }
 
 

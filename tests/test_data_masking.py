@@ -175,3 +175,27 @@ def test_invalid_options_are_rejected():
         MaskingOptions(strategy="words")
     with pytest.raises(ValueError, match="rate"):
         MaskingOptions(rate=0.0)
+
+
+@pytest.mark.parametrize("size", ["base", "large"])
+def test_modernbert_configs_mask_as_published(size):
+    """ModernBERT (Warner et al., 2024): 30% of tokens predicted, 80/10/10, i.e. 24% [MASK], 3% random, 3% kept of
+    all maskable tokens; held-out batches at 15%. Read from the shipped run configs, measured over many rows."""
+    from bertjax.train.run_config import load_run_config
+    from train_helpers import REPO
+
+    data = load_run_config(REPO / f"configs/pretrain/modernbert-{size}.yaml").data.replace(seq_len=SEQ)
+    ids, seg = make_rows(3000)
+    total = candidates(ids, seg).sum()
+    for config, rate in ((data, 0.30), (data.for_evaluation(), 0.15)):
+        out = mask_rows(ids, seg, make_vocab(), config.masking_options(), np.random.default_rng(2))
+        rows, slots = np.nonzero(out["masked_weights"] > 0)
+        positions = out["masked_positions"][rows, slots]
+        now, original = out["input_ids"][rows, positions], ids[rows, positions]
+        masked, kept = now == MASK, now == original
+        assert abs(len(rows) / total - rate) < 0.01
+        assert abs(masked.sum() / total - 0.8 * rate) < 0.01
+        assert abs((~masked & ~kept).sum() / total - 0.1 * rate) < 0.01
+        assert abs(kept.sum() / total - 0.1 * rate) < 0.01
+    assert (data.mlm_probability, data.mask_token_fraction, data.random_token_fraction) == (0.3, 0.8, 0.1)
+    assert data.for_evaluation().mlm_probability == 0.15

@@ -8,9 +8,22 @@ adaptations follow Beltagy et al. (2020), who continued Longformer's pretraining
   copies of the same layer's local `query`, `key`, `value`.
 Anything else that does not match is an error naming the parameter: a warm start never silently re-initialises
 part of a model.
+
+Growing a model (`bertjax init-from`, ModernBERT-large from a trained ModernBERT-base, Warner et al. 2024):
+`grow_params` builds every parameter of a wider and deeper model from a smaller one of the same family:
+- centre tiling (`centre_tile`): along every axis where the new tensor is larger, index i of the new axis holds
+  index (i - offset) mod n of the source axis, offset = (new - n) // 2: the source sits whole in the middle and
+  wrapped copies of its edges fill both sides (numpy's `np.pad(source, ..., mode="wrap")`);
+- a Gopher-style layer map (`layer_map`): layer i of the L-layer model starts from layer floor(i * l / L) of the
+  l-layer source, so depth is mapped proportionally (the first from the first, the last from the last, source
+  layers repeated evenly). A norm the source layer lacks (ModernBERT's first layer has no attention norm) starts
+  as a fresh norm (scale 1, bias 0).
+The grown parameters are written as a bertjax model directory, which `model.init_from` then reads like any other.
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 import numpy as np
@@ -55,3 +68,60 @@ def initial_params(path: str, target_config: EncoderConfig, target: dict, shardi
 
     _, source, _ = load_model_dir(path)
     return jax.device_put(adapt_params(jax.device_get(source), target_config, target), shardings)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Growing a smaller model into a larger one: centre tiling and a proportional layer map.
+
+LAYER_SCOPE = re.compile(r"^layers_(\d+)$")
+
+
+def centre_tile(source: np.ndarray, shape: tuple[int, ...], name: str = "parameter") -> np.ndarray:
+    """`source` tiled up to `shape`: along each larger axis the source sits centred, wrapped copies on both sides."""
+    source = np.asarray(source)
+    if source.ndim != len(shape):
+        raise ValueError(f"init-from: {name} has {source.ndim} axes in the source model but {len(shape)} in the "
+                         f"target ({source.shape} -> {tuple(shape)})")
+    out = source
+    for axis, (old, new) in enumerate(zip(source.shape, shape)):
+        if new < old:
+            raise ValueError(f"init-from: {name} is {source.shape} in the source model, larger than the target's "
+                             f"{tuple(shape)} on axis {axis}: tiling only grows a model")
+        if new > old:
+            out = np.take(out, (np.arange(new) - (new - old) // 2) % old, axis=axis)
+    return out
+
+
+def layer_map(source_layers: int, target_layers: int) -> list[int]:
+    """The source layer each target layer starts from: floor(i * source / target) (depth mapped proportionally)."""
+    if source_layers < 1 or target_layers < 1:
+        raise ValueError(f"init-from: cannot map {source_layers} source layers onto {target_layers}")
+    return [i * source_layers // target_layers for i in range(target_layers)]
+
+
+def count_layers(flat: dict) -> int:
+    """How many `layers_<k>` scopes a flattened parameter tree holds (shared layers count once)."""
+    found = {int(match.group(1)) for path in flat for part in path if (match := LAYER_SCOPE.match(part))}
+    return len(found)
+
+
+def grow_params(source: dict, target: dict) -> tuple[dict, list[int]]:
+    """Numpy parameters of the target's structure (`target`: arrays or ShapeDtypeStructs) grown from `source` by
+    the layer map and centre tiling; returns them and the layer map."""
+    flat_source = {path: np.asarray(value) for path, value in traverse_util.flatten_dict(source).items()}
+    flat_target = traverse_util.flatten_dict(target)
+    mapping = (layer_map(count_layers(flat_source), count_layers(flat_target))
+               if count_layers(flat_target) else [])
+    out = {}
+    for path, spec in flat_target.items():
+        shape, name = tuple(spec.shape), "/".join(path)
+        source_path = tuple(f"layers_{mapping[int(match.group(1))]}" if (match := LAYER_SCOPE.match(part)) else part
+                            for part in path)
+        value = flat_source.get(source_path)
+        if value is None and len(path) >= 2 and path[-2].endswith("norm") and path[-1] in ("scale", "bias"):
+            value = np.full(shape, 1.0 if path[-1] == "scale" else 0.0)  # a norm the source layer does not have
+        if value is None:
+            raise ValueError(f"init-from: the source model has no parameter {'/'.join(source_path)} "
+                             f"(for the target's {name} {shape})")
+        out[path] = centre_tile(value, shape, name).astype(spec.dtype)
+    return traverse_util.unflatten_dict(out), mapping

@@ -40,7 +40,8 @@ class ModelConfig:
     remat_policy: str = "none"  # a name of bertjax.models.encoder.REMAT_POLICIES
     # A model directory (transformers, bertjax or a pretraining workdir) whose weights start a fresh run instead of
     # random ones, adapted by bertjax.train.init_from (Longformer from RoBERTa: positions copied to the longer
-    # table, global projections from the local ones). None: random initialisation. A resumed run ignores it.
+    # table, global projections from the local ones; a larger model grown from a smaller one by `bertjax init-from`,
+    # as ModernBERT-large from base). None: random initialisation. A resumed run ignores it.
     init_from: str | None = None
 
 
