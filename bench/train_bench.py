@@ -2,6 +2,7 @@
 
     python -m bench.train_bench                       # CPU: tiny, modernbert-base and bert-base at short rows,
                                                       # packed and one document per row, against transformers
+    python -m bench.train_bench --cpu-time            # CPU: one thread each, CPU seconds (for a shared machine)
     python -m bench.train_bench --gpu                 # GPU: modernbert-base, 1024 tokens, bfloat16, against
                                                       # transformers' ModernBertForMaskedLM on identical batches
 
@@ -35,6 +36,9 @@ from bertjax.train.setup import setup_run
 from bertjax.train.state import count_params
 
 MLM_RATE = 0.3
+# Wall-clock by default; `--cpu-time` switches to the process's CPU seconds with both frameworks on one thread,
+# which other jobs on a shared machine disturb far less than wall time.
+CLOCK = time.perf_counter
 # tiny.yaml's model (configs/pretrain/tiny.yaml) with its tokenizer's vocabulary size.
 TINY = dict(preset="modernbert-tiny", hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256,
             local_window=64, max_position_embeddings=128, vocab_size=8192)
@@ -81,11 +85,11 @@ def time_steps(step, state, batch, steps: int) -> tuple[float, object, float]:
     """(seconds per step, final state, first loss) after one compiling step."""
     state, metrics = step(state, batch)
     first_loss = float(metrics["loss"])
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(steps):
         state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
-    return (time.perf_counter() - start) / steps, state, first_loss
+    return (CLOCK() - start) / steps, state, first_loss
 
 
 def bench_bertjax(case: Case, steps: int, peak_per_device: float) -> dict:
@@ -143,31 +147,36 @@ def bench_transformers(case: Case, steps: int, jax_params, jax_model, device: st
 
     first_loss = float(step())
     synchronize()
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(steps):
         step()
     synchronize()
-    seconds = (time.perf_counter() - start) / steps
+    seconds = (CLOCK() - start) / steps
     return {"case": f"{case.name} (transformers)", "batch": case.batch, "seq_len": case.seq_len,
             "step_ms": 1e3 * seconds, "tokens_per_sec": case.batch * case.seq_len / seconds,
             "first_loss": first_loss}
 
 
-def cpu_cases() -> list[Case]:
+def cpu_cases(names: str | None = None) -> list[Case]:
     tiny = dict(TINY)
     tiny_config = get_config(tiny.pop("preset"), **tiny)
-    return [Case("tiny (configs/pretrain/tiny.yaml)", tiny_config, batch=32, seq_len=128),
-            Case("modernbert-base", get_config("modernbert-base"), batch=4, seq_len=128),
-            Case("bert-base", get_config("bert-base", dropout_rate=0.0), batch=4, seq_len=128)]
+    cases = {"tiny": Case("tiny (configs/pretrain/tiny.yaml)", tiny_config, batch=32, seq_len=128),
+             "modernbert-base": Case("modernbert-base", get_config("modernbert-base"), batch=4, seq_len=128),
+             "bert-base": Case("bert-base", get_config("bert-base", dropout_rate=0.0), batch=4, seq_len=128)}
+    wanted = names.split(",") if names else list(cases)
+    unknown = sorted(set(wanted) - set(cases))
+    if unknown:
+        raise SystemExit(f"--cases: unknown {unknown}; known: {sorted(cases)}")
+    return [cases[name] for name in wanted]
 
 
-def run_cpu(steps: int, with_transformers: bool = True) -> list[dict]:
+def run_cpu(steps: int, with_transformers: bool = True, names: str | None = None) -> list[dict]:
     """Each case three ways in one run: bertjax on packed rows (2 documents per row, as pretraining feeds it),
     bertjax on one document per row, and transformers on those same single-document rows and initial weights."""
     peak = flops_lib.measure_peak_flops(jnp.float32, size=2048)
     print(f"CPU float32 matmul rate measured here: {peak / 1e9:.1f} GFLOP/s per device (the MFU reference)")
     rows = []
-    for case in cpu_cases():
+    for case in cpu_cases(names):
         single = dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
         packed, one_doc = bench_bertjax(case, steps, peak), bench_bertjax(single, steps, peak)
         rows += [packed, one_doc]
@@ -218,9 +227,21 @@ def main() -> None:
                         help="ELECTRA-Small's step against MLM alone on the same discriminator (CPU)")
     parser.add_argument("--no-transformers", action="store_true",
                         help="CPU: bertjax only (no side-by-side transformers step)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="CPU: time CPU seconds with XLA and torch on one thread each (a loaded machine)")
+    parser.add_argument("--cases", default=None,
+                        help="CPU: comma-separated case names to run (tiny, modernbert-base, bert-base)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 5 on CPU, 20 on GPU)")
     parser.add_argument("--gpu-batch", type=int, default=16, help="rows of 1024 tokens per GPU step")
     args = parser.parse_args()
+    if args.cpu_time:
+        global CLOCK
+        # Read when the CPU backend starts, i.e. at the first computation below, not at `import jax`.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+        import torch
+        torch.set_num_threads(1)
+        CLOCK = time.process_time
     print(f"{datetime.date.today()}  {platform.platform()}  jax {jax.__version__}  "
           f"{jax.device_count()} x {jax.devices()[0].device_kind}  cores {os.cpu_count()}")
     if args.gpu:
@@ -231,8 +252,9 @@ def main() -> None:
     elif args.electra:
         rows = run_electra(args.steps or 5)
     else:
-        rows = run_cpu(args.steps or 5, with_transformers=not args.no_transformers)
-    print(f"\n{'case':<40} {'batch x seq':>12} {'step ms':>9} {'tokens/s':>10} {'MFU':>7} {'vs HF':>6}")
+        rows = run_cpu(args.steps or 5, with_transformers=not args.no_transformers, names=args.cases)
+    unit = "CPU ms" if args.cpu_time else "step ms"
+    print(f"\n{'case':<40} {'batch x seq':>12} {unit:>9} {'tokens/s':>10} {'MFU':>7} {'vs HF':>6}")
     for row in rows:
         shape = f"{row['batch']}x{row['seq_len']}" if "batch" in row else ""
         mfu = f"{100 * row['mfu']:.1f}%" if "mfu" in row else ""

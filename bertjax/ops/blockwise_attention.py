@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from bertjax.ops.xla_attention import MASKED, dense_attention
+from bertjax.ops.xla_attention import MASKED, dense_attention, unnormalised_softmax
 
 
 def default_chunk(half: int) -> int:
@@ -69,8 +69,7 @@ def query_chunked_attention(q, k, v, *, segment_ids, scale, alibi_slopes=None, c
             scores = scores - slopes[None, :, :, None, None] * distance
         visible = (sc[:, :, None] == segment_ids[:, None, :]) & (sc[:, :, None] != 0)
         scores = jnp.where(visible[:, None, None], scores, MASKED)
-        weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
-        denominator = weights.sum(axis=-1, keepdims=True)
+        weights, denominator = unnormalised_softmax(scores)
         out = jnp.einsum("bhgqk,bhkd->bhgqd", weights.astype(v.dtype), vt, preferred_element_type=jnp.float32)
         return (out / denominator).astype(q.dtype)
 
@@ -157,8 +156,7 @@ def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, inte
             g_scores = g_scores - slopes[None, :, None, :, None, None] * g_distance[:, None, :, None]
         g_visible = (seg_q[..., None] == g_seg[:, None, None, :]) & (seg_q[..., None] != 0)
         scores = jnp.concatenate([scores, jnp.where(g_visible[:, None, :, None], g_scores, MASKED)], axis=-1)
-    weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
-    denominator = weights.sum(axis=-1, keepdims=True)  # >= 1: the row maximum contributes exp(0)
+    weights, denominator = unnormalised_softmax(scores)
     weights = weights.astype(v.dtype).reshape(batch, kv_heads, num_chunks, group * chunk, -1)
     out = jnp.einsum("bhcqk,bhckd->bhcqd", weights[..., :slab], v_slab, preferred_element_type=jnp.float32)
     if global_tokens is not None:
@@ -193,8 +191,7 @@ def _global_query_rows(out, q, k, v, segment_ids, order, valid, scale, slopes):
     q_seg = jnp.take_along_axis(segment_ids, order, axis=1)
     visible = (q_seg[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
     scores = jnp.where(visible[:, None, None], scores, MASKED)
-    weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
-    denominator = weights.sum(axis=-1, keepdims=True)
+    weights, denominator = unnormalised_softmax(scores)
     rows = jnp.einsum("bhgqk,bkhd->bhgqd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
     rows = (rows / denominator).transpose(0, 3, 1, 2, 4).reshape(batch, slots, heads, head_dim).astype(out.dtype)
     target = jnp.where(valid, order, seq)  # slots past a row's last global token write nowhere

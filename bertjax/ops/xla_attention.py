@@ -9,12 +9,24 @@ build it per tile instead.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from bertjax.ops.masks import alibi_bias, attention_mask
 
 # Added to masked scores. Finite, so a row with no visible key (a padding query) stays finite instead of NaN.
 MASKED = -1e30
+
+
+def unnormalised_softmax(scores: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(exp(scores - row max), row sum of that): divide after the value matmul, where it touches fewer values.
+
+    The shift by the row maximum only keeps exp finite; softmax does not depend on it, so it carries no gradient.
+    Without the stop_gradient, autodiff differentiates through the max: an equality mask, a select and a reduction
+    over every [seq, seq] score in the backward pass, all to add terms that cancel.
+    """
+    weights = jnp.exp(scores - jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True)))
+    return weights, weights.sum(axis=-1, keepdims=True)  # >= 1: the row maximum contributes exp(0)
 
 
 def dense_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
@@ -37,8 +49,7 @@ def dense_attention(q, k, v, *, segment_ids, local_window, scale, interpret=Fals
         positions = jnp.arange(seq)
         scores = scores + alibi_bias(alibi_slopes, positions, positions).reshape(1, kv_heads, group, seq, seq)
     scores = jnp.where(visible[:, None, None], scores, MASKED)
-    weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
-    denominator = weights.sum(axis=-1, keepdims=True)  # >= 1: the row maximum contributes exp(0)
+    weights, denominator = unnormalised_softmax(scores)
     weights = weights.astype(v.dtype).reshape(batch, kv_heads, group * seq, seq)
     out = jnp.einsum("bhqk,bhkd->bhqd", weights, vt, preferred_element_type=jnp.float32)
     out = out.reshape(batch, kv_heads, group, seq, head_dim) / denominator
