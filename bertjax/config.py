@@ -185,6 +185,9 @@ class LongformerOptions:
     # computation, not [seq, seq]). None: as many as the concrete input has, and every position when the mask is
     # traced (correct for any mask, but quadratic in the sequence length).
     max_global_tokens: int | None = None
+    # transformers' sep_token_id: question answering and multiple choice put global attention on the question
+    # (tokens before the first separator) or on the choice (tokens after the second) when no mask is given.
+    sep_token_id: int = 2
 
     def __post_init__(self) -> None:
         check_field_types(self)

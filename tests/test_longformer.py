@@ -116,10 +116,15 @@ def test_task_heads_match_transformers_and_round_trip(head, tmp_path):
     model, params = load_dense(tmp_path / "hf")
     assert type(model) is bertjax.MODEL_CLASSES[head]
     ids, mask, glob = batch()
-    if head == "sequence_classification":
-        glob = None  # both put global attention on the first token when none is given
+    if head in ("sequence_classification", "question_answering", "multiple_choice"):
+        # No mask: both put global attention on the first token (classification), on the question before the
+        # first separator (QA) or on the answer after the separator pair (multiple choice). transformers wants
+        # exactly three separators per row: <s> question </s></s> answer </s>.
+        glob = None
+        for row, length in enumerate(LENGTHS):
+            ids[row, [4, 5, length - 1]] = 2
     if head == "multiple_choice":  # [batch=1, choices=3, seq]: the same [3, seq] rows inside
-        ids, mask, glob = ids[None], mask[None], glob[None]
+        ids, mask = ids[None], mask[None]
     expected = torch_outputs(ref, input_ids=ids, attention_mask=mask, global_attention_mask=glob)
     ours = model.apply({"params": params}, ids, attention_mask=mask, global_attention_mask=glob)
     assert_close(ours, expected, mask)

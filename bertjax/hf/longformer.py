@@ -35,7 +35,9 @@ def _windows(values: dict, num_layers: int) -> int | tuple[int, ...]:
 def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     config = _BASE.to_encoder_config(values, head)
     windows = _windows(values, config.num_layers)
-    return config.replace(attention_kind="longformer", longformer=LongformerOptions(attention_window=windows))
+    sep = values.get("sep_token_id")
+    return config.replace(attention_kind="longformer", longformer=LongformerOptions(
+        attention_window=windows, sep_token_id=_DEFAULTS["sep_token_id"] if sep is None else sep))
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:
@@ -47,6 +49,7 @@ def to_hf_config(config: EncoderConfig, head: str) -> dict:
     windows = config.longformer.attention_window
     values["attention_window"] = (list(windows) if isinstance(windows, tuple)
                                   else [windows] * config.num_layers)
+    values["sep_token_id"] = config.longformer.sep_token_id
     return values
 
 

@@ -60,6 +60,15 @@ def segment_starts(input_ids, attention_mask=None, segment_ids=None) -> jax.Arra
     return ((segments != previous) & (segments != 0)).astype(jnp.int32)
 
 
+def around_first_separator(input_ids, sep_token_id: int, before: bool) -> jax.Array:
+    """transformers' Longformer default global attention for QA (`before`: the question, tokens before the first
+    separator) and multiple choice (the choice: tokens after the separator pair that follows the question)."""
+    input_ids = jnp.asarray(input_ids)
+    first = jnp.argmax(input_ids == sep_token_id, axis=-1)[..., None]  # 0 when a row has no separator
+    positions = jnp.arange(input_ids.shape[-1])
+    return (positions < first if before else positions > first + 1).astype(jnp.int32)
+
+
 class EncoderForSequenceClassification(_Backbone):
     """Sequence classification or regression (num_labels=1): one prediction per row, or per packed segment."""
 
@@ -106,6 +115,10 @@ class EncoderForQuestionAnswering(_Backbone):
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
                  deterministic: bool = True, global_attention_mask=None) -> QuestionAnsweringOutput:
+        """Longformer: without a `global_attention_mask`, the question (tokens before the first separator) is
+        global, as transformers' LongformerForQuestionAnswering does."""
+        if global_attention_mask is None and self.config.longformer is not None:
+            global_attention_mask = around_first_separator(input_ids, self.config.longformer.sep_token_id, True)
         hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
                              global_attention_mask)
         logits = self.classifier(hidden, deterministic)
@@ -125,7 +138,11 @@ class EncoderForMultipleChoice(_Backbone):
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
                  deterministic: bool = True, global_attention_mask=None) -> MultipleChoiceOutput:
+        """Longformer: without a `global_attention_mask`, each choice's answer tokens (after the separator pair
+        that follows the question) are global, as transformers' LongformerForMultipleChoice does."""
         input_ids = jnp.asarray(input_ids)
+        if global_attention_mask is None and self.config.longformer is not None:
+            global_attention_mask = around_first_separator(input_ids, self.config.longformer.sep_token_id, False)
         if input_ids.ndim != 3:
             raise ValueError(f"multiple choice input_ids must be [batch, choices, seq], got shape {input_ids.shape}")
         batch, choices, seq = input_ids.shape
