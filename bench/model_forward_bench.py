@@ -17,6 +17,11 @@ import platform
 import tempfile
 import time
 
+import sys
+
+if "--cpu-time" in sys.argv:  # XLA reads its flags when jax is imported: one thread for every XLA computation
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,9 +94,6 @@ def main() -> None:
     import torch
     if args.cpu_time:
         global CLOCK
-        # Read when the CPU backend starts (the first computation), not at `import jax`.
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
         torch.set_num_threads(1)
         CLOCK = time.process_time
     import transformers

@@ -22,6 +22,11 @@ import platform
 import tempfile
 import time
 
+import sys
+
+if "--cpu-time" in sys.argv:  # XLA reads its flags when jax is imported: one thread for every XLA computation
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -236,9 +241,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.cpu_time:
         global CLOCK
-        # Read when the CPU backend starts, i.e. at the first computation below, not at `import jax`.
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
         import torch
         torch.set_num_threads(1)
         CLOCK = time.process_time
