@@ -16,25 +16,12 @@ from finetune_helpers import NEGATIVE, NEUTRAL, POSITIVE, sentiment_rows, tiny_m
 FAST = ["train.batch_size=16", "train.learning_rate=3e-3", "data.max_length=16", "train.progress_bar=false",
         "eval.batch_size=32"]
 
+# Runs compile the same programs again: a persistent cache (tests/conftest.py) turns the repeats into lookups.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
+
 
 def config(task: str, *overrides: str):
     return load_finetune_config(None, FAST + list(overrides), task_class(task).defaults)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """Runs of one config compile the same programs; a persistent cache turns the repeats into lookups."""
-    import jax
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {name: getattr(jax.config, name) for name in names}
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla-cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
 
 
 @pytest.fixture(scope="module")

@@ -40,21 +40,8 @@ PHASE_STARTS = {0: ("pretrain-32", 6, 32), 9: ("context-extension-64", 4, 64), 1
 TOTAL = 17
 STOPS = (2, 11, 15)  # before the batch grows to 7 rows, in context extension, in the decay
 
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    """The resumed runs compile the reference run's programs again; a persistent cache turns them into lookups."""
-    import jax
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {name: getattr(jax.config, name) for name in names}
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla-cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
+# Runs compile the same programs again: a persistent cache (tests/conftest.py) turns the repeats into lookups.
+pytestmark = pytest.mark.usefixtures("compilation_cache")
 
 
 @pytest.fixture(scope="module")
