@@ -24,7 +24,7 @@ from typing import Literal
 import yaml
 
 from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, parse_dataclass,
-                                      to_dict)
+                                      read_config_file, to_dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,18 +93,7 @@ class EmbedderConfig:
 
 def load_embedder_config(path: str | Path | None, overrides: list[str] = ()) -> EmbedderConfig:
     """The defaults, then the YAML file at `path` (optional), then `key=value` overrides."""
-    raw: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"run config {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from None
-        if not isinstance(loaded, (dict, type(None))):
-            raise ConfigError(f"{path}: the run config must be a mapping of sections, got {type(loaded).__name__}")
-        raw = dict(loaded or {})
+    raw = {} if path is None else read_config_file(path, empty_ok=True)
     for override in overrides:
         apply_override(raw, override)
     return parse_dataclass(EmbedderConfig, raw, "")

@@ -21,7 +21,7 @@ from typing import Literal, Mapping
 import yaml
 
 from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, parse_dataclass,
-                                      to_dict)
+                                      read_config_file, to_dict)
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 
@@ -94,16 +94,7 @@ def load_finetune_config(path: str | Path | None, overrides: list[str] = (),
     for section, values in (defaults or {}).items():
         raw[section] = dict(values)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"run config {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path}: not valid YAML: {error}") from None
-        if not isinstance(loaded, (dict, type(None))):
-            raise ConfigError(f"{path}: the run config must be a mapping of sections, got {type(loaded).__name__}")
-        for section, values in (loaded or {}).items():
+        for section, values in read_config_file(path, empty_ok=True).items():
             if isinstance(values, dict) and isinstance(raw.get(section), dict):
                 raw[section].update(values)
             else:

@@ -182,6 +182,15 @@ def data_config_class() -> type:
 
 def load_run_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     """Read a YAML run config, apply `key=value` overrides, and check every key and type."""
+    raw = read_config_file(path)
+    for override in overrides:
+        apply_override(raw, override)
+    return run_config_from_dict(raw)
+
+
+def read_config_file(path: str | Path, *, empty_ok: bool = False) -> dict:
+    """A YAML run config file as a dict of sections (pretraining, fine-tuning and embedder runs read it alike);
+    `empty_ok`: an empty file is no sections, for run types whose every key has a default."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"run config {path} does not exist")
@@ -189,11 +198,11 @@ def load_run_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if raw is None and empty_ok:
+        return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the run config must be a mapping of sections, got {type(raw).__name__}")
-    for override in overrides:
-        apply_override(raw, override)
-    return run_config_from_dict(raw)
+    return raw
 
 
 def run_config_from_dict(raw: Mapping) -> RunConfig:
