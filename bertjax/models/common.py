@@ -120,6 +120,28 @@ def dense(config: EncoderConfig, features, axes: tuple[str, ...], *, use_bias: b
     return Linear(features, in_ndim, axes, use_bias, config, name=name)
 
 
+def materialise(x: jax.Array, anchor: jax.Array) -> jax.Array:
+    """x, unchanged; on CPU it is computed once and stored instead of being recomputed inside each consumer.
+
+    Why: XLA's CPU fusion copies cheap elementwise producers into every consumer. A pre-norm stack's residual
+    stream is a chain of adds (x_{i+1} = x_i + f(norm(x_i))), so without a stored value each norm, each transposed
+    copy in the backward pass and each residual-gradient sum recomputes the sum of all earlier layers' outputs:
+    fusions with 300 operands over ModernBERT-base's 22 layers, two thirds of its CPU training step
+    (docs/benchmarks.md, issue 17). A floating-point division is an op that fusion never duplicates, and dividing
+    by exactly 1.0 changes no bit. The 1.0 is derived from `anchor` (any integer array known only at run time, such
+    as the token ids) so that the compiler cannot fold the division away; its transpose is again a division, so
+    the gradient of the stream is stored once per layer too. (`optimization_barrier` would say this directly, but
+    the CPU pipeline removes barriers before fusion.) Accelerator backends choose fusions by a cost model and get
+    x as it is.
+    """
+
+    def stored(x, anchor):
+        one = 1.0 + 0.0 * anchor.reshape(-1)[0].astype(jnp.float32)  # 1.0 for every integer
+        return x / one.astype(x.dtype)
+
+    return jax.lax.platform_dependent(x, anchor, cpu=stored, default=lambda x, anchor: x)
+
+
 def norm(config: EncoderConfig, name: str) -> nn.Module:
     """The family's normalisation: statistics in float32 whatever the compute dtype."""
     scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",))
