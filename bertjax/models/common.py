@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import flax.linen as nn
 import jax
@@ -81,16 +82,22 @@ class LinearWeights(nn.Module):
 
 
 def project(x: jax.Array, weights: list[tuple[jax.Array, jax.Array | None]], in_ndim: int, dtype) -> list[jax.Array]:
-    """x through several linear maps of the same input, as one matmul where their kernels have one shape.
+    """x through several linear maps of the same input, as one matmul where that pays.
 
     Stacked on a new, unsharded axis (not concatenated along an output axis that tensor parallelism may split),
     the kernels become one dot: x is read once, and in the backward pass XLA computes one input gradient instead
-    of summing several (on CPU, GeGLU's wi_0/wi_1 as one dot makes ModernBERT's fwd+bwd ~9% cheaper).
+    of summing several. The stacking itself copies every kernel on every call, a cost that follows the weights,
+    while the gain follows the activations; so kernels are stacked only when the rows of x are at least as many
+    as the stacked output features. Measured on CPU, one thread: tiny.yaml's model (4,096 rows, 384 stacked q/k/v
+    features) fwd+bwd 447 -> 390 ms stacked; ModernBERT-base at 1,024 rows (2,304 features) forward 790 -> 858
+    tokens/s and bert-base 1,330 -> 1,400 unstacked.
     """
     contract = tuple(range(x.ndim - in_ndim, x.ndim))
     x = x.astype(dtype)
     kernels = [kernel for kernel, _ in weights]
-    if len(weights) > 1 and len({kernel.shape for kernel in kernels}) == 1:
+    rows = math.prod(x.shape[:x.ndim - in_ndim])
+    stacked_features = sum(math.prod(kernel.shape[in_ndim:]) for kernel in kernels)
+    if len(weights) > 1 and len({kernel.shape for kernel in kernels}) == 1 and rows >= stacked_features:
         kernel = jnp.stack(kernels, axis=in_ndim).astype(dtype)  # [*in_shape, n, *features]
         y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(in_ndim))), ((), ())))
         axis = x.ndim - in_ndim  # split, not indexed: the backward concatenates instead of padding and adding
@@ -120,26 +127,26 @@ def dense(config: EncoderConfig, features, axes: tuple[str, ...], *, use_bias: b
     return Linear(features, in_ndim, axes, use_bias, config, name=name)
 
 
-def materialise(x: jax.Array, anchor: jax.Array) -> jax.Array:
+def materialise(x: jax.Array) -> jax.Array:
     """x, unchanged; on CPU it is computed once and stored instead of being recomputed inside each consumer.
 
     Why: XLA's CPU fusion copies cheap elementwise producers into every consumer. A pre-norm stack's residual
     stream is a chain of adds (x_{i+1} = x_i + f(norm(x_i))), so without a stored value each norm, each transposed
     copy in the backward pass and each residual-gradient sum recomputes the sum of all earlier layers' outputs:
     fusions with 300 operands over ModernBERT-base's 22 layers, two thirds of its CPU training step
-    (docs/benchmarks.md, issue 17). A floating-point division is an op that fusion never duplicates, and dividing
-    by exactly 1.0 changes no bit. The 1.0 is derived from `anchor` (any integer array known only at run time, such
-    as the token ids) so that the compiler cannot fold the division away; its transpose is again a division, so
-    the gradient of the stream is stored once per layer too. (`optimization_barrier` would say this directly, but
-    the CPU pipeline removes barriers before fusion.) Accelerator backends choose fusions by a cost model and get
-    x as it is.
+    (docs/benchmarks.md, issue 17). An elementwise floating-point division is an op that fusion never duplicates,
+    and x / (1 + 0 * x) is x bit for bit wherever x is finite (except subnormals below 1.2e-38, which XLA's CPU
+    division flushes to zero). The divisor must be a full-shape array: XLA rewrites
+    a division by a broadcast scalar into a (duplicable) multiplication. Its gradient is again such a division, so
+    the stream's gradient is stored once per layer too. (`optimization_barrier` would say this directly, but the
+    CPU pipeline removes barriers before fusion.) Accelerator backends choose fusions by a cost model and get x
+    as it is.
     """
 
-    def stored(x, anchor):
-        one = 1.0 + 0.0 * anchor.reshape(-1)[0].astype(jnp.float32)  # 1.0 for every integer
-        return x / one.astype(x.dtype)
+    def stored(x):
+        return x / jax.lax.stop_gradient(1 + 0 * x)
 
-    return jax.lax.platform_dependent(x, anchor, cpu=stored, default=lambda x, anchor: x)
+    return jax.lax.platform_dependent(x, cpu=stored, default=lambda x: x)
 
 
 def norm(config: EncoderConfig, name: str) -> nn.Module:
