@@ -98,3 +98,23 @@ def test_tile_sizes_must_fit_mosaic():
     with pytest.raises(ValueError, match="multiples of 128"):
         tpu_flash_attention(x, x, x, segment_ids=seg, local_window=4, scale=1.0, alibi_slopes=jnp.ones(2),
                             block_q=64)
+
+
+def test_mosaicbert_logits_match_dense_with_the_kernel():
+    """A whole MosaicBERT (ALiBi on every layer) with attention_implementation="pallas_tpu" runs this kernel and
+    gives the dense model's logits (packed row with padding, 40 tokens)."""
+    from bertjax.config import get_config
+    from bertjax.models import EncoderForMaskedLM, init_params
+
+    config = get_config("mosaicbert-tiny")
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1, config.vocab_size, (2, 40)).astype(np.int32)
+    seg = np.stack([np.r_[np.full(25, 1), np.full(10, 2), np.zeros(5)], np.ones(40)]).astype(np.int32)
+    params = init_params(EncoderForMaskedLM(config), jax.random.key(0))
+
+    def logits(implementation):
+        model = EncoderForMaskedLM(config.replace(attention_implementation=implementation, attention_interpret=True))
+        return np.asarray(jax.jit(lambda p: model.apply({"params": p}, ids, segment_ids=seg).logits)(params))
+
+    valid = seg != 0
+    np.testing.assert_allclose(logits("pallas_tpu")[valid], logits("xla")[valid], atol=1e-4, rtol=1e-4)

@@ -6,8 +6,10 @@ with `SegmentIds`, handles GQA natively (k/v with fewer heads, no repeat), has a
 fully-masked blocks from a block-sparsity table built at trace time, runs on CPU in interpret mode (forward and
 backward), and AOT-compiles for v5e with the `libtpu` wheel (`bench/tpu_aot_attention.py`, docs/benchmarks.md). It
 is maintained by the JAX team for Mosaic, whose tiling rules (lane width 128, sublane 8, VMEM limits) a kernel of
-ours would have to track by hand with no TPU here to test on. Our own kernel would only pay off for something
-splash cannot express; the ModernBERT pattern is not such a case.
+ours would have to track by hand with no TPU here to test on. Our own kernel only pays off for something splash
+cannot express: ALiBi (splash takes masks, no additive bias) and Longformer's global tokens (the merge needs the
+log-sum-exp, differentiably). Those calls go to `pallas_tpu_flash.py`, in the same shard_map; everything else to
+splash.
 
 What this wrapper adds:
 - splash applies no 1/sqrt(d) scale, so q is pre-scaled (in float32, then cast back);
