@@ -191,8 +191,8 @@ def _dkv_kernel(lo_ref, hi_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse_ref
         dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
 
 
-def _params(st: _Static):
-    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+# The last grid axis carries the online-softmax / gradient accumulators in scratch: it must run in order.
+_PARAMS = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
 
 
 def _segment_layouts(seg):
@@ -236,7 +236,7 @@ def _forward(q, k, v, seg, slopes, st: _Static):
     out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, st=st, num_q=num_q, steps=steps), grid_spec=grid_spec,
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, 1, seq), jnp.float32)],
-        compiler_params=_params(st), interpret=st.interpret, name="bertjax_tpu_flash_forward",
+        compiler_params=_PARAMS, interpret=st.interpret, name="bertjax_tpu_flash_forward",
     )(lo, hi, slopes, q, k, v, q_cols, k_rows)
     return out, lse[:, :, 0]
 
@@ -277,7 +277,7 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
                             pltpu.VMEM((st.block_q, LANES), jnp.float32),
                             pltpu.VMEM((st.block_q, dim), jnp.float32)]),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_params(st), interpret=st.interpret, name="bertjax_tpu_flash_dq",
+        compiler_params=_PARAMS, interpret=st.interpret, name="bertjax_tpu_flash_dq",
     )(lo, hi, slopes, q, do, lse_rows, delta_rows, k, v, q_cols, k_rows)
 
     # The visibility rule is symmetric: the query-block range of a key block is the same function transposed.
@@ -309,7 +309,7 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
             out_specs=[k_block, k_block],
             scratch_shapes=[pltpu.VMEM((st.block_k, dim), jnp.float32), pltpu.VMEM((st.block_k, dim), jnp.float32)]),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_params(st), interpret=st.interpret, name="bertjax_tpu_flash_dkv",
+        compiler_params=_PARAMS, interpret=st.interpret, name="bertjax_tpu_flash_dkv",
     )(k_lo, k_hi, slopes, k, v, q, do, lse_rows, delta_rows, q_cols, k_rows)
     return dq, dk, dv
 
