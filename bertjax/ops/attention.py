@@ -45,12 +45,12 @@ class Implementation:
 
 
 _ALL = frozenset(FEATURES)
-_WINDOW_GQA = frozenset({"local_window", "gqa"})
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "xla": Implementation("bertjax.ops.xla_attention:dense_attention", _ALL),
     "xla_blockwise": Implementation("bertjax.ops.blockwise_attention:blockwise_local_attention", _ALL),
     "xla_auto": Implementation("bertjax.ops.blockwise_attention:xla_auto_attention", _ALL),
-    "pallas_tpu": Implementation("bertjax.ops.pallas_tpu_attention:pallas_tpu_attention", _WINDOW_GQA),
+    # Splash attention; ALiBi and global tokens in bertjax's own Mosaic kernel (pallas_tpu_flash.py).
+    "pallas_tpu": Implementation("bertjax.ops.pallas_tpu_attention:pallas_tpu_attention", _ALL),
     "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _ALL),
 }
 

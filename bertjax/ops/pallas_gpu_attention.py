@@ -324,43 +324,13 @@ _flash_attention_lse.defvjp(_flash_attention_lse_fwd, _flash_attention_lse_bwd)
 
 
 def _with_global_tokens(q, k, v, seg, slopes, glob, global_slots, st: _Static, heads: int):
-    """Local attention in the kernel (which visits only the window's key blocks) merged, through the log-sum-exp,
-    with the row's global keys outside the window ([seq, slots] in XLA); then the global queries' own rows over their
-    whole segment ([slots, seq]). Work O(seq * (window + slots)); nothing [seq, seq]."""
-    from bertjax.ops.blockwise_attention import _global_order, _global_query_rows
+    """Local attention in the kernel (which visits only the window's key blocks) merged through its log-sum-exp with
+    the global keys beyond the window, and the global queries' own rows (global_tokens.py, shared with Pallas TPU)."""
+    from bertjax.ops.global_tokens import merge_global_tokens
 
-    batch, seq, _, dim = q.shape
-    kv_heads = k.shape[2]
-    group = heads // kv_heads
-    out_local, lse_local = _flash_attention_lse(q, k, v, seg, slopes, st)
-    order, valid = _global_order(glob, global_slots or seq)
-    g_seg = jnp.where(valid, jnp.take_along_axis(seg, order, axis=1), -1)
-    gather = lambda x: jnp.take_along_axis(x, order[:, :, None, None], axis=1)  # [batch, slots, kv_heads, dim]
-    k_glob, v_glob = gather(k), gather(v)
-    qg = (q.astype(jnp.float32) * st.scale).reshape(batch, seq, kv_heads, group, dim)
-    scores = jnp.einsum("bshgd,bnhd->bhgsn", qg, k_glob.astype(jnp.float32))
-    positions = jnp.arange(seq)
-    distance = jnp.abs(positions[None, :, None] - order[:, None, :])  # [batch, seq, slots]
-    head_slopes = slopes[:heads].reshape(kv_heads, group)
-    if st.alibi:
-        scores = scores - head_slopes[None, :, :, None, None] * distance[:, None, None].astype(jnp.float32)
-    # Keys inside the window are already in the kernel's part: only global keys beyond it are added here.
-    visible = (seg[:, :, None] == g_seg[:, None, :]) & (seg[:, :, None] != 0) & (distance > st.half)
-    scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
-    m = jnp.max(scores, axis=-1)
-    p = jnp.where(visible[:, None, None], jnp.exp(scores - m[..., None]), 0.0)
-    total = jnp.sum(p, axis=-1)
-    out_global = jnp.einsum("bhgsn,bnhd->bshgd", p, v_glob.astype(jnp.float32))
-    out_global = out_global.reshape(batch, seq, heads, dim) / jnp.where(total > 0, total, 1.0).reshape(
-        batch, heads, seq).transpose(0, 2, 1)[..., None]
-    lse_global = jnp.where(total > 0, m + jnp.log(jnp.where(total > 0, total, 1.0)), MASK_VALUE).reshape(
-        batch, heads, seq)
-    lse = jnp.logaddexp(lse_local, lse_global)
-    w_local = jnp.exp(lse_local - lse).transpose(0, 2, 1)[..., None]
-    w_global = jnp.exp(lse_global - lse).transpose(0, 2, 1)[..., None]
-    out = (out_local.astype(jnp.float32) * w_local + out_global * w_global).astype(q.dtype)
-    scale = st.scale
-    return _global_query_rows(out, q, k, v, seg, order, valid, scale, head_slopes if st.alibi else None)
+    return merge_global_tokens(q, k, v, seg, glob, global_slots, scale=st.scale, half=st.half,
+                               slopes=slopes[:heads] if st.alibi else None,
+                               local=lambda q, k, v: _flash_attention_lse(q, k, v, seg, slopes, st))
 
 
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,

@@ -6,8 +6,10 @@ with `SegmentIds`, handles GQA natively (k/v with fewer heads, no repeat), has a
 fully-masked blocks from a block-sparsity table built at trace time, runs on CPU in interpret mode (forward and
 backward), and AOT-compiles for v5e with the `libtpu` wheel (`bench/tpu_aot_attention.py`, docs/benchmarks.md). It
 is maintained by the JAX team for Mosaic, whose tiling rules (lane width 128, sublane 8, VMEM limits) a kernel of
-ours would have to track by hand with no TPU here to test on. Our own kernel would only pay off for something
-splash cannot express; the ModernBERT pattern is not such a case.
+ours would have to track by hand with no TPU here to test on. Our own kernel only pays off for something splash
+cannot express: ALiBi (splash takes masks, no additive bias) and Longformer's global tokens (the merge needs the
+log-sum-exp, differentiably). Those calls go to `pallas_tpu_flash.py`, in the same shard_map; everything else to
+splash.
 
 What this wrapper adds:
 - splash applies no 1/sqrt(d) scale, so q is pre-scaled (in float32, then cast back);
@@ -59,8 +61,37 @@ def _kernel(seq: int, heads: int, local_window: int | None, block: int, interpre
 
 def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
                          global_tokens=None, global_slots=None, block: int | None = None):
-    """Splash attention. Shapes and meaning as `bertjax.ops.attention`; `block` overrides the tile size."""
+    """Splash attention, or bertjax's own flash kernel (pallas_tpu_flash.py) for what splash cannot express: ALiBi
+    and global tokens. Shapes and meaning as `bertjax.ops.attention`; `block` overrides the tile size."""
     batch, seq, heads, head_dim = q.shape
+    own_kernel = alibi_slopes is not None or global_tokens is not None
+
+    def local_attention(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch/heads
+        if own_kernel:
+            from bertjax.ops.pallas_tpu_flash import tpu_flash_attention
+            return tpu_flash_attention(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale,
+                                       interpret=interpret, alibi_slopes=alibi_slopes, global_tokens=global_tokens,
+                                       global_slots=global_slots, block_q=block, block_k=block)
+        return _splash_attention(q, k, v, segment_ids, local_window, scale, interpret, block)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return local_attention(q, k, v, segment_ids, alibi_slopes, global_tokens)
+    batch_axes = _mesh_axes(mesh, "activation_batch", batch, default=mesh.axis_names)
+    # kv_heads divides heads, so axes that split the kv heads split the query heads too (GQA groups stay whole).
+    head_axes = _mesh_axes(mesh, "activation_heads", k.shape[2], default=(), taken=batch_axes or ())
+    qkv_spec, row_spec = P(batch_axes, None, head_axes, None), P(batch_axes, None)
+    # Optional operands travel as None (an empty pytree: no spec needed beyond a placeholder).
+    slope_spec = None if alibi_slopes is None else P(head_axes)
+    glob_spec = None if global_tokens is None else row_spec
+    return jax.shard_map(local_attention, mesh=mesh,
+                         in_specs=(qkv_spec, qkv_spec, qkv_spec, row_spec, slope_spec, glob_spec),
+                         out_specs=qkv_spec, check_vma=False)(q, k, v, segment_ids, alibi_slopes, global_tokens)
+
+
+def _splash_attention(q, k, v, segment_ids, local_window, scale, interpret, block):
+    """Splash attention on unsharded arrays (one device's shard)."""
+    seq = q.shape[1]
     block = _block_size(seq, block)
     padded = -(-seq // block) * block
     tail = padded - seq
@@ -68,26 +99,15 @@ def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     def to_kernel_layout(x):  # [batch, seq, heads, dim] -> [batch, heads, padded, dim]
         return jnp.pad(x, ((0, 0), (0, tail), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
 
-    def local_attention(q, k, v, segment_ids):  # on one device's shard of batch and heads
-        kernel = _kernel(padded, q.shape[2], local_window, block, bool(interpret))
-        seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
+    kernel = _kernel(padded, q.shape[2], local_window, block, bool(interpret))
+    seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
 
-        def one_example(q, k, v, seg):
-            return kernel(q, k, v, segment_ids=splash.SegmentIds(q=seg, kv=seg))
+    def one_example(q, k, v, seg):
+        return kernel(q, k, v, segment_ids=splash.SegmentIds(q=seg, kv=seg))
 
-        out = jax.vmap(one_example)(to_kernel_layout(q), to_kernel_layout(k), to_kernel_layout(v), seg)
-        return out.transpose(0, 2, 1, 3)[:, :seq]
-
-    q = (q.astype(jnp.float32) * scale).astype(q.dtype)
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return local_attention(q, k, v, segment_ids)
-    batch_axes = _mesh_axes(mesh, "activation_batch", batch, default=mesh.axis_names)
-    # kv_heads divides heads, so axes that split the kv heads split the query heads too (GQA groups stay whole).
-    head_axes = _mesh_axes(mesh, "activation_heads", k.shape[2], default=(), taken=batch_axes or ())
-    qkv_spec = P(batch_axes, None, head_axes, None)
-    return jax.shard_map(local_attention, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, P(batch_axes, None)),
-                         out_specs=qkv_spec, check_vma=False)(q, k, v, segment_ids)
+    q = (q.astype(jnp.float32) * scale).astype(q.dtype)  # splash applies no 1/sqrt(d) scale
+    out = jax.vmap(one_example)(to_kernel_layout(q), to_kernel_layout(k), to_kernel_layout(v), seg)
+    return out.transpose(0, 2, 1, 3)[:, :seq]
 
 
 def _mesh_axes(mesh, logical_name: str, size: int, default: tuple[str, ...],
