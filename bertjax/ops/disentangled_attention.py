@@ -9,7 +9,8 @@ is odd, so both terms read the same index table.
 
 The relative terms are gathered from [batch, heads, seq, 2 * span] products (q . Kr^T, k . Qr^T), linear in seq.
 "dense" then builds [batch, heads, seq, seq] scores (fast at short lengths); "blockwise" walks query blocks
-(rematerialised under autodiff), so no [seq, seq] tensor is ever live and memory stays linear in seq.
+(rematerialised under autodiff), so no [seq, seq] tensor is ever live and memory stays linear in seq; "pallas_gpu"
+(bertjax.ops.pallas_gpu_disentangled) gathers the relative terms per tile inside a flash-attention kernel on GPU.
 """
 
 from __future__ import annotations
