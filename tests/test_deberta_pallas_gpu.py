@@ -24,17 +24,17 @@ BATCH, HEADS, DIM, SPAN = 2, 2, 8, 8  # buckets = SPAN = 8 resolve distances up 
 MAX_POSITION = 20
 
 
-def inputs(seq: int, dtype, seed: int = 0):
+def inputs(seq: int, dtype, seed: int = 0, span: int = SPAN):
     rng = np.random.default_rng(seed)
     q, k, v = (jnp.asarray(rng.standard_normal((BATCH, seq, HEADS, DIM)), dtype) for _ in range(3))
-    pos_key, pos_query = (jnp.asarray(rng.standard_normal((2 * SPAN, HEADS, DIM)), dtype) for _ in range(2))
+    pos_key, pos_query = (jnp.asarray(rng.standard_normal((2 * span, HEADS, DIM)), dtype) for _ in range(2))
     seg = np.ones((BATCH, seq), np.int32)
     seg[0, seq // 2:] = 2  # two packed documents
     seg[1, seq - 7:] = 0  # padding at the end
     return (q, k, v, pos_key, pos_query), jnp.asarray(seg)
 
 
-def value_and_grads(implementation, args, seg, terms, buckets):
+def value_and_grads(implementation, args, seg, terms, buckets, max_position=MAX_POSITION):
     """Output and d/d(q, k, v, pos_key, pos_query) of sum(out * w) over real tokens, w a fixed random weight."""
     seq = seg.shape[1]
     w = jnp.asarray(np.random.default_rng(9).standard_normal((BATCH, seq, HEADS, DIM)), jnp.float32)
@@ -42,7 +42,8 @@ def value_and_grads(implementation, args, seg, terms, buckets):
     def loss(q, k, v, pos_key, pos_query):
         out = da.disentangled_attention(
             q, k, v, pos_key if "c2p" in terms else None, pos_query if "p2c" in terms else None, segment_ids=seg,
-            span=SPAN, buckets=buckets, max_position=MAX_POSITION, implementation=implementation, block_size=16,
+            span=args[3].shape[0] // 2, buckets=buckets, max_position=max_position, implementation=implementation,
+            block_size=16,
             interpret=True)
         return jnp.sum(jnp.where(seg[..., None, None] > 0, out.astype(jnp.float32), 0.0) * w), out
 
@@ -50,8 +51,9 @@ def value_and_grads(implementation, args, seg, terms, buckets):
     return np.asarray(out.astype(jnp.float32)), [np.asarray(g.astype(jnp.float32)) for g in grads]
 
 
-# (case, terms, seq, buckets, dtype, atol): seq 45 is not a multiple of the block (16), 64 is; buckets 0 = plain
-# clamping at SPAN. float32 runs full-precision matmuls in the kernel, so it matches to float32 rounding; bfloat16
+# (case, terms, seq, buckets, dtype, atol, span, max_position): seq 45 is not a multiple of the block (16), 64 is;
+# buckets 0 = plain clamping at SPAN; 64 buckets reaching only 34 step by up to 31 rows per distance, so a tile's
+# 31 distances reach 64 rows (the kernel widens its band). float32 runs full-precision matmuls in the kernel, so it matches to float32 rounding; bfloat16
 # inputs multiply in bfloat16 on both sides, but in a different order (online softmax, per-block sums).
 CASES = [
     ("both-float32-unaligned", ("c2p", "p2c"), 45, SPAN, jnp.float32, 2e-5),
@@ -59,15 +61,17 @@ CASES = [
     ("p2c-only-aligned", ("p2c",), 64, SPAN, jnp.float32, 2e-5),
     ("both-clamped-no-log-buckets", ("c2p", "p2c"), 45, 0, jnp.float32, 2e-5),
     ("both-bfloat16", ("c2p", "p2c"), 45, SPAN, jnp.bfloat16, 6e-2),
+    ("both-steep-log-buckets", ("c2p", "p2c"), 64, 64, jnp.float32, 2e-5, 64, 34),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
 def test_kernel_matches_dense_reference_forward_and_gradients(case):
-    _, terms, seq, buckets, dtype, atol = case
-    args, seg = inputs(seq, dtype)
-    ref_out, ref_grads = value_and_grads("dense", args, seg, terms, buckets)
-    out, grads = value_and_grads("pallas_gpu", args, seg, terms, buckets)
+    _, terms, seq, buckets, dtype, atol, *layout = case
+    span, max_position = layout or (SPAN, MAX_POSITION)
+    args, seg = inputs(seq, dtype, span=span)
+    ref_out, ref_grads = value_and_grads("dense", args, seg, terms, buckets, max_position)
+    out, grads = value_and_grads("pallas_gpu", args, seg, terms, buckets, max_position)
     real = np.asarray(seg) > 0
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out[real], ref_out[real], atol=atol, rtol=atol)
@@ -82,11 +86,16 @@ def test_kernel_matches_dense_reference_forward_and_gradients(case):
             assert not np.any(grads[names.index(name)]), name
 
 
-def test_buckets_really_clamp_in_these_cases():
-    """The cases above are only meaningful if distances of 45 tokens hit the log range and the last bucket."""
+def test_buckets_really_clamp_and_step_in_these_cases():
+    """The cases above are only meaningful if distances of 45 tokens hit the log range and the last bucket, and the
+    steep case's rows really outrun its distances."""
+    from bertjax.ops.pallas_gpu_disentangled import _row_band
+
     table = da.relative_index(45, 45, SPAN, SPAN, MAX_POSITION)
     assert table.min() == 0 and table.max() == 2 * SPAN - 1
     assert len(np.unique(table)) < len(table)  # several distances share a bucket: the gradients really scatter-add
+    steep = da.relative_index(64, 64, 64, 64, 34)
+    assert np.diff(steep).max() > 1 and _row_band(steep, 31) == 64 > 31
 
 
 def test_auto_picks_the_kernel_on_gpu_only_and_explicit_requests_are_checked():

@@ -157,7 +157,8 @@ def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: in
     implementation = resolve_implementation(implementation, seq, block_size)
     terms = 1 + (pos_key is not None) + (pos_query is not None)
     scale = 1.0 / float(np.sqrt(np.float32(q.shape[-1] * terms)))
-    table = jnp.asarray(relative_index(seq, seq, span, buckets, max_position))
+    # numpy, not a jax array: under jit that would be a tracer, and the Pallas kernel sizes its band from the table.
+    table = relative_index(seq, seq, span, buckets, max_position)
     # Heads ahead of the sequence for every contraction: XLA's CPU batched matmuls run several times slower with
     # the [batch, seq, heads, dim] layout (docs/benchmarks.md, model forward), and the relative products and
     # gathers then read contiguous [seq, 2 * span] rows per head.

@@ -14,9 +14,10 @@ Per tile (query block [i0, i0 + bq), key block [j0, j0 + bk)):
 - backward: the relative-table gradients are scatter-adds (many (i, j) of a row share a bucket once buckets clamp).
   Atomics would do, but Pallas' interpret mode drops duplicate updates, so the kernel never scatters: the distances
   of a tile span a band of bq + bk - 1 values and, the bucket function being monotone, their rows are a contiguous
-  range [r0, r0 + band). The tile's gradient in band coordinates, d[i, c] = sum_j ds[i, j] [idx(i, j) - r0 == c],
-  is a one-hot reduction over a [bq, bk, band] cube, then a one-hot matmul [bq, band] x [band, 2 * span] places it
-  into the program's own [bq, 2 * span] accumulator. dc2p rows belong to the dq program of their query block and
+  range [r0, r0 + band) (band = bq + bk - 1 rounded up, wider only where log buckets skip rows: `_row_band`).
+  The tile's gradient in band coordinates, d[i, c] = sum_j ds[i, j] [idx(i, j) - r0 == c], is a one-hot
+  reduction over a [bq, bk, band] cube, then a one-hot matmul [bq, band] x [band, 2 * span] places it into the
+  program's own [bq, 2 * span] accumulator. dc2p rows belong to the dq program of their query block and
   dp2c rows to the dk/dv program of their key block, so each program writes its rows once, with no races.
 
 Kernels, grids and block skipping are those of `pallas_gpu_attention` (no GQA, no window here: DeBERTa has
@@ -30,6 +31,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -52,10 +54,7 @@ class _Static:
     interpret: bool
     num_warps: int
     num_stages: int
-
-    @property
-    def band(self) -> int:  # distances in one tile, rounded to a power of two for Triton's ranges
-        return pl.next_power_of_2(self.block_q + self.block_k - 1)
+    band: int  # bucket rows one tile can touch (`_row_band`), a power of two for Triton's ranges
 
 
 def _tile_index(table_ref, q_first, k_first, st: _Static):
@@ -83,7 +82,7 @@ def _band_gradient(ds, index, first, st: _Static, axis: int):
     """sum over `axis` (1: keys, for c2p; 0: queries, for p2c) of ds scattered to bucket rows, placed into the full
     [rows, 2 * span] width: a one-hot cube reduction to the tile's band, then a one-hot matmul out of the band."""
     band = st.band
-    offset = index - first  # in [0, bq + bk - 1)
+    offset = index - first  # in [0, band): `_row_band`
     cube_shape = ds.shape + (band,)
     slot = lax.broadcasted_iota(jnp.int32, cube_shape, 2)
     return jnp.sum(jnp.where(offset[:, :, None] == slot, ds[:, :, None], 0.0), axis=axis)  # [rows, band]
@@ -241,6 +240,25 @@ def _backward(q, k, v, c2p, p2c, seg, table, out, lse, do, st: _Static):
     return dq, dk, dv, dc2p, dp2c
 
 
+def _concrete(table) -> np.ndarray:
+    try:
+        return np.asarray(table, np.int32)
+    except jax.errors.TracerArrayConversionError:
+        raise ValueError("pallas_gpu disentangled attention: `table` must be concrete (relative_index's numpy "
+                         "table), not traced: the kernel's band width is computed from it") from None
+
+
+def _row_band(table: np.ndarray, distances: int) -> int:
+    """How many consecutive bucket rows `distances` consecutive distances can reach (the table is monotone), as a
+    power of two. Usually the distance count itself; more where log buckets step by more than one row per distance
+    (max_relative_positions barely above position_buckets // 2), never more than the table has rows."""
+    if np.any(np.diff(table) < 0):
+        raise ValueError("pallas_gpu disentangled attention: the relative index table must be non-decreasing")
+    window = min(distances, len(table))
+    reach = int(np.max(table[window - 1:] - table[:len(table) - window + 1])) + 1
+    return pl.next_power_of_2(max(reach, 16))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _flash(q, k, v, c2p, p2c, seg, table, st: _Static):
     return _forward(q, k, v, c2p, p2c, seg, table, st)[0]
@@ -287,10 +305,11 @@ def pallas_gpu_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, 
     c2p = dummy if c2p is None else pad(c2p, width)
     p2c = dummy if p2c is None else pad(p2c, width)
     # Padded rows and keys are masked; the edge values keep their table reads inside [0, 2 * span).
-    table = jnp.pad(jnp.asarray(table, jnp.int32), (tail, tail), mode="edge")
+    table = np.pad(_concrete(table), (tail, tail), mode="edge")
+    band = _row_band(table, 2 * block - 1)
     seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
     st = _Static(scale=float(scale), block_q=block, block_k=block, seq=padded, c2p=pos_key is not None,
                  p2c=pos_query is not None, interpret=bool(interpret),
-                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages)
-    out = _flash(pad(q, padded_dim), pad(k, padded_dim), pad(v, padded_dim), c2p, p2c, seg, table, st)
+                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages, band=band)
+    out = _flash(pad(q, padded_dim), pad(k, padded_dim), pad(v, padded_dim), c2p, p2c, seg, jnp.asarray(table), st)
     return out[:, :, :seq, :head_dim]
