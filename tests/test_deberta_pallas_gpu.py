@@ -61,6 +61,7 @@ CASES = [
     ("p2c-only-aligned", ("p2c",), 64, SPAN, jnp.float32, 2e-5),
     ("both-clamped-no-log-buckets", ("c2p", "p2c"), 45, 0, jnp.float32, 2e-5),
     ("both-bfloat16", ("c2p", "p2c"), 45, SPAN, jnp.bfloat16, 6e-2),
+    ("content-only", (), 45, SPAN, jnp.float32, 2e-5),  # pos_att_type empty: plain flash attention
     ("both-steep-log-buckets", ("c2p", "p2c"), 64, 64, jnp.float32, 2e-5, 64, 34),
 ]
 

@@ -211,28 +211,30 @@ def _forward(q, k, v, c2p, p2c, seg, table, st: _Static):
 
 def _backward(q, k, v, c2p, p2c, seg, table, out, lse, do, st: _Static):
     batch, heads, seq, dim = q.shape
-    width = c2p.shape[-1] if st.c2p else p2c.shape[-1]
+    # An absent term's gradient output is a token 16 columns wide (never read): no [seq, 2 * span] of zeros.
+    c2p_width = c2p.shape[-1] if st.c2p else 16
+    p2c_width = p2c.shape[-1] if st.p2c else 16
     delta = jnp.einsum("bhsd,bhsd->bhs", do.astype(jnp.float32), out.astype(jnp.float32))
     whole = pl.no_block_spec
     lo, hi = key_block_ranges(seg, None, st.block_q, st.block_k)
     q_block = pl.BlockSpec((None, None, st.block_q, dim), lambda b, h, i: (b, h, i, 0))
     row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
-    rel_q_block = pl.BlockSpec((None, None, st.block_q, width), lambda b, h, i: (b, h, i, 0))
+    rel_q_block = pl.BlockSpec((None, None, st.block_q, c2p_width), lambda b, h, i: (b, h, i, 0))
     dq, dc2p = _call(_dq_kernel, "bertjax_disentangled_dq", (batch, heads, seq // st.block_q),
                      [whole, whole, whole, whole, q_block, q_block, row_block, row_block, whole, whole, whole, whole],
                      [q_block, rel_q_block],
                      [jax.ShapeDtypeStruct(q.shape, q.dtype),
-                      jax.ShapeDtypeStruct((batch, heads, seq, width), jnp.float32)],
+                      jax.ShapeDtypeStruct((batch, heads, seq, c2p_width), jnp.float32)],
                      st)(lo, hi, seg, table, q, do, lse, delta, k, v, c2p, p2c)
 
     k_lo, k_hi = key_block_ranges(seg, None, st.block_k, st.block_q)  # visibility is symmetric
     k_block = pl.BlockSpec((None, None, st.block_k, dim), lambda b, h, j: (b, h, j, 0))
-    rel_k_block = pl.BlockSpec((None, None, st.block_k, width), lambda b, h, j: (b, h, j, 0))
+    rel_k_block = pl.BlockSpec((None, None, st.block_k, p2c_width), lambda b, h, j: (b, h, j, 0))
     dk, dv, dp2c = _call(_dkv_kernel, "bertjax_disentangled_dkv", (batch, heads, seq // st.block_k),
                          [whole, whole, whole, whole, k_block, k_block, whole, whole, whole, whole, whole, whole],
                          [k_block, k_block, rel_k_block],
                          [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
-                          jax.ShapeDtypeStruct((batch, heads, seq, width), jnp.float32)],
+                          jax.ShapeDtypeStruct((batch, heads, seq, p2c_width), jnp.float32)],
                          st)(k_lo, k_hi, seg, table, k, v, q, do, lse, delta, c2p, p2c)
     # An absent term was passed as a dummy operand: its "gradient" is zeros of the dummy's shape.
     dc2p = dc2p if st.c2p else jnp.zeros_like(c2p)
@@ -288,14 +290,13 @@ def pallas_gpu_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, 
     if block < 16 or block & (block - 1):
         raise ValueError(f"pallas_gpu disentangled attention: block_size must be a power of two >= 16, got "
                          f"{block_size}")
-    if pos_key is None and pos_query is None:
-        raise ValueError("pallas_gpu disentangled attention needs at least one of c2p / p2c (pos_att_type)")
     batch, heads, seq, head_dim = q.shape
     c2p, p2c = relative_products(q, k, pos_key, pos_query)
     padded = -(-seq // block) * block
     tail = padded - seq
     padded_dim = max(16, pl.next_power_of_2(head_dim))
-    width = max(16, pl.next_power_of_2((c2p if c2p is not None else p2c).shape[-1]))
+    rows = next((2 * x.shape[0] for x in (pos_key, pos_query) if x is not None), 1)  # neither: content only
+    width = max(16, pl.next_power_of_2(rows))
 
     def pad(x, last):
         widths = ((0, 0), (0, 0), (0, tail), (0, last - x.shape[-1]))
