@@ -79,8 +79,8 @@ def _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st: _Stat
 
 
 def _band_gradient(ds, index, first, st: _Static, axis: int):
-    """sum over `axis` (1: keys, for c2p; 0: queries, for p2c) of ds scattered to bucket rows, placed into the full
-    [rows, 2 * span] width: a one-hot cube reduction to the tile's band, then a one-hot matmul out of the band."""
+    """[rows, band]: one tile's ds summed over `axis` (1: keys, for c2p rows; 0: queries, for p2c rows) into slot
+    idx - r0 of its bucket row, as a one-hot reduction over a [bq, bk, band] cube (no scatter, no atomics)."""
     band = st.band
     offset = index - first  # in [0, band): `_row_band`
     cube_shape = ds.shape + (band,)
