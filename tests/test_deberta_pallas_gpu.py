@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -153,3 +154,31 @@ def test_kernels_lower_to_triton_for_cuda():
         disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(q, q, q, pos, pos)
     kernels = set(re.findall(r'name = "(bertjax_disentangled_[a-z]+)"', exported.mlir_module()))
     assert kernels == {"bertjax_disentangled_forward", "bertjax_disentangled_dq", "bertjax_disentangled_dkv"}
+
+
+def _shapes(jaxpr):
+    """Every value shape in a jaxpr, sub-jaxprs (custom_vjp rules, pallas kernel bodies, loops) included."""
+    for eqn in jaxpr.eqns:
+        for var in (*eqn.invars, *eqn.outvars):
+            if hasattr(var.aval, "shape"):
+                yield tuple(var.aval.shape)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _shapes(sub)
+
+
+def test_no_seq_by_seq_value_forward_or_backward():
+    """The whole value-and-gradient program of the kernel path (traced for GPU, not interpreted) holds no value with
+    two sequence-long axes; the dense reference does (so the check can see one)."""
+    seq = 256
+    args, seg = inputs(seq, jnp.float32)
+
+    def program(implementation):
+        def loss(*a):
+            out = da.disentangled_attention(*a, segment_ids=seg, span=SPAN, buckets=SPAN, max_position=MAX_POSITION,
+                                            implementation=implementation, block_size=32)
+            return jnp.sum(out)
+        return jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))(*args).jaxpr
+
+    quadratic = lambda jaxpr: [s for s in _shapes(jaxpr) if sum(d >= seq for d in s) >= 2]
+    assert quadratic(program("dense"))
+    assert not quadratic(program("pallas_gpu"))
