@@ -128,7 +128,7 @@ class DisentangledAttentionConfig:
     legacy_mlm_head: bool = True
     # "auto": the Pallas kernel on GPU; elsewhere dense up to block_size * 4 tokens, else blockwise
     implementation: DisentangledImplementation = "auto"
-    block_size: int = 128  # queries per step of the blockwise path
+    block_size: int = 128  # queries per step of the blockwise path; pallas_gpu tiles are min(block_size, 32) wide
 
     def __post_init__(self) -> None:
         check_field_types(self)
