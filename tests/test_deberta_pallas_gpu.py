@@ -54,8 +54,9 @@ def value_and_grads(implementation, args, seg, terms, buckets, max_position=MAX_
 
 # (case, terms, seq, buckets, dtype, atol, span, max_position): seq 45 is not a multiple of the block (16), 64 is;
 # buckets 0 = plain clamping at SPAN; 64 buckets reaching only 34 step by up to 31 rows per distance, so a tile's
-# 31 distances reach 64 rows (the kernel widens its band). float32 runs full-precision matmuls in the kernel, so it matches to float32 rounding; bfloat16
-# inputs multiply in bfloat16 on both sides, but in a different order (online softmax, per-block sums).
+# 31 distances reach 64 rows (the kernel widens its band). float32 runs full-precision matmuls in the kernel, so it
+# matches to float32 rounding; bfloat16 inputs multiply in bfloat16 on both sides, but in a different order (online
+# softmax, per-block sums).
 CASES = [
     ("both-float32-unaligned", ("c2p", "p2c"), 45, SPAN, jnp.float32, 2e-5),
     ("c2p-only", ("c2p",), 45, SPAN, jnp.float32, 2e-5),
