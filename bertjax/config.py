@@ -23,7 +23,7 @@ ProblemType = Literal["single_label_classification", "multi_label_classification
 # "bos"), the mean of the token states ("mean"), or the mean of per-token logits ("late", EuroBERT's default).
 ClassifierPooling = Literal["cls", "mean", "late", "last"]  # "last": the last token (XLNet's <cls>)
 RelativeTerm = Literal["c2p", "p2c"]
-DisentangledImplementation = Literal["auto", "dense", "blockwise"]
+DisentangledImplementation = Literal["auto", "dense", "blockwise", "pallas_gpu"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +126,9 @@ class DisentangledAttentionConfig:
     # Hugging Face tensor names only: True writes the MLM head as `cls.predictions.*`, False as
     # `lm_predictions.lm_head.*` (the `legacy` key); the math is the same.
     legacy_mlm_head: bool = True
-    implementation: DisentangledImplementation = "auto"  # "auto": dense up to block_size * 4 tokens, else blockwise
-    block_size: int = 128  # queries per step of the blockwise path
+    # "auto": the Pallas kernel on GPU; elsewhere dense up to block_size * 4 tokens, else blockwise
+    implementation: DisentangledImplementation = "auto"
+    block_size: int = 128  # queries per step of the blockwise path; pallas_gpu tiles are min(block_size, 32) wide
 
     def __post_init__(self) -> None:
         check_field_types(self)

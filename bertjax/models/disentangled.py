@@ -58,7 +58,8 @@ class DisentangledSelfAttention(nn.Module):
             pos_query = (query if dis.share_att_key else proj("pos_query", True))(rel)
         out = disentangled_attention(q, k, v, pos_key, pos_query, segment_ids=inputs.segment_ids, span=dis.span,
                                      buckets=dis.position_buckets, max_position=dis.max_relative_positions,
-                                     implementation=dis.implementation, block_size=dis.block_size)
+                                     implementation=dis.implementation, block_size=dis.block_size,
+                                     interpret=cfg.attention_interpret)
         out = nn.with_logical_constraint(out, ("activation_batch", "activation_length", "activation_heads",
                                                "activation_kv"))
         return dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), use_bias=True, in_ndim=2, name="out")(out)

@@ -9,12 +9,14 @@ is odd, so both terms read the same index table.
 
 The relative terms are gathered from [batch, heads, seq, 2 * span] products (q . Kr^T, k . Qr^T), linear in seq.
 "dense" then builds [batch, heads, seq, seq] scores (fast at short lengths); "blockwise" walks query blocks
-(rematerialised under autodiff), so no [seq, seq] tensor is ever live and memory stays linear in seq.
+(rematerialised under autodiff), so no [seq, seq] tensor is ever live and memory stays linear in seq; "pallas_gpu"
+(bertjax.ops.pallas_gpu_disentangled) gathers the relative terms per tile inside a flash-attention kernel on GPU.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -79,15 +81,17 @@ def relative_products(q, k, pos_key, pos_query):
     return c2p, p2c
 
 
-def dense_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=None):
-    """Reference path: the whole [b, h, seq, seq] score matrix at once."""
+def dense_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=None,
+                       interpret=False):
+    """Reference path: the whole [b, h, seq, seq] score matrix at once. (interpret: Pallas only, ignored.)"""
     seq = q.shape[2]
     c2p, p2c = relative_products(q, k, pos_key, pos_query)
     index = _tile_index(table, 0, seq, seq)
     return _attend(q, k, v, c2p, p2c, index, attention_mask(segment_ids, segment_ids, None), scale)
 
 
-def blockwise_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=128):
+def blockwise_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=128,
+                           interpret=False):
     """Query blocks of `block_size` rows, one after another; each block sees every key (its scores are [b, h,
     block, seq]) and is rematerialised in the backward pass, so live memory is O(block * seq), not O(seq^2)."""
     batch, heads, seq, dim = q.shape
@@ -112,28 +116,53 @@ def blockwise_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, s
     return out[:, :, :seq]
 
 
-# implementation name -> function; "auto" picks by length (DisentangledAttentionConfig.implementation).
-IMPLEMENTATIONS = {"dense": dense_disentangled, "blockwise": blockwise_disentangled}
+# implementation name -> function, or "module:function" for a backend's kernel (imported only when used, so the
+# Triton-only module stays out of CPU and TPU programs). All take q, k, v [b, h, seq, d] and the same keywords.
+IMPLEMENTATIONS = {
+    "dense": dense_disentangled,
+    "blockwise": blockwise_disentangled,
+    "pallas_gpu": "bertjax.ops.pallas_gpu_disentangled:pallas_gpu_disentangled",
+}
+# What "auto" runs on a JAX platform; a platform missing here takes the XLA path by length: dense up to
+# 4 * block_size tokens (fast), blockwise beyond (memory linear in seq).
+AUTO_BY_PLATFORM = {"gpu": "pallas_gpu"}
 
 
-def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: int, buckets: int, max_position: int,
-                           implementation: str = "auto", block_size: int = 128) -> jax.Array:
-    """q, k, v [batch, seq, heads, head_dim]; pos_key / pos_query [2 * span, heads, head_dim] or None (term off).
-
-    Returns [batch, seq, heads, head_dim]. Tokens attend within their segment (0 = padding)."""
-    seq = q.shape[1]
+def resolve_implementation(implementation: str, seq: int, block_size: int, platform: str | None = None) -> str:
+    """The IMPLEMENTATIONS name that serves a call ("auto" resolved for `platform`, default this backend)."""
     if implementation == "auto":
-        implementation = "dense" if seq <= 4 * block_size else "blockwise"
+        by_length = "dense" if seq <= 4 * block_size else "blockwise"
+        implementation = AUTO_BY_PLATFORM.get(platform or jax.default_backend(), by_length)
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"disentangled attention implementation {implementation!r} is unknown; known: "
                          f"{['auto', *sorted(IMPLEMENTATIONS)]}")
+    return implementation
+
+
+def _load(name: str):
+    fn = IMPLEMENTATIONS[name]
+    if isinstance(fn, str):
+        module_name, function_name = fn.split(":")
+        fn = getattr(importlib.import_module(module_name), function_name)
+    return fn
+
+
+def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: int, buckets: int, max_position: int,
+                           implementation: str = "auto", block_size: int = 128, interpret: bool = False) -> jax.Array:
+    """q, k, v [batch, seq, heads, head_dim]; pos_key / pos_query [2 * span, heads, head_dim] or None (term off).
+
+    Returns [batch, seq, heads, head_dim]. Tokens attend within their segment (0 = padding). interpret: run a
+    Pallas implementation in interpret mode (CPU tests)."""
+    seq = q.shape[1]
+    implementation = resolve_implementation(implementation, seq, block_size)
     terms = 1 + (pos_key is not None) + (pos_query is not None)
     scale = 1.0 / float(np.sqrt(np.float32(q.shape[-1] * terms)))
-    table = jnp.asarray(relative_index(seq, seq, span, buckets, max_position))
+    # numpy, not a jax array: under jit that would be a tracer, and the Pallas kernel sizes its band from the table.
+    table = relative_index(seq, seq, span, buckets, max_position)
     # Heads ahead of the sequence for every contraction: XLA's CPU batched matmuls run several times slower with
     # the [batch, seq, heads, dim] layout (docs/benchmarks.md, model forward), and the relative products and
     # gathers then read contiguous [seq, 2 * span] rows per head.
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
-    out = IMPLEMENTATIONS[implementation](q, k, v, pos_key, pos_query, segment_ids=segment_ids, table=table,
-                                          scale=scale, block_size=block_size)
+    out = _load(implementation)(q, k, v, pos_key, pos_query, segment_ids=segment_ids, table=table, scale=scale,
+                                block_size=block_size, interpret=interpret)
     return jnp.swapaxes(out, 1, 2)

@@ -1,0 +1,316 @@
+"""DeBERTa's disentangled attention as a Pallas GPU (Triton) flash-attention kernel: the c2p / p2c terms are gathered
+per tile inside the online-softmax loop, so no [batch, heads, seq, seq] tensor exists, forward or backward.
+
+    score[i, j] = (q_i . k_j + c2p[i, idx(i - j)] + p2c[j, idx(i - j)]) * scale
+
+c2p = q . Kr^T and p2c = k . Qr^T are the [seq, 2 * span] projected position tables per (batch, head), computed by
+XLA outside the kernel (`relative_products`: linear in seq, and their gradients to q, k and the position
+projections are XLA's). idx is the bucket row of a distance, read from the precomputed `relative_index` table
+(one entry per distance, 2 * seq - 1 of them), so the log buckets are exactly those of the XLA paths.
+
+Per tile (query block [i0, i0 + bq), key block [j0, j0 + bk)):
+- forward and recomputation: the bias is a gather load c2p[i, idx] / p2c[j, idx] (Triton loads through a tensor
+  of pointers; duplicates are harmless for loads);
+- backward: the relative-table gradients are scatter-adds (many (i, j) of a row share a bucket once buckets clamp).
+  Atomics would do, but Pallas' interpret mode drops duplicate updates, so the kernel never scatters: the distances
+  of a tile span a band of bq + bk - 1 values and, the bucket function being monotone, their rows are a contiguous
+  range [r0, r0 + band) (band = bq + bk - 1 rounded up, wider only where log buckets skip rows: `_row_band`).
+  The tile's gradient in band coordinates, d[i, c] = sum_j ds[i, j] [idx(i, j) - r0 == c], is a one-hot
+  reduction over a [bq, bk, band] cube, then a one-hot matmul [bq, band] x [band, 2 * span] places it into the
+  program's own [bq, 2 * span] accumulator. dc2p rows belong to the dq program of their query block and
+  dp2c rows to the dk/dv program of their key block, so each program writes its rows once, with no races.
+
+Kernels, grids and block skipping are those of `pallas_gpu_attention` (no GQA, no window here: DeBERTa has
+neither). Padding of sequence and head dimension, float32 / bfloat16 precision rules: as there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from bertjax.ops.disentangled_attention import relative_products
+from bertjax.ops.pallas_gpu_attention import MASK_VALUE, _dot, _visible, key_block_ranges
+
+DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, 2 * block] floats
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """Compile-time settings of the three kernels (hashable: a custom_vjp non-differentiable argument)."""
+
+    scale: float
+    block_q: int
+    block_k: int
+    seq: int  # padded sequence length: the table holds 2 * seq - 1 distances
+    c2p: bool
+    p2c: bool
+    interpret: bool
+    num_warps: int
+    num_stages: int
+    band: int  # bucket rows one tile can touch (`_row_band`), a power of two for Triton's ranges
+
+
+def _tile_index(table_ref, q_first, k_first, st: _Static):
+    """[bq, bk] bucket rows idx(i - j) of one tile, and the band's first row r0 (the smallest: idx is monotone)."""
+    shape = (st.block_q, st.block_k)
+    rows = q_first + lax.broadcasted_iota(jnp.int32, shape, 0)
+    cols = k_first + lax.broadcasted_iota(jnp.int32, shape, 1)
+    index = table_ref[rows - cols + (st.seq - 1)]
+    first = table_ref[q_first - (k_first + st.block_k - 1) + (st.seq - 1)]
+    return rows, cols, index, first
+
+
+def _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st: _Static):
+    """Scaled scores of one tile: content plus the gathered relative terms; and the tile's bucket rows."""
+    s = _dot(q, k, ((1,), (1,)))
+    rows, cols, index, first = _tile_index(table_ref, q_first, k_first, st)
+    if st.c2p:
+        s = s + c2p_ref[b, h, rows, index]
+    if st.p2c:
+        s = s + p2c_ref[b, h, cols, index]
+    return s * st.scale, index, first
+
+
+def _band_gradient(ds, index, first, st: _Static, axis: int):
+    """[rows, band]: one tile's ds summed over `axis` (1: keys, for c2p rows; 0: queries, for p2c rows) into slot
+    idx - r0 of its bucket row, as a one-hot reduction over a [bq, bk, band] cube (no scatter, no atomics)."""
+    band = st.band
+    offset = index - first  # in [0, band): `_row_band`
+    cube_shape = ds.shape + (band,)
+    slot = lax.broadcasted_iota(jnp.int32, cube_shape, 2)
+    return jnp.sum(jnp.where(offset[:, :, None] == slot, ds[:, :, None], 0.0), axis=axis)  # [rows, band]
+
+
+def _place(d, first, width: int):
+    """[rows, band] -> [rows, width]: column c goes to first + c, as a one-hot matmul (exact: one term per entry)."""
+    band = d.shape[1]
+    place = (lax.broadcasted_iota(jnp.int32, (band, width), 1)
+             == first + lax.broadcasted_iota(jnp.int32, (band, width), 0)).astype(jnp.float32)
+    return _dot(d, place)
+
+
+def _forward_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, k_ref, v_ref, c2p_ref, p2c_ref, o_ref, lse_ref, *,
+                    st: _Static):
+    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    q_first = i * st.block_q
+    q = q_ref[...]
+    q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
+
+    def step(j, carry):
+        acc, m, l = carry
+        k_first = j * st.block_k
+        keys = pl.ds(k_first, st.block_k)
+        k, v = k_ref[b, h, keys, :], v_ref[b, h, keys, :]
+        mask = _visible(q_seg, seg_ref[b, keys], q_first, k_first, None)
+        s, _, _ = _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st)
+        s = jnp.where(mask, s, MASK_VALUE)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)  # masked entries: 0 even while m_new == MASK_VALUE
+        alpha = jnp.exp(m - m_new)
+        acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
+        return acc, m_new, l * alpha + jnp.sum(p, axis=-1)
+
+    init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),
+            jnp.zeros((st.block_q,), jnp.float32))
+    acc, m, l = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], step, init)
+    empty = l == 0.0  # padding row: output 0
+    safe_l = jnp.where(empty, 1.0, l)
+    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(empty, 0.0, m + jnp.log(safe_l))
+
+
+def _dq_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, c2p_ref, p2c_ref,
+               dq_ref, dc2p_ref, *, st: _Static):
+    b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    q_first = i * st.block_q
+    q, do = q_ref[...], do_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
+    width = dc2p_ref.shape[-1]
+
+    def step(j, carry):
+        dq, dc2p = carry
+        k_first = j * st.block_k
+        keys = pl.ds(k_first, st.block_k)
+        k, v = k_ref[b, h, keys, :], v_ref[b, h, keys, :]
+        mask = _visible(q_seg, seg_ref[b, keys], q_first, k_first, None)
+        s, index, first = _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st)
+        p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
+        ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None]) * st.scale  # d loss / d (unscaled score)
+        if st.c2p:
+            dc2p = dc2p + _place(_band_gradient(ds, index, first, st, axis=1), first, width)
+        return dq + _dot(ds.astype(k.dtype), k), dc2p
+
+    init = (jnp.zeros(q.shape, jnp.float32), jnp.zeros((st.block_q, width), jnp.float32))
+    dq, dc2p = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], step, init)
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dc2p_ref[...] = dc2p
+
+
+def _dkv_kernel(lo_ref, hi_ref, seg_ref, table_ref, k_ref, v_ref, q_ref, do_ref, lse_ref, delta_ref, c2p_ref,
+                p2c_ref, dk_ref, dv_ref, dp2c_ref, *, st: _Static):
+    b, h, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    k_first = j * st.block_k
+    k, v = k_ref[...], v_ref[...]
+    k_seg = seg_ref[b, pl.ds(k_first, st.block_k)]
+    width = dp2c_ref.shape[-1]
+
+    def step(i, carry):
+        dk, dv, dp2c = carry
+        q_first = i * st.block_q
+        queries = pl.ds(q_first, st.block_q)
+        q, do = q_ref[b, h, queries, :], do_ref[b, h, queries, :]
+        mask = _visible(seg_ref[b, queries], k_seg, q_first, k_first, None)
+        s, index, first = _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st)
+        p = jnp.where(mask, jnp.exp(s - lse_ref[b, h, queries][:, None]), 0.0)
+        dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
+        ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None]) * st.scale
+        if st.p2c:
+            dp2c = dp2c + _place(_band_gradient(ds, index, first, st, axis=0), first, width)
+        return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv, dp2c
+
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv, dp2c = lax.fori_loop(lo_ref[b, j], hi_ref[b, j], step,
+                                 (zeros, zeros, jnp.zeros((st.block_k, width), jnp.float32)))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+    dp2c_ref[...] = dp2c
+
+
+def _compiler_params(st: _Static):
+    if st.interpret:
+        return None
+    from jax.experimental.pallas import triton as pl_triton  # GPU-only module; interpret mode does not need it
+    return pl_triton.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)
+
+
+def _call(kernel, name, grid, in_specs, out_specs, out_shape, st: _Static):
+    return pl.pallas_call(functools.partial(kernel, st=st), grid=grid, in_specs=in_specs, out_specs=out_specs,
+                          out_shape=out_shape, compiler_params=_compiler_params(st), interpret=st.interpret,
+                          name=name)
+
+
+def _forward(q, k, v, c2p, p2c, seg, table, st: _Static):
+    batch, heads, seq, dim = q.shape
+    lo, hi = key_block_ranges(seg, None, st.block_q, st.block_k)
+    whole = pl.no_block_spec
+    q_block = pl.BlockSpec((None, None, st.block_q, dim), lambda b, h, i: (b, h, i, 0))
+    row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
+    return _call(_forward_kernel, "bertjax_disentangled_forward", (batch, heads, seq // st.block_q),
+                 [whole, whole, whole, whole, q_block, whole, whole, whole, whole], [q_block, row_block],
+                 [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
+                 st)(lo, hi, seg, table, q, k, v, c2p, p2c)
+
+
+def _backward(q, k, v, c2p, p2c, seg, table, out, lse, do, st: _Static):
+    batch, heads, seq, dim = q.shape
+    # An absent term's gradient output is a token 16 columns wide (never read): no [seq, 2 * span] of zeros.
+    c2p_width = c2p.shape[-1] if st.c2p else 16
+    p2c_width = p2c.shape[-1] if st.p2c else 16
+    delta = jnp.einsum("bhsd,bhsd->bhs", do.astype(jnp.float32), out.astype(jnp.float32))
+    whole = pl.no_block_spec
+    lo, hi = key_block_ranges(seg, None, st.block_q, st.block_k)
+    q_block = pl.BlockSpec((None, None, st.block_q, dim), lambda b, h, i: (b, h, i, 0))
+    row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
+    rel_q_block = pl.BlockSpec((None, None, st.block_q, c2p_width), lambda b, h, i: (b, h, i, 0))
+    dq, dc2p = _call(_dq_kernel, "bertjax_disentangled_dq", (batch, heads, seq // st.block_q),
+                     [whole, whole, whole, whole, q_block, q_block, row_block, row_block, whole, whole, whole, whole],
+                     [q_block, rel_q_block],
+                     [jax.ShapeDtypeStruct(q.shape, q.dtype),
+                      jax.ShapeDtypeStruct((batch, heads, seq, c2p_width), jnp.float32)],
+                     st)(lo, hi, seg, table, q, do, lse, delta, k, v, c2p, p2c)
+
+    k_lo, k_hi = key_block_ranges(seg, None, st.block_k, st.block_q)  # visibility is symmetric
+    k_block = pl.BlockSpec((None, None, st.block_k, dim), lambda b, h, j: (b, h, j, 0))
+    rel_k_block = pl.BlockSpec((None, None, st.block_k, p2c_width), lambda b, h, j: (b, h, j, 0))
+    dk, dv, dp2c = _call(_dkv_kernel, "bertjax_disentangled_dkv", (batch, heads, seq // st.block_k),
+                         [whole, whole, whole, whole, k_block, k_block, whole, whole, whole, whole, whole, whole],
+                         [k_block, k_block, rel_k_block],
+                         [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                          jax.ShapeDtypeStruct((batch, heads, seq, p2c_width), jnp.float32)],
+                         st)(k_lo, k_hi, seg, table, k, v, q, do, lse, delta, c2p, p2c)
+    # An absent term was passed as a dummy operand: its "gradient" is zeros of the dummy's shape.
+    dc2p = dc2p if st.c2p else jnp.zeros_like(c2p)
+    dp2c = dp2c if st.p2c else jnp.zeros_like(p2c)
+    return dq, dk, dv, dc2p, dp2c
+
+
+def _concrete(table) -> np.ndarray:
+    try:
+        return np.asarray(table, np.int32)
+    except jax.errors.TracerArrayConversionError:
+        raise ValueError("pallas_gpu disentangled attention: `table` must be concrete (relative_index's numpy "
+                         "table), not traced: the kernel's band width is computed from it") from None
+
+
+def _row_band(table: np.ndarray, distances: int) -> int:
+    """How many consecutive bucket rows `distances` consecutive distances can reach (the table is monotone), as a
+    power of two. Usually the distance count itself; more where log buckets step by more than one row per distance
+    (max_relative_positions barely above position_buckets // 2), never more than the table has rows."""
+    if np.any(np.diff(table) < 0):
+        raise ValueError("pallas_gpu disentangled attention: the relative index table must be non-decreasing")
+    window = min(distances, len(table))
+    reach = int(np.max(table[window - 1:] - table[:len(table) - window + 1])) + 1
+    return pl.next_power_of_2(max(reach, 16))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _flash(q, k, v, c2p, p2c, seg, table, st: _Static):
+    return _forward(q, k, v, c2p, p2c, seg, table, st)[0]
+
+
+def _flash_fwd(q, k, v, c2p, p2c, seg, table, st: _Static):
+    out, lse = _forward(q, k, v, c2p, p2c, seg, table, st)
+    return out, (q, k, v, c2p, p2c, seg, table, out, lse)
+
+
+def _flash_bwd(st: _Static, residuals, do):
+    q, k, v, c2p, p2c, seg, table, out, lse = residuals
+    return (*_backward(q, k, v, c2p, p2c, seg, table, out, lse, do, st), None, None)  # integer operands
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def pallas_gpu_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, scale, block_size=DEFAULT_BLOCK,
+                            interpret=False, num_warps: int | None = None, num_stages: int = 2):
+    """q, k, v [batch, heads, seq, head_dim] (the layout `disentangled_attention` hands its implementations),
+    pos_key / pos_query [2 * span, heads, head_dim] or None, table the `relative_index` of this seq.
+
+    `block_size` caps the tile side (a power of two; at most DEFAULT_BLOCK is used: the backward's one-hot cube
+    grows with its cube)."""
+    block = min(int(block_size), DEFAULT_BLOCK)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"pallas_gpu disentangled attention: block_size must be a power of two >= 16, got "
+                         f"{block_size}")
+    batch, heads, seq, head_dim = q.shape
+    c2p, p2c = relative_products(q, k, pos_key, pos_query)
+    padded = -(-seq // block) * block
+    tail = padded - seq
+    padded_dim = max(16, pl.next_power_of_2(head_dim))
+    rows = next((2 * x.shape[0] for x in (pos_key, pos_query) if x is not None), 1)  # neither: content only
+    width = max(16, pl.next_power_of_2(rows))
+
+    def pad(x, last):
+        widths = ((0, 0), (0, 0), (0, tail), (0, last - x.shape[-1]))
+        return jnp.pad(x, widths) if any(w for _, w in widths) else x
+
+    dummy = jnp.zeros((1, 1, 1, 1), jnp.float32)  # an absent term: never read
+    c2p = dummy if c2p is None else pad(c2p, width)
+    p2c = dummy if p2c is None else pad(p2c, width)
+    # Padded rows and keys are masked; the edge values keep their table reads inside [0, 2 * span).
+    table = np.pad(_concrete(table), (tail, tail), mode="edge")
+    band = _row_band(table, 2 * block - 1)
+    seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
+    st = _Static(scale=float(scale), block_q=block, block_k=block, seq=padded, c2p=pos_key is not None,
+                 p2c=pos_query is not None, interpret=bool(interpret),
+                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages, band=band)
+    out = _flash(pad(q, padded_dim), pad(k, padded_dim), pad(v, padded_dim), c2p, p2c, seg, jnp.asarray(table), st)
+    return out[:, :, :seq, :head_dim]
