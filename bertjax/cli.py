@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 # command name -> module. Add a line here to add a command.
@@ -39,11 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import jax
+
     from bertjax.cpu_allocator import reuse_freed_memory
     from bertjax.platforms import quiet_start
 
     quiet_start()  # before any command touches a JAX backend: no libtpu noise on CPU/GPU machines
-    if os.environ.get("JAX_PLATFORMS") == "cpu":  # set by the user or by quiet_start on a machine without accelerators
+    if jax.config.jax_platforms == "cpu":  # JAX_PLATFORMS=cpu, or quiet_start on a machine without accelerators
         reuse_freed_memory()  # before XLA starts its threads: each step's temporaries are reused, not page-faulted
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
