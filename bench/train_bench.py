@@ -27,6 +27,11 @@ import sys
 if "--cpu-time" in sys.argv:  # XLA reads its flags when jax is imported: one thread for every XLA computation
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
 
+from bertjax.cpu_allocator import reuse_freed_memory  # noqa: E402
+
+if "--gpu" not in sys.argv:
+    reuse_freed_memory()  # as `bertjax` commands do on CPU, for both frameworks in this process
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -38,9 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import jax
+
+    from bertjax.cpu_allocator import reuse_freed_memory
     from bertjax.platforms import quiet_start
 
     quiet_start()  # before any command touches a JAX backend: no libtpu noise on CPU/GPU machines
+    if jax.config.jax_platforms == "cpu":  # JAX_PLATFORMS=cpu, or quiet_start on a machine without accelerators
+        reuse_freed_memory()  # before XLA starts its threads: each step's temporaries are reused, not page-faulted
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     _take_late_overrides(parser, args, extra)

@@ -3,6 +3,10 @@ import os
 # Tests run on CPU whatever the machine has; XLA's own thread pools are enough on 2 cores.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from bertjax.cpu_allocator import reuse_freed_memory  # noqa: E402
+
+reuse_freed_memory()  # as the command line does on CPU: XLA's per-step temporaries reused instead of page-faulted
+
 
 import pytest  # noqa: E402
 
