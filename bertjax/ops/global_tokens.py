@@ -7,11 +7,40 @@ own rows over their whole segment ([slots, seq]). Work O(seq * (window + slots))
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 
 from bertjax.ops.blockwise_attention import _global_order, _global_query_rows
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def attention_with_lse(forward, backward):
+    """A flash kernel's (out, lse) as one custom_vjp function of (q, k, v, seg, slopes, static), differentiable in
+    q, k, v through both outputs: the merge below continues the window's softmax from its log-sum-exp.
+
+    `forward(q, k, v, seg, slopes, static) -> (out, lse)`; `backward(q, k, v, seg, slopes, out, lse, do, static,
+    dlse=...) -> (dq, dk, dv)`. Segment ids have no cotangent; ALiBi slopes are constants of the model (zero).
+    """
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+    def attention(q, k, v, seg, slopes, static):
+        return forward(q, k, v, seg, slopes, static)
+
+    def attention_fwd(q, k, v, seg, slopes, static):
+        out, lse = forward(q, k, v, seg, slopes, static)
+        return (out, lse), (q, k, v, seg, slopes, out, lse)
+
+    def attention_bwd(static, residuals, cotangents):
+        q, k, v, seg, slopes, out, lse = residuals
+        do, dlse = cotangents
+        dq, dk, dv = backward(q, k, v, seg, slopes, out, lse, do, static, dlse=dlse)
+        return dq, dk, dv, None, jnp.zeros_like(slopes)
+
+    attention.defvjp(attention_fwd, attention_bwd)
+    return attention
 
 
 def merge_global_tokens(q, k, v, seg, glob, global_slots, *, scale: float, half: int, slopes, local):

@@ -34,6 +34,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
+from bertjax.ops.global_tokens import attention_with_lse, merge_global_tokens
+
 # A large finite negative score: exp(MASK - m) underflows to 0 without the inf - inf = NaN of -inf.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 DEFAULT_BLOCK_Q = 64
@@ -127,6 +129,19 @@ def _dot(a, b, contract=((1,), (0,))):
     return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
 
 
+
+def online_softmax_step(acc, m, l, s, mask, v):
+    """One key block of a flash forward loop: rescale the running output, max and sum by the new scores s (masked
+    entries already MASK_VALUE), add this block's p @ v. Returns (acc, m, l)."""
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    # A row with nothing visible so far has m_new == MASK_VALUE and s == MASK_VALUE: exp(0) = 1, hence the explicit
+    # zero for masked entries.
+    p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+    alpha = jnp.exp(m - m_new)
+    acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
+    return acc, m_new, l * alpha + jnp.sum(p, axis=-1)
+
+
 def _forward_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, st: _Static,
                     group: int):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
@@ -142,13 +157,7 @@ def _forward_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, q_ref, k_ref, v_ref, o_
         v = v_ref[b, keys, kv_head, :]
         mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
         s = jnp.where(mask, _scores(q, k, st, slopes_ref, h, q_first, j * st.block_k), MASK_VALUE)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        # A row with nothing visible so far has m_new == MASK_VALUE and s == MASK_VALUE: exp(0) = 1, hence the
-        # explicit zero for masked entries.
-        p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
-        alpha = jnp.exp(m - m_new)
-        acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
-        return acc, m_new, l * alpha + jnp.sum(p, axis=-1)
+        return online_softmax_step(acc, m, l, s, mask, v)
 
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),
             jnp.zeros((st.block_q,), jnp.float32))
@@ -302,32 +311,13 @@ def _flash_attention_bwd(st: _Static, residuals, do):
 _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash_attention_lse(q, k, v, seg, slopes, st: _Static):
-    """(out, lse [batch, heads, seq]): the local part of an attention whose softmax continues over global keys."""
-    return _forward(q, k, v, seg, slopes, st)
-
-
-def _flash_attention_lse_fwd(q, k, v, seg, slopes, st: _Static):
-    out, lse = _forward(q, k, v, seg, slopes, st)
-    return (out, lse), (q, k, v, seg, slopes, out, lse)
-
-
-def _flash_attention_lse_bwd(st: _Static, residuals, cotangents):
-    q, k, v, seg, slopes, out, lse = residuals
-    do, dlse = cotangents
-    dq, dk, dv = _backward(q, k, v, seg, slopes, out, lse, do, st, dlse=dlse)
-    return dq, dk, dv, None, jnp.zeros_like(slopes)
-
-
-_flash_attention_lse.defvjp(_flash_attention_lse_fwd, _flash_attention_lse_bwd)
+# (out, lse [batch, heads, seq]): the local part of an attention whose softmax continues over global keys.
+_flash_attention_lse = attention_with_lse(_forward, _backward)
 
 
 def _with_global_tokens(q, k, v, seg, slopes, glob, global_slots, st: _Static, heads: int):
     """Local attention in the kernel (which visits only the window's key blocks) merged through its log-sum-exp with
     the global keys beyond the window, and the global queries' own rows (global_tokens.py, shared with Pallas TPU)."""
-    from bertjax.ops.global_tokens import merge_global_tokens
-
     return merge_global_tokens(q, k, v, seg, glob, global_slots, scale=st.scale, half=st.half,
                                slopes=slopes[:heads] if st.alibi else None,
                                local=lambda q, k, v: _flash_attention_lse(q, k, v, seg, slopes, st))

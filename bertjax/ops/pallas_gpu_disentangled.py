@@ -36,7 +36,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.disentangled_attention import relative_products
-from bertjax.ops.pallas_gpu_attention import MASK_VALUE, _dot, _visible, key_block_ranges
+from bertjax.ops.pallas_gpu_attention import (MASK_VALUE, _dot, _visible, key_block_ranges,
+                                              online_softmax_step)
 
 DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, 2 * block] floats
 
@@ -110,12 +111,7 @@ def _forward_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, k_ref, v_ref, c2p
         k, v = k_ref[b, h, keys, :], v_ref[b, h, keys, :]
         mask = _visible(q_seg, seg_ref[b, keys], q_first, k_first, None)
         s, _, _ = _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st)
-        s = jnp.where(mask, s, MASK_VALUE)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)  # masked entries: 0 even while m_new == MASK_VALUE
-        alpha = jnp.exp(m - m_new)
-        acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
-        return acc, m_new, l * alpha + jnp.sum(p, axis=-1)
+        return online_softmax_step(acc, m, l, jnp.where(mask, s, MASK_VALUE), mask, v)
 
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),
             jnp.zeros((st.block_q,), jnp.float32))

@@ -36,6 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from bertjax.ops.global_tokens import attention_with_lse, merge_global_tokens
 from bertjax.ops.pallas_gpu_attention import key_block_ranges
 
 LANES, SUBLANES = 128, 8
@@ -314,27 +315,9 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
     return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def flash_attention_lse(q, k, v, seg, slopes, st: _Static):
-    """(out [batch, heads, seq, dim], lse [batch, heads, seq]) in the kernel layout; differentiable in q, k, v
-    including through lse (the Longformer merge with global keys needs that)."""
-    return _forward(q, k, v, seg, slopes, st)
-
-
-def _flash_fwd(q, k, v, seg, slopes, st: _Static):
-    out, lse = _forward(q, k, v, seg, slopes, st)
-    return (out, lse), (q, k, v, seg, slopes, out, lse)
-
-
-def _flash_bwd(st: _Static, residuals, cotangents):
-    q, k, v, seg, slopes, out, lse = residuals
-    do, dlse = cotangents
-    dq, dk, dv = _backward(q, k, v, seg, slopes, out, lse, do, st, dlse=dlse)
-    # Segment ids are integers (no cotangent); ALiBi slopes are constants of the model, not trained.
-    return dq, dk, dv, None, jnp.zeros_like(slopes)
-
-
-flash_attention_lse.defvjp(_flash_fwd, _flash_bwd)
+# (out [batch, heads, seq, dim], lse [batch, heads, seq]) in the kernel layout; differentiable in q, k, v including
+# through lse (the Longformer merge with global keys needs that).
+flash_attention_lse = attention_with_lse(_forward, _backward)
 
 
 def _block_size(seq: int, block: int | None, interpret: bool) -> int:
@@ -352,8 +335,6 @@ def tpu_flash_attention(q, k, v, *, segment_ids, local_window, scale, interpret=
                         block_k: int | None = None):
     """Flash attention with ALiBi and global tokens on TPU (or CPU, interpret=True). Shapes and meaning as
     `bertjax.ops.attention`; block_q/block_k override the tiles (powers of two; multiples of 128 on TPU)."""
-    from bertjax.ops.global_tokens import merge_global_tokens
-
     batch, seq, heads, dim = q.shape
     block_q, block_k = _block_size(seq, block_q, interpret), _block_size(seq, block_k, interpret)
     padded = -(-seq // max(block_q, block_k)) * max(block_q, block_k)
