@@ -92,7 +92,9 @@ class TextInference:
                                  for k, v in outputs.segments.items()}, tokens=outputs.tokens)
 
     def run_sequences(self, params, sequences: Sequence[np.ndarray],
-                      segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
-        """As `run`, for complete model sequences (special tokens included, at most max_length each)."""
+                      segment_inputs: dict[str, np.ndarray] | None = None,
+                      token_inputs: dict[str, Sequence[np.ndarray]] | None = None) -> Outputs:
+        """As `run`, for complete model sequences (special tokens included, at most max_length each);
+        `token_inputs` as in pipeline.run_sequences (per-token arrays such as token type ids)."""
         return run_sequences(self.runner, params, sequences, self.plan, self.pad_id, packing=self.packing,
-                             segment_inputs=segment_inputs)
+                             segment_inputs=segment_inputs, token_inputs=token_inputs)
