@@ -116,6 +116,32 @@ def test_bucketing_compiles_at_most_the_configured_programs_over_1000_lengths():
     assert 1 <= inference.compiles <= len(shapes), (inference.compiles, sorted(shapes))
 
 
+def test_warm_up_compiles_every_shape_so_a_job_compiles_nothing():
+    """warm_up runs one padding batch of every [rows, length] of batch_shapes: afterwards any stream of texts
+    (per-slot inputs included) compiles no program."""
+
+    def row_fn(params, batch, max_segments):
+        member = batch["segment_ids"][..., None] == jnp.arange(1, max_segments + 1)
+        return {"segments": {"count": member.sum(1) + batch["extra"]}}
+
+    inference = TextInference(row_fn, IdTokenizer, 64, buckets=BucketConfig(lengths=(16, 32), max_tokens=256))
+    assert inference.warm_up(None, {"extra": np.zeros(1, np.int32)}) == len(batch_shapes(inference.plan))
+    rng = np.random.default_rng(2)
+    texts = [rng.integers(5, 100, n).astype(np.int32) for n in rng.integers(0, 80, 300)]
+    out = inference.run_tokens(None, texts, {"extra": np.arange(300, dtype=np.int32)})
+    np.testing.assert_array_equal(out.segments["count"], [min(len(t), 62) + 2 + i for i, t in enumerate(texts)])
+    assert inference.compiles == len(batch_shapes(inference.plan))
+
+
+def test_default_token_budget_follows_the_platform():
+    """No max_tokens: 2,048 tokens per batch on CPU (big batches spill its caches), 16,384 on accelerators."""
+    from bertjax.inference.buckets import plan_buckets
+
+    assert plan_buckets(BucketConfig(), 512, 1, "cpu").rows == {64: 32, 128: 16, 256: 8, 512: 4}
+    assert plan_buckets(BucketConfig(), 512, 2, "tpu").rows == {64: 256, 128: 128, 256: 64, 512: 32}
+    assert plan_buckets(BucketConfig(max_tokens=1024), 128, 1, "gpu").rows == {64: 16, 128: 8}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Embedder over a real tokenizer.
 
