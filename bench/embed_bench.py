@@ -3,6 +3,7 @@ padded transformers, on fixed-length and variable-length texts (the ModernBERT p
 a CPU), same random-weight models, same texts, same run.
 
     python -m bench.embed_bench [--models bert-base modernbert-base] [--texts 2000] [--max-length 128] [--cpu-time]
+    python -m bench.embed_bench --cpu-time --texts 256 --sweep-max-tokens 1024 2048 4096 16384   # batch size on CPU
 
 Texts: `--texts` texts of single-token words (a WordPiece vocabulary of whole words, so a text of n words is n + 2
 tokens with [CLS] and [SEP]). Fixed: every text `--max-length` tokens. Variable: token counts drawn from a normal
@@ -127,6 +128,28 @@ def bertjax_breakdown(embedder, texts: list[str]) -> str:
             f"({real:,} of {computed:,} tokens), batches {listed}")
 
 
+def sweep_max_tokens(args, vocab: list[str]) -> None:
+    """bertjax's fixed-length tokens per (CPU) second at each token budget: what the platform default rests on."""
+    from bertjax.embeddings import Embedder, load_sentence_encoder
+
+    print("| model | max_tokens | rows x length | tokens/s | tokens/CPU-s |")
+    print("|---|---:|---|---:|---:|")
+    texts = make_texts(args.texts, args.max_length, False, vocab, seed=1)
+    tokens = real_tokens(texts, args.max_length)
+    for name in args.models:
+        with tempfile.TemporaryDirectory() as tmp:
+            _, st_dir, _, _ = build_models(name, tmp, vocab, args.max_length)
+            encoder = load_sentence_encoder(st_dir)
+            for max_tokens in args.sweep_max_tokens:
+                embedder = Embedder(encoder, max_tokens=max_tokens, dtype="float32")
+                embedder.warm_up()
+                inference = embedder._inference(None)
+                rows = inference.plan.rows[inference.plan.max_length]
+                seconds, cpu = timed(lambda: embedder.embed(texts), lambda: embedder.embed(texts[:32]))
+                print(f"| {name} | {max_tokens} | {rows} x {args.max_length} | {tokens / seconds:,.0f} | "
+                      f"{tokens / cpu:,.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["bert-base", "modernbert-base"])
@@ -137,6 +160,8 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", default=["bertjax", "st", "transformers"])
     parser.add_argument("--cpu-time", action="store_true",
                         help="XLA and torch on one thread each; rates per CPU second (a shared machine)")
+    parser.add_argument("--sweep-max-tokens", type=int, nargs="+", metavar="N",
+                        help="instead of the table: bertjax's fixed-length rate at each token budget per batch")
     args = parser.parse_args()
 
     from bertjax.platforms import quiet_start
@@ -156,6 +181,8 @@ def main() -> None:
           f"jax {jax.__version__} ({jax.default_backend()}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '').strip()!r}), "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads); {args.texts} texts, max length "
           f"{args.max_length}, max_tokens {args.max_tokens or 'default'}", flush=True)
+    if args.sweep_max_tokens:
+        return sweep_max_tokens(args, vocab)
     print("| model | system | fixed tokens/s | variable tokens/s | fixed tokens/CPU-s | variable tokens/CPU-s | "
           "variable / fixed (CPU) | variable vs st (CPU) |")
     print("|---|---|---|---|---|---|---|---|")
