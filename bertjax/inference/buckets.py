@@ -13,8 +13,8 @@ import dataclasses
 
 DEFAULT_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # Token budget of one batch when none is given, by the platform the job runs on. On CPU a big batch's activations
-# spill the caches: one thread of XLA CPU computes bert-base at 1,270 tokens/s in batches of 2,048 tokens and 860 in
-# batches of 16,384 (modernbert-base 846 and 615; 128-token rows, docs/benchmarks.md). Accelerators want big batches.
+# spill the caches: one thread of XLA CPU embeds with bert-base at 1,142 tokens/s in batches of 2,048 tokens and 806
+# in batches of 16,384 (modernbert-base 807 and 608; 128-token rows, docs/benchmarks.md). Accelerators want big ones.
 DEFAULT_MAX_TOKENS = {"cpu": 2048}
 ACCELERATOR_MAX_TOKENS = 16384
 
