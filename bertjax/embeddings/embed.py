@@ -52,9 +52,9 @@ class Embedder:
     shared by neighbouring chunks; mesh: a data mesh (default: every local device).
     """
 
-    def __init__(self, encoder: SentenceEncoder, *, max_tokens: int | None = None, lengths: Sequence[int] = DEFAULT_LENGTHS,
-                 max_segments: int = 32, dtype: str | None = "bfloat16", overflow: str = "truncate",
-                 stride: int = 0, mesh=None):
+    def __init__(self, encoder: SentenceEncoder, *, max_tokens: int | None = None,
+                 lengths: Sequence[int] = DEFAULT_LENGTHS, max_segments: int = 32, dtype: str | None = "bfloat16",
+                 overflow: str = "truncate", stride: int = 0, mesh=None):
         self.encoder = encoder
         self.model = with_compute_dtype(encoder.model, dtype)
         self.overflow, self.stride = overflow, stride

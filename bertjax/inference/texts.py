@@ -56,7 +56,8 @@ class TextInference:
         """Compile every program a job may need (each [rows, length] of packing.batch_shapes) by running one batch of
         padding per shape, so that the first real texts, or a timed run, compile nothing (as text-embeddings-inference
         warms up when it starts). `segment_inputs`: per-text values by name as `run` is given them (any number of
-        texts: only their dtypes and trailing shapes matter, which are part of the program). Returns the number of programs compiled."""
+        texts: only their dtypes and trailing shapes matter, which are part of the program). Returns the number of
+        programs compiled."""
         before = self.compiles
         slots = self.plan.max_segments if self.packing else 1
         pending = []
