@@ -8,7 +8,7 @@ at each), then the outputs come back per sequence:
   - per segment (`Task.prediction_unit == "segments"`: sequence classification and regression): the head pools
     each packed segment on its own (its first token, or the family's pooling), one logit vector per example;
   - per token ("tokens": token classification, QA's start and end logits): each sequence's outputs are cut out of
-    its row and re-padded to the task's row width, so the task reads them as it reads unpadded-row outputs.
+    its row and re-padded to the task's row width, so the task reads them as it reads padded-row outputs.
 Multiple choice (prediction_unit None) stays one example per row, batch by batch on the same runner: its model takes
 [examples, choices, seq] and scores all choices of a question side by side, an input packed segments do not have.
 """
