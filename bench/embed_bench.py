@@ -2,29 +2,39 @@
 padded transformers, on fixed-length and variable-length texts (the ModernBERT paper's Table 2 setting, scaled to
 a CPU), same random-weight models, same texts, same run.
 
-    python -m bench.embed_bench [--models bert-base modernbert-base] [--texts 2000] [--max-length 128]
+    python -m bench.embed_bench [--models bert-base modernbert-base] [--texts 2000] [--max-length 128] [--cpu-time]
+    python -m bench.embed_bench --cpu-time --texts 256 --sweep-max-tokens 1024 2048 4096 16384   # batch size on CPU
 
 Texts: `--texts` texts of single-token words (a WordPiece vocabulary of whole words, so a text of n words is n + 2
 tokens with [CLS] and [SEP]). Fixed: every text `--max-length` tokens. Variable: token counts drawn from a normal
 distribution around half the maximum (standard deviation a quarter of the mean, clipped to [3, max]), as the paper's
 variable set centres 512-token models at 256 (std 64). tokens/s counts real tokens only (no padding), over the
-whole corpus, after a warm-up (bertjax: a pass over the corpus, which compiles its programs; torch: 32 texts),
-per wall second and per CPU second of the process (all its threads; the fair measure on a shared machine).
+whole corpus, after a warm-up (bertjax: `Embedder.warm_up`, which compiles every program a job may need, then 32
+texts; torch: 32 texts), per wall second and per CPU second of the process (all its threads).
+
+`--cpu-time`: XLA and torch each on one thread (XLA's flag is set before jax is imported: XLA reads its flags at
+import), so CPU seconds measure the work itself, which other jobs on a shared machine disturb far less than wall time.
 
 Systems (one process, one model's weights for all three; float32 on CPU):
-  bertjax      Embedder: packed rows, shape buckets, --max-tokens per batch (bertjax embed's defaults)
+  bertjax      Embedder: packed rows, shape buckets, --max-tokens per batch (default: bertjax embed's, by platform)
   st           sentence-transformers SentenceTransformer.encode(batch_size=32): sorts texts by length, pads per batch
   transformers AutoModel + mean pooling, batches of 32 in input order, each padded to its longest text
-The embeddings of bertjax and sentence-transformers are compared too (max abs difference).
+The embeddings of bertjax and sentence-transformers are compared too (max abs difference), and bertjax's time is
+broken down (tokenising, packing fill, batch shapes, programs compiled while timed).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
+import sys
 import tempfile
 import time
+
+if "--cpu-time" in sys.argv:  # XLA reads its flags when jax is imported: one thread for every XLA computation
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
 
 import numpy as np
 
@@ -93,13 +103,65 @@ def padded_transformers(model, tokenizer, texts: list[str], max_length: int, bat
     return np.concatenate(out)
 
 
+def bertjax_breakdown(embedder, texts: list[str]) -> str:
+    """Where bertjax's time goes on `texts`, apart from the model: tokenising (CPU seconds), how full the packed
+    batches are (real tokens / computed tokens) and which batch shapes run."""
+    from bertjax.inference.packing import pack
+    from bertjax.inference.pipeline import to_sequences
+
+    start = time.process_time()
+    token_ids = embedder.token_ids(texts)
+    tokenize = time.process_time() - start
+    inference = embedder._inference(None)
+    sequences = to_sequences(token_ids, inference.format, inference.overflow, inference.stride).ids
+    start = time.process_time()
+    batches, _ = pack(sequences, inference.plan, inference.pad_id, packing=inference.packing,
+                      devices=inference.runner.devices)
+    packing = time.process_time() - start
+    computed = sum(b.input_ids.size for b in batches)
+    real = sum(len(s) for s in sequences)
+    shapes: dict[tuple[int, int], int] = {}
+    for b in batches:
+        shapes[b.input_ids.shape] = shapes.get(b.input_ids.shape, 0) + 1
+    listed = ", ".join(f"{n}x[{r},{length}]" for (r, length), n in sorted(shapes.items(), key=lambda x: x[0][::-1]))
+    return (f"tokenise {tokenize:.2f} CPU-s, pack {packing:.2f} CPU-s, fill {real / computed:.1%} "
+            f"({real:,} of {computed:,} tokens), batches {listed}")
+
+
+def sweep_max_tokens(args, vocab: list[str]) -> None:
+    """bertjax's fixed-length tokens per (CPU) second at each token budget: what the platform default rests on."""
+    from bertjax.embeddings import Embedder, load_sentence_encoder
+
+    print("| model | max_tokens | rows x length | tokens/s | tokens/CPU-s |")
+    print("|---|---:|---|---:|---:|")
+    texts = make_texts(args.texts, args.max_length, False, vocab, seed=1)
+    tokens = real_tokens(texts, args.max_length)
+    for name in args.models:
+        with tempfile.TemporaryDirectory() as tmp:
+            _, st_dir, _, _ = build_models(name, tmp, vocab, args.max_length)
+            encoder = load_sentence_encoder(st_dir)
+            for max_tokens in args.sweep_max_tokens:
+                embedder = Embedder(encoder, max_tokens=max_tokens, dtype="float32")
+                embedder.warm_up()
+                inference = embedder._inference(None)
+                rows = inference.plan.rows[inference.plan.max_length]
+                seconds, cpu = timed(lambda: embedder.embed(texts), lambda: embedder.embed(texts[:32]))
+                print(f"| {name} | {max_tokens} | {rows} x {args.max_length} | {tokens / seconds:,.0f} | "
+                      f"{tokens / cpu:,.0f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["bert-base", "modernbert-base"])
     parser.add_argument("--texts", type=int, default=2000)
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=16384)
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="bertjax's token budget per batch (default: bertjax embed's for the platform)")
     parser.add_argument("--systems", nargs="+", default=["bertjax", "st", "transformers"])
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="XLA and torch on one thread each; rates per CPU second (a shared machine)")
+    parser.add_argument("--sweep-max-tokens", type=int, nargs="+", metavar="N",
+                        help="instead of the table: bertjax's fixed-length rate at each token budget per batch")
     args = parser.parse_args()
 
     from bertjax.platforms import quiet_start
@@ -110,10 +172,17 @@ def main() -> None:
 
     from bertjax.embeddings import Embedder, load_sentence_encoder
 
+    if args.cpu_time:
+        torch.set_num_threads(1)
     vocab = [f"w{i}" for i in range(4000)]
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} "
-          f"({jax.default_backend()}), torch {torch.__version__} ({torch.get_num_threads()} threads); "
-          f"{args.texts} texts, max length {args.max_length}, max_tokens {args.max_tokens}")
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average "
+          f"{' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else '?'}, "
+          f"jax {jax.__version__} ({jax.default_backend()}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '').strip()!r}), "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads); {args.texts} texts, max length "
+          f"{args.max_length}, max_tokens {args.max_tokens or 'default'}", flush=True)
+    if args.sweep_max_tokens:
+        return sweep_max_tokens(args, vocab)
     print("| model | system | fixed tokens/s | variable tokens/s | fixed tokens/CPU-s | variable tokens/CPU-s | "
           "variable / fixed (CPU) | variable vs st (CPU) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -121,6 +190,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             st, st_dir, hf_model, tokenizer = build_models(name, tmp, vocab, args.max_length)
             embedder = Embedder(load_sentence_encoder(st_dir), max_tokens=args.max_tokens, dtype="float32")
+            warm_compiles = embedder.warm_up() if "bertjax" in args.systems else 0
             runners = {
                 "bertjax": lambda texts: embedder.embed(texts),
                 "st": lambda texts: st.encode(texts, batch_size=32, convert_to_numpy=True),
@@ -129,6 +199,7 @@ def main() -> None:
             rates: dict[str, dict[str, float]] = {}
             cpu_rates: dict[str, dict[str, float]] = {}
             outputs = {}
+            notes = []
             for setting in ("fixed", "variable"):
                 texts = make_texts(args.texts, args.max_length, setting == "variable", vocab, seed=1)
                 tokens = real_tokens(texts, args.max_length)
@@ -138,24 +209,29 @@ def main() -> None:
                     def run(system=system, texts=texts, result=result):
                         result["out"] = runners[system](texts)
 
-                    # bertjax warms up on the whole corpus (every program it needs is compiled before timing);
-                    # torch compiles nothing, a few batches warm its allocator and thread pool.
-                    subset = texts if system == "bertjax" else texts[:32]
-                    seconds, cpu = timed(run, lambda system=system, subset=subset: runners[system](subset))
+                    # bertjax compiled every program it may need in warm_up; 32 texts warm the rest of its path,
+                    # and torch's allocator and thread pool.
+                    compiles = embedder.compiles
+                    seconds, cpu = timed(run, lambda system=system: runners[system](texts[:32]))
                     rates.setdefault(system, {})[setting] = tokens / seconds
                     cpu_rates.setdefault(system, {})[setting] = tokens / cpu
                     outputs[(system, setting)] = result["out"]
+                    if system == "bertjax":
+                        notes.append(f"#   {name} {setting}: {tokens:,} tokens, {cpu:.1f} CPU-s; "
+                                     f"{bertjax_breakdown(embedder, texts)}; "
+                                     f"programs compiled while timed: {embedder.compiles - compiles}")
             for system in args.systems:
                 fixed, variable = rates[system]["fixed"], rates[system]["variable"]
                 cpu_fixed, cpu_variable = cpu_rates[system]["fixed"], cpu_rates[system]["variable"]
                 versus = f"{cpu_variable / cpu_rates['st']['variable']:.2f}x" if "st" in cpu_rates else "-"
                 print(f"| {name} | {system} | {fixed:,.0f} | {variable:,.0f} | {cpu_fixed:,.0f} | {cpu_variable:,.0f} "
                       f"| {cpu_variable / cpu_fixed:.2f} | {versus} |", flush=True)
+            for note in notes:
+                print(note, flush=True)
             if "bertjax" in args.systems and "st" in args.systems:
                 error = max(np.abs(outputs[("bertjax", s)] - outputs[("st", s)]).max() for s in ("fixed", "variable"))
                 print(f"#   {name}: bertjax vs sentence-transformers embeddings, max abs difference {error:.1e}; "
-                      f"bertjax compiled {embedder.compiles} programs")
-
+                      f"bertjax compiled {embedder.compiles} programs ({warm_compiles} in warm_up)", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -116,6 +116,32 @@ def test_bucketing_compiles_at_most_the_configured_programs_over_1000_lengths():
     assert 1 <= inference.compiles <= len(shapes), (inference.compiles, sorted(shapes))
 
 
+def test_warm_up_compiles_every_shape_so_a_job_compiles_nothing():
+    """warm_up runs one padding batch of every [rows, length] of batch_shapes: afterwards any stream of texts
+    (per-slot inputs included) compiles no program."""
+
+    def row_fn(params, batch, max_segments):
+        member = batch["segment_ids"][..., None] == jnp.arange(1, max_segments + 1)
+        return {"segments": {"count": member.sum(1) + batch["extra"]}}
+
+    inference = TextInference(row_fn, IdTokenizer, 64, buckets=BucketConfig(lengths=(16, 32), max_tokens=256))
+    assert inference.warm_up(None, {"extra": np.zeros(1, np.int32)}) == len(batch_shapes(inference.plan))
+    rng = np.random.default_rng(2)
+    texts = [rng.integers(5, 100, n).astype(np.int32) for n in rng.integers(0, 80, 300)]
+    out = inference.run_tokens(None, texts, {"extra": np.arange(300, dtype=np.int32)})
+    np.testing.assert_array_equal(out.segments["count"], [min(len(t), 62) + 2 + i for i, t in enumerate(texts)])
+    assert inference.compiles == len(batch_shapes(inference.plan))
+
+
+def test_default_token_budget_follows_the_platform():
+    """No max_tokens: 2,048 tokens per batch on CPU (big batches spill its caches), 16,384 on accelerators."""
+    from bertjax.inference.buckets import plan_buckets
+
+    assert plan_buckets(BucketConfig(), 512, 1, "cpu").rows == {64: 32, 128: 16, 256: 8, 512: 4}
+    assert plan_buckets(BucketConfig(), 512, 2, "tpu").rows == {64: 256, 128: 128, 256: 64, 512: 32}
+    assert plan_buckets(BucketConfig(max_tokens=1024), 128, 1, "gpu").rows == {64: 16, 128: 8}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Embedder over a real tokenizer.
 
@@ -366,3 +392,92 @@ def test_fill_mask_packed_equals_the_model_on_each_text():
             expected = [t for t in ranked if tokenizer.decode([int(t)]).strip()][:4]
             assert [o.token_id for o in options] == list(expected) and len(options) == 4
             np.testing.assert_allclose([o.probability for o in options], probs[position][expected], rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Task-head prediction (`bertjax predict`) on the same path.
+
+TASK_HEADS = ("sequence-classification", "token-classification", "question-answering")
+
+
+def padded_examples(config, lengths, width: int) -> dict[str, np.ndarray]:
+    """Rows as the fine-tuning tasks encode them: [CLS] a [SEP] b [SEP] at the start of each row (token type 1 on
+    the second part), 0 on padding."""
+    rng = np.random.default_rng(3)
+    arrays = {key: np.zeros((len(lengths), width), np.int32) for key in ("input_ids", "segment_ids", "token_type_ids")}
+    for i, n in enumerate(lengths):
+        arrays["input_ids"][i, :n] = np.concatenate([[1], rng.integers(5, config.vocab_size, n - 2), [2]])
+        arrays["segment_ids"][i, :n] = 1
+        arrays["token_type_ids"][i, n // 2:n] = 1 if config.type_vocab_size > 1 else 0
+    return arrays
+
+
+@pytest.mark.parametrize("family", ("bert-tiny", "modernbert-tiny"))
+@pytest.mark.parametrize("task_name", TASK_HEADS)
+def test_packed_task_prediction_equals_each_example_alone(family, task_name):
+    """bertjax.finetune.inference packs examples several per row (segment ids, positions restarting per example)
+    and gives each example the outputs the model gives it alone in a padded row of the task's width: per-example
+    logits of the classification head (it pools each packed segment), per-token logits of tagging and QA at every
+    real token (padding positions re-padded below any real logit). Output order and count equal the input's."""
+    from bertjax.config import TaskConfig as HeadConfig
+    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.inference import PAD_LOGIT, predict_outputs
+    from bertjax.finetune.tasks import Encoded, task_class
+    from bertjax.models import MODEL_CLASSES
+
+    task = task_class(task_name)(FinetuneDataConfig(), TaskConfig())
+    config = get_config(family, max_position_embeddings=64, pad_token_id=0, task=HeadConfig(num_labels=3))
+    model = MODEL_CLASSES[task.head](config)
+    params = random_params(model, seed=4)
+    width = 32
+    lengths = (3, 17, 5, 32, 9, 2, 12, 4, 30, 6, 8)  # packed: several per row, one row of the full width
+    arrays = padded_examples(config, lengths, width)
+    encoded = Encoded(arrays, examples=[None] * len(lengths))
+    packed = predict_outputs(model, params, task, encoded, IdTokenizer, max_tokens=4 * width)
+
+    kwargs = {"token_type_ids": arrays["token_type_ids"]} if config.type_vocab_size else {}
+    alone = jax.jit(lambda p, ids, seg, **kw: task.host_outputs(model.apply({"params": p}, ids, segment_ids=seg, **kw)))
+    for i, n in enumerate(lengths):
+        one = alone(params, arrays["input_ids"][i:i + 1], arrays["segment_ids"][i:i + 1],
+                    **{k: v[i:i + 1] for k, v in kwargs.items()})
+        for name, expected in one.items():
+            got = packed[name][i]
+            assert packed[name].shape[0] == len(lengths), (name, packed[name].shape)
+            expected = np.asarray(expected)[0]
+            if task.prediction_unit == "tokens":
+                assert np.all(got[n:] == PAD_LOGIT)
+                got, expected = got[:n], expected[:n]
+            np.testing.assert_allclose(got, expected, atol=2e-5, err_msg=f"{family} {task_name} {name} example {i}")
+
+
+def test_predict_command_packs_and_keeps_input_order(tmp_path):
+    """`bertjax predict` on a saved sequence-classification model: one record per input line, in input order, with
+    the label and probabilities the model gives each text alone (an empty text included)."""
+    import bertjax
+    from bertjax.commands.predict import predict
+    from bertjax.config import TaskConfig as HeadConfig
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from bertjax.models import MODEL_CLASSES
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    config = get_config("bert-tiny", vocab_size=len(vocab), pad_token_id=0, max_position_embeddings=128,
+                        task=HeadConfig(num_labels=3, labels=("neg", "neu", "pos")))
+    model = MODEL_CLASSES["sequence_classification"](config)
+    params = random_params(model, seed=5)
+    bertjax.save_pretrained(str(tmp_path / "model"), model, params)
+    tokenizer = WordPieceTokenizer("\n".join(vocab))
+    tokenizer.save(tmp_path / "model")
+    rng = np.random.default_rng(6)
+    texts = [" ".join(rng.choice(WORDS, int(n))) for n in rng.integers(0, 20, 40)]
+    texts[7] = ""
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    records = predict(tmp_path / "model", tmp_path / "in.jsonl", max_tokens=128)
+    assert len(records) == len(texts)
+    forward = jax.jit(lambda p, ids: model.apply({"params": p}, ids, token_type_ids=jnp.zeros_like(ids)).logits)
+    for text, record in zip(texts, records):
+        ids = np.asarray([tokenizer.cls_id, *tokenizer.encode(text), tokenizer.sep_id], np.int32)
+        logits = np.asarray(forward(params, ids[None]))[0].astype(np.float64)
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        assert record["label"] == ("neg", "neu", "pos")[int(probs.argmax())], text
+        np.testing.assert_allclose([record["scores"][k] for k in ("neg", "neu", "pos")], probs, atol=1e-5)

@@ -34,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_embedding_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `embed` and `search` (the query must be embedded as the corpus was)."""
-    parser.add_argument("--max-tokens", type=int, default=16384, help="token budget of one batch (default 16384)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="token budget of one batch (default 2048 on CPU, where big batches spill the caches; "
+                             "16384 on GPU/TPU)")
     parser.add_argument("--max-segments", type=int, default=32,
                         help="texts packed into one row at most (1: no packing; default 32)")
     parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
@@ -62,7 +64,7 @@ def resolve_dtype(dtype: str) -> str:
 def load_embedder(args: argparse.Namespace):
     from bertjax.embeddings import Embedder, load_sentence_encoder
 
-    if args.max_tokens <= 0:
+    if args.max_tokens is not None and args.max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
     if args.max_segments <= 0:
         raise ValueError(f"--max-segments must be positive, got {args.max_segments}")

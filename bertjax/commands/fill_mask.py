@@ -92,7 +92,8 @@ def fill_mask_row_fn(model, banned: np.ndarray, top_k: int):
     return row_fn
 
 
-def make_predictor(model, params, tokenizer, *, max_tokens: int = 4096) -> Callable[[str, int], list[list[Prediction]]]:
+def make_predictor(model, params, tokenizer, *,
+                   max_tokens: int | None = None) -> Callable[[str, int], list[list[Prediction]]]:
     """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities.
     `predict.many(texts, top_k)` does a list of texts in packed batches (bertjax.inference, as `embed`)."""
     from bertjax.inference import BucketConfig, TextInference, model_max_length, supports_packing

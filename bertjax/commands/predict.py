@@ -21,13 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="a fine-tuned model (the best/ of a workdir)")
     parser.add_argument("--input", required=True, metavar="FILE", help="examples (.csv, .tsv, .jsonl, .parquet)")
     parser.add_argument("--output", required=True, metavar="FILE.jsonl", help="where the predictions go")
-    parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass (default 64)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="token budget of one packed batch (default 2048 on CPU, 16384 on GPU/TPU)")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="multiple choice (not packed): questions per forward pass (default 64)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="data settings, e.g. data.text_column=sentence data.max_length=256")
 
 
 def run(args: argparse.Namespace) -> int:
-    records = predict(args.model, args.input, args.overrides, batch_size=args.batch_size)
+    records = predict(args.model, args.input, args.overrides, batch_size=args.batch_size, max_tokens=args.max_tokens)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
@@ -60,39 +63,29 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
 
 
 def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] = (), *,
-            batch_size: int = 64) -> list[dict]:
-    import numpy as np
+            batch_size: int = 64, max_tokens: int | None = None) -> list[dict]:
+    import dataclasses
 
-    from bertjax.finetune import batches as batch_lib
+    from bertjax.finetune.inference import predict_outputs
     from bertjax.finetune.readers import read_rows
     from bertjax.finetune.trainer import check_tokenizer_fits
-    from bertjax.inference import Runner
     from bertjax.model_dirs import load_model_dir
     from bertjax.models.inputs import check_ids
 
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
+    if max_tokens is not None and max_tokens <= 0:
+        raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
     model, params, tokenizer = load_model_dir(model_dir)
     if tokenizer is None:
         raise FileNotFoundError(f"{model_dir} holds no tokenizer")
     check_tokenizer_fits(tokenizer, model.config, model_dir)
     task, labels = load_task(model_dir, model, list(overrides))
+    # One row per example: the inference layer packs them itself (data.packing is the training-time layout).
+    task.data = dataclasses.replace(task.data, packing=False)
     encoded = task.encode(tokenizer, read_rows(input_file), labels, str(input_file), with_targets=False)
-    type_vocab_size, vocab_size = model.config.type_vocab_size, model.config.vocab_size
-    check_ids(encoded.arrays["input_ids"], vocab_size, "token ids")  # on the host, before any compile
-
-    def row_fn(params, batch, max_segments):
-        output = model.apply({"params": params}, **task.model_kwargs(batch, type_vocab_size), deterministic=True)
-        return task.host_outputs(output)
-
-    # The inference layer's runner (as fill-mask and embed): one jitted program, rows split over every local
-    # device, the next batch dispatched while the current one computes. The task's own encoding keeps its
-    # layouts (text pairs, word-aligned tags, question/context windows), one example per row.
-    runner = Runner(row_fn)
-    batch_size = -(-batch_size // runner.devices) * runner.devices
-    batches = list(batch_lib.eval_batches(encoded.arrays, batch_size))
-    outputs_per_batch = runner.run(runner.place_params(params), (batch for batch, _ in batches), max_segments=1)
-    pieces = [{k: np.asarray(v)[:real] for k, v in out.items()}
-              for out, (_, real) in zip(outputs_per_batch, batches)]
-    outputs = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+    check_ids(encoded.arrays["input_ids"], model.config.vocab_size, "token ids")  # on the host, before any compile
+    # The inference layer (as fill-mask and embed): examples packed several per row where the model allows it,
+    # shape buckets under a token budget, rows split over every local device (bertjax/finetune/inference.py).
+    outputs = predict_outputs(model, params, task, encoded, tokenizer, max_tokens=max_tokens, batch_size=batch_size)
     return task.predictions(outputs, encoded, labels)

@@ -1,7 +1,7 @@
 """Embedding a corpus through the inference layer: packed rows, shape buckets, a token budget, bf16 compute.
 
     from bertjax.embeddings import Embedder, load_sentence_encoder
-    embedder = Embedder(load_sentence_encoder("model_dir"), max_tokens=16384, dtype="bfloat16")
+    embedder = Embedder(load_sentence_encoder("model_dir"), dtype="bfloat16")  # max_tokens: 2048 on CPU, else 16384
     vectors = embedder.embed(texts, prompt_name="document")        # float32 [len(texts), dim], input order
 
 `SentenceEncoder.encode` runs one text per row (small jobs, parity tests); `Embedder` is the fast path: many texts
@@ -45,15 +45,16 @@ class Embedder:
     """Texts -> float32 embeddings of `encoder`, through one TextInference (compiled programs are reused across
     calls: `compiles` counts them).
 
-    max_tokens: token budget of one batch; lengths: bucket row lengths (the encoder's max_seq_length is added);
+    max_tokens: token budget of one batch (None: 2,048 on CPU, 16,384 on accelerators; buckets.default_max_tokens);
+    lengths: bucket row lengths (the encoder's max_seq_length is added);
     max_segments: texts per packed row at most (1: no packing); dtype: compute dtype of the backbone ("bfloat16",
     "float32"; None keeps the encoder's); overflow / stride: "truncate" (default) or "chunk" with `stride` tokens
     shared by neighbouring chunks; mesh: a data mesh (default: every local device).
     """
 
-    def __init__(self, encoder: SentenceEncoder, *, max_tokens: int = 16384, lengths: Sequence[int] = DEFAULT_LENGTHS,
-                 max_segments: int = 32, dtype: str | None = "bfloat16", overflow: str = "truncate",
-                 stride: int = 0, mesh=None):
+    def __init__(self, encoder: SentenceEncoder, *, max_tokens: int | None = None,
+                 lengths: Sequence[int] = DEFAULT_LENGTHS, max_segments: int = 32, dtype: str | None = "bfloat16",
+                 overflow: str = "truncate", stride: int = 0, mesh=None):
         self.encoder = encoder
         self.model = with_compute_dtype(encoder.model, dtype)
         self.overflow, self.stride = overflow, stride
@@ -91,6 +92,22 @@ class Embedder:
             self._by_prompt[prompt] = inference
         return self._by_prompt[prompt]
 
+    def _placed_params(self):
+        if self._params is None:
+            self._params = self._inference(None).runner.place_params(self.encoder.params)
+        return self._params
+
+    def _segment_inputs(self, prompt: str | None, count: int) -> dict[str, np.ndarray] | None:
+        """Per-text inputs of the row function: prompt lengths, when pooling leaves the prompt out."""
+        if self.encoder.pooling.include_prompt:
+            return None
+        return {"prompt_lengths": np.full(count, self.encoder.prompt_length(prompt), np.int32)}
+
+    def warm_up(self, prompt_name: str | None = None, prompt: str | None = None) -> int:
+        """Compile every program `embed` may need (TextInference.warm_up); returns how many were compiled."""
+        text_prompt = self.encoder.resolve_prompt(prompt_name, prompt)
+        return self._inference(text_prompt).warm_up(self._placed_params(), self._segment_inputs(text_prompt, 1))
+
     def token_ids(self, texts: Sequence[str], prompt: str | None = None) -> list[np.ndarray]:
         """Token ids per text without [CLS]/[SEP]: prompt + text as sentence-transformers tokenizes them (the text
         alone when chunking, where the prompt goes in front of every chunk instead)."""
@@ -109,14 +126,9 @@ class Embedder:
         token_ids = self.token_ids(texts, text_prompt)
         if not token_ids:
             return np.zeros((0, self.dim), np.float32)
-        inference = self._inference(text_prompt)
-        if self._params is None:
-            self._params = inference.runner.place_params(self.encoder.params)
-        prompt_length = self.encoder.prompt_length(text_prompt)
-        segment_inputs = None
-        if not self.encoder.pooling.include_prompt:
-            segment_inputs = {"prompt_lengths": np.full(len(token_ids), prompt_length, np.int32)}
-        outputs = inference.run_tokens(self._params, token_ids, segment_inputs)
+        inference, params = self._inference(text_prompt), self._placed_params()
+        segment_inputs = self._segment_inputs(text_prompt, len(token_ids))
+        outputs = inference.run_tokens(params, token_ids, segment_inputs)
         vectors = outputs.segments["embedding"].astype(np.float32)
         if self.overflow == "chunk" and self.encoder.pooling.normalize:
             # The mean of unit vectors is shorter than one; normalise again, as the model promises unit vectors.

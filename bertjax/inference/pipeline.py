@@ -85,9 +85,16 @@ class Outputs:
 
 
 def run_sequences(runner: Runner, params, sequences: Sequence[np.ndarray], plan: BucketPlan, pad_id: int, *,
-                  packing: bool = True, segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
-    """The row function's outputs for every sequence, in the order given."""
+                  packing: bool = True, segment_inputs: dict[str, np.ndarray] | None = None,
+                  token_inputs: dict[str, Sequence[np.ndarray]] | None = None) -> Outputs:
+    """The row function's outputs for every sequence, in the order given. `segment_inputs`: one value per sequence
+    (handed to the row function per slot, [rows, K, ...]); `token_inputs`: one array per sequence, as long as the
+    sequence (e.g. token type ids), placed at the sequence's tokens ([rows, length], 0 on padding)."""
     segment_inputs = segment_inputs or {}
+    token_inputs = token_inputs or {}
+    for name, values in token_inputs.items():
+        if len(values) != len(sequences) or any(len(v) != len(s) for v, s in zip(values, sequences)):
+            raise ValueError(f"token input {name!r} must hold one array per sequence, as long as the sequence")
     batches, placement = pack(sequences, plan, pad_id, packing=packing, devices=runner.devices)
     max_segments = plan.max_segments if packing else 1
 
@@ -99,6 +106,12 @@ def run_sequences(runner: Runner, params, sequences: Sequence[np.ndarray], plan:
                 slots = np.zeros((batch.input_ids.shape[0], max_segments) + values.shape[1:], values.dtype)
                 slots[placement.row[mine], placement.slot[mine]] = values[mine]
                 arrays[name] = slots
+            for name, values in token_inputs.items():
+                tokens = np.zeros(batch.input_ids.shape, np.asarray(values[0]).dtype)
+                for i in np.flatnonzero(mine):
+                    start = placement.start[i]
+                    tokens[placement.row[i], start:start + placement.length[i]] = values[i]
+                arrays[name] = tokens
             yield arrays
 
     results = list(runner.run(params, host_batches(), max_segments))

@@ -52,6 +52,7 @@ class Runner:
     def __init__(self, row_fn: RowFunction, mesh: Mesh | None = None, in_flight: int = 2):
         self.mesh = mesh if mesh is not None else data_mesh()
         self.devices = self.mesh.devices.size
+        self.platform = self.mesh.devices.flat[0].platform  # "cpu", "gpu", "tpu": picks the default token budget
         self.in_flight = max(in_flight, 1)
         self._fn, self._traces = _jitted(row_fn)
         self._traces_before = self._traces[0]

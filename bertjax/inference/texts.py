@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from bertjax.inference.buckets import BucketConfig, plan_buckets
+from bertjax.inference.packing import batch_shapes
 from bertjax.inference.pipeline import Outputs, SequenceFormat, pool_chunks, run_sequences, to_sequences
 from bertjax.inference.runner import Runner, RowFunction
 
@@ -41,7 +43,7 @@ class TextInference:
         self.runner = Runner(row_fn, mesh)
         self.tokenizer = tokenizer
         self.format = sequence_format or SequenceFormat.for_tokenizer(tokenizer, max_length)
-        self.plan = plan_buckets(buckets, max_length, self.runner.devices)
+        self.plan = plan_buckets(buckets, max_length, self.runner.devices, self.runner.platform)
         self.packing = packing and buckets.max_segments > 1
         self.overflow, self.stride = overflow, stride
         self.pad_id = int(tokenizer.pad_id)
@@ -49,6 +51,25 @@ class TextInference:
     @property
     def compiles(self) -> int:
         return self.runner.compiles
+
+    def warm_up(self, params, segment_inputs: dict[str, np.ndarray] | None = None) -> int:
+        """Compile every program a job may need (each [rows, length] of packing.batch_shapes) by running one batch of
+        padding per shape, so that the first real texts, or a timed run, compile nothing (as text-embeddings-inference
+        warms up when it starts). `segment_inputs`: per-text values by name as `run` is given them (any number of
+        texts: only their dtypes and trailing shapes matter, which are part of the program). Returns the number of
+        programs compiled."""
+        before = self.compiles
+        slots = self.plan.max_segments if self.packing else 1
+        pending = []
+        for rows, length in sorted(batch_shapes(self.plan, self.runner.devices)):
+            batch = {"input_ids": np.full((rows, length), self.pad_id, np.int32),
+                     "segment_ids": np.ones((rows, length), np.int32)}  # outputs are dropped: only shapes matter
+            for name, value in (segment_inputs or {}).items():
+                value = np.asarray(value)
+                batch[name] = np.zeros((rows, slots) + value.shape[1:], value.dtype)
+            pending.append(self.runner.dispatch(params, batch, slots))
+        jax.block_until_ready(pending)
+        return self.compiles - before
 
     def tokenize(self, texts: Sequence[str]) -> list[np.ndarray]:
         for i, text in enumerate(texts):
@@ -72,7 +93,9 @@ class TextInference:
                                  for k, v in outputs.segments.items()}, tokens=outputs.tokens)
 
     def run_sequences(self, params, sequences: Sequence[np.ndarray],
-                      segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
-        """As `run`, for complete model sequences (special tokens included, at most max_length each)."""
+                      segment_inputs: dict[str, np.ndarray] | None = None,
+                      token_inputs: dict[str, Sequence[np.ndarray]] | None = None) -> Outputs:
+        """As `run`, for complete model sequences (special tokens included, at most max_length each);
+        `token_inputs` as in pipeline.run_sequences (per-token arrays such as token type ids)."""
         return run_sequences(self.runner, params, sequences, self.plan, self.pad_id, packing=self.packing,
-                             segment_inputs=segment_inputs)
+                             segment_inputs=segment_inputs, token_inputs=token_inputs)

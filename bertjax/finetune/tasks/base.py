@@ -54,6 +54,9 @@ class Task(abc.ABC):
     defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     # Batch keys that are targets, not model inputs.
     target_keys: ClassVar[tuple[str, ...]] = ("labels",)
+    # How `bertjax predict` packs examples (bertjax/finetune/inference.py): "segments" (one output per packed
+    # example), "tokens" (outputs per token, cut back per example) or None (one example per row, unpacked).
+    prediction_unit: ClassVar[str | None] = None
 
     def __init__(self, data_config, task_config):
         self.data = data_config

@@ -22,6 +22,7 @@ class SequenceClassification(Task):
     name = "sequence-classification"
     head = "sequence_classification"
     main_metric = "accuracy"  # regression: pearson
+    prediction_unit = "segments"  # packed prediction: the head pools each packed example
     defaults = {"train": {"learning_rate": 2e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
 
     def main_metric_for(self, labels: Labels) -> str:

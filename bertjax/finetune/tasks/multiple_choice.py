@@ -20,6 +20,9 @@ class MultipleChoice(Task):
     name = "multiple-choice"
     head = "multiple_choice"
     main_metric = "accuracy"
+    # Prediction stays one question per row: the model takes [questions, choices, seq] and scores a question's
+    # choices side by side; packed segments have no choices axis (each choice would be a separate example).
+    prediction_unit = None
     defaults = {"train": {"learning_rate": 2e-5, "batch_size": 16, "epochs": 3}, "data": {"max_length": 128}}
 
     def _choices(self, rows, source):

@@ -30,6 +30,7 @@ class QuestionAnswering(Task):
     name = "question-answering"
     head = "question_answering"
     main_metric = "f1"
+    prediction_unit = "tokens"  # packed prediction: start/end logits per token, cut back per window
     target_keys = ("start_positions", "end_positions")
     defaults = {"train": {"learning_rate": 3e-5, "batch_size": 32, "epochs": 2},
                 "data": {"max_length": 384, "doc_stride": 128}}

@@ -19,6 +19,7 @@ class TokenClassification(Task):
     name = "token-classification"
     head = "token_classification"
     main_metric = "f1"
+    prediction_unit = "tokens"  # packed prediction: tags per token, cut back per sentence
     defaults = {"train": {"learning_rate": 5e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
 
     def _words_and_tags(self, rows, source, with_targets):
