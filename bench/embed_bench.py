@@ -38,6 +38,10 @@ if "--cpu-time" in sys.argv:  # XLA reads its flags when jax is imported: one th
 
 import numpy as np
 
+from bertjax.cpu_allocator import reuse_freed_memory  # noqa: E402
+
+reuse_freed_memory()  # as `bertjax embed` does on CPU, for every system in this process
+
 
 def make_texts(count: int, max_length: int, variable: bool, vocab: list[str], seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
