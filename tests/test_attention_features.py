@@ -107,29 +107,36 @@ def test_alibi_and_global_tokens_match_dense_forward_and_gradients(name):
                       max_global_tokens=1)
 
 
+
+def assert_matches_dense_with_gradients(candidate, dense, q, k, v, real):
+    """candidate(q, k, v) equals dense(q, k, v) on real tokens (2e-5), and so do the gradients of a loss over the real
+    tokens' outputs with respect to q, k and v (5e-5)."""
+    def loss_and_out(attention):
+        def loss(q, k, v):
+            out = attention(q, k, v)
+            return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+    (_, expected), expected_grads = loss_and_out(dense)
+    (_, out), grads = loss_and_out(candidate)
+    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
+    for got, want in zip(grads, expected_grads):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
+
 def test_global_alibi_layer_query_chunked_matches_dense_forward_and_gradients():
     from bertjax.ops.blockwise_attention import blockwise_local_attention
 
     q, k, v, segments, _, slopes = feature_case()
     real = segments != 0
 
-    def loss_and_out(chunked, q, k, v):
-        def loss(q, k, v):
-            if chunked:  # forced at this length (it starts at GLOBAL_CHUNKED_MIN_SEQ by default)
-                out = blockwise_local_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=None,
-                                                scale=8 ** -0.5, alibi_slopes=jnp.asarray(slopes),
-                                                global_query_chunk=16)
-            else:
-                out = ops.attention(q, k, v, segment_ids=segments, implementation="xla", alibi_slopes=slopes)
-            return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
-        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    def chunked(q, k, v):  # forced at this length (it starts at GLOBAL_CHUNKED_MIN_SEQ by default)
+        return blockwise_local_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=None,
+                                         scale=8 ** -0.5, alibi_slopes=jnp.asarray(slopes), global_query_chunk=16)
 
-    run = jax.jit(loss_and_out, static_argnums=0)
-    (_, expected), expected_grads = run(False, q, k, v)
-    (_, out), grads = run(True, q, k, v)
-    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
-    for got, want in zip(grads, expected_grads):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
+    def dense(q, k, v):
+        return ops.attention(q, k, v, segment_ids=segments, implementation="xla", alibi_slopes=slopes)
+
+    assert_matches_dense_with_gradients(chunked, dense, q, k, v, real)
 
 
 def test_alibi_and_longformer_memory_grows_linearly_in_blockwise():
@@ -163,22 +170,13 @@ def test_pallas_gpu_alibi_and_global_tokens_match_dense_forward_and_gradients_in
     q, k, v, segments, glob, slopes = feature_case()
     real = segments != 0
 
-    def loss_and_out(pallas, q, k, v):
-        def loss(q, k, v):
-            if pallas:  # small tiles: 45 tokens span several query and key blocks
-                out = pallas_gpu_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=8,
-                                           scale=8 ** -0.5, interpret=True, alibi_slopes=jnp.asarray(slopes),
-                                           global_tokens=jnp.asarray(glob & real), global_slots=2,
-                                           block_q=16, block_k=16)
-            else:
-                out = ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation="xla",
-                                    alibi_slopes=slopes, global_tokens=glob)
-            return jnp.sum(jnp.where(real[..., None, None], out, 0.0) ** 2), out
-        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+    def kernel(q, k, v):  # small tiles: 45 tokens span several query and key blocks
+        return pallas_gpu_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=8, scale=8 ** -0.5,
+                                    interpret=True, alibi_slopes=jnp.asarray(slopes),
+                                    global_tokens=jnp.asarray(glob & real), global_slots=2, block_q=16, block_k=16)
 
-    run = jax.jit(loss_and_out, static_argnums=0)
-    (_, expected), expected_grads = run(False, q, k, v)
-    (_, out), grads = run(True, q, k, v)
-    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=2e-5)
-    for got, want in zip(grads, expected_grads):
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
+    def dense(q, k, v):
+        return ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation="xla",
+                             alibi_slopes=slopes, global_tokens=glob)
+
+    assert_matches_dense_with_gradients(kernel, dense, q, k, v, real)
