@@ -76,6 +76,18 @@ def reference(class_name: str, directory, **overrides):
     return model
 
 
+def assert_exports_with_the_same_outputs(model, params, ref, tmp_path, expected, ids, mask, glob):
+    """bertjax -> transformers: the reference's class loads the export with every tensor consumed and gives the
+    same outputs (1e-6)."""
+    bertjax.save_pretrained(str(tmp_path / "bj"), model, params)
+    reloaded, info = type(ref).from_pretrained(str(tmp_path / "bj"), output_loading_info=True,
+                                               attn_implementation="eager")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    again = torch_outputs(reloaded.eval(), input_ids=ids, attention_mask=mask, global_attention_mask=glob)
+    for name in expected:
+        np.testing.assert_allclose(again[name], expected[name], atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("class_name", ["LongformerModel", "LongformerForMaskedLM"])
 def test_matches_transformers_and_round_trips(class_name, tmp_path):
     ref = reference(class_name, tmp_path / "hf")
@@ -93,13 +105,7 @@ def test_matches_transformers_and_round_trips(class_name, tmp_path):
                  torch_outputs(ref, input_ids=ids, attention_mask=mask), mask)
 
     # bertjax -> transformers: the same class, every tensor consumed, the same outputs; back to the same config.
-    bertjax.save_pretrained(str(tmp_path / "bj"), model, params)
-    reloaded, info = type(ref).from_pretrained(str(tmp_path / "bj"), output_loading_info=True,
-                                               attn_implementation="eager")
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    again = torch_outputs(reloaded.eval(), input_ids=ids, attention_mask=mask, global_attention_mask=glob)
-    for name in expected:
-        np.testing.assert_allclose(again[name], expected[name], atol=1e-6, rtol=0)
+    assert_exports_with_the_same_outputs(model, params, ref, tmp_path, expected, ids, mask, glob)
     assert bertjax.from_pretrained(str(tmp_path / "bj"))[0].config == model.config.replace(
         attention_implementation="auto")
 
@@ -128,13 +134,7 @@ def test_task_heads_match_transformers_and_round_trip(head, tmp_path):
     expected = torch_outputs(ref, input_ids=ids, attention_mask=mask, global_attention_mask=glob)
     ours = model.apply({"params": params}, ids, attention_mask=mask, global_attention_mask=glob)
     assert_close(ours, expected, mask)
-    bertjax.save_pretrained(str(tmp_path / "bj"), model, params)
-    reloaded, info = type(ref).from_pretrained(str(tmp_path / "bj"), output_loading_info=True,
-                                               attn_implementation="eager")
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    again = torch_outputs(reloaded.eval(), input_ids=ids, attention_mask=mask, global_attention_mask=glob)
-    for name in expected:
-        np.testing.assert_allclose(again[name], expected[name], atol=1e-6, rtol=0)
+    assert_exports_with_the_same_outputs(model, params, ref, tmp_path, expected, ids, mask, glob)
 
 
 @pytest.fixture(scope="module")
