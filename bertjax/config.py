@@ -26,6 +26,19 @@ RelativeTerm = Literal["c2p", "p2c"]
 DisentangledImplementation = Literal["auto", "dense", "blockwise", "pallas_gpu"]
 
 
+def _sub_config_from_dict(cls, values: dict, tuple_fields: tuple[str, ...] = ()):
+    """A nested config from a JSON/YAML mapping: unknown keys are an error naming them; lists become the tuples the
+    frozen dataclass holds (JSON and YAML have no tuples)."""
+    unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+    values = dict(values)
+    for name in tuple_fields:
+        if isinstance(values.get(name), list):
+            values[name] = tuple(values[name])
+    return cls(**values)
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
     """What a fine-tuning head predicts: `EncoderConfig.task`. Only the task-head models read it.
@@ -73,13 +86,7 @@ class TaskConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "TaskConfig":
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"TaskConfig has no field(s) {sorted(unknown)}")
-        values = dict(values)
-        if isinstance(values.get("labels"), list):  # JSON and YAML have no tuples
-            values["labels"] = tuple(values["labels"])
-        return cls(**values)
+        return _sub_config_from_dict(cls, values, tuple_fields=("labels",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +105,7 @@ class XLNetOptions:
 
     @classmethod
     def from_dict(cls, values: dict) -> "XLNetOptions":
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"XLNetOptions has no field(s) {sorted(unknown)}")
-        return cls(**values)
+        return _sub_config_from_dict(cls, values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,13 +166,7 @@ class DisentangledAttentionConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "DisentangledAttentionConfig":
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"DisentangledAttentionConfig has no field(s) {sorted(unknown)}")
-        values = dict(values)
-        if isinstance(values.get("pos_att_type"), list):  # JSON and YAML have no tuples
-            values["pos_att_type"] = tuple(values["pos_att_type"])
-        return cls(**values)
+        return _sub_config_from_dict(cls, values, tuple_fields=("pos_att_type",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,13 +208,7 @@ class LongformerOptions:
 
     @classmethod
     def from_dict(cls, values: dict) -> "LongformerOptions":
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"LongformerOptions has no field(s) {sorted(unknown)}")
-        values = dict(values)
-        if isinstance(values.get("attention_window"), list):  # JSON and YAML have no tuples
-            values["attention_window"] = tuple(values["attention_window"])
-        return cls(**values)
+        return _sub_config_from_dict(cls, values, tuple_fields=("attention_window",))
 
 
 def alibi_slopes(num_heads: int) -> tuple[float, ...]:
