@@ -5,7 +5,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from bertjax.cpu_allocator import reuse_freed_memory  # noqa: E402
 
-reuse_freed_memory()  # as the command line does on CPU: XLA's per-step temporaries reused instead of page-faulted
+if os.environ["JAX_PLATFORMS"] == "cpu":  # as the command line does on CPU (the GPU kernel tests run on cuda)
+    reuse_freed_memory()  # XLA's per-step temporaries reused instead of page-faulted
 
 
 import pytest  # noqa: E402
