@@ -1,10 +1,15 @@
 """Time and memory of every attention implementation on this backend, against the dense XLA reference, same run.
 
     python -m bench.attention_bench [--seqs 512 2048 8192] [--window 128] [--heads 12] [--head-dim 64]
-                                    [--batch 1] [--dtype float32|bfloat16] [--max-gib 4]
+                                    [--batch 1] [--dtype float32|bfloat16] [--max-gib 4] [--packed-docs 16]
+    python -m bench.attention_bench --tune --seqs 8192      # GPU: pallas_gpu tiles, warps and stages
 
-For each sequence length, both layer kinds of ModernBERT (global, and local with the window) and both passes
-(forward; forward + backward through `jax.vjp`) are compiled and timed. Memory is the compiled program's temporary
+For each sequence length, both layer kinds of ModernBERT (global, and local with the window), a global layer over
+a row packed with --packed-docs equal documents (segment ids; block skipping should make it cheaper than one
+document of the same length), and both passes (forward; forward + backward through `jax.vjp`) are compiled and
+timed. `--tune` times `pallas_gpu` forward + backward at every combination of TUNING's tiles, warps and pipeline
+stages instead, on the global and local layers, and prints the fastest (the library's defaults are
+DEFAULT_BLOCK_Q/K in bertjax/ops/pallas_gpu_attention.py). Memory is the compiled program's temporary
 buffer size (`memory_analysis().temp_size_in_bytes`: what the attention itself needs beyond inputs and outputs);
 on GPU the device's peak bytes in use are printed as well. A program whose temporaries exceed --max-gib is
 compiled (to report its size) but not run. Ratios are relative to the dense `xla` reference of the same row:
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
+import itertools
 import math
 import os
 import platform
@@ -38,13 +45,15 @@ IMPLEMENTATIONS_BY_BACKEND = {
     "tpu": ["xla", "xla_blockwise", "pallas_tpu"],
 }
 REFERENCE = "xla"
+# --tune: pallas_gpu kernel parameters tried (every combination).
+TUNING = {"block_q": (64, 128), "block_k": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3)}
 
 
-def attention_fn(name: str, window: int | None, scale: float) -> Callable | None:
+def attention_fn(name: str, window: int | None, scale: float, packed: bool = False) -> Callable | None:
     """fn(q, k, v, segment_ids) -> out for one implementation, or None when it cannot express this layer."""
     if name == "cudnn":
-        if window is not None:
-            return None  # cuDNN rejects a bidirectional window
+        if window is not None or packed:
+            return None  # cuDNN rejects a bidirectional window; packed segments are not expressed here
 
         def cudnn(q, k, v, segment_ids):
             del segment_ids  # one unpadded sequence per row in this benchmark
@@ -74,14 +83,21 @@ def median_seconds(fn, args, repeats: int, min_seconds: float) -> float:
     return float(np.median(times))
 
 
-def measure(name, window, passes, shapes, dtype, repeats, min_seconds, max_bytes) -> dict:
+def packed_segment_ids(batch: int, seq: int, documents: int) -> jax.Array:
+    """Rows of `documents` equal documents (the last takes the remainder); 1 gives one document per row."""
+    return jnp.tile(jnp.minimum(jnp.arange(seq) // (seq // documents), documents - 1) + 1, (batch, 1)).astype(
+        jnp.int32)
+
+
+def measure(name, window, passes, shapes, dtype, repeats, min_seconds, max_bytes, documents: int = 1,
+            fn=None) -> dict:
     batch, seq, heads, head_dim = shapes
-    fn = attention_fn(name, window, 1 / math.sqrt(head_dim))
+    fn = fn or attention_fn(name, window, 1 / math.sqrt(head_dim), packed=documents > 1)
     if fn is None:
         return {"status": "n/a"}
     keys = jax.random.split(jax.random.key(seq), 4)
     q, k, v, ct = (jax.random.normal(key, (batch, seq, heads, head_dim), dtype) for key in keys)
-    segment_ids = jnp.ones((batch, seq), jnp.int32)
+    segment_ids = packed_segment_ids(batch, seq, documents)
     if passes == "forward":
         program, args = jax.jit(fn), (q, k, v, segment_ids)
     else:
@@ -129,6 +145,9 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--min-seconds", type=float, default=1.0)
     parser.add_argument("--max-gib", type=float, default=4.0, help="do not run programs needing more temp memory")
+    parser.add_argument("--packed-docs", type=int, default=16,
+                        help="documents per row of the packed global layer (0: leave that layer out)")
+    parser.add_argument("--tune", action="store_true", help="GPU: sweep pallas_gpu's kernel parameters")
     args = parser.parse_args(argv)
 
     backend = jax.default_backend()
@@ -137,28 +156,60 @@ def main(argv=None) -> None:
         names = [REFERENCE, *names]
     dtype = jnp.dtype(args.dtype or ("float32" if backend == "cpu" else "bfloat16"))
     print(f"# attention_bench  {datetime.date.today()}  {machine_description()}")
+    if args.tune:
+        return tune(args, dtype)
     print(f"# batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, {dtype.name}; local window "
           f"{args.window}; memory = compiled temp buffers (GiB); programs over {args.max_gib} GiB are not run\n")
     print("| seq | layer | pass | implementation | time (ms) | speed-up vs xla | temp (GiB) | memory vs xla |")
     print("|---:|---|---|---|---:|---:|---:|---:|")
     results = {}
+    layers = [(None, 1), (args.window, 1)] + ([(None, args.packed_docs)] if args.packed_docs > 1 else [])
     for seq in args.seqs:
-        for window in (None, args.window):
+        for window, documents in layers:
             for passes in ("forward", "forward+backward"):
                 reference = None
                 for name in names:
                     r = measure(name, window, passes, (args.batch, seq, args.heads, args.head_dim), dtype,
-                                args.repeats, args.min_seconds, args.max_gib * 2**30)
-                    results[(seq, window, passes, name)] = r
+                                args.repeats, args.min_seconds, args.max_gib * 2**30, documents)
+                    results[(seq, window, documents, passes, name)] = r
                     if name == REFERENCE:
                         reference = r
-                    print(row(seq, window, passes, name, r, reference), flush=True)
+                    print(row(seq, window, passes, name, r, reference, documents), flush=True)
     if backend == "gpu":
         print_gpu_targets(results, args)
 
 
-def row(seq, window, passes, name, r, reference) -> str:
+def tune(args, dtype) -> None:
+    """pallas_gpu forward + backward at every TUNING combination, global and local layers, each --seqs length."""
+    from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
+
+    print("| seq | layer | block_q | block_k | num_warps | num_stages | time (ms) |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    best = {}
+    for seq, window in itertools.product(args.seqs, (None, args.window)):
+        layer = "global" if window is None else f"local {window}"
+        for values in itertools.product(*TUNING.values()):
+            options = dict(zip(TUNING, values))
+            kernel = functools.partial(pallas_gpu_attention, **options)
+
+            def fn(q, k, v, segment_ids, kernel=kernel):
+                return kernel(q, k, v, segment_ids=segment_ids, local_window=window,
+                              scale=1 / math.sqrt(args.head_dim))
+
+            r = measure("pallas_gpu", window, "forward+backward", (args.batch, seq, args.heads, args.head_dim),
+                        dtype, args.repeats, args.min_seconds, args.max_gib * 2**30, fn=fn)
+            time_ms = f"{r['seconds'] * 1e3:.3f}" if r["status"] == "ok" else r["status"]
+            print(f"| {seq} | {layer} | {' | '.join(map(str, values))} | {time_ms} |", flush=True)
+            if r["status"] == "ok" and r["seconds"] < best.get((seq, layer), (float("inf"),))[0]:
+                best[(seq, layer)] = (r["seconds"], options)
+    for (seq, layer), (seconds, options) in best.items():
+        print(f"# fastest at seq {seq}, {layer}: {seconds * 1e3:.3f} ms with {options}")
+
+
+def row(seq, window, passes, name, r, reference, documents: int = 1) -> str:
     layer = "global" if window is None else f"local {window}"
+    if documents > 1:
+        layer += f", {documents} docs"
     if r["status"] != "ok":
         status = r["status"] if r["status"] != "skipped" else f"not run: temp {gib(r['temp'])} GiB over limit"
         return f"| {seq} | {layer} | {passes} | {name} | {status} | | {gib(r.get('temp'))} | |"
@@ -176,10 +227,11 @@ def print_gpu_targets(results, args) -> None:
     """The issue's H200 targets at the longest sequence, forward + backward."""
     seq = max(args.seqs)
 
-    def get(name, window):
-        return results.get((seq, window, "forward+backward", name), {})
+    def get(name, window, documents=1):
+        return results.get((seq, window, documents, "forward+backward", name), {})
 
     local, glob, cudnn = get("pallas_gpu", args.window), get("pallas_gpu", None), get("cudnn", None)
+    packed = get("pallas_gpu", None, args.packed_docs)
     print(f"\n# targets at seq {seq}, forward+backward")
     if local.get("status") == "ok" and glob.get("status") == "ok":
         ratio = glob["seconds"] / local["seconds"]
@@ -189,6 +241,10 @@ def print_gpu_targets(results, args) -> None:
         ratio = cudnn["seconds"] / glob["seconds"]
         print(f"# pallas_gpu global vs cuDNN global: {ratio:.2f}x cuDNN speed (target >= 0.7x): "
               f"{'met' if ratio >= 0.7 else 'NOT met'}")
+    if packed.get("status") == "ok" and glob.get("status") == "ok":
+        ratio = glob["seconds"] / packed["seconds"]
+        print(f"# pallas_gpu global, {args.packed_docs} packed documents vs one document: {ratio:.2f}x faster "
+              f"(target > 1x): {'met' if ratio > 1 else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
     python -m bench.train_bench                       # CPU: tiny, modernbert-base and bert-base at short rows,
                                                       # packed and one document per row, against transformers
     python -m bench.train_bench --cpu-time            # CPU: one thread each, CPU seconds (for a shared machine)
-    python -m bench.train_bench --gpu                 # GPU: modernbert-base, 1024 tokens, bfloat16, against
+    python -m bench.train_bench --gpu                 # GPU: modernbert-base, rows of 1024 tokens, bfloat16, against
                                                       # transformers' ModernBertForMaskedLM on identical batches
+    python -m bench.train_bench --gpu --gpu-batch 16 32 --attention pallas_gpu xla   # a sweep, one table
+    python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192        # the largest batch that trains;
+    python -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192   # one framework per process
 
 The step is the one `bertjax pretrain` runs (StableAdamW, MLM at 30% gathered before the vocabulary projection,
 state donated), fed synthetic packed rows so that only the step is timed. MFU counts model FLOPs
@@ -29,7 +32,11 @@ if "--cpu-time" in sys.argv:  # XLA reads its flags when jax is imported: one th
 
 from bertjax.cpu_allocator import reuse_freed_memory  # noqa: E402
 
-if "--gpu" not in sys.argv:
+GPU_MODE = "--gpu" in sys.argv or "--gpu-max-batch" in sys.argv
+if GPU_MODE:
+    # Both frameworks share the GPU in one process: JAX must not take 75% of its memory up front.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+else:
     reuse_freed_memory()  # as `bertjax` commands do on CPU, for both frameworks in this process
 
 import jax
@@ -63,11 +70,12 @@ class Case:
     documents_per_row: int = 2
     objective: str = "mlm"
     objective_options: dict = dataclasses.field(default_factory=dict)
+    remat_policy: str = "none"
 
     def run_config(self, steps: int):
         """The run config of `bertjax pretrain` for this case: the model's every field as an override."""
         return run_config_from_dict({
-            "model": {"preset": "bert-base", "overrides": self.config.to_dict()},
+            "model": {"preset": "bert-base", "overrides": self.config.to_dict(), "remat_policy": self.remat_policy},
             "objective": {"name": self.objective, **self.objective_options},
             "data": {"seq_len": self.seq_len, "global_batch_size": self.batch, "mlm_probability": MLM_RATE},
             "optimizer": {"name": "stable_adamw", "learning_rate": 8e-4, "weight_decay": 1e-5},
@@ -126,43 +134,63 @@ def transformers_rows(case: Case) -> dict[str, np.ndarray]:
     return {"input_ids": rows["input_ids"].astype(np.int64), "labels": labels}
 
 
-def bench_transformers(case: Case, steps: int, jax_params, jax_model, device: str = "cuda") -> dict:
-    """transformers' masked-LM class of the same family (sdpa; bf16 autocast on GPU; ModernBERT with sparse
-    prediction) with torch's AdamW on the same weights and rows."""
-    import torch
-    import transformers
+class TransformersTrainer:
+    """transformers' masked-LM class of the same family (bf16 autocast on GPU; ModernBERT with sparse prediction)
+    with torch's AdamW (fused on GPU) on bertjax's initial weights: `step(rows)` is one training step."""
 
-    import bertjax
+    def __init__(self, jax_params, jax_model, device: str = "cuda", attention: str = "sdpa",
+                 checkpointing: bool = False):
+        import torch
+        import transformers
 
-    with tempfile.TemporaryDirectory() as tmp:
-        bertjax.save_pretrained(tmp, jax_model, jax.device_get(jax_params))
-        extra = {"sparse_prediction": True} if jax_model.config.family == "modernbert" else {}
-        model = transformers.AutoModelForMaskedLM.from_pretrained(tmp, attn_implementation="sdpa", **extra)
-    model = model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=1e-5,
-                                  fused=device == "cuda")
-    rows = transformers_rows(case)
-    inputs = {name: torch.from_numpy(value).to(device) for name, value in rows.items()}
-    inputs["attention_mask"] = torch.ones(case.batch, case.seq_len, dtype=torch.int64, device=device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
-    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        import bertjax
 
-    def step():
-        with autocast:
-            loss = model(**inputs).loss
+        with tempfile.TemporaryDirectory() as tmp:
+            bertjax.save_pretrained(tmp, jax_model, jax.device_get(jax_params))
+            extra = {"sparse_prediction": True} if jax_model.config.family == "modernbert" else {}
+            model = transformers.AutoModelForMaskedLM.from_pretrained(tmp, attn_implementation=attention, **extra)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        self.torch, self.device, self.attention = torch, device, attention
+        self.model = model.to(device).train()
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.98), eps=1e-6,
+                                           weight_decay=1e-5, fused=device == "cuda")
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+
+    def inputs(self, case: Case) -> dict:
+        rows = transformers_rows(case)
+        inputs = {name: self.torch.from_numpy(value).to(self.device) for name, value in rows.items()}
+        inputs["attention_mask"] = self.torch.ones(case.batch, case.seq_len, dtype=self.torch.int64,
+                                                   device=self.device)
+        return inputs
+
+    def step(self, inputs):
+        with self.autocast:
+            loss = self.model(**inputs).loss
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         return loss
 
-    first_loss = float(step())
+    def synchronize(self):
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+
+def bench_transformers(case: Case, steps: int, jax_params, jax_model, device: str = "cuda",
+                       attention: str = "sdpa") -> dict:
+    """Seconds per step of TransformersTrainer on the case's one-document rows."""
+    trainer = TransformersTrainer(jax_params, jax_model, device, attention)
+    inputs = trainer.inputs(case)
+    step, synchronize = (lambda: trainer.step(inputs)), trainer.synchronize
+    first_loss = step().item()
     synchronize()
     start = CLOCK()
     for _ in range(steps):
         step()
     synchronize()
     seconds = (CLOCK() - start) / steps
-    return {"case": f"{case.name} (transformers)", "batch": case.batch, "seq_len": case.seq_len,
+    return {"case": f"{case.name} (transformers, {attention})", "batch": case.batch, "seq_len": case.seq_len,
             "step_ms": 1e3 * seconds, "tokens_per_sec": case.batch * case.seq_len / seconds,
             "first_loss": first_loss}
 
@@ -218,16 +246,144 @@ def run_electra(steps: int) -> list[dict]:
     return rows
 
 
-def run_gpu(steps: int, batch: int) -> list[dict]:
-    config = get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=1024)
-    case = Case("modernbert-base bf16", config, batch=batch, seq_len=1024, documents_per_row=1)
+# The ModernBERT paper's training throughput of ModernBERT-base on one H100 (about 26% MFU).
+PAPER_TOKENS_PER_SEC_H100 = 312_000
+
+
+def transformers_attentions() -> list[str]:
+    """The attention implementations transformers can train ModernBERT with here: sdpa, and flash attention when its
+    package is installed (the faster of the two is the reference)."""
+    import transformers.utils
+
+    return ["sdpa"] + (["flash_attention_2"] if transformers.utils.is_flash_attn_2_available() else [])
+
+
+def gpu_config(seq_len: int, attention: str = "auto"):
+    return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 8192),
+                      attention_implementation=attention)
+
+
+def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str]) -> list[dict]:
+    """For each batch size: bertjax with each attention implementation on packed rows (4 documents per row, as
+    pretraining feeds it) and on one document per row, then transformers (each attention it has) on those same
+    one-document rows and initial weights."""
     peak = flops_lib.peak_flops_per_device()
-    ours = bench_bertjax(case, steps, peak)
-    # The same initial weights as the bertjax state (same init key), exported for transformers.
-    model = MODEL_CLASSES["masked_lm"](config.replace(dtype="float32"))
-    theirs = bench_transformers(case, steps, init_params(model, jax.random.key(0)), model, device="cuda")
-    ours["speedup_vs_transformers"] = ours["tokens_per_sec"] / theirs["tokens_per_sec"]
-    return [ours, theirs]
+    rows = []
+    for batch in batches:
+        ours = []
+        for attention in attentions:
+            config = gpu_config(seq_len, attention)
+            case = Case(f"modernbert-base bf16, {attention}", config, batch=batch, seq_len=seq_len,
+                        documents_per_row=4)
+            single = dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
+            ours += [bench_bertjax(case, steps, peak), bench_bertjax(single, steps, peak)]
+        # The same initial weights as the bertjax state (same init key), exported for transformers.
+        model = MODEL_CLASSES["masked_lm"](gpu_config(seq_len).replace(dtype="float32"))
+        params = init_params(model, jax.random.key(0))
+        case = Case("modernbert-base bf16", gpu_config(seq_len), batch=batch, seq_len=seq_len, documents_per_row=1)
+        theirs = [bench_transformers(case, steps, params, model, "cuda", attention)
+                  for attention in transformers_attentions()]
+        best = max(theirs, key=lambda row: row["tokens_per_sec"])
+        for row in ours:
+            row["speedup_vs_transformers"] = row["tokens_per_sec"] / best["tokens_per_sec"]
+        rows += ours + theirs
+    best_ours = max((row for row in rows if "mfu" in row), key=lambda row: row["tokens_per_sec"])
+    print(f"best bertjax: {best_ours['case']} batch {best_ours['batch']}: {best_ours['tokens_per_sec']:,.0f} tokens/s, "
+          f"MFU {100 * best_ours['mfu']:.1f}% (target >= 45%), {best_ours['speedup_vs_transformers']:.2f}x "
+          f"transformers (target >= 1.5x), {best_ours['tokens_per_sec'] / PAPER_TOKENS_PER_SEC_H100:.2f}x the "
+          f"paper's {PAPER_TOKENS_PER_SEC_H100:,} tokens/s on one H100")
+    return rows
+
+
+def is_out_of_memory(error: Exception) -> bool:
+    text = f"{type(error).__name__}: {error}"
+    return "RESOURCE_EXHAUSTED" in text or "OutOfMemory" in text or "out of memory" in text.lower()
+
+
+def largest_fitting(fits, limit: int = 4096) -> int:
+    """The largest batch b <= limit with fits(b) true (0 if none), by doubling then bisection: fitting is monotone
+    in the batch size, so this costs about 2 log2(b) tries."""
+    low, high, batch = 0, None, 1
+    while high is None:
+        if fits(batch):
+            if batch == limit:
+                return batch
+            low, batch = batch, min(2 * batch, limit)
+        else:
+            high = batch
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str) -> list[dict]:
+    """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
+    framework (run each in its own process: neither hands its freed memory back to the other). Each try runs two
+    steps; out-of-memory errors end the try, anything else is raised."""
+    import gc
+
+    config = gpu_config(seq_len)
+    tried = {}
+
+    if framework == "bertjax":
+        def fits(batch: int) -> bool:
+            case = Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1,
+                        remat_policy=remat_policy)
+            try:
+                setup = setup_run(case.run_config(2), vocab_size=config.vocab_size, pad_id=config.pad_token_id)
+                state = setup.fresh_state()
+                batch_arrays = {k: jax.device_put(v, batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
+                                for k, v in synthetic_batch(case).items()}
+                for _ in range(2):
+                    state, metrics = setup.train_step(state, setup.frozen, batch_arrays)
+                tried[batch] = bool(np.isfinite(float(metrics["loss"])))
+            except Exception as error:  # noqa: BLE001: only out-of-memory is an answer; the rest is raised
+                if not is_out_of_memory(error):
+                    raise
+                tried[batch] = False
+            finally:
+                state = batch_arrays = setup = None
+                gc.collect()
+            print(f"  bertjax batch {batch}: {'fits' if tried[batch] else 'out of memory'}", flush=True)
+            return tried[batch]
+    else:
+        model = MODEL_CLASSES["masked_lm"](config.replace(dtype="float32"))
+        trainer = TransformersTrainer(init_params(model, jax.random.key(0)), model, "cuda",
+                                      transformers_attentions()[-1],  # flash attention if installed: least memory
+                                      checkpointing=remat_policy != "none")
+
+        def fits(batch: int) -> bool:
+            case = Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1)
+            try:
+                inputs = trainer.inputs(case)
+                for _ in range(2):
+                    loss = trainer.step(inputs)
+                trainer.synchronize()
+                tried[batch] = bool(np.isfinite(loss.item()))
+            except Exception as error:  # noqa: BLE001
+                if not is_out_of_memory(error):
+                    raise
+                tried[batch] = False
+            finally:
+                inputs = loss = None
+                trainer.optimizer.zero_grad(set_to_none=True)
+                gc.collect()
+                trainer.torch.cuda.empty_cache()
+            print(f"  transformers batch {batch}: {'fits' if tried[batch] else 'out of memory'}", flush=True)
+            return tried[batch]
+
+    best = largest_fitting(fits)
+    device = jax.devices()[0]
+    memory = (device.memory_stats() or {}).get("bytes_limit")
+    print(f"largest batch of {seq_len}-token rows that trains, {framework} (remat {remat_policy}): {best} "
+          f"({best * seq_len:,} tokens per step) on {device.device_kind}"
+          + (f", JAX's memory limit {memory / 2**30:.1f} GiB" if memory else ""))
+    return [{"case": f"max batch, {framework}, remat {remat_policy}", "batch": best, "seq_len": seq_len,
+             "step_ms": float("nan"), "tokens_per_sec": float("nan")}]
 
 
 def main() -> None:
@@ -242,7 +398,14 @@ def main() -> None:
     parser.add_argument("--cases", default=None,
                         help="CPU: comma-separated case names to run (tiny, modernbert-base, bert-base)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 5 on CPU, 20 on GPU)")
-    parser.add_argument("--gpu-batch", type=int, default=16, help="rows of 1024 tokens per GPU step")
+    parser.add_argument("--gpu-batch", type=int, nargs="+", default=[16], help="GPU: rows per step (a sweep)")
+    parser.add_argument("--gpu-seq", type=int, default=1024, help="GPU: tokens per row")
+    parser.add_argument("--attention", nargs="+", default=["auto"],
+                        help="GPU: bertjax attention implementations to time (auto is pallas_gpu on GPU)")
+    parser.add_argument("--gpu-max-batch", choices=["bertjax", "transformers"], default=None,
+                        help="GPU: find the largest batch of --gpu-seq rows that trains, for one framework")
+    parser.add_argument("--remat", default="none", help="--gpu-max-batch: bertjax remat policy; any policy but "
+                        "none turns on transformers' gradient checkpointing")
     args = parser.parse_args()
     if args.cpu_time:
         global CLOCK
@@ -251,11 +414,13 @@ def main() -> None:
         CLOCK = time.process_time
     print(f"{datetime.date.today()}  {platform.platform()}  jax {jax.__version__}  "
           f"{jax.device_count()} x {jax.devices()[0].device_kind}  cores {os.cpu_count()}")
-    if args.gpu:
-        if jax.default_backend() != "gpu":
-            raise SystemExit("--gpu: JAX sees no GPU here (jax.default_backend() is "
-                             f"{jax.default_backend()!r}); run it on a GPU host")
-        rows = run_gpu(args.steps or 20, args.gpu_batch)
+    if GPU_MODE and jax.default_backend() != "gpu":
+        raise SystemExit("--gpu / --gpu-max-batch: JAX sees no GPU here (jax.default_backend() is "
+                         f"{jax.default_backend()!r}); run it on a GPU host")
+    if args.gpu_max_batch:
+        rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat)
+    elif args.gpu:
+        rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention)
     elif args.electra:
         rows = run_electra(args.steps or 5)
     else:
