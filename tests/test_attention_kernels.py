@@ -16,7 +16,7 @@ from bertjax.config import get_config
 from bertjax.models import EncoderForMaskedLM, init_params
 from bertjax.ops.attention import AUTO_BY_PLATFORM, IMPLEMENTATIONS
 from bertjax.ops.blockwise_attention import blockwise_local_attention, xla_auto_attention
-from bertjax.ops.pallas_gpu_attention import key_block_ranges, pallas_gpu_attention
+from bertjax.ops.pallas_gpu_attention import full_block_ranges, key_block_ranges, pallas_gpu_attention
 from bertjax.ops.pallas_tpu_attention import pallas_tpu_attention
 from bertjax.ops.xla_attention import dense_attention
 
@@ -140,6 +140,38 @@ def test_packing_and_padding_skip_blocks():
     seg[:, 512:] = 0
     lo, hi = key_block_ranges(seg, None, 64, 64)
     assert (np.asarray(hi - lo)[0, 8:] == 0).all() and (np.asarray(hi - lo)[0, :8] == 2).all()
+
+
+@pytest.mark.parametrize("window", [None, 7, 40, 128])
+@pytest.mark.parametrize("blocks", [(16, 16), (16, 32), (32, 16)])
+def test_full_block_ranges_hold_exactly_the_fully_visible_tiles(window, blocks):
+    """Against a brute force over every tile and token pair: [full_lo, full_hi) lies inside [lo, hi), holds only
+    tiles whose every pair is visible (the kernels drop the mask there) and, for packed rows (non-decreasing ids,
+    padding at the end), every such tile; a row whose ids come back keeps only masked tiles."""
+    block_q, block_k = blocks
+    rng = np.random.default_rng(window or 0)
+    seq = 128
+    rows = [np.sort(rng.integers(1, 4, seq)), np.ones(seq, int), np.repeat([1, 2], seq // 2)]
+    rows[1][100:] = 0  # a padding tail
+    rows.append(np.tile(np.repeat([1, 2], 16), seq // 32))  # ids that come back: documents split in pieces
+    seg = np.stack(rows).astype(np.int32)
+    lo, hi = key_block_ranges(seg, window, block_q, block_k)
+    full_lo, full_hi = full_block_ranges(seg, window, block_q, block_k, lo)
+    lo, hi, full_lo, full_hi = (np.asarray(x) for x in (lo, hi, full_lo, full_hi))
+    positions = np.arange(seq)
+    visible = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0)
+    if window is not None:
+        visible &= np.abs(positions[:, None] - positions[None, :]) <= window // 2
+    for b in range(len(rows)):
+        for i in range(seq // block_q):
+            full = [visible[b, i * block_q:(i + 1) * block_q, j * block_k:(j + 1) * block_k].all()
+                    for j in range(seq // block_k)]
+            assert lo[b, i] <= full_lo[b, i] <= full_hi[b, i] <= hi[b, i]
+            assert all(full[full_lo[b, i]:full_hi[b, i]])
+            if b < 3:  # packed rows: the fully visible tiles are contiguous, so all of them are in the range
+                assert sum(full) == full_hi[b, i] - full_lo[b, i]
+    # The long single document of row 1 has fully visible tiles for every window above a tile's reach.
+    assert (full_hi - full_lo)[1].sum() > 0 or (window or seq) // 2 < block_q + block_k - 1
 
 
 def test_modernbert_logits_match_with_every_implementation():

@@ -9,12 +9,21 @@ bidirectional window), so this file implements FlashAttention-2 with three kerne
 - dk/dv: grid (batch, kv_heads, key blocks); streams the query blocks of every query head sharing that kv head, so
   GQA never repeats k or v in memory and dk/dv need no cross-program reduction.
 
+Softmax in base 2: scores are scaled by scale * log2(e) and exponentiated with exp2, which is one multi-function
+unit instruction on NVIDIA GPUs, where exp (float32) lowers to libdevice's accurate expf, several instructions per
+element; at head_dim 64 a tile does as many exponentials as multiply-adds per tensor-core product, so the exponential
+is on the critical path (FlashAttention-3's observation). The log-sum-exp that leaves the kernel is natural.
+
 Block skipping: each program loops only over the contiguous range of blocks that `key_block_ranges` returns. It
 keeps a key block when it intersects the window of the query block and the range [min, max] of the non-padding
 segment ids of both blocks overlap. Blocks outside the range are never loaded. For packed rows (segment ids
 non-decreasing along the row, padding at the end) the range is exactly the set of blocks holding a visible key, so
 local attention does O(seq * window) work and a query block made only of padding does none. The same function
 gives the dk/dv kernel its query-block ranges: the visibility rule is symmetric.
+
+Inside that range, the tiles whose every (query, key) pair is visible (one document covers both blocks, and the
+window covers every pair) form the sub-range `full_block_ranges` returns; the loops split in three there and the
+middle one computes no mask at all (for a global layer over long documents, almost every tile).
 
 Any sequence length works: the wrapper pads the sequence to a block multiple (padding gets segment id 0) and the
 head dimension to a power of two >= 16 (Triton's dot needs it), and slices the result. A query row with no visible
@@ -38,6 +47,8 @@ from bertjax.ops.global_tokens import attention_with_lse, merge_global_tokens
 
 # A large finite negative score: exp(MASK - m) underflows to 0 without the inf - inf = NaN of -inf.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+LOG2E = float(np.log2(np.e))  # scores times LOG2E: exp(x) = exp2(x * LOG2E)
+LN2 = float(np.log(2.0))
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
 
@@ -81,6 +92,38 @@ def key_block_ranges(segment_ids, local_window: int | None, block_q: int, block_
     return lo.astype(jnp.int32), hi.astype(jnp.int32)
 
 
+def full_block_ranges(segment_ids, local_window: int | None, block_q: int, block_k: int, lo):
+    """Per query block, the range [full_lo, full_hi) of key blocks inside [lo, hi) that are fully visible: both
+    blocks lie in one non-padding segment and, for local attention, every pair is inside the window. The kernels
+    compute no mask there. When the fully visible blocks are not contiguous (segment ids that come back along the
+    row) or there are none, the range is empty at lo, and every block is masked as before.
+
+    Args as `key_block_ranges`, plus its `lo`. Returns int32 [batch, seq // block_q] twice.
+    """
+    segment_ids = jnp.asarray(segment_ids, jnp.int32)
+    batch, seq = segment_ids.shape
+    num_q, num_k = seq // block_q, seq // block_k
+
+    def one_segment(block):  # the block's segment id when it has only one and no padding, else -1
+        ids = segment_ids.reshape(batch, seq // block, block)
+        first = ids[..., 0]
+        return jnp.where(jnp.all(ids == first[..., None], axis=-1) & (first != 0), first, -1)
+
+    q_ids, k_ids = one_segment(block_q), one_segment(block_k)
+    full = (q_ids[:, :, None] == k_ids[:, None, :]) & (q_ids[:, :, None] >= 0)
+    if local_window is not None:
+        half = local_window // 2
+        q_first = np.arange(num_q)[:, None] * block_q
+        k_first = np.arange(num_k)[None, :] * block_k
+        full = full & ((q_first + block_q - 1 - k_first <= half) & (k_first + block_k - 1 - q_first <= half))[None]
+    index = jnp.arange(num_k, dtype=jnp.int32)
+    full_hi = jnp.max(jnp.where(full, index + 1, 0), axis=-1)
+    full_lo = jnp.min(jnp.where(full, index, num_k), axis=-1)
+    usable = (jnp.sum(full, axis=-1) == full_hi - full_lo) & (full_hi > 0)
+    lo = jnp.asarray(lo, jnp.int32)
+    return jnp.where(usable, full_lo, lo).astype(jnp.int32), jnp.where(usable, full_hi, lo).astype(jnp.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Static:
     """Compile-time settings shared by the three kernels (hashable: a custom_vjp non-differentiable argument)."""
@@ -105,21 +148,22 @@ def _visible(q_seg, k_seg, q_first, k_first, half):
     return mask
 
 
-def _alibi_bias(slopes_ref, h, q_first, k_first, block_q: int, block_k: int):
-    """[block_q, block_k] float32 ALiBi bias of query head h: the whole (power-of-two) slope vector is loaded and
-    the head's slope selected with a where/sum, which lowers to Triton without a scalar load."""
+def _alibi_slope(slopes_ref, h):
+    """Query head h's ALiBi slope in log2 units: the whole (power-of-two) slope vector is loaded and the head's slope
+    selected with a where/sum, which lowers to Triton without a scalar load."""
     slopes = slopes_ref[...]
-    slope = jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, slopes.shape, 0) == h, slopes, 0.0))
-    q_pos = q_first + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
-    k_pos = k_first + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
-    return -slope * jnp.abs(q_pos - k_pos).astype(jnp.float32)
+    return jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, slopes.shape, 0) == h, slopes, 0.0)) * LOG2E
 
 
-def _scores(q, k, st: _Static, slopes_ref, h, q_first, k_first):
-    """Scaled q.k of one tile, plus the ALiBi bias when the call has one."""
-    s = _dot(q, k, ((1,), (1,))) * st.scale
-    if st.alibi:
-        s = s + _alibi_bias(slopes_ref, h, q_first, k_first, q.shape[0], k.shape[0])
+def _scores(q, k, st: _Static, slope, q_first, k_first):
+    """q.k of one tile in log2 units (times scale * LOG2E), plus the ALiBi bias when the call has one (slope from
+    `_alibi_slope`, else None)."""
+    s = _dot(q, k, ((1,), (1,))) * (st.scale * LOG2E)
+    if slope is not None:
+        shape = (q.shape[0], k.shape[0])
+        distance = jnp.abs((q_first - k_first) + lax.broadcasted_iota(jnp.int32, shape, 0)
+                           - lax.broadcasted_iota(jnp.int32, shape, 1))
+        s = s - slope * distance.astype(jnp.float32)
     return s
 
 
@@ -131,89 +175,120 @@ def _dot(a, b, contract=((1,), (0,))):
 
 
 def online_softmax_step(acc, m, l, s, mask, v):
-    """One key block of a flash forward loop: rescale the running output, max and sum by the new scores s (masked
-    entries already MASK_VALUE), add this block's p @ v. Returns (acc, m, l)."""
+    """One key block of a flash forward loop, scores s in log2 units (masked entries already MASK_VALUE, or mask None
+    for a fully visible tile): rescale the running output, max and sum, add this block's p @ v. Returns (acc, m, l)."""
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-    # A row with nothing visible so far has m_new == MASK_VALUE and s == MASK_VALUE: exp(0) = 1, hence the explicit
-    # zero for masked entries.
-    p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
-    alpha = jnp.exp(m - m_new)
+    p = jnp.exp2(s - m_new[:, None])
+    if mask is not None:
+        # A row with nothing visible so far has m_new == MASK_VALUE and s == MASK_VALUE: exp2(0) = 1, hence the
+        # explicit zero for masked entries.
+        p = jnp.where(mask, p, 0.0)
+    alpha = jnp.exp2(m - m_new)
     acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
     return acc, m_new, l * alpha + jnp.sum(p, axis=-1)
 
 
-def _forward_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, st: _Static,
-                    group: int):
+def finish_softmax(acc, m, l, o_ref, lse_ref):
+    """Write a flash forward's output and natural log-sum-exp (m in log2 units). A row with no visible key
+    (padding) gets output 0 and a log-sum-exp the backward pass never uses."""
+    empty = l == 0.0
+    safe_l = jnp.where(empty, 1.0, l)
+    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = jnp.where(empty, 0.0, m * LN2 + jnp.log(safe_l))
+
+
+def three_loops(lo, full_lo, full_hi, hi, body, carry):
+    """fori_loop over [lo, hi) as three loops: masked [lo, full_lo), unmasked [full_lo, full_hi), masked
+    [full_hi, hi). body(masked: bool) -> loop body."""
+    carry = lax.fori_loop(lo, full_lo, body(True), carry)
+    carry = lax.fori_loop(full_lo, full_hi, body(False), carry)
+    return lax.fori_loop(full_hi, hi, body(True), carry)
+
+
+def _forward_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref,
+                    lse_ref, *, st: _Static, group: int):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     kv_head = lax.div(h, group)
     q_first = i * st.block_q
     q = q_ref[...]  # [block_q, head_dim]
     q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
+    slope = _alibi_slope(slopes_ref, h) if st.alibi else None
 
-    def step(j, carry):
-        acc, m, l = carry
-        keys = pl.ds(j * st.block_k, st.block_k)
-        k = k_ref[b, keys, kv_head, :]
-        v = v_ref[b, keys, kv_head, :]
-        mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
-        s = jnp.where(mask, _scores(q, k, st, slopes_ref, h, q_first, j * st.block_k), MASK_VALUE)
-        return online_softmax_step(acc, m, l, s, mask, v)
+    def body(masked):
+        def step(j, carry):
+            acc, m, l = carry
+            keys = pl.ds(j * st.block_k, st.block_k)
+            k = k_ref[b, keys, kv_head, :]
+            v = v_ref[b, keys, kv_head, :]
+            s = _scores(q, k, st, slope, q_first, j * st.block_k)
+            mask = None
+            if masked:
+                mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
+                s = jnp.where(mask, s, MASK_VALUE)
+            return online_softmax_step(acc, m, l, s, mask, v)
+        return step
 
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),
             jnp.zeros((st.block_q,), jnp.float32))
-    acc, m, l = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], step, init)
-    empty = l == 0.0  # no visible key: output 0, and a log-sum-exp the backward pass never uses
-    safe_l = jnp.where(empty, 1.0, l)
-    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(empty, 0.0, m + jnp.log(safe_l))
+    acc, m, l = three_loops(lo_ref[b, i], full_lo_ref[b, i], full_hi_ref[b, i], hi_ref[b, i], body, init)
+    finish_softmax(acc, m, l, o_ref, lse_ref)
 
 
-def _dq_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, dq_ref, *,
-               st: _Static, group: int):
+def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_ref, do_ref, lse_ref, delta_ref,
+               k_ref, v_ref, dq_ref, *, st: _Static, group: int):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     kv_head = lax.div(h, group)
     q_first = i * st.block_q
     q, do = q_ref[...], do_ref[...]
-    lse, delta = lse_ref[...], delta_ref[...]
+    lse2, delta = lse_ref[...] * LOG2E, delta_ref[...]
     q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
+    slope = _alibi_slope(slopes_ref, h) if st.alibi else None
 
-    def step(j, dq):
-        keys = pl.ds(j * st.block_k, st.block_k)
-        k = k_ref[b, keys, kv_head, :]
-        v = v_ref[b, keys, kv_head, :]
-        mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
-        p = jnp.where(mask, jnp.exp(_scores(q, k, st, slopes_ref, h, q_first, j * st.block_k) - lse[:, None]), 0.0)
-        ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None])
-        return dq + _dot(ds.astype(k.dtype), k)
+    def body(masked):
+        def step(j, dq):
+            keys = pl.ds(j * st.block_k, st.block_k)
+            k = k_ref[b, keys, kv_head, :]
+            v = v_ref[b, keys, kv_head, :]
+            p = jnp.exp2(_scores(q, k, st, slope, q_first, j * st.block_k) - lse2[:, None])
+            if masked:
+                p = jnp.where(_visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half), p, 0.0)
+            ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None])
+            return dq + _dot(ds.astype(k.dtype), k)
+        return step
 
-    dq = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], step, jnp.zeros(q.shape, jnp.float32))
+    dq = three_loops(lo_ref[b, i], full_lo_ref[b, i], full_hi_ref[b, i], hi_ref[b, i], body,
+                     jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
-                *, st: _Static, group: int):
+def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse_ref,
+                delta_ref, dk_ref, dv_ref, *, st: _Static, group: int):
     b, kv_head, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k_first = j * st.block_k
     k, v = k_ref[...], v_ref[...]
     k_seg = seg_ref[b, pl.ds(k_first, st.block_k)]
-    lo, hi = lo_ref[b, j], hi_ref[b, j]
+    ranges = lo_ref[b, j], full_lo_ref[b, j], full_hi_ref[b, j], hi_ref[b, j]
 
     def head_step(g, carry):
         h = kv_head * group + g
+        slope = _alibi_slope(slopes_ref, h) if st.alibi else None
 
-        def step(i, carry):
-            dk, dv = carry
-            queries = pl.ds(i * st.block_q, st.block_q)
-            q = q_ref[b, queries, h, :]
-            do = do_ref[b, queries, h, :]
-            mask = _visible(seg_ref[b, queries], k_seg, i * st.block_q, k_first, st.half)
-            scores = _scores(q, k, st, slopes_ref, h, i * st.block_q, k_first)
-            p = jnp.where(mask, jnp.exp(scores - lse_ref[b, h, queries][:, None]), 0.0)
-            dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
-            ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None])
-            return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv
+        def body(masked):
+            def step(i, carry):
+                dk, dv = carry
+                queries = pl.ds(i * st.block_q, st.block_q)
+                q = q_ref[b, queries, h, :]
+                do = do_ref[b, queries, h, :]
+                scores = _scores(q, k, st, slope, i * st.block_q, k_first)
+                p = jnp.exp2(scores - (lse_ref[b, h, queries] * LOG2E)[:, None])
+                if masked:
+                    p = jnp.where(_visible(seg_ref[b, queries], k_seg, i * st.block_q, k_first, st.half), p, 0.0)
+                dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
+                ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None])
+                return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv
+            return step
 
-        return lax.fori_loop(lo, hi, step, carry)
+        return three_loops(*ranges, body, carry)
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = lax.fori_loop(0, group, head_step, (zeros, zeros))
@@ -228,6 +303,12 @@ def _compiler_params(st: _Static):
     return pl_triton.CompilerParams(num_warps=st.num_warps, num_stages=st.num_stages)
 
 
+def block_ranges(segment_ids, local_window, block_q: int, block_k: int):
+    """(lo, full_lo, full_hi, hi) per query block: the key blocks a program visits, and the fully visible ones."""
+    lo, hi = key_block_ranges(segment_ids, local_window, block_q, block_k)
+    return (lo, *full_block_ranges(segment_ids, local_window, block_q, block_k, lo), hi)
+
+
 def _whole():
     """Spec of an operand the kernel indexes itself (looped-over blocks, scalars): the whole array."""
     return pl.no_block_spec
@@ -236,19 +317,19 @@ def _whole():
 def _forward(q, k, v, seg, slopes, st: _Static):
     batch, seq, heads, head_dim = q.shape
     group = heads // k.shape[2]
-    lo, hi = key_block_ranges(seg, None if st.half is None else 2 * st.half, st.block_q, st.block_k)
+    ranges = block_ranges(seg, None if st.half is None else 2 * st.half, st.block_q, st.block_k)
     q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
     row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
     return pl.pallas_call(
         functools.partial(_forward_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
-        in_specs=[_whole(), _whole(), _whole(), _whole(), q_block, _whole(), _whole()],
+        in_specs=[_whole()] * 6 + [q_block, _whole(), _whole()],
         out_specs=[q_block, row_block],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_forward",
-    )(lo, hi, seg, slopes, q, k, v)
+    )(*ranges, seg, slopes, q, k, v)
 
 
 def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
@@ -261,33 +342,33 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
     if dlse is not None:  # d lse / d s_ij = p_ij, so a log-sum-exp cotangent g enters as ds = p (dP - (delta - g))
         delta = delta - dlse
 
-    lo, hi = key_block_ranges(seg, window, st.block_q, st.block_k)
+    ranges = block_ranges(seg, window, st.block_q, st.block_k)
     q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
     row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
-        in_specs=[_whole(), _whole(), _whole(), _whole(), q_block, q_block, row_block, row_block, _whole(), _whole()],
+        in_specs=[_whole()] * 6 + [q_block, q_block, row_block, row_block, _whole(), _whole()],
         out_specs=q_block,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_dq",
-    )(lo, hi, seg, slopes, q, do, lse, delta, k, v)
+    )(*ranges, seg, slopes, q, do, lse, delta, k, v)
 
-    # The visibility rule is symmetric, so the query-block range of a key block is the same function transposed.
-    k_lo, k_hi = key_block_ranges(seg, window, st.block_k, st.block_q)
+    # The visibility rule is symmetric, so the query-block ranges of a key block are the same functions transposed.
+    k_ranges = block_ranges(seg, window, st.block_k, st.block_q)
     k_block = pl.BlockSpec((None, st.block_k, None, head_dim), lambda b, g, j: (b, j, g, 0))
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, st=st, group=group),
         grid=(batch, kv_heads, seq // st.block_k),
-        in_specs=[_whole(), _whole(), _whole(), _whole(), k_block, k_block, _whole(), _whole(), _whole(), _whole()],
+        in_specs=[_whole()] * 6 + [k_block, k_block, _whole(), _whole(), _whole(), _whole()],
         out_specs=[k_block, k_block],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_dkv",
-    )(k_lo, k_hi, seg, slopes, k, v, q, do, lse, delta)
+    )(*k_ranges, seg, slopes, k, v, q, do, lse, delta)
     return dq, dk, dv
 
 

@@ -36,7 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.disentangled_attention import relative_products
-from bertjax.ops.pallas_gpu_attention import (MASK_VALUE, _dot, _visible, key_block_ranges,
+from bertjax.ops.pallas_gpu_attention import (LOG2E, MASK_VALUE, _dot, _visible, finish_softmax, key_block_ranges,
                                               online_softmax_step)
 
 DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, 2 * block] floats
@@ -69,14 +69,15 @@ def _tile_index(table_ref, q_first, k_first, st: _Static):
 
 
 def _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st: _Static):
-    """Scaled scores of one tile: content plus the gathered relative terms; and the tile's bucket rows."""
+    """Scores of one tile in log2 units (content plus the gathered relative terms, times scale * LOG2E: the kernels
+    exponentiate with exp2, as pallas_gpu_attention's); and the tile's bucket rows."""
     s = _dot(q, k, ((1,), (1,)))
     rows, cols, index, first = _tile_index(table_ref, q_first, k_first, st)
     if st.c2p:
         s = s + c2p_ref[b, h, rows, index]
     if st.p2c:
         s = s + p2c_ref[b, h, cols, index]
-    return s * st.scale, index, first
+    return s * (st.scale * LOG2E), index, first
 
 
 def _band_gradient(ds, index, first, st: _Static, axis: int):
@@ -116,10 +117,7 @@ def _forward_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, k_ref, v_ref, c2p
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),
             jnp.zeros((st.block_q,), jnp.float32))
     acc, m, l = lax.fori_loop(lo_ref[b, i], hi_ref[b, i], step, init)
-    empty = l == 0.0  # padding row: output 0
-    safe_l = jnp.where(empty, 1.0, l)
-    o_ref[...] = (acc / safe_l[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = jnp.where(empty, 0.0, m + jnp.log(safe_l))
+    finish_softmax(acc, m, l, o_ref, lse_ref)
 
 
 def _dq_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref, c2p_ref, p2c_ref,
@@ -127,7 +125,7 @@ def _dq_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, do_ref, lse_ref, delta
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     q_first = i * st.block_q
     q, do = q_ref[...], do_ref[...]
-    lse, delta = lse_ref[...], delta_ref[...]
+    lse2, delta = lse_ref[...] * LOG2E, delta_ref[...]
     q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
     width = dc2p_ref.shape[-1]
 
@@ -138,7 +136,7 @@ def _dq_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, do_ref, lse_ref, delta
         k, v = k_ref[b, h, keys, :], v_ref[b, h, keys, :]
         mask = _visible(q_seg, seg_ref[b, keys], q_first, k_first, None)
         s, index, first = _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st)
-        p = jnp.where(mask, jnp.exp(s - lse[:, None]), 0.0)
+        p = jnp.where(mask, jnp.exp2(s - lse2[:, None]), 0.0)
         ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None]) * st.scale  # d loss / d (unscaled score)
         if st.c2p:
             dc2p = dc2p + _place(_band_gradient(ds, index, first, st, axis=1), first, width)
@@ -165,7 +163,7 @@ def _dkv_kernel(lo_ref, hi_ref, seg_ref, table_ref, k_ref, v_ref, q_ref, do_ref,
         q, do = q_ref[b, h, queries, :], do_ref[b, h, queries, :]
         mask = _visible(seg_ref[b, queries], k_seg, q_first, k_first, None)
         s, index, first = _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st)
-        p = jnp.where(mask, jnp.exp(s - lse_ref[b, h, queries][:, None]), 0.0)
+        p = jnp.where(mask, jnp.exp2(s - (lse_ref[b, h, queries] * LOG2E)[:, None]), 0.0)
         dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
         ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None]) * st.scale
         if st.p2c:
