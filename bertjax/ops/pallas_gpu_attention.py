@@ -11,8 +11,9 @@ bidirectional window), so this file implements FlashAttention-2 with three kerne
 
 Softmax in base 2: scores are scaled by scale * log2(e) and exponentiated with exp2, which is one multi-function
 unit instruction on NVIDIA GPUs, where exp (float32) lowers to libdevice's accurate expf, several instructions per
-element; at head_dim 64 a tile does as many exponentials as multiply-adds per tensor-core product, so the exponential
-is on the critical path (FlashAttention-3's observation). The log-sum-exp that leaves the kernel is natural.
+element; at head_dim 64 a score costs 256 FLOPs of tile products and one exponential, and an H100's special-function
+units are ~256x slower than its tensor cores, so the exponentials take as long as the products (FlashAttention-3's
+observation). The log-sum-exp that leaves the kernel is natural.
 
 Block skipping: each program loops only over the contiguous range of blocks that `key_block_ranges` returns. It
 keeps a key block when it intersects the window of the query block and the range [min, max] of the non-padding
