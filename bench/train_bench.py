@@ -320,61 +320,65 @@ def largest_fitting(fits, limit: int = 4096) -> int:
     return low
 
 
+def memory_probe(framework: str, attempt, release):
+    """fits(batch) for `largest_fitting`: attempt(batch) -> finite loss, run for that batch; an out-of-memory error is
+    a no, anything else is raised; release() frees what the try left, whatever happened."""
+    def fits(batch: int) -> bool:
+        try:
+            answer = bool(attempt(batch))
+        except Exception as error:  # noqa: BLE001: only out-of-memory is an answer
+            if not is_out_of_memory(error):
+                raise
+            answer = False
+        finally:
+            release()
+        print(f"  {framework} batch {batch}: {'fits' if answer else 'out of memory'}", flush=True)
+        return answer
+    return fits
+
+
 def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str) -> list[dict]:
     """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
     framework (run each in its own process: neither hands its freed memory back to the other). Each try runs two
-    steps; out-of-memory errors end the try, anything else is raised."""
+    steps."""
     import gc
 
     config = gpu_config(seq_len)
-    tried = {}
-
+    case = lambda batch: Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1,
+                              remat_policy=remat_policy)
     if framework == "bertjax":
-        def fits(batch: int) -> bool:
-            case = Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1,
-                        remat_policy=remat_policy)
-            try:
-                setup = setup_run(case.run_config(2), vocab_size=config.vocab_size, pad_id=config.pad_token_id)
-                state = setup.fresh_state()
-                batch_arrays = {k: jax.device_put(v, batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
-                                for k, v in synthetic_batch(case).items()}
-                for _ in range(2):
-                    state, metrics = setup.train_step(state, setup.frozen, batch_arrays)
-                tried[batch] = bool(np.isfinite(float(metrics["loss"])))
-            except Exception as error:  # noqa: BLE001: only out-of-memory is an answer; the rest is raised
-                if not is_out_of_memory(error):
-                    raise
-                tried[batch] = False
-            finally:
-                state = batch_arrays = setup = None
-                gc.collect()
-            print(f"  bertjax batch {batch}: {'fits' if tried[batch] else 'out of memory'}", flush=True)
-            return tried[batch]
+        def attempt(batch: int) -> bool:
+            setup = setup_run(case(batch).run_config(2), vocab_size=config.vocab_size, pad_id=config.pad_token_id)
+            state = setup.fresh_state()
+            arrays = {k: jax.device_put(v, batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
+                      for k, v in synthetic_batch(case(batch)).items()}
+            for _ in range(2):
+                state, metrics = setup.train_step(state, setup.frozen, arrays)
+            return np.isfinite(float(metrics["loss"]))
+
+        fits = memory_probe(framework, attempt, gc.collect)
     else:
         model = MODEL_CLASSES["masked_lm"](config.replace(dtype="float32"))
-        trainer = TransformersTrainer(init_params(model, jax.random.key(0)), model, "cuda",
+        cpus = _devices_or_none("cpu")
+        with jax.default_device(cpus[0] if cpus else jax.devices()[0]):  # keep the GPU for torch where possible
+            params = init_params(model, jax.random.key(0))
+        trainer = TransformersTrainer(params, model, "cuda",
                                       transformers_attentions()[-1],  # flash attention if installed: least memory
                                       checkpointing=remat_policy != "none")
+        del params
 
-        def fits(batch: int) -> bool:
-            case = Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1)
-            try:
-                inputs = trainer.inputs(case)
-                for _ in range(2):
-                    loss = trainer.step(inputs)
-                trainer.synchronize()
-                tried[batch] = bool(np.isfinite(loss.item()))
-            except Exception as error:  # noqa: BLE001
-                if not is_out_of_memory(error):
-                    raise
-                tried[batch] = False
-            finally:
-                inputs = loss = None
-                trainer.optimizer.zero_grad(set_to_none=True)
-                gc.collect()
-                trainer.torch.cuda.empty_cache()
-            print(f"  transformers batch {batch}: {'fits' if tried[batch] else 'out of memory'}", flush=True)
-            return tried[batch]
+        def attempt(batch: int) -> bool:
+            inputs = trainer.inputs(case(batch))
+            for _ in range(2):
+                loss = trainer.step(inputs)
+            return np.isfinite(loss.item())
+
+        def release():
+            trainer.optimizer.zero_grad(set_to_none=True)
+            gc.collect()
+            trainer.torch.cuda.empty_cache()
+
+        fits = memory_probe(framework, attempt, release)
 
     best = largest_fitting(fits)
     device = jax.devices()[0]
@@ -384,6 +388,13 @@ def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str) -> list[d
           + (f", JAX's memory limit {memory / 2**30:.1f} GiB" if memory else ""))
     return [{"case": f"max batch, {framework}, remat {remat_policy}", "batch": best, "seq_len": seq_len,
              "step_ms": float("nan"), "tokens_per_sec": float("nan")}]
+
+
+def _devices_or_none(backend: str) -> list:
+    try:
+        return jax.devices(backend)
+    except RuntimeError:  # that platform is not enabled (JAX_PLATFORMS)
+        return []
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-gpu-logs}
 mkdir -p "$LOGS"
-export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
+export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda,cpu  # cuda first: the default backend
 # Carried wheels (launch/gpu_wheels.sh) go to /tmp/site, ahead of nothing the image already has.
 if ls .whl/*.whl >/dev/null 2>&1 && ! python3 -c "import grain, tensorboardX" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
