@@ -3,7 +3,7 @@
 #
 #   launch/gpu_wheels.sh                             # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh env check attention        # then on the GPU machine, from the repository root
-#   launch/gpu_session.sh train memory
+#   launch/gpu_session.sh train profile memory
 #   launch/gpu_session.sh inference tune
 #
 # Stages (each prints a short table last and writes its whole log to $OUT/<stage>.log, or ./gpu-logs/):
@@ -12,6 +12,7 @@
 #   attention  bench.attention_bench (pallas_gpu vs cuDNN and XLA, 512..16384) and bench.attention_bias_bench
 #   tune       bench.attention_bench --tune: pallas_gpu tiles, warps and stages at 8192
 #   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, against transformers
+#   profile    bench.profile_step: where the modernbert-base step's GPU time goes (attention, products, the rest)
 #   memory     bench.train_bench --gpu-max-batch at 8192, bertjax then transformers (one process each)
 #   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting
 # Budget (H100, estimated from the number of programs each compiles): env+check+attention ~8 min, train+memory
@@ -64,6 +65,9 @@ import bertjax; print('bertjax imports')"
     train)
       run train python3 -m bench.train_bench --gpu --gpu-batch 16 32 --attention auto xla
       ;;
+    profile)
+      run profile python3 -m bench.profile_step --preset modernbert-base --batch 16 --seq 1024
+      ;;
     memory)
       run memory python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192
       run memory python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192
@@ -72,7 +76,7 @@ import bertjax; print('bertjax imports')"
       run inference python3 -m bench.embed_bench --gpu
       ;;
     *)
-      echo "unknown stage '$stage' (env check attention tune train memory inference)" >&2
+      echo "unknown stage '$stage' (env check attention tune train profile memory inference)" >&2
       exit 2
       ;;
   esac

@@ -1,0 +1,126 @@
+"""Where a train step's time goes: a jax.profiler trace of the jitted step `bertjax pretrain` runs, summed by
+operation (device kernels on GPU/TPU, XLA fusions on CPU) and by kind (attention kernels, matrix products,
+everything else), printed as a short table.
+
+    python -m bench.profile_step                                         # modernbert-base, 16 x 1024, bf16 (GPU)
+    python -m bench.profile_step --preset modernbert-tiny --batch 8 --seq 128 --dtype float32   # quick, on CPU
+    python -m bench.profile_step --attention xla --trace-dir /tmp/trace  # keep the trace (TensorBoard, Perfetto)
+
+The rows come from bench/train_bench.py's synthetic packed batches (no data pipeline); `--steps` steps are traced
+after one compiling step, and times are per step. On a GPU the device rows add up to the kernels' busy time; a
+step's wall time above that is launch gaps or host work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import re
+import tempfile
+
+import jax
+import numpy as np
+
+from bench.train_bench import Case, synthetic_batch
+from bertjax.config import get_config
+from bertjax.data.global_batch import batch_sharding
+from bertjax.train import mesh as mesh_lib
+from bertjax.train.setup import setup_run
+
+# Kind of an operation by its name, first match wins (kernel names on GPU, HLO names on CPU and TPU).
+KINDS = (
+    ("attention kernel", re.compile(r"bertjax_(flash|disentangled)|attention|splash|fmha|cudnn", re.I)),
+    ("matrix product", re.compile(r"gemm|matmul|dot|cublas|cutlass|wgmma|xmma|sm90_|ynn_fusion", re.I)),
+    ("collective", re.compile(r"all-reduce|all-gather|reduce-scatter|nccl|collective", re.I)),
+    ("copy / layout", re.compile(r"copy|transpose|memcpy|memset", re.I)),
+)
+# Host-side dispatch and bookkeeping (CPU traces hold them beside the XLA operations).
+HOST_ONLY = re.compile(r"^(PjitFunction|ThunkExecutor|Thunk|\$|ExecuteHelper|PjRt|TfrtCpu|Execute|Common|Slinky|"
+                       r"ParseArguments|CreateOutputs|end: )")
+
+
+def kind_of(name: str) -> str:
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), "other (elementwise, reductions)")
+
+
+def device_events(trace_file: str) -> tuple[list[dict], list[str]]:
+    """Complete events of the device streams (processes named /device:...), and those processes' names; on CPU,
+    where XLA runs on host threads, every event but the host-side dispatch ones."""
+    events = json.load(gzip.open(trace_file))["traceEvents"]
+    names = {e["pid"]: e["args"].get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name" and "args" in e}
+    devices = {pid for pid, name in names.items() if "/device:" in name and "CPU" not in name.upper()}
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    if devices:
+        return [e for e in complete if e["pid"] in devices], sorted(names[pid] for pid in devices)
+    return [e for e in complete if not HOST_ONLY.match(e["name"])], ["host threads (no device process)"]
+
+
+def summarise(events: list[dict], steps: int, top: int) -> str:
+    total = collections.Counter()
+    count = collections.Counter()
+    for e in events:
+        key = re.sub(r"[._]\d+$", "", e["name"])  # fusion.12, fusion_3 -> one row per operation kind
+        total[key] += e["dur"]
+        count[key] += 1
+    busy = sum(total.values())
+    lines = [f"{'ms/step':>9} {'share':>6} {'calls':>6}  operation"]
+    for key, micros in total.most_common(top):
+        lines.append(f"{micros / 1e3 / steps:9.2f} {micros / busy:6.1%} {count[key] // steps:6d}  {key[:100]}")
+    kinds = collections.Counter()
+    for key, micros in total.items():
+        kinds[kind_of(key)] += micros
+    lines.append("")
+    lines.append(f"{'ms/step':>9} {'share':>6}  kind")
+    for kind, micros in kinds.most_common():
+        lines.append(f"{micros / 1e3 / steps:9.2f} {micros / busy:6.1%}  {kind}")
+    lines.append(f"{busy / 1e3 / steps:9.2f} {1:6.1%}  all operations traced")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="modernbert-base")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--attention", default="auto", help="attention implementation (auto: the platform's best)")
+    parser.add_argument("--remat", default="none")
+    parser.add_argument("--documents-per-row", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3, help="steps traced, after one compiling step")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--trace-dir", default=None, help="keep the trace here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+
+    config = get_config(args.preset, dtype=args.dtype, attention_implementation=args.attention,
+                        max_position_embeddings=max(args.seq, get_config(args.preset).max_position_embeddings))
+    case = Case(args.preset, config, batch=args.batch, seq_len=args.seq, documents_per_row=args.documents_per_row,
+                remat_policy=args.remat)
+    setup = setup_run(case.run_config(args.steps + 1), vocab_size=config.vocab_size, pad_id=config.pad_token_id)
+    state = setup.fresh_state()
+    batch = {k: jax.device_put(v, batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
+             for k, v in synthetic_batch(case).items()}
+    state, metrics = setup.train_step(state, setup.frozen, batch)  # compile
+    jax.block_until_ready(metrics)
+    trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="bertjax-trace-")
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        for _ in range(args.steps):
+            state, metrics = setup.train_step(state, setup.frozen, batch)
+        jax.block_until_ready(metrics)
+    files = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))
+    if not files:
+        raise SystemExit(f"no trace written under {trace_dir}")
+    device = jax.devices()[0]
+    print(f"# {args.preset} {args.batch}x{args.seq} {args.dtype}, attention {args.attention}, remat {args.remat}, "
+          f"on {device.device_kind} (jax {jax.__version__}); trace {files[-1]}")
+    events, sources = device_events(files[-1])
+    print(f"# events of: {', '.join(sources)}")
+    print(summarise(events, args.steps, args.top))
+    print(f"loss {float(np.asarray(metrics['loss'])):.3f}")
+
+
+if __name__ == "__main__":
+    main()
