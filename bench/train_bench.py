@@ -300,17 +300,18 @@ def is_out_of_memory(error: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "OutOfMemory" in text or "out of memory" in text.lower()
 
 
-def largest_fitting(fits, limit: int = 4096) -> int:
-    """The largest batch b <= limit with fits(b) true (0 if none), by doubling then bisection: fitting is monotone
-    in the batch size, so this costs about 2 log2(b) tries."""
-    low, high, batch = 0, None, 1
+def largest_fitting(fits, limit: int = 4096, start: int = 1) -> int:
+    """The largest batch b <= limit with fits(b) true (0 if none), doubling from `start` (or bisecting below it when
+    it does not fit): fitting is monotone in the batch size, so this costs about 2 log2 of the distance to the
+    answer in tries. A good `start` saves the tries below it, each a compile on an accelerator."""
+    low, high, batch = 0, None, min(start, limit)
     while high is None:
-        if fits(batch):
-            if batch == limit:
-                return batch
-            low, batch = batch, min(2 * batch, limit)
-        else:
+        if not fits(batch):
             high = batch
+        elif batch == limit:
+            return batch
+        else:
+            low, batch = batch, min(2 * batch, limit)
     while high - low > 1:
         middle = (low + high) // 2
         if fits(middle):
@@ -337,7 +338,7 @@ def memory_probe(framework: str, attempt, release):
     return fits
 
 
-def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str) -> list[dict]:
+def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1) -> list[dict]:
     """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
     framework (run each in its own process: neither hands its freed memory back to the other). Each try runs two
     steps."""
@@ -380,7 +381,7 @@ def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str) -> list[d
 
         fits = memory_probe(framework, attempt, release)
 
-    best = largest_fitting(fits)
+    best = largest_fitting(fits, start=start)
     device = jax.devices()[0]
     memory = (device.memory_stats() or {}).get("bytes_limit")
     print(f"largest batch of {seq_len}-token rows that trains, {framework} (remat {remat_policy}): {best} "
@@ -417,6 +418,8 @@ def main() -> None:
                         help="GPU: find the largest batch of --gpu-seq rows that trains, for one framework")
     parser.add_argument("--remat", default="none", help="--gpu-max-batch: bertjax remat policy; any policy but "
                         "none turns on transformers' gradient checkpointing")
+    parser.add_argument("--start-batch", type=int, default=1,
+                        help="--gpu-max-batch: the first batch tried (each try compiles: start near the answer)")
     args = parser.parse_args()
     if args.cpu_time:
         global CLOCK
@@ -429,7 +432,7 @@ def main() -> None:
         raise SystemExit("--gpu / --gpu-max-batch: JAX sees no GPU here (jax.default_backend() is "
                          f"{jax.default_backend()!r}); run it on a GPU host")
     if args.gpu_max_batch:
-        rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat)
+        rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch)
     elif args.gpu:
         rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention)
     elif args.electra:

@@ -3,8 +3,9 @@
 #
 #   launch/gpu_wheels.sh                             # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh env check attention        # then on the GPU machine, from the repository root
-#   launch/gpu_session.sh train profile memory
-#   launch/gpu_session.sh inference tune
+#   launch/gpu_session.sh train profile
+#   launch/gpu_session.sh memory inference
+#   launch/gpu_session.sh tune                       # if the lease has time left
 #
 # Stages (each prints a short table last and writes its whole log to $OUT/<stage>.log, or ./gpu-logs/):
 #   env        GPU, driver and package versions; what JAX sees
@@ -15,8 +16,9 @@
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (attention, products, the rest)
 #   memory     bench.train_bench --gpu-max-batch at 8192, bertjax then transformers (one process each)
 #   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting
-# Budget (H100, estimated from the number of programs each compiles): env+check+attention ~8 min, train+memory
-# ~8 min, inference+tune ~8 min; each call of the device tool runs at most 10 minutes.
+# Budget: each call of the device tool runs at most 10 minutes, and a modernbert-base step compiles in tens of
+# seconds, so each call above compiles at most about ten such programs. Every bench prints its rows as it goes,
+# so a call cut off at its limit still brings back what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${OUT:-gpu-logs}
@@ -63,14 +65,14 @@ import bertjax; print('bertjax imports')"
       run tune python3 -m bench.attention_bench --tune --seqs 8192 --min-seconds 0.3
       ;;
     train)
-      run train python3 -m bench.train_bench --gpu --gpu-batch 16 32 --attention auto xla
+      run train python3 -m bench.train_bench --gpu --gpu-batch 32 --attention auto xla
       ;;
     profile)
       run profile python3 -m bench.profile_step --preset modernbert-base --batch 16 --seq 1024
       ;;
     memory)
-      run memory python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192
-      run memory python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192
+      run memory python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 8
+      run memory python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192 --start-batch 8
       ;;
     inference)
       run inference python3 -m bench.embed_bench --gpu

@@ -16,6 +16,10 @@ def test_largest_fitting_finds_the_threshold_with_few_tries(largest):
 
     assert largest_fitting(fits, limit=100) == max(b for b in range(101) if b <= largest)
     assert len(tries) == len(set(tries)) <= 2 * 7 + 1
+    for start in (3, 8, 100, 500):  # from above or below the answer, and beyond the limit
+        tries.clear()
+        assert largest_fitting(fits, limit=100, start=start) == largest
+        assert len(tries) == len(set(tries)) <= 2 * 7 + 1
 
 
 def test_memory_probe_counts_only_out_of_memory_as_a_no():
