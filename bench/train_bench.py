@@ -263,6 +263,14 @@ def gpu_config(seq_len: int, attention: str = "auto"):
                       attention_implementation=attention)
 
 
+def progress(row: dict) -> dict:
+    """Print a measured row at once (a run cut off by a time limit keeps what it measured), and return it."""
+    print(f"  {row['case']}, batch {row['batch']} x {row['seq_len']}: {row['step_ms']:.1f} ms/step, "
+          f"{row['tokens_per_sec']:,.0f} tokens/s" + (f", MFU {100 * row['mfu']:.1f}%" if "mfu" in row else ""),
+          flush=True)
+    return row
+
+
 def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str]) -> list[dict]:
     """For each batch size: bertjax with each attention implementation on packed rows (4 documents per row, as
     pretraining feeds it) and on one document per row, then transformers (each attention it has) on those same
@@ -276,12 +284,13 @@ def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str])
             case = Case(f"modernbert-base bf16, {attention}", config, batch=batch, seq_len=seq_len,
                         documents_per_row=4)
             single = dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
-            ours += [bench_bertjax(case, steps, peak), bench_bertjax(single, steps, peak)]
+            for measured in (case, single):
+                ours.append(progress(bench_bertjax(measured, steps, peak)))
         # The same initial weights as the bertjax state (same init key), exported for transformers.
         model = MODEL_CLASSES["masked_lm"](gpu_config(seq_len).replace(dtype="float32"))
         params = init_params(model, jax.random.key(0))
         case = Case("modernbert-base bf16", gpu_config(seq_len), batch=batch, seq_len=seq_len, documents_per_row=1)
-        theirs = [bench_transformers(case, steps, params, model, "cuda", attention)
+        theirs = [progress(bench_transformers(case, steps, params, model, "cuda", attention))
                   for attention in transformers_attentions()]
         best = max(theirs, key=lambda row: row["tokens_per_sec"])
         for row in ours:
