@@ -278,6 +278,9 @@ def max_relative_difference(a: np.ndarray, b: np.ndarray) -> float:
     return float((np.linalg.norm(a - b, axis=-1) / np.maximum(np.linalg.norm(b, axis=-1), 1e-12)).max())
 
 
+REPORTED_ERRORS: set[str] = set()
+
+
 def bench_model(name: str, length: int, corpora: dict[str, list[str]], vocab: list[str], args, device: str,
                 record) -> None:
     """Every system of args.systems on both settings of one model at one length; `record(row)` gets each result."""
@@ -342,8 +345,10 @@ def bench_model(name: str, length: int, corpora: dict[str, list[str]], vocab: li
                 row["tokens_per_s"] = row["tokens"] / seconds
                 outputs[(system, setting)] = out
             except Exception as error:  # one failing system must not cost the rest of the device run
-                traceback.print_exc()
                 row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+                if row["error"] not in REPORTED_ERRORS:  # the whole traceback once: the output's tail is short
+                    REPORTED_ERRORS.add(row["error"])
+                    traceback.print_exc()
             recorded[(system, setting)] = row
             record(row)
     for (system, setting), row in recorded.items():  # systems timed before transformers: compare now
@@ -377,7 +382,7 @@ def progress_line(row: dict) -> str:
 
 
 def accelerator_table(rows: list[dict]) -> str:
-    """The markdown table of the Table 2 run: one line per (length, model, system)."""
+    """The markdown table of the Table 2 run: one line per (length, model, system); ratios to transformers."""
     lines = ["| length | model | system | texts | fixed tokens/s | variable tokens/s | variable / fixed | "
              "fixed vs transformers | variable vs transformers | paper RTX 4090 fixed |",
              "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -391,8 +396,8 @@ def accelerator_table(rows: list[dict]) -> str:
         fixed, variable = rate.get(key + ("fixed",)), rate.get(key + ("variable",))
         base = {s: rate.get((r["length"], r["model"], "transformers", s)) for s in SETTINGS}
 
-        def show(value, form):
-            return form.format(value) if value else "error"
+        def show(value, form):  # "-": not measured, or failed (the notes under the table say why)
+            return form.format(value) if value else "-"
 
         ratio = show(variable / fixed if fixed and variable else None, "{:.2f}")
         versus = [show(ours / theirs if ours and theirs else None, "{:.2f}x")

@@ -52,8 +52,9 @@ def test_gpu_table_runs_on_cpu_with_tiny_models(monkeypatch, tmp_path, capsys):
             assert r["max_tokens"] == r["rows_per_batch"] * r["length"]
         if r["system"] != "transformers":
             assert r["difference_vs_transformers"] < 0.1, r  # bfloat16 both: about 2e-2 here; a wrong model ~1
-    table = capsys.readouterr().out.split("# header\n")[-1]
-    assert table.count("\n| 48 |") == 6 and table.count("\n| 200 |") == 3 and "error" not in table
+    table = [line for line in capsys.readouterr().out.split("# header\n")[-1].splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in table[1:]] == ["| 48"] * 6 + ["| 200"] * 3
+    assert all(line.count(" - |") == 1 for line in table[1:])  # every cell measured; no paper figure at these lengths
 
 
 def test_gpu_mode_without_a_gpu_says_so(monkeypatch):
