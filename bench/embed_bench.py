@@ -5,6 +5,8 @@ a CPU), same random-weight models, same texts, same run; and with `--gpu`, the p
     python -m bench.embed_bench [--models bert-base modernbert-base] [--texts 2000] [--max-length 128] [--cpu-time]
     python -m bench.embed_bench --cpu-time --texts 256 --sweep-max-tokens 1024 2048 4096 16384   # batch size on CPU
     python -m bench.embed_bench --gpu [--json FILE]                            # GPU: the paper's Table 2 setting
+    python -m bench.embed_bench --gpu --models modernbert-base --sweep-max-tokens 16384 65536 262144   # GPU budget
+    python -m bench.embed_bench --gpu --dry-run --texts 16 --long-texts 4 --lengths 64 640   # --gpu's code on CPU
 
 Texts: `--texts` texts of single-token words (a WordPiece vocabulary of whole words, so a text of n words is n + 2
 tokens with [CLS] and [SEP]). Fixed: every text `--max-length` tokens. Variable: token counts drawn from a normal
@@ -240,9 +242,9 @@ def sweep_max_tokens(args, vocab: list[str], lengths: list[int], dtype: str) -> 
             with tempfile.TemporaryDirectory() as tmp:
                 _, st_dir, _, _ = build_models(name, tmp, vocab, length)
                 encoder = load_bertjax(st_dir, args.attention)
+                ids = Embedder(encoder, dtype=dtype).token_ids(texts)  # the budget changes batches, not tokens
                 for max_tokens in args.sweep_max_tokens:
                     embedder = Embedder(encoder, max_tokens=max_tokens, dtype=dtype)
-                    ids = embedder.token_ids(texts)
                     embedder.warm_up(token_ids=ids)
                     inference = embedder._inference(None)
                     rows = inference.plan.rows[inference.plan.max_length]
