@@ -445,8 +445,13 @@ def run_accelerator(args, vocab: list[str], device: str, header: str) -> None:
                   f"({r['rows_per_batch']} x {r['length']}), {r['packing']}; warm-up {r['warm_up_compiles']} programs "
                   f"{r['warm_up_s']:.0f}s, {r['compiled_while_timed']} compiled while timed; tokenise "
                   f"{r['tokenise_s']:.1f}s{peak}")
+        elif r["system"] == "transformers" and "error" not in r:
+            peak = f", peak torch memory {r['peak_torch_gib']:.1f} GiB" if r.get("peak_torch_gib") else ""
+            print(f"#   {r['model']} {r['length']} {r['setting']}: transformers batches of {r['batch']} texts, "
+                  f"tokenise {r['tokenise_s']:.1f}s{peak}")
         elif "error" in r:
             print(f"#   {r['model']} {r['length']} {r['setting']} {r['system']}: {r['error']}")
+    print(f"# whole run {time.perf_counter() - STARTED:.0f}s")
 
 
 def cpu_table(args, vocab: list[str]) -> None:
