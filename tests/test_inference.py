@@ -133,6 +133,25 @@ def test_warm_up_compiles_every_shape_so_a_job_compiles_nothing():
     assert inference.compiles == len(batch_shapes(inference.plan))
 
 
+def test_warm_up_of_a_known_job_compiles_only_its_shapes():
+    """warm_up(shapes=batch_shapes_of(job)) compiles exactly the job's batch shapes (fewer than every shape), after
+    which the job compiles nothing; a shape the plan cannot make is refused by name."""
+
+    def row_fn(params, batch, max_segments):
+        return {"segments": {"count": (batch["segment_ids"][..., None] == jnp.arange(1, max_segments + 1)).sum(1)}}
+
+    inference = TextInference(row_fn, IdTokenizer, 64, buckets=BucketConfig(lengths=(16, 32), max_tokens=256))
+    rng = np.random.default_rng(3)
+    texts = [rng.integers(5, 100, n).astype(np.int32) for n in rng.integers(40, 62, 20)]  # all rows of 64
+    shapes = inference.batch_shapes_of(texts)
+    assert shapes and all(length == 64 for _, length in shapes) and shapes < batch_shapes(inference.plan)
+    assert inference.warm_up(None, shapes=shapes) == len(shapes)
+    inference.run_tokens(None, texts)
+    assert inference.compiles == len(shapes)
+    with pytest.raises(ValueError, match=r"shapes \[\(3, 64\)\] are not batch shapes"):
+        inference.warm_up(None, shapes=[(3, 64)])
+
+
 def test_default_token_budget_follows_the_platform():
     """No max_tokens: 2,048 tokens per batch on CPU (big batches spill its caches), 16,384 on accelerators."""
     from bertjax.inference.buckets import plan_buckets
@@ -191,6 +210,13 @@ def test_embedder_equals_encode_in_input_order_with_bad_texts(model_dir):
     np.testing.assert_allclose(ours, reference, atol=1e-5)
     assert embedder.embed([]).shape == (0, encoder.dim)
     assert embedder.compiles <= 2
+    # Tokenised once, embedded from the ids: the same vectors; after warm_up on those ids the job compiles nothing.
+    fresh = Embedder(encoder, dtype="float32", max_tokens=256)
+    ids = fresh.token_ids(texts, encoder.prompts["query"])
+    fresh.warm_up(prompt_name="query", token_ids=ids)
+    warmed = fresh.compiles
+    np.testing.assert_array_equal(fresh.embed_token_ids(ids, prompt_name="query"), ours)
+    assert fresh.compiles == warmed
     half = Embedder(encoder, dtype="bfloat16", max_tokens=256).embed(texts, prompt_name="query")
     assert half.dtype == np.float32
     np.testing.assert_allclose(half, reference, atol=3e-2)

@@ -103,10 +103,15 @@ class Embedder:
             return None
         return {"prompt_lengths": np.full(count, self.encoder.prompt_length(prompt), np.int32)}
 
-    def warm_up(self, prompt_name: str | None = None, prompt: str | None = None) -> int:
-        """Compile every program `embed` may need (TextInference.warm_up); returns how many were compiled."""
+    def warm_up(self, prompt_name: str | None = None, prompt: str | None = None,
+                token_ids: Sequence[np.ndarray] | None = None) -> int:
+        """Compile every program `embed` may need (TextInference.warm_up); returns how many were compiled.
+        `token_ids` (`token_ids(texts)` of a known job): only the programs that job runs, for models with many
+        buckets (8,192 positions: up to 24 programs) where compiling all would cost more than the job."""
         text_prompt = self.encoder.resolve_prompt(prompt_name, prompt)
-        return self._inference(text_prompt).warm_up(self._placed_params(), self._segment_inputs(text_prompt, 1))
+        inference = self._inference(text_prompt)
+        shapes = None if token_ids is None else inference.batch_shapes_of(token_ids)
+        return inference.warm_up(self._placed_params(), self._segment_inputs(text_prompt, 1), shapes)
 
     def token_ids(self, texts: Sequence[str], prompt: str | None = None) -> list[np.ndarray]:
         """Token ids per text without [CLS]/[SEP]: prompt + text as sentence-transformers tokenizes them (the text
@@ -123,7 +128,13 @@ class Embedder:
     def embed(self, texts: Sequence[str], prompt_name: str | None = None, prompt: str | None = None) -> np.ndarray:
         """float32 numpy [len(texts), dim], in input order (prompts resolved as SentenceEncoder.encode does)."""
         text_prompt = self.encoder.resolve_prompt(prompt_name, prompt)
-        token_ids = self.token_ids(texts, text_prompt)
+        return self.embed_token_ids(self.token_ids(texts, text_prompt), prompt=text_prompt)
+
+    def embed_token_ids(self, token_ids: Sequence[np.ndarray], prompt_name: str | None = None,
+                        prompt: str | None = None) -> np.ndarray:
+        """As `embed`, for texts already tokenised by `token_ids(texts, prompt)` (with the same prompt): a corpus
+        tokenised once and embedded again, or a benchmark that times the model apart from the tokenizer."""
+        text_prompt = self.encoder.resolve_prompt(prompt_name, prompt)
         if not token_ids:
             return np.zeros((0, self.dim), np.float32)
         inference, params = self._inference(text_prompt), self._placed_params()
@@ -133,6 +144,6 @@ class Embedder:
         if self.overflow == "chunk" and self.encoder.pooling.normalize:
             # The mean of unit vectors is shorter than one; normalise again, as the model promises unit vectors.
             vectors /= np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
-        if vectors.shape[0] != len(texts):  # the pipeline's promise; a failure here is a bug, not bad input
-            raise AssertionError(f"{vectors.shape[0]} embeddings for {len(texts)} texts")
+        if vectors.shape[0] != len(token_ids):  # the pipeline's promise; a failure here is a bug, not bad input
+            raise AssertionError(f"{vectors.shape[0]} embeddings for {len(token_ids)} texts")
         return vectors

@@ -10,13 +10,13 @@ data-parallel over the mesh) and hands back one output per text. `fill-mask`, `p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import jax
 import numpy as np
 
 from bertjax.inference.buckets import BucketConfig, plan_buckets
-from bertjax.inference.packing import batch_shapes
+from bertjax.inference.packing import batch_shapes, pack
 from bertjax.inference.pipeline import Outputs, SequenceFormat, pool_chunks, run_sequences, to_sequences
 from bertjax.inference.runner import Runner, RowFunction
 
@@ -52,16 +52,23 @@ class TextInference:
     def compiles(self) -> int:
         return self.runner.compiles
 
-    def warm_up(self, params, segment_inputs: dict[str, np.ndarray] | None = None) -> int:
+    def warm_up(self, params, segment_inputs: dict[str, np.ndarray] | None = None,
+                shapes: Iterable[tuple[int, int]] | None = None) -> int:
         """Compile every program a job may need (each [rows, length] of packing.batch_shapes) by running one batch of
         padding per shape, so that the first real texts, or a timed run, compile nothing (as text-embeddings-inference
         warms up when it starts). `segment_inputs`: per-text values by name as `run` is given them (any number of
-        texts: only their dtypes and trailing shapes matter, which are part of the program). Returns the number of
-        programs compiled."""
+        texts: only their dtypes and trailing shapes matter, which are part of the program). `shapes`: only these
+        [rows, length] (e.g. the batches of a known job, `batch_shapes_of`), where compiling all of them would cost
+        more than the job: a model of 8,192 positions has 24. Returns the number of programs compiled."""
+        possible = batch_shapes(self.plan, self.runner.devices)
+        shapes = possible if shapes is None else {tuple(shape) for shape in shapes}
+        if not shapes <= possible:
+            raise ValueError(f"warm_up: shapes {sorted(shapes - possible)} are not batch shapes of this plan "
+                             f"({sorted(possible)})")
         before = self.compiles
         slots = self.plan.max_segments if self.packing else 1
         pending = []
-        for rows, length in sorted(batch_shapes(self.plan, self.runner.devices)):
+        for rows, length in sorted(shapes):
             batch = {"input_ids": np.full((rows, length), self.pad_id, np.int32),
                      "segment_ids": np.ones((rows, length), np.int32)}  # outputs are dropped: only shapes matter
             for name, value in (segment_inputs or {}).items():
@@ -70,6 +77,12 @@ class TextInference:
             pending.append(self.runner.dispatch(params, batch, slots))
         jax.block_until_ready(pending)
         return self.compiles - before
+
+    def batch_shapes_of(self, token_ids: Sequence[np.ndarray]) -> set[tuple[int, int]]:
+        """The [rows, length] of the batches `run_tokens` makes of these texts (packing only, nothing computed)."""
+        sequences = to_sequences(token_ids, self.format, self.overflow, self.stride).ids
+        batches, _ = pack(sequences, self.plan, self.pad_id, packing=self.packing, devices=self.runner.devices)
+        return {batch.input_ids.shape for batch in batches}
 
     def tokenize(self, texts: Sequence[str]) -> list[np.ndarray]:
         for i, text in enumerate(texts):
