@@ -75,7 +75,7 @@ import bertjax; print('bertjax imports')"
       run memory python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192 --start-batch 8
       ;;
     inference)
-      run inference python3 -m bench.embed_bench --gpu
+      run inference python3 -m bench.embed_bench --gpu --json "$LOGS/inference.json"
       ;;
     *)
       echo "unknown stage '$stage' (env check attention tune train profile memory inference)" >&2
