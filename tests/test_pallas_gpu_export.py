@@ -223,3 +223,58 @@ def test_under_a_mesh_each_device_runs_the_kernels_on_its_shard():
         assert case["collectives"] == ["all-reduce"], (name, case)
         assert case["triton_calls"] == 3 and case["nr_devices"] == 4, (name, case)
         assert case["kernel_shapes"] == expected[name], (name, case)
+
+
+def tiny_modernbert_overrides() -> dict:
+    """A ModernBERT small enough to lower in seconds, with the real head width (64) and window (128), in bfloat16,
+    attention named explicitly: "auto" would resolve to the CPU choice while exporting."""
+    return dict(hidden_size=128, num_heads=2, num_layers=3, intermediate_size=256, vocab_size=512,
+                local_window=128, max_position_embeddings=256, dtype="bfloat16", attention_implementation="pallas_gpu")
+
+
+def test_modernbert_train_step_lowers_with_the_kernels():
+    """The train step `bertjax pretrain` runs (setup_run: model, stable AdamW, mesh rules, shardings, donation) for a
+    tiny ModernBERT MLM in bfloat16 exports for CUDA with pallas_gpu in every layer: 3 layers (1 global, 2 local),
+    each with its forward, dq and dk/dv kernels."""
+    from bertjax.data import batch_spec
+    from bertjax.train import mesh as mesh_lib
+    from bertjax.train.run_config import run_config_from_dict
+    from bertjax.train.setup import setup_run
+
+    raw = {"model": {"preset": "modernbert-tiny", "overrides": tiny_modernbert_overrides()},
+           "objective": {"name": "mlm"}, "data": {"seq_len": 256, "global_batch_size": 2},
+           "optimizer": {"name": "stable_adamw", "learning_rate": 1e-3}, "schedule": {"name": "linear", "warmup": 1},
+           "train": {"steps": 10}}
+    setup = setup_run(run_config_from_dict(raw), vocab_size=512, pad_id=0, devices=jax.devices()[:1],
+                      attention_platform="gpu", compile_only=True)
+    assert setup.model_config.attention_implementation == "pallas_gpu"
+    state = setup.abstract_state()
+    batch = {name: jax.ShapeDtypeStruct(shape, dtype) for name, (shape, dtype) in
+             batch_spec(setup.phases[0].data).items()}
+    step = setup.train_step
+    with mesh_lib.activate(step.mesh):  # as JittedStep traces it: mesh and logical rules set
+        exported = export_for_cuda(step.jitted(batch), state, setup.frozen, batch)
+    kernels = triton_kernels(exported)
+    assert kernels == sorted([FORWARD, DQ, DKV] * 3)
+    assert "f32" in exported.mlir_module() and "bf16" in exported.mlir_module()
+
+
+def test_inference_and_embedding_forwards_lower_with_the_kernels():
+    """The row functions the inference runner jits (bertjax/inference/rows.py: pooled hidden states; embeddings:
+    EncoderForEmbedding's pooled, normalised vectors) export for CUDA with one forward kernel per layer."""
+    from bertjax.config import get_config
+    from bertjax.embeddings.config import PoolingConfig
+    from bertjax.embeddings.embed import embedding_row_fn
+    from bertjax.embeddings.model import EncoderForEmbedding
+    from bertjax.inference.rows import encoder_row_fn
+    from bertjax.models import EncoderForMaskedLM, init_params
+
+    config = get_config("modernbert-tiny", **tiny_modernbert_overrides())
+    rows = {"input_ids": jax.ShapeDtypeStruct((2, 256), jnp.int32),
+            "segment_ids": jax.ShapeDtypeStruct((2, 256), jnp.int32)}
+    for model, row_fn in ((EncoderForMaskedLM(config), encoder_row_fn), (EncoderForEmbedding(
+            config, pooling=PoolingConfig(modes=("mean",), normalize=True)), embedding_row_fn)):
+        params = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+        fn = row_fn(model)
+        exported = export_for_cuda(lambda p, b: fn(p, b, 4), params, rows)
+        assert triton_kernels(exported) == [FORWARD] * 3, type(model).__name__
