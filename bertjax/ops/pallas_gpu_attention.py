@@ -35,7 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.global_tokens import attention_with_lse, merge_global_tokens
-from bertjax.ops.per_device import per_device
+from bertjax.ops.per_device import per_device_attention
 
 # A large finite negative score: exp(MASK - m) underflows to 0 without the inf - inf = NaN of -inf.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -348,7 +348,7 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
                           interpret=interpret, global_slots=global_slots, block_q=block_q, block_k=block_k,
                           num_warps=num_warps, num_stages=num_stages)
 
-    return per_device(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
+    return per_device_attention(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
 
 
 def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_window, scale, interpret, global_slots,

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
-from bertjax.ops.per_device import per_device
+from bertjax.ops.per_device import per_device_attention
 
 LANES = 128  # splash's key blocks (and, for segment ids, query blocks) must be multiples of this
 DEFAULT_BLOCK = 512  # a good default on v5e/v5p for head_dim 64..128 (MaxText uses 512 as well)
@@ -69,7 +69,7 @@ def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
                                        global_slots=global_slots, block_q=block, block_k=block)
         return _splash_attention(q, k, v, segment_ids, local_window, scale, interpret, block)
 
-    return per_device(local_attention, q, k, v, segment_ids, alibi_slopes, global_tokens)
+    return per_device_attention(local_attention, q, k, v, segment_ids, alibi_slopes, global_tokens)
 
 
 def _splash_attention(q, k, v, segment_ids, local_window, scale, interpret, block):

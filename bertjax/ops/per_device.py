@@ -18,26 +18,37 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 
-def per_device(kernel: Callable, q, k, v, segment_ids, alibi_slopes, global_tokens):
-    """`kernel(q, k, v, segment_ids, alibi_slopes, global_tokens)` on each device's shard of batch (and heads).
+# Axis roles of the operands: which dimensions follow the batch split, which the head split (None: whole).
+QKV = ("batch", None, "heads", None)  # [batch, seq, heads, head_dim]
+ROWS = ("batch", None)  # [batch, seq]
+HEADS = ("heads",)  # per-head constants (ALiBi slopes)
 
-    Shapes as `bertjax.ops.attention` (q [batch, seq, heads, dim], k/v [batch, seq, kv_heads, dim], segment_ids
-    and global_tokens [batch, seq], alibi_slopes [heads]); the optional operands may be None. The kernel sees the
-    shard's heads and slopes; static settings (window, scale, global slots) travel in its closure.
+
+def per_device(kernel: Callable, operands: tuple, roles: tuple, out_roles: tuple, *, batch: int, heads: int):
+    """`kernel(*operands)` on each device's shard of batch (and heads) under the active mesh, or directly without one.
+
+    roles: per operand, one role per dimension ("batch", "heads" or None); an operand may be None (absent, no
+    spec). out_roles: the same for the output. `heads` is the smallest head count among the operands (the kv
+    heads under GQA): axes that split it split every larger multiple too, so GQA groups stay whole. Static
+    settings travel in the kernel's closure.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
-        return kernel(q, k, v, segment_ids, alibi_slopes, global_tokens)
-    batch_axes = mesh_axes(mesh, "activation_batch", q.shape[0], default=mesh.axis_names)
-    # kv_heads divides heads, so axes that split the kv heads split the query heads too (GQA groups stay whole).
-    head_axes = mesh_axes(mesh, "activation_heads", k.shape[2], default=(), taken=batch_axes or ())
-    qkv_spec, row_spec = P(batch_axes, None, head_axes, None), P(batch_axes, None)
-    # Optional operands travel as None (an empty pytree: no spec needed beyond a placeholder).
-    slope_spec = None if alibi_slopes is None else P(head_axes)
-    glob_spec = None if global_tokens is None else row_spec
-    return jax.shard_map(kernel, mesh=mesh,
-                         in_specs=(qkv_spec, qkv_spec, qkv_spec, row_spec, slope_spec, glob_spec),
-                         out_specs=qkv_spec, check_vma=False)(q, k, v, segment_ids, alibi_slopes, global_tokens)
+        return kernel(*operands)
+    batch_axes = mesh_axes(mesh, "activation_batch", batch, default=mesh.axis_names)
+    head_axes = mesh_axes(mesh, "activation_heads", heads, default=(), taken=batch_axes or ())
+    spec = lambda dims: P(*(batch_axes if d == "batch" else head_axes if d == "heads" else None for d in dims))
+    in_specs = tuple(None if x is None else spec(r) for x, r in zip(operands, roles))
+    return jax.shard_map(kernel, mesh=mesh, in_specs=in_specs, out_specs=spec(out_roles),
+                         check_vma=False)(*operands)
+
+
+def per_device_attention(kernel: Callable, q, k, v, segment_ids, alibi_slopes, global_tokens):
+    """`per_device` for the operands of `bertjax.ops.attention`: q [batch, seq, heads, dim], k/v [batch, seq,
+    kv_heads, dim], segment_ids and global_tokens [batch, seq], alibi_slopes [heads]; the optional ones may be
+    None. The kernel sees the shard's heads and slopes."""
+    return per_device(kernel, (q, k, v, segment_ids, alibi_slopes, global_tokens),
+                      (QKV, QKV, QKV, ROWS, HEADS, ROWS), QKV, batch=q.shape[0], heads=k.shape[2])
 
 
 def mesh_axes(mesh, logical_name: str, size: int, default: tuple[str, ...],
