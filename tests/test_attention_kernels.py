@@ -195,11 +195,11 @@ def test_modernbert_logits_match_with_every_implementation():
         np.testing.assert_allclose(got[valid], reference[valid], atol=1e-4, rtol=1e-4, err_msg=implementation)
 
 
-def test_pallas_tpu_shard_map_axes_follow_rules_and_divisibility():
+def test_pallas_shard_map_axes_follow_rules_and_divisibility():
     import flax.linen as nn
     from jax.sharding import AbstractMesh, AxisType
 
-    from bertjax.ops.pallas_tpu_attention import _mesh_axes
+    from bertjax.ops.per_device import mesh_axes as _mesh_axes
 
     mesh = AbstractMesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3)
     # No rules: the batch goes over as many mesh axes (in order) as divide it; nothing divides 3.

@@ -73,7 +73,17 @@ class Runner:
         rows = next(iter(batch.values())).shape[0]
         if rows % self.devices:
             raise ValueError(f"a batch of {rows} rows does not split over {self.devices} devices")
-        return self._fn(params, jax.device_put(batch, self._rows), max_segments=max_segments)
+        # Traced under the mesh: Pallas attention kernels then run per device in a shard_map (bertjax/ops/
+        # per_device.py); without it XLA would gather every row onto every device for the Triton (GPU) call, and
+        # refuse the Mosaic (TPU) one.
+        with jax.set_mesh(self.mesh):
+            return self._fn(params, jax.device_put(batch, self._rows), max_segments=max_segments)
+
+    def lower(self, params, batch: dict, max_segments: int):
+        """The program `dispatch` runs for a batch of this shape (arrays or ShapeDtypeStructs), lowered."""
+        rows = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._rows), batch)
+        with jax.set_mesh(self.mesh):
+            return self._fn.lower(params, rows, max_segments=max_segments)
 
     def run(self, params, batches: Iterable[dict[str, np.ndarray]], max_segments: int) -> Iterator[dict]:
         """Host (numpy) outputs of every batch, in order."""

@@ -45,11 +45,19 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.global_tokens import attention_with_lse, merge_global_tokens
+from bertjax.ops.per_device import per_device_attention
 
 # A large finite negative score: exp(MASK - m) underflows to 0 without the inf - inf = NaN of -inf.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 LOG2E = float(np.log2(np.e))  # scores times LOG2E: exp(x) = exp2(x * LOG2E)
 LN2 = float(np.log(2.0))
+# Shared memory per program, compiled for sm_90 by triton 3.9 from the kernels' Triton IR (window 128, bytes at
+# num_stages 2 / 3; tests/test_pallas_gpu_export.py), against the H100's 227 KB (232,448 B) per block:
+#   64 x 64 (default), the largest of forward / dq / dk/dv: bf16 d64 49,408 / 66,048, d128 98,560 / 131,584;
+#     f32 d64 82,176 / 115,200, d128 147,712 / 213,504: every case fits, at either stage count.
+#   128 x 128: bf16 d64 99,840 / 134,144, d128 197,120 / 263,168 (dq; fits at num_stages 2 only);
+#     f32 d128 328,192 (dq) already at num_stages 2: does not fit. 128 x 64 and 64 x 128: f32 d128 fit only at 2.
+# Hence 64 x 64: safe for both dtypes up to head_dim 128; larger tiles are for bfloat16, with num_stages 2.
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
 
@@ -409,10 +417,24 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
                          global_tokens=None, global_slots=None, block_q: int = DEFAULT_BLOCK_Q,
                          block_k: int = DEFAULT_BLOCK_K,
                          num_warps: int | None = None, num_stages: int = 2):
-    """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`."""
+    """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`.
+
+    Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
+    replicate the Triton call, gathering q, k and v onto every GPU."""
     for name, size in (("block_q", block_q), ("block_k", block_k)):
         if size < 1 or size & (size - 1):
             raise ValueError(f"pallas_gpu_attention: {name} must be a power of two, got {size}")
+
+    def kernel(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch (and heads)
+        return _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, local_window=local_window, scale=scale,
+                          interpret=interpret, global_slots=global_slots, block_q=block_q, block_k=block_k,
+                          num_warps=num_warps, num_stages=num_stages)
+
+    return per_device_attention(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
+
+
+def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_window, scale, interpret, global_slots,
+               block_q, block_k, num_warps, num_stages):
     batch, seq, heads, head_dim = q.shape
     padded_seq = -(-seq // max(block_q, block_k)) * max(block_q, block_k)
     padded_dim = max(16, pl.next_power_of_2(head_dim))

@@ -38,6 +38,7 @@ from jax.experimental import pallas as pl
 from bertjax.ops.disentangled_attention import relative_products
 from bertjax.ops.pallas_gpu_attention import (LOG2E, MASK_VALUE, _dot, _visible, finish_softmax, key_block_ranges,
                                               online_softmax_step)
+from bertjax.ops.per_device import ROWS, per_device
 
 DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, 2 * block] floats
 
@@ -284,6 +285,22 @@ def pallas_gpu_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, 
     if block < 16 or block & (block - 1):
         raise ValueError(f"pallas_gpu disentangled attention: block_size must be a power of two >= 16, got "
                          f"{block_size}")
+    table = _concrete(table)
+
+    def kernel(q, k, v, pos_key, pos_query, segment_ids):  # one device's shard of batch (and heads)
+        return _disentangled(q, k, v, pos_key, pos_query, segment_ids, table=table, scale=scale, block=block,
+                             interpret=interpret, num_warps=num_warps, num_stages=num_stages)
+
+    # Under a mesh, per device in a shard_map: XLA would replicate the Triton calls (gathering q, k, v everywhere).
+    heads_first = ("batch", "heads", None, None)  # [batch, heads, seq, head_dim]
+    positions = (None, "heads", None)  # [2 * span, heads, head_dim]
+    return per_device(kernel, (q, k, v, pos_key, pos_query, segment_ids),
+                      (heads_first, heads_first, heads_first, positions, positions, ROWS), heads_first,
+                      batch=q.shape[0], heads=q.shape[1])
+
+
+def _disentangled(q, k, v, pos_key, pos_query, segment_ids, *, table, scale, block, interpret, num_warps,
+                  num_stages):
     batch, heads, seq, head_dim = q.shape
     c2p, p2c = relative_products(q, k, pos_key, pos_query)
     padded = -(-seq // block) * block
@@ -300,7 +317,7 @@ def pallas_gpu_disentangled(q, k, v, pos_key, pos_query, *, segment_ids, table, 
     c2p = dummy if c2p is None else pad(c2p, width)
     p2c = dummy if p2c is None else pad(p2c, width)
     # Padded rows and keys are masked; the edge values keep their table reads inside [0, 2 * span).
-    table = np.pad(_concrete(table), (tail, tail), mode="edge")
+    table = np.pad(table, (tail, tail), mode="edge")
     band = _row_band(table, 2 * block - 1)
     seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
     st = _Static(scale=float(scale), block_q=block, block_k=block, seq=padded, c2p=pos_key is not None,

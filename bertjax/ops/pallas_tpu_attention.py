@@ -19,22 +19,18 @@ What this wrapper adds:
 - the kernel is built at every trace: it holds its block-sparsity tables as jax arrays, which a cached kernel
   would leak from one trace into the next; the costly numpy part (`process_mask`) is cached by splash itself;
 - Mosaic kernels cannot be partitioned by XLA ("wrap the call in a shard_map"), so under a mesh set with
-  `jax.set_mesh(mesh)` the call runs inside `jax.shard_map`: batch split as the Flax logical axis rules map
-  "activation_batch" (over every mesh axis when no rules are active), heads as "activation_heads" when both the
-  query and kv head counts divide; sequence and head_dim stay whole on every device.
+  `jax.set_mesh(mesh)` the call runs inside `jax.shard_map` (per_device.py, shared with the Pallas GPU path).
 Padding tokens (segment id 0) match each other in splash's segment test, so a padding row always sees at least
 itself: its output is finite (not meaningful), as in the dense reference. Valid rows never see padding.
 """
 
 from __future__ import annotations
 
-import math
-
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
-from jax.sharding import PartitionSpec as P
+
+from bertjax.ops.per_device import per_device_attention
 
 LANES = 128  # splash's key blocks (and, for segment ids, query blocks) must be multiples of this
 DEFAULT_BLOCK = 512  # a good default on v5e/v5p for head_dim 64..128 (MaxText uses 512 as well)
@@ -63,7 +59,6 @@ def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
                          global_tokens=None, global_slots=None, block: int | None = None):
     """Splash attention, or bertjax's own flash kernel (pallas_tpu_flash.py) for what splash cannot express: ALiBi
     and global tokens. Shapes and meaning as `bertjax.ops.attention`; `block` overrides the tile size."""
-    batch, seq, heads, head_dim = q.shape
     own_kernel = alibi_slopes is not None or global_tokens is not None
 
     def local_attention(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch/heads
@@ -74,19 +69,7 @@ def pallas_tpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
                                        global_slots=global_slots, block_q=block, block_k=block)
         return _splash_attention(q, k, v, segment_ids, local_window, scale, interpret, block)
 
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return local_attention(q, k, v, segment_ids, alibi_slopes, global_tokens)
-    batch_axes = _mesh_axes(mesh, "activation_batch", batch, default=mesh.axis_names)
-    # kv_heads divides heads, so axes that split the kv heads split the query heads too (GQA groups stay whole).
-    head_axes = _mesh_axes(mesh, "activation_heads", k.shape[2], default=(), taken=batch_axes or ())
-    qkv_spec, row_spec = P(batch_axes, None, head_axes, None), P(batch_axes, None)
-    # Optional operands travel as None (an empty pytree: no spec needed beyond a placeholder).
-    slope_spec = None if alibi_slopes is None else P(head_axes)
-    glob_spec = None if global_tokens is None else row_spec
-    return jax.shard_map(local_attention, mesh=mesh,
-                         in_specs=(qkv_spec, qkv_spec, qkv_spec, row_spec, slope_spec, glob_spec),
-                         out_specs=qkv_spec, check_vma=False)(q, k, v, segment_ids, alibi_slopes, global_tokens)
+    return per_device_attention(local_attention, q, k, v, segment_ids, alibi_slopes, global_tokens)
 
 
 def _splash_attention(q, k, v, segment_ids, local_window, scale, interpret, block):
@@ -108,23 +91,3 @@ def _splash_attention(q, k, v, segment_ids, local_window, scale, interpret, bloc
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)  # splash applies no 1/sqrt(d) scale
     out = jax.vmap(one_example)(to_kernel_layout(q), to_kernel_layout(k), to_kernel_layout(v), seg)
     return out.transpose(0, 2, 1, 3)[:, :seq]
-
-
-def _mesh_axes(mesh, logical_name: str, size: int, default: tuple[str, ...],
-               taken: tuple[str, ...] = ()) -> tuple[str, ...] | None:
-    """Mesh axes that split a dimension of `size`: from the active Flax logical rules, else `default`.
-
-    Axes are kept in order while their product still divides `size` (e.g. batch 4 over data=2, fsdp=2, tensor=2
-    splits over data and fsdp); None (replicated) when none fits: correct, at the cost of a gather.
-    """
-    if nn.get_logical_axis_rules():
-        axes = nn.logical_to_mesh_axes((logical_name,))[0]
-        axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    else:
-        axes = tuple(default)
-    kept = []
-    for axis in axes:
-        if axis in mesh.axis_names and axis not in taken and size % (math.prod(mesh.shape[a] for a in kept)
-                                                                      * mesh.shape[axis]) == 0:
-            kept.append(axis)
-    return tuple(kept) or None

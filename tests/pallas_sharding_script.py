@@ -1,0 +1,156 @@
+"""Run by tests/test_pallas_gpu_export.py in a subprocess with 4 host CPU devices (XLA_FLAGS set by the caller):
+pallas_gpu attention under a mesh (`jax.set_mesh`) in interpret mode and exported for CUDA. Prints one JSON line.
+
+Cases: a data-parallel mesh (batch over 4 devices) and a data x tensor mesh under the train logical rules (batch
+over 2, heads over 2); every feature on (window, GQA, ALiBi, global tokens); forward and gradients to q, k, v.
+And the inference runner (bertjax/inference/runner.py) over 4 devices with a tiny ModernBERT on pallas_gpu; and
+DeBERTa's disentangled kernel (pallas_gpu_disentangled.py) data-parallel, gradients to the position tables included.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from bertjax import ops
+from bertjax.train import mesh as mesh_lib
+
+BATCH, SEQ, HEADS, KV_HEADS, DIM = 4, 64, 4, 2, 16
+SLOPES = np.asarray([2.0 ** -(i + 1) for i in range(HEADS)], np.float32)
+TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
+
+
+def program(interpret: bool):
+    def loss(q, k, v, segment_ids, global_mask):
+        out = ops.attention(q, k, v, segment_ids=segment_ids, local_window=16, implementation="pallas_gpu",
+                            interpret=interpret, alibi_slopes=SLOPES, global_tokens=global_mask,
+                            max_global_tokens=2)
+        return jnp.sum(out.astype(jnp.float32) ** 2), out
+
+    return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+
+
+def inputs():
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((BATCH, SEQ, HEADS, DIM)).astype(np.float32)
+    k, v = (rng.standard_normal((BATCH, SEQ, KV_HEADS, DIM)).astype(np.float32) for _ in range(2))
+    seg = np.ones((BATCH, SEQ), np.int32)
+    seg[0, 40:] = 2
+    seg[1, 50:] = 0
+    glob = np.zeros((BATCH, SEQ), bool)
+    glob[:, 0] = True
+    glob[0, 40] = True
+    return q, k, v, seg, glob
+
+
+def collectives(hlo: str) -> list[str]:
+    return sorted(set(re.findall(r"\b(all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)\b", hlo)))
+
+
+def run_case(name, mesh, rules, qkv_spec, results):
+    args = inputs()
+    (_, reference), reference_grads = jax.jit(program(True))(*args)  # no mesh: the kernel on the whole batch
+    row_spec = P(qkv_spec[0], None)
+    shardings = [NamedSharding(mesh, s) for s in (qkv_spec, qkv_spec, qkv_spec, row_spec, row_spec)]
+    placed = [jax.device_put(x, s) for x, s in zip(args, shardings)]
+    with jax.set_mesh(mesh), rules():
+        fn = jax.jit(program(True), in_shardings=shardings)
+        (_, out), grads = fn(*placed)
+        compiled = fn.lower(*placed).compile().as_text()
+        exported = jax.export.export(
+            jax.jit(program(False), in_shardings=shardings), platforms=["cuda"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(c) for c in TRITON_CALLS])(*placed)
+    errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip((out, *grads),
+                                                                                (reference, *reference_grads))]
+    results[name] = {"max_error": max(errors), "collectives": collectives(compiled), "nr_devices": exported.nr_devices,
+                      **triton_calls(exported.mlir_module())}
+
+
+def triton_calls(text: str) -> dict:
+    """How many Triton calls an exported module holds, and the 4-d operand/result shapes they see (q/k/v/out
+    blocks: the whole batch, or one device's shard)."""
+    calls = [line for line in text.splitlines()
+             if re.search(r'custom_call @"?(?:__gpu\$xla\.gpu\.triton|triton_kernel_call_ffi)', line)]
+    shapes = sorted({tuple(map(int, dims.split("x"))) for line in calls
+                     for dims in re.findall(r"tensor<(\d+x\d+x\d+x\d+)x[a-z]", line.rsplit(" : (", 1)[1])})
+    return {"triton_calls": len(calls), "kernel_shapes": shapes}
+
+
+def run_inference_case(results):
+    from bertjax.config import get_config
+    from bertjax.inference.rows import encoder_row_fn
+    from bertjax.inference.runner import Runner, data_mesh
+    from bertjax.models import EncoderForMaskedLM, init_params
+
+    model = EncoderForMaskedLM(get_config("modernbert-tiny", attention_implementation="pallas_gpu",
+                                          attention_interpret=True))
+    params = init_params(model, jax.random.key(0))
+    rng = np.random.default_rng(1)
+    batch = {"input_ids": rng.integers(1, 128, (4, SEQ)).astype(np.int32), "segment_ids": inputs()[3]}
+    outputs = []
+    for devices in (jax.devices(), jax.devices()[:1]):
+        runner = Runner(encoder_row_fn(model), mesh=data_mesh(devices))
+        outputs.append(next(runner.run(runner.place_params(params), [batch], 2))["segments"]["pooled"])
+    compiled = Runner(encoder_row_fn(model)).lower(params, batch, 2).compile().as_text()
+    results["runner_data4"] = {"max_error": float(np.max(np.abs(outputs[0] - outputs[1]))),
+                               "collectives": collectives(compiled)}
+
+
+def run_disentangled_case(results):
+    from bertjax.ops import disentangled_attention as da
+
+    heads, span = 2, 8
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((BATCH, SEQ, heads, DIM)).astype(np.float32) for _ in range(3))
+    pos_key, pos_query = (rng.standard_normal((2 * span, heads, DIM)).astype(np.float32) for _ in range(2))
+    seg = inputs()[3]
+
+    def program(interpret):
+        def loss(q, k, v, pos_key, pos_query, seg):
+            out = da.disentangled_attention(q, k, v, pos_key, pos_query, segment_ids=seg, span=span, buckets=span,
+                                            max_position=20, implementation="pallas_gpu", block_size=16,
+                                            interpret=interpret)
+            return jnp.sum(out ** 2), out
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
+
+    args = (q, k, v, pos_key, pos_query, seg)
+    (_, reference), reference_grads = jax.jit(program(True))(*args)
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,))
+    specs = (P("data"),) * 3 + (P(),) * 2 + (P("data"),)
+    shardings = [NamedSharding(mesh, s) for s in specs]
+    placed = [jax.device_put(x, s) for x, s in zip(args, shardings)]
+    with jax.set_mesh(mesh):
+        fn = jax.jit(program(True), in_shardings=shardings)
+        (_, out), grads = fn(*placed)
+        compiled = fn.lower(*placed).compile().as_text()
+        exported = jax.export.export(
+            jax.jit(program(False), in_shardings=shardings), platforms=["cuda"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(c) for c in TRITON_CALLS])(*placed)
+    errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip((out, *grads),
+                                                                                (reference, *reference_grads))]
+    results["disentangled_data4"] = {"max_error": max(errors), "collectives": collectives(compiled),
+                                     **triton_calls(exported.mlir_module())}
+
+
+def main():
+    assert jax.device_count() == 4, jax.devices()
+    results = {}
+    data = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,))
+    no_rules = lambda: __import__("contextlib").nullcontext()
+    run_case("data4", data, no_rules, P("data", None, None, None), results)
+    train = jax.make_mesh((2, 1, 2), mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    rules = lambda: __import__("flax.linen", fromlist=["x"]).logical_axis_rules(mesh_lib.LOGICAL_AXIS_RULES)
+    run_case("data2_tensor2", train, rules, P(("data", "fsdp"), None, "tensor", None), results)
+    run_inference_case(results)
+    run_disentangled_case(results)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

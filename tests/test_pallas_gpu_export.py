@@ -1,0 +1,287 @@
+"""The Pallas GPU (Triton) attention kernels lower for CUDA on this CPU-only machine (`jax.export` for platform
+"cuda": nothing is compiled or run), so a GPU session finds no lowering failure left to fix.
+
+Interpret mode (tests/test_attention_kernels.py, test_attention_features.py) checks what the kernels compute; it
+runs them as jaxprs and enforces none of Triton's rules. Here:
+- each feature (global, window 128, GQA, ALiBi, Longformer's global tokens), bfloat16 and float32, head_dim 64 and
+  80 (padded to 128 by the wrapper), forward and forward + backward, exports with exactly the kernels it should
+  have: one Triton call forward, three (forward, dq, dk/dv) with the gradient. Counting the calls proves the
+  kernels were lowered, not replaced by an XLA fallback. Packed segment ids are an operand of every call (data, not
+  a different program), so every export covers packing;
+- the Triton IR inside the calls (jaxlib <= 0.10.2 ships it in the HLO; later versions compile it while lowering,
+  which needs the CUDA plugin) obeys what Triton checks only when it compiles: every tensor dimension a power of
+  two, every `tt.dot` operand >= 16 on each side with both operands of one dtype (bf16 or f32) and an f32
+  accumulator, and float32 dots at full precision (no TF32: `_dot` promises HIGHEST);
+- with the optional `triton` package importable, that IR is compiled for sm_90 (H100) and each kernel's shared
+  memory compared with the H100's 227 KB per block (skipped otherwise; Triton's pip compiler is a proxy for the
+  one inside XLA, not the same build);
+- a whole jitted train step of a tiny ModernBERT MLM in bfloat16 (the step `bertjax pretrain` runs, from
+  setup_run) and the jitted inference and embedding forwards export with the kernels in them. The configs name
+  "pallas_gpu": "auto" resolves by jax.default_backend(), which is "cpu" while exporting.
+On a GPU machine with jaxlib > 0.10.2, `JAX_PLATFORMS=cuda,cpu` makes lowering run the real Triton compiler.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import ops
+
+# The custom call that carries a Pallas Triton kernel: jaxlib <= 0.10.2 puts the Triton IR in the HLO for XLA to
+# compile; later versions compile it while lowering and call the binary through an FFI target.
+TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
+FORWARD, DQ, DKV = "bertjax_flash_forward", "bertjax_flash_dq", "bertjax_flash_dkv"
+H100_SHARED_BYTES = 227 * 1024  # the most dynamic shared memory one block may opt into on sm_90
+
+
+def export_for_cuda(fn, *args):
+    """`jax.export` of jit(fn) for CUDA; skips where lowering itself needs the CUDA plugin (jaxlib > 0.10.2
+    compiles Triton while lowering)."""
+    try:
+        return jax.export.export(
+            jax.jit(fn), platforms=["cuda"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(name) for name in TRITON_CALLS])(*args)
+    except RuntimeError as error:
+        if "Triton compilation handler" not in str(error):
+            raise
+        pytest.skip("this jaxlib compiles Triton kernels while lowering, which needs the CUDA plugin: run on a GPU "
+                    "machine with JAX_PLATFORMS=cuda,cpu")
+
+
+def triton_kernels(exported) -> list[str]:
+    """Sorted names of the Triton kernels in an exported program, one per custom call."""
+    text = exported.mlir_module()
+    calls = len(re.findall(r'custom_call @"?(?:' + "|".join(map(re.escape, TRITON_CALLS)) + r')"?\(', text))
+    names = sorted(re.findall(r'name = "(bertjax_[a-z_]+)"', text))
+    assert calls == len(names), (calls, names)
+    return names
+
+
+def attention_inputs(dtype, head_dim: int, *, heads: int = 4, kv_heads: int = 4, seq: int = 256, batch: int = 2):
+    q = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), dtype)
+    kv = jax.ShapeDtypeStruct((batch, seq, kv_heads, head_dim), dtype)
+    return q, kv, kv, jax.ShapeDtypeStruct((batch, seq), jnp.int32), jax.ShapeDtypeStruct((batch, seq), jnp.bool_)
+
+
+ALIBI = np.asarray([2.0 ** -(i + 1) for i in range(4)], np.float32)
+# name -> (kv_heads, attention keyword arguments); `global_tokens` takes the traced mask operand.
+FEATURES = {
+    "global": (4, dict(local_window=None)),
+    "local128": (4, dict(local_window=128)),
+    "gqa": (1, dict(local_window=128)),
+    "alibi": (4, dict(local_window=128, alibi_slopes=ALIBI)),
+    "global_tokens": (4, dict(local_window=128, global_tokens=True, max_global_tokens=4)),
+    "everything": (2, dict(local_window=128, alibi_slopes=ALIBI, global_tokens=True, max_global_tokens=4)),
+}
+
+
+def attention_program(features: dict, grad: bool):
+    """f(q, k, v, segment_ids, global_mask): the attention output, or the gradient of a loss to q, k and v."""
+    features = dict(features)
+    use_global = features.pop("global_tokens", False)
+
+    def forward(q, k, v, segment_ids, global_mask):
+        return ops.attention(q, k, v, segment_ids=segment_ids, implementation="pallas_gpu",
+                             global_tokens=global_mask if use_global else None, **features)
+
+    if not grad:
+        return forward
+
+    def loss(q, k, v, segment_ids, global_mask):
+        return jnp.sum(forward(q, k, v, segment_ids, global_mask).astype(jnp.float32) ** 2)
+
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "grad"])
+@pytest.mark.parametrize("feature", FEATURES)
+def test_each_feature_lowers_to_its_triton_kernels(feature, grad):
+    kv_heads, features = FEATURES[feature]
+    exported = export_for_cuda(attention_program(features, grad), *attention_inputs(jnp.bfloat16, 64,
+                                                                                    kv_heads=kv_heads))
+    assert triton_kernels(exported) == (sorted([FORWARD, DQ, DKV]) if grad else [FORWARD])
+
+
+@pytest.mark.parametrize("head_dim", [64, 80])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_dtypes_and_padded_head_dim_lower(dtype, head_dim):
+    exported = export_for_cuda(attention_program(FEATURES["everything"][1], grad=True),
+                               *attention_inputs(dtype, head_dim, kv_heads=2))
+    assert triton_kernels(exported) == sorted([FORWARD, DQ, DKV])
+    # The kernels see the head dimension padded to a power of two: 80 -> 128.
+    padded = 64 if head_dim == 64 else 128
+    element = "bf16" if dtype == jnp.bfloat16 else "f32"
+    assert f"x2x{padded}x{element}>" in exported.mlir_module()
+
+
+def triton_ir(fn, *args) -> list[tuple[str, str, int, int]]:
+    """(kernel name, Triton IR as text, num_warps, num_stages) of every Triton call in jit(fn) lowered for CUDA.
+    Skips where the HLO carries no Triton IR (jaxlib > 0.10.2 compiles it while lowering)."""
+    triton_dialect = pytest.importorskip("jaxlib.triton.dialect")
+    from jax._src.lib.mlir import ir
+
+    module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+    configs = []
+
+    def visit(op):
+        op = op.operation
+        if op.name == "stablehlo.custom_call" and ir.StringAttr(op.attributes["call_target_name"]).value in TRITON_CALLS:
+            configs.append(ir.DictAttr(op.attributes["mhlo.backend_config"]))
+        for region in op.regions:
+            for block in region.blocks:
+                for inner in block.operations:
+                    visit(inner)
+
+    with module.context:
+        visit(module.operation)
+        if not configs or "ir" not in configs[0]:
+            pytest.skip("this jaxlib keeps no Triton IR in the HLO")
+        raw = [(ir.StringAttr(c["name"]).value, ir.StringAttr(c["ir"]).value_bytes,
+                ir.IntegerAttr(c["num_warps"]).value, ir.IntegerAttr(c["num_stages"]).value) for c in configs]
+    context = ir.Context()
+    triton_dialect.register_dialect(context)
+    with context:
+        return [(name, ir.Module.parse(blob).operation.get_asm(), warps, stages) for name, blob, warps, stages in raw]
+
+
+# tt.dot %a, %b, %acc[, inputPrecision = p] : tensor<MxKxT> * tensor<KxNxT> -> tensor<MxNxT'>
+DOT = re.compile(r"tt\.dot [^:]*?(?:inputPrecision = (\w+))?[^:]*: tensor<(\d+)x(\d+)x(\w+)> \* "
+                 r"tensor<(\d+)x(\d+)x(\w+)> -> tensor<\d+x\d+x(\w+)>")
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_triton_ir_obeys_tritons_shape_and_dot_rules(dtype):
+    """What Triton checks only when it compiles (interpret mode checks none of it), for every kernel at the
+    default blocks, with the padded head dim and every feature on."""
+    kernels = triton_ir(attention_program(FEATURES["everything"][1], grad=True),
+                        *attention_inputs(dtype, 80, kv_heads=2))
+    assert sorted(name for name, *_ in kernels) == sorted([FORWARD, DQ, DKV])
+    element = "bf16" if dtype == jnp.bfloat16 else "f32"
+    for name, text, _, _ in kernels:
+        for dims in re.findall(r"tensor<((?:\d+x)+)", text):
+            for size in map(int, dims.rstrip("x").split("x")):
+                assert size & (size - 1) == 0, f"{name}: tensor dimension {size} is not a power of two"
+        dots = DOT.findall(text)
+        assert len(dots) >= 2, name
+        for precision, m, k, a_type, k2, n, b_type, acc_type in dots:
+            assert k == k2 and min(int(m), int(k), int(n)) >= 16, (name, m, k, n)
+            assert a_type == b_type == element and acc_type == "f32", (name, a_type, b_type, acc_type)
+            if dtype == jnp.float32:
+                assert precision in ("", "ieee"), f"{name}: float32 dot at {precision} precision, not full"
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_kernels_compile_for_sm90_within_shared_memory(dtype, tmp_path):
+    """Optional (needs the `triton` package; skipped in CI): the Triton IR compiles to a cubin for sm_90 and each
+    kernel's shared memory, at the default blocks and num_stages and the widest common head_dim (128), fits one
+    H100 block. Measured with triton 3.9 (Nov 2026), bytes, num_stages 2 (the wrapper's default) / 3:
+      head_dim 64:  bf16 forward 41,216 / 57,856, dq 49,408 / 66,048, dk/dv 41,728 / 58,880;
+                    f32 forward 65,792 / 98,816, dq 82,176 / 115,200, dk/dv 49,920 / 83,456;
+      head_dim 128: bf16 forward 82,176 / 115,200, dq 98,560 / 131,584, dk/dv 82,688 / 116,224;
+                    f32 forward 115,200 / 180,992, dq 147,712 / 213,504, dk/dv 99,072 / 165,376."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+
+    kernels = triton_ir(attention_program(FEATURES["everything"][1], grad=True),
+                        *attention_inputs(dtype, 128, kv_heads=2))
+    for name, text, warps, stages in kernels:
+        path = tmp_path / f"{name}.ttir"
+        path.write_text(text)
+        compiled = triton.compile(str(path), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": warps, "num_stages": stages})
+        assert compiled.asm["cubin"], name
+        assert compiled.metadata.shared <= H100_SHARED_BYTES, (name, compiled.metadata.shared)
+
+
+def test_under_a_mesh_each_device_runs_the_kernels_on_its_shard():
+    """pallas_gpu under `jax.set_mesh` (4 host devices, in a subprocess: tests/pallas_sharding_script.py) runs in a
+    shard_map, as pallas_tpu does (bertjax/ops/per_device.py): data-parallel (batch over 4) and data x tensor
+    under the train rules (batch over 2, heads over 2), every feature on. Interpret mode: output and q/k/v
+    gradients equal the unsharded call, and the compiled program gathers nothing (the loss's sum is the only
+    all-reduce). Exported for CUDA on 4 devices: the Triton calls take one device's shard (without the shard_map
+    they took the whole batch and XLA all-gathered q, k and v). The inference runner over 4 devices, and DeBERTa's
+    disentangled kernel (gradients to the position tables too), likewise."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = os.path.join(os.path.dirname(__file__), "pallas_sharding_script.py")
+    result = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cases = json.loads(result.stdout.strip().splitlines()[-1])
+    # batch 4, seq 64, heads 4, kv_heads 2, head_dim 16: q and k/v blocks as one device holds them.
+    expected = {"data4": [[1, 64, 2, 16], [1, 64, 4, 16]], "data2_tensor2": [[2, 64, 1, 16], [2, 64, 2, 16]]}
+    # The inference runner traces under its mesh: its pallas_gpu model gathers nothing either.
+    runner = cases.pop("runner_data4")
+    assert runner["max_error"] < 1e-5 and runner["collectives"] == [], runner
+    # DeBERTa's disentangled kernel, data-parallel: [batch, heads, seq, dim] blocks and [.., seq, 2 * span] tables of
+    # one device; the all-reduce sums the loss and the position tables' gradients over the batch.
+    expected["disentangled_data4"] = [[1, 2, 64, 16], [1, 2, 64, 32]]
+    for name, case in cases.items():
+        assert case["max_error"] < 1e-5, (name, case)
+        assert case["collectives"] == ["all-reduce"], (name, case)
+        assert case["triton_calls"] == 3 and case.get("nr_devices", 4) == 4, (name, case)
+        assert case["kernel_shapes"] == expected[name], (name, case)
+
+
+def tiny_modernbert_overrides() -> dict:
+    """A ModernBERT small enough to lower in seconds, with the real head width (64) and window (128), in bfloat16,
+    attention named explicitly: "auto" would resolve to the CPU choice while exporting."""
+    return dict(hidden_size=128, num_heads=2, num_layers=3, intermediate_size=256, vocab_size=512,
+                local_window=128, max_position_embeddings=256, dtype="bfloat16", attention_implementation="pallas_gpu")
+
+
+def test_modernbert_train_step_lowers_with_the_kernels():
+    """The train step `bertjax pretrain` runs (setup_run: model, stable AdamW, mesh rules, shardings, donation) for a
+    tiny ModernBERT MLM in bfloat16 exports for CUDA with pallas_gpu in every layer: 3 layers (1 global, 2 local),
+    each with its forward, dq and dk/dv kernels."""
+    from bertjax.data import batch_spec
+    from bertjax.train import mesh as mesh_lib
+    from bertjax.train.run_config import run_config_from_dict
+    from bertjax.train.setup import setup_run
+
+    raw = {"model": {"preset": "modernbert-tiny", "overrides": tiny_modernbert_overrides()},
+           "objective": {"name": "mlm"}, "data": {"seq_len": 256, "global_batch_size": 2},
+           "optimizer": {"name": "stable_adamw", "learning_rate": 1e-3}, "schedule": {"name": "linear", "warmup": 1},
+           "train": {"steps": 10}}
+    setup = setup_run(run_config_from_dict(raw), vocab_size=512, pad_id=0, devices=jax.devices()[:1],
+                      attention_platform="gpu", compile_only=True)
+    assert setup.model_config.attention_implementation == "pallas_gpu"
+    state = setup.abstract_state()
+    batch = {name: jax.ShapeDtypeStruct(shape, dtype) for name, (shape, dtype) in
+             batch_spec(setup.phases[0].data).items()}
+    step = setup.train_step
+    with mesh_lib.activate(step.mesh):  # as JittedStep traces it: mesh and logical rules set
+        exported = export_for_cuda(step.jitted(batch), state, setup.frozen, batch)
+    kernels = triton_kernels(exported)
+    assert kernels == sorted([FORWARD, DQ, DKV] * 3)
+    assert "f32" in exported.mlir_module() and "bf16" in exported.mlir_module()
+
+
+def test_inference_and_embedding_forwards_lower_with_the_kernels():
+    """The row functions the inference runner jits (bertjax/inference/rows.py: pooled hidden states; embeddings:
+    EncoderForEmbedding's pooled, normalised vectors) export for CUDA with one forward kernel per layer."""
+    from bertjax.config import get_config
+    from bertjax.embeddings.config import PoolingConfig
+    from bertjax.embeddings.embed import embedding_row_fn
+    from bertjax.embeddings.model import EncoderForEmbedding
+    from bertjax.inference.rows import encoder_row_fn
+    from bertjax.models import EncoderForMaskedLM, init_params
+
+    config = get_config("modernbert-tiny", **tiny_modernbert_overrides())
+    rows = {"input_ids": jax.ShapeDtypeStruct((2, 256), jnp.int32),
+            "segment_ids": jax.ShapeDtypeStruct((2, 256), jnp.int32)}
+    for model, row_fn in ((EncoderForMaskedLM(config), encoder_row_fn), (EncoderForEmbedding(
+            config, pooling=PoolingConfig(modes=("mean",), normalize=True)), embedding_row_fn)):
+        params = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+        fn = row_fn(model)
+        exported = export_for_cuda(lambda p, b: fn(p, b, 4), params, rows)
+        assert triton_kernels(exported) == [FORWARD] * 3, type(model).__name__
