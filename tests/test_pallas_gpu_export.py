@@ -30,11 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench import pallas_gpu_static as static
 from bertjax import ops
 
 # The custom call that carries a Pallas Triton kernel: jaxlib <= 0.10.2 puts the Triton IR in the HLO for XLA to
 # compile; later versions compile it while lowering and call the binary through an FFI target.
-TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
+TRITON_CALLS = static.TRITON_CALLS
 FORWARD, DQ, DKV = "bertjax_flash_forward", "bertjax_flash_dq", "bertjax_flash_dkv"
 H100_SHARED_BYTES = 227 * 1024  # the most dynamic shared memory one block may opt into on sm_90
 
@@ -120,33 +121,12 @@ def test_dtypes_and_padded_head_dim_lower(dtype, head_dim):
 
 
 def triton_ir(fn, *args) -> list[tuple[str, str, int, int]]:
-    """(kernel name, Triton IR as text, num_warps, num_stages) of every Triton call in jit(fn) lowered for CUDA.
-    Skips where the HLO carries no Triton IR (jaxlib > 0.10.2 compiles it while lowering)."""
-    triton_dialect = pytest.importorskip("jaxlib.triton.dialect")
-    from jax._src.lib.mlir import ir
-
-    module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
-    configs = []
-
-    def visit(op):
-        op = op.operation
-        if op.name == "stablehlo.custom_call" and ir.StringAttr(op.attributes["call_target_name"]).value in TRITON_CALLS:
-            configs.append(ir.DictAttr(op.attributes["mhlo.backend_config"]))
-        for region in op.regions:
-            for block in region.blocks:
-                for inner in block.operations:
-                    visit(inner)
-
-    with module.context:
-        visit(module.operation)
-        if not configs or "ir" not in configs[0]:
-            pytest.skip("this jaxlib keeps no Triton IR in the HLO")
-        raw = [(ir.StringAttr(c["name"]).value, ir.StringAttr(c["ir"]).value_bytes,
-                ir.IntegerAttr(c["num_warps"]).value, ir.IntegerAttr(c["num_stages"]).value) for c in configs]
-    context = ir.Context()
-    triton_dialect.register_dialect(context)
-    with context:
-        return [(name, ir.Module.parse(blob).operation.get_asm(), warps, stages) for name, blob, warps, stages in raw]
+    """bench.pallas_gpu_static.triton_ir: (kernel name, Triton IR text, num_warps, num_stages) of every Triton call;
+    skips where the HLO carries no Triton IR (jaxlib > 0.10.2 compiles it while lowering)."""
+    kernels = static.triton_ir(fn, *args)
+    if kernels is None:
+        pytest.skip("this jaxlib keeps no Triton IR in the HLO")
+    return kernels
 
 
 # tt.dot %a, %b, %acc[, inputPrecision = p] : tensor<MxKxT> * tensor<KxNxT> -> tensor<MxNxT'>
@@ -184,18 +164,17 @@ def test_kernels_compile_for_sm90_within_shared_memory(dtype, tmp_path):
                     f32 forward 65,792 / 98,816, dq 82,176 / 115,200, dk/dv 49,920 / 83,456;
       head_dim 128: bf16 forward 82,176 / 115,200, dq 98,560 / 131,584, dk/dv 82,688 / 116,224;
                     f32 forward 115,200 / 180,992, dq 147,712 / 213,504, dk/dv 99,072 / 165,376."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-
+    pytest.importorskip("triton")
     kernels = triton_ir(attention_program(FEATURES["everything"][1], grad=True),
                         *attention_inputs(dtype, 128, kv_heads=2))
     for name, text, warps, stages in kernels:
-        path = tmp_path / f"{name}.ttir"
-        path.write_text(text)
-        compiled = triton.compile(str(path), target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": warps, "num_stages": stages})
+        compiled = static.compile_for_sm90(name, text, warps, stages)
         assert compiled.asm["cubin"], name
         assert compiled.metadata.shared <= H100_SHARED_BYTES, (name, compiled.metadata.shared)
+        # Three tile loops per kernel (masked / unmasked / masked); bfloat16 tile products on Hopper's wgmma
+        # (float32 at full precision has no tensor-core instruction).
+        assert len(static.loop_bodies(compiled.asm["ptx"])) == 3, name
+        assert ("wgmma.mma_async" in compiled.asm["ptx"]) == (dtype == jnp.bfloat16), name
 
 
 def test_under_a_mesh_each_device_runs_the_kernels_on_its_shard():
