@@ -57,7 +57,10 @@ def test_two_processes_reproduce_the_single_process_run(runs):
     for a, b in zip(records_two, records_one):
         assert a.keys() == b.keys()
         for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (a["step"], a["split"], key)
+            if isinstance(b[key], str):  # "split"; pytest >= 9 refuses approx on strings
+                assert a[key] == b[key], (a["step"], key)
+            else:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (a["step"], a["split"], key)
     results = json.loads((two / "results.json").read_text())
     assert results["finished"] and results["best"] == json.loads((one / "results.json").read_text())["best"]
     assert (two / "best" / "config.json").is_file() and (two / "best" / "finetune.json").is_file()
