@@ -35,7 +35,7 @@ def inputs(seq: int, dtype, seed: int = 0, span: int = SPAN):
     return (q, k, v, pos_key, pos_query), jnp.asarray(seg)
 
 
-def value_and_grads(implementation, args, seg, terms, buckets, max_position=MAX_POSITION):
+def value_and_grads(implementation, args, seg, terms, buckets, max_position=MAX_POSITION, block_size=16):
     """Output and d/d(q, k, v, pos_key, pos_query) of sum(out * w) over real tokens, w a fixed random weight."""
     seq = seg.shape[1]
     w = jnp.asarray(np.random.default_rng(9).standard_normal((BATCH, seq, HEADS, DIM)), jnp.float32)
@@ -44,8 +44,7 @@ def value_and_grads(implementation, args, seg, terms, buckets, max_position=MAX_
         out = da.disentangled_attention(
             q, k, v, pos_key if "c2p" in terms else None, pos_query if "p2c" in terms else None, segment_ids=seg,
             span=args[3].shape[0] // 2, buckets=buckets, max_position=max_position, implementation=implementation,
-            block_size=16,
-            interpret=True)
+            block_size=block_size, interpret=True)
         return jnp.sum(jnp.where(seg[..., None, None] > 0, out.astype(jnp.float32), 0.0) * w), out
 
     (_, out), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True))(*args)
@@ -87,6 +86,34 @@ def test_kernel_matches_dense_reference_forward_and_gradients(case):
     for name, term in (("pos_key", "c2p"), ("pos_query", "p2c")):
         if term not in terms:
             assert not np.any(grads[names.index(name)]), name
+
+
+def test_wide_tables_backward_uses_smaller_tiles_and_matches():
+    """Relative tables 1024 wide (span 512) make the backward kernels take 16-row tiles (their shared memory grows
+    with tile x width: pallas_gpu_disentangled.BACKWARD_TILE_AREA) under the forward's 32, and the gradients still
+    match the dense reference. DeBERTa-v3 (256 buckets: 512 wide) keeps 32. A table 2048 wide has no tile that
+    fits: its gradient is a clear error, its forward still runs."""
+    from bertjax.ops.pallas_gpu_disentangled import backward_tile
+
+    assert [backward_tile(32, width) for width in (16, 512, 1024, 2048)] == [32, 32, 16, 0]
+    args, seg = inputs(64, jnp.float32, span=512)
+    ref_out, ref_grads = value_and_grads("dense", args, seg, ("c2p", "p2c"), 512, 1024)
+    out, grads = value_and_grads("pallas_gpu", args, seg, ("c2p", "p2c"), 512, 1024, block_size=32)
+    real = np.asarray(seg) > 0
+    np.testing.assert_allclose(out[real], ref_out[real], atol=2e-5, rtol=2e-5)
+    for name, got, want in zip(["q", "k", "v", "pos_key", "pos_query"], grads, ref_grads):
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got, want, atol=2e-5 * scale, rtol=2e-5, err_msg=name)
+
+    wide, seg = inputs(32, jnp.float32, span=1024)
+
+    def loss(*a):
+        return jnp.sum(da.disentangled_attention(*a, segment_ids=seg, span=1024, buckets=1024, max_position=2048,
+                                                 implementation="pallas_gpu", block_size=32, interpret=True))
+
+    assert np.isfinite(float(jax.jit(loss)(*wide)))
+    with pytest.raises(ValueError, match="implementation='blockwise'"):
+        jax.grad(loss)(*wide)
 
 
 def test_buckets_really_clamp_and_step_in_these_cases():

@@ -41,6 +41,12 @@ from bertjax.ops.pallas_gpu_attention import (MASK_VALUE, _dot, _visible, key_bl
 from bertjax.ops.per_device import ROWS, per_device
 
 DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, 2 * block] floats
+# The backward kernels' shared memory grows with tile side x table width (2 * span rounded up): the [side, width]
+# float32 accumulator and the [band, width] one-hot placement go through shared memory. Measured (triton 3.9 for
+# sm_90, head_dim 64, float32, dq, num_stages 2; bf16 a little less): side 32 x width 512 (DeBERTa-v3's 256
+# buckets): 184,452 bytes; 16 x 1024: 152,644; 32 x 1024: 315,524 and 32 x 2048: 577,668, over the H100's 227 KB
+# (232,448 bytes) per block. So the backward tile side is at most BACKWARD_TILE_AREA // width.
+BACKWARD_TILE_AREA = 32 * 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +63,9 @@ class _Static:
     num_warps: int
     num_stages: int
     band: int  # bucket rows one tile can touch (`_row_band`), a power of two for Triton's ranges
+    backward_block: int = 0  # the backward kernels' tile side (BACKWARD_TILE_AREA); 0: the table is too wide
+    backward_band: int = 0  # `band` of a backward tile
+    c2p_width: int = 0  # columns of the (padded) relative tables, for the error message
 
 
 def _tile_index(table_ref, q_first, k_first, st: _Static):
@@ -247,6 +256,13 @@ def _concrete(table) -> np.ndarray:
                          "table), not traced: the kernel's band width is computed from it") from None
 
 
+def backward_tile(block: int, width: int) -> int:
+    """The backward kernels' tile side: the largest power of two <= block with side x width <= BACKWARD_TILE_AREA,
+    or 0 where that is under 16 (Triton's smallest dot)."""
+    side = min(block, pl.next_power_of_2(BACKWARD_TILE_AREA // width + 1) // 2)
+    return side if side >= 16 else 0
+
+
 def _row_band(table: np.ndarray, distances: int) -> int:
     """How many consecutive bucket rows `distances` consecutive distances can reach (the table is monotone), as a
     power of two. Usually the distance count itself; more where log buckets step by more than one row per distance
@@ -270,7 +286,14 @@ def _flash_fwd(q, k, v, c2p, p2c, seg, table, st: _Static):
 
 def _flash_bwd(st: _Static, residuals, do):
     q, k, v, c2p, p2c, seg, table, out, lse = residuals
-    return (*_backward(q, k, v, c2p, p2c, seg, table, out, lse, do, st), None, None)  # integer operands
+    if not st.backward_block:
+        raise ValueError(f"pallas_gpu disentangled attention: the gradient of a relative table {st.c2p_width} wide "
+                         f"(2 * span) needs tiles under 16 rows to fit a GPU's shared memory; train with "
+                         f"implementation='blockwise' (the forward pass works)")
+    # Smaller tiles than the forward's where the table is wide (BACKWARD_TILE_AREA); the forward's log-sum-exp is
+    # per row, so it serves any tiling.
+    backward = dataclasses.replace(st, block_q=st.backward_block, block_k=st.backward_block, band=st.backward_band)
+    return (*_backward(q, k, v, c2p, p2c, seg, table, out, lse, do, backward), None, None)  # integer operands
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -308,7 +331,7 @@ def _disentangled(q, k, v, pos_key, pos_query, segment_ids, *, table, scale, blo
     padded = -(-seq // block) * block
     tail = padded - seq
     padded_dim = max(16, pl.next_power_of_2(head_dim))
-    rows = next((2 * x.shape[0] for x in (pos_key, pos_query) if x is not None), 1)  # neither: content only
+    rows = next((x.shape[0] for x in (pos_key, pos_query) if x is not None), 1)  # 2 * span; neither: content only
     width = max(16, pl.next_power_of_2(rows))
 
     def pad(x, last):
@@ -321,9 +344,12 @@ def _disentangled(q, k, v, pos_key, pos_query, segment_ids, *, table, scale, blo
     # Padded rows and keys are masked; the edge values keep their table reads inside [0, 2 * span).
     table = np.pad(table, (tail, tail), mode="edge")
     band = _row_band(table, 2 * block - 1)
+    backward_block = backward_tile(block, width)
     seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
     st = _Static(scale=float(scale), block_q=block, block_k=block, seq=padded, c2p=pos_key is not None,
                  p2c=pos_query is not None, interpret=bool(interpret),
-                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages, band=band)
+                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages, band=band,
+                 backward_block=backward_block, c2p_width=width,
+                 backward_band=_row_band(table, 2 * backward_block - 1) if backward_block else 0)
     out = _flash(pad(q, padded_dim), pad(k, padded_dim), pad(v, padded_dim), c2p, p2c, seg, jnp.asarray(table), st)
     return out[:, :, :seq, :head_dim]
