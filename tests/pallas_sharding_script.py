@@ -63,13 +63,24 @@ def run_case(name, mesh, rules, qkv_spec, results):
         fn = jax.jit(program(True), in_shardings=shardings)
         (_, out), grads = fn(*placed)
         compiled = fn.lower(*placed).compile().as_text()
-        exported = jax.export.export(
-            jax.jit(program(False), in_shardings=shardings), platforms=["cuda"],
-            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(c) for c in TRITON_CALLS])(*placed)
+        exported = export_for_cuda(jax.jit(program(False), in_shardings=shardings), placed)
     errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip((out, *grads),
                                                                                 (reference, *reference_grads))]
-    results[name] = {"max_error": max(errors), "collectives": collectives(compiled), "nr_devices": exported.nr_devices,
-                      **triton_calls(exported.mlir_module())}
+    results[name] = {"max_error": max(errors), "collectives": collectives(compiled), **exported}
+
+
+def export_for_cuda(jitted, args) -> dict:
+    """The Triton calls of jitted(*args) exported for CUDA (`triton_calls`) and its device count; {"export":
+    reason} where this JAX needs a real GPU to lower Triton (0.11 asks the device for its compute capability)."""
+    try:
+        exported = jax.export.export(jitted, platforms=["cuda"], disabled_checks=[
+            jax.export.DisabledSafetyCheck.custom_call(c) for c in TRITON_CALLS])(*args)
+    except (RuntimeError, ValueError) as error:
+        if not re.search(r"No supported GPU devices|Unsupported GPU device kind|Cannot infer architecture",
+                         str(error)):
+            raise
+        return {"export": str(error).splitlines()[0]}
+    return {"nr_devices": exported.nr_devices, **triton_calls(exported.mlir_module())}
 
 
 def triton_calls(text: str) -> dict:
@@ -129,13 +140,11 @@ def run_disentangled_case(results):
         fn = jax.jit(program(True), in_shardings=shardings)
         (_, out), grads = fn(*placed)
         compiled = fn.lower(*placed).compile().as_text()
-        exported = jax.export.export(
-            jax.jit(program(False), in_shardings=shardings), platforms=["cuda"],
-            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(c) for c in TRITON_CALLS])(*placed)
+        exported = export_for_cuda(jax.jit(program(False), in_shardings=shardings), placed)
     errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip((out, *grads),
                                                                                 (reference, *reference_grads))]
     results["disentangled_data4"] = {"max_error": max(errors), "collectives": collectives(compiled),
-                                     **triton_calls(exported.mlir_module())}
+                                     **exported}
 
 
 def main():
