@@ -139,6 +139,15 @@ def test_dtypes_and_padded_head_dim_lower(dtype, head_dim):
     assert f"x2x{padded}x{element}>" in exported.mlir_module()
 
 
+def test_operands_past_32_bit_offsets_are_refused():
+    """The kernels' Triton IR offsets pointers by i32, so q with 2**31 elements (per device) would wrap around: the
+    wrapper refuses it by name (lowering alone would not notice). Traced only: nothing is allocated."""
+    big = jax.ShapeDtypeStruct((2 ** 15, 256, 4, 64), jnp.bfloat16)  # 2**31 elements
+    seg = jax.ShapeDtypeStruct((2 ** 15, 256), jnp.int32)
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        jax.eval_shape(lambda q, s: ops.attention(q, q, q, segment_ids=s, implementation="pallas_gpu"), big, seg)
+
+
 def triton_ir(fn, *args) -> list[tuple[str, str, int, int]]:
     """(kernel name, Triton IR as text, num_warps, num_stages) of every Triton call in jit(fn) lowered for CUDA.
     Skips where the HLO carries no Triton IR; lowers on an abstract H100 where this JAX needs a GPU (NEEDS_A_GPU)."""

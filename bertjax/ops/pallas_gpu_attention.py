@@ -229,6 +229,15 @@ def _dkv_kernel(lo_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
+def check_offsets_fit(where: str, interpret: bool, **arrays) -> None:
+    """Triton addresses every element as base + a 32-bit offset (seen in the kernels' Triton IR: `tt.addptr` with
+    i32 offsets), so an operand of 2**31 elements or more would wrap around. Interpret mode has no such limit."""
+    for name, x in arrays.items():
+        if not interpret and x.size >= 2 ** 31:
+            raise ValueError(f"{where}: {name} {tuple(x.shape)} has {x.size:,} elements per device, more than the "
+                             f"kernel's 32-bit offsets address (2**31); split the batch (fewer rows per device)")
+
+
 def _compiler_params(st: _Static):
     if st.interpret:
         return None
@@ -373,6 +382,7 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
     if alibi_slopes is not None:
         slopes = slopes.at[:heads].set(jnp.asarray(alibi_slopes, jnp.float32))
     q, k, v = pad(q, tail, extra_dim), pad(k, tail, extra_dim), pad(v, tail, extra_dim)
+    check_offsets_fit("pallas_gpu_attention", interpret, q=q, k=k)
     seg = pad(segment_ids.astype(jnp.int32), tail, 0)
     if global_tokens is not None and st.half is not None:
         out = _with_global_tokens(q, k, v, seg, slopes, pad(global_tokens, tail, 0), global_slots, st, heads)

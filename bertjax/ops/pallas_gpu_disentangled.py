@@ -36,7 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.disentangled_attention import relative_products
-from bertjax.ops.pallas_gpu_attention import (MASK_VALUE, _dot, _visible, key_block_ranges,
+from bertjax.ops.pallas_gpu_attention import (MASK_VALUE, _dot, _visible, check_offsets_fit, key_block_ranges,
                                               online_softmax_step)
 from bertjax.ops.per_device import ROWS, per_device
 
@@ -341,6 +341,7 @@ def _disentangled(q, k, v, pos_key, pos_query, segment_ids, *, table, scale, blo
     dummy = jnp.zeros((1, 1, 1, 1), jnp.float32)  # an absent term: never read
     c2p = dummy if c2p is None else pad(c2p, width)
     p2c = dummy if p2c is None else pad(p2c, width)
+    check_offsets_fit("pallas_gpu disentangled attention", interpret, q=q, c2p=c2p, p2c=p2c)
     # Padded rows and keys are masked; the edge values keep their table reads inside [0, 2 * span).
     table = np.pad(table, (tail, tail), mode="edge")
     band = _row_band(table, 2 * block - 1)
