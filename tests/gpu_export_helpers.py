@@ -49,14 +49,28 @@ def triton_kernels(exported) -> list[str]:
     return names
 
 
-def abstract_h100():
-    """A one-device abstract mesh whose device is an H100 (JAX >= 0.11: the Triton lowering reads its kind)."""
-    from jax._src.mesh import AbstractDevice  # no public name yet; the error message points to it
+def abstract_h100_mesh(shape: tuple[int, ...] = (1,), names: tuple[str, ...] = ("data",)):
+    """An abstract mesh of H100s (no devices needed): JAX >= 0.11 reads the GPU kind from it while lowering Triton,
+    and any JAX exports a sharded program for it (`jax.sharding.use_abstract_mesh`)."""
+    from jax._src.mesh import AbstractDevice  # no public name yet; JAX's error message points to it
     from jax.sharding import AbstractMesh, AxisType
 
     device = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="gpu")
-    mesh = AbstractMesh((1,), ("data",), axis_types=(AxisType.Auto,), abstract_device=device)
-    return jax.sharding.use_abstract_mesh(mesh)
+    return AbstractMesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), abstract_device=device)
+
+
+def abstract_h100():
+    """Lowering on one abstract H100 (see abstract_h100_mesh)."""
+    return jax.sharding.use_abstract_mesh(abstract_h100_mesh())
+
+
+def triton_operand_shapes(exported) -> list[tuple[int, ...]]:
+    """The distinct 4-d operand and result shapes of the Triton calls in an exported program: the q/k/v/out blocks
+    as a kernel sees them, the whole batch or one device's shard."""
+    pattern = r'custom_call @"?(?:' + "|".join(map(re.escape, TRITON_CALLS)) + r')"?\('
+    calls = [line for line in exported.mlir_module().splitlines() if re.search(pattern, line)]
+    return sorted({tuple(map(int, dims.split("x"))) for line in calls
+                   for dims in re.findall(r"tensor<(\d+x\d+x\d+x\d+)x[a-z]", line.rsplit(" : (", 1)[1])})
 
 
 def triton_ir(fn, *args) -> list[tuple[str, str, int, int]]:
