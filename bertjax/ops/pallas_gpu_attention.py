@@ -349,8 +349,9 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
     for name, size in (("block_q", block_q), ("block_k", block_k)):
-        if size < 1 or size & (size - 1):
-            raise ValueError(f"pallas_gpu_attention: {name} must be a power of two, got {size}")
+        # Triton's tensors are powers of two and its dots at least 16 on a side (interpret mode enforces neither).
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"pallas_gpu_attention: {name} must be a power of two >= 16, got {size}")
 
     def kernel(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch (and heads)
         return _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, local_window=local_window, scale=scale,
