@@ -88,26 +88,26 @@ def test_kernel_matches_dense_reference_forward_and_gradients(case):
 
 
 def test_wide_tables_backward_uses_smaller_tiles_and_matches():
-    """Relative tables 1024 wide (span 512) make the backward kernels take 16-row tiles (their shared memory grows
+    """Relative tables 2048 wide (span 1024) make the backward kernels take 16-row tiles (their shared memory grows
     with tile x width: pallas_gpu_disentangled.BACKWARD_TILE_AREA) under the forward's 32, and the gradients still
-    match the dense reference. DeBERTa-v3 (256 buckets: 512 wide) keeps 32. A table 2048 wide has no tile that
+    match the dense reference. DeBERTa-v3 (256 buckets: 512 wide) keeps 32. A table 4096 wide has no tile that
     fits: its gradient is a clear error, its forward still runs."""
     from bertjax.ops.pallas_gpu_disentangled import backward_tile
 
-    assert [backward_tile(32, width) for width in (16, 512, 1024, 2048)] == [32, 32, 16, 0]
-    args, seg = inputs(64, jnp.float32, span=512)
-    ref_out, ref_grads = value_and_grads("dense", args, seg, ("c2p", "p2c"), 512, 1024)
-    out, grads = value_and_grads("pallas_gpu", args, seg, ("c2p", "p2c"), 512, 1024, block_size=32)
+    assert [backward_tile(32, width) for width in (16, 512, 1024, 2048, 4096)] == [32, 32, 32, 16, 0]
+    args, seg = inputs(64, jnp.float32, span=1024)
+    ref_out, ref_grads = value_and_grads("dense", args, seg, ("c2p", "p2c"), 1024, 2048)
+    out, grads = value_and_grads("pallas_gpu", args, seg, ("c2p", "p2c"), 1024, 2048, block_size=32)
     real = np.asarray(seg) > 0
     np.testing.assert_allclose(out[real], ref_out[real], atol=2e-5, rtol=2e-5)
     for name, got, want in zip(["q", "k", "v", "pos_key", "pos_query"], grads, ref_grads):
         scale = max(1.0, float(np.abs(want).max()))
         np.testing.assert_allclose(got, want, atol=2e-5 * scale, rtol=2e-5, err_msg=name)
 
-    wide, seg = inputs(32, jnp.float32, span=1024)
+    wide, seg = inputs(32, jnp.float32, span=2048)
 
     def loss(*a):
-        return jnp.sum(da.disentangled_attention(*a, segment_ids=seg, span=1024, buckets=1024, max_position=2048,
+        return jnp.sum(da.disentangled_attention(*a, segment_ids=seg, span=2048, buckets=2048, max_position=4096,
                                                  implementation="pallas_gpu", block_size=32, interpret=True))
 
     assert np.isfinite(float(jax.jit(loss)(*wide)))
