@@ -27,20 +27,47 @@ import jax.numpy as jnp
 
 from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
 
-# The custom calls that carry a Pallas Triton kernel (jaxlib <= 0.10.2 puts the Triton IR in the HLO).
+# The custom call that carries a Pallas Triton kernel (the Triton IR, for XLA to compile); jaxlib 0.10.2 also
+# holds a path, unused there, that compiles while lowering and calls the binary through an FFI target.
 TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
+# Lowering errors of JAX versions that ask the local GPU for its compute capability (0.11: "No supported GPU
+# devices found" / "Unsupported GPU device kind") or compile Triton while lowering: no GPU here, not a kernel bug.
+NEEDS_A_GPU = re.compile(r"No supported GPU devices|Unsupported GPU device kind|Triton compilation handler|"
+                         r"Cannot infer architecture")
+
+
+def abstract_h100_mesh(shape: tuple[int, ...] = (1,), names: tuple[str, ...] = ("data",)):
+    """An abstract mesh of H100s (no devices needed): JAX >= 0.11 reads the GPU kind from it while lowering Triton,
+    and any JAX exports a sharded program for it (`jax.sharding.use_abstract_mesh`)."""
+    from jax._src.mesh import AbstractDevice  # no public name yet; JAX's error message points to it
+    from jax.sharding import AbstractMesh, AxisType
+
+    device = AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="gpu")
+    return AbstractMesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), abstract_device=device)
+
+
+def abstract_h100():
+    """Lowering on one abstract H100 (see abstract_h100_mesh)."""
+    return jax.sharding.use_abstract_mesh(abstract_h100_mesh())
 
 
 def triton_ir(fn, *args) -> list[tuple[str, str, int, int]] | None:
-    """(kernel name, Triton IR as text, num_warps, num_stages) of every Triton call in jit(fn) lowered for CUDA, or
-    None where the HLO carries no Triton IR (jaxlib > 0.10.2 compiles it while lowering)."""
+    """(kernel name, Triton IR as text, num_warps, num_stages) of every Triton call in jit(fn) lowered for CUDA (on
+    an abstract H100 where this JAX needs a GPU to lower: NEEDS_A_GPU), or None where the HLO carries no Triton IR."""
     try:
         from jaxlib.triton import dialect as triton_dialect
     except ImportError:
         return None
     from jax._src.lib.mlir import ir
 
-    module = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+    lower = lambda: jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+    try:
+        module = lower()
+    except (RuntimeError, ValueError) as error:
+        if not NEEDS_A_GPU.search(str(error)):
+            raise
+        with abstract_h100():
+            module = lower()
     configs = []
 
     def visit(op):

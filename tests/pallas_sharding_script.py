@@ -1,5 +1,7 @@
 """Run by tests/test_pallas_gpu_export.py in a subprocess with 4 host CPU devices (XLA_FLAGS set by the caller):
-pallas_gpu attention under a mesh (`jax.set_mesh`) in interpret mode and exported for CUDA. Prints one JSON line.
+pallas_gpu attention under a mesh (`jax.set_mesh`) in interpret mode: results against the unsharded call and the
+collectives of the compiled program. Prints one JSON line. (The CUDA exports of the same layouts need no devices:
+the test does them on abstract meshes.)
 
 Cases: a data-parallel mesh (batch over 4 devices) and a data x tensor mesh under the train logical rules (batch
 over 2, heads over 2); every feature on (window, GQA, ALiBi, global tokens); forward and gradients to q, k, v.
@@ -23,13 +25,12 @@ from bertjax.train import mesh as mesh_lib
 
 BATCH, SEQ, HEADS, KV_HEADS, DIM = 4, 64, 4, 2, 16
 SLOPES = np.asarray([2.0 ** -(i + 1) for i in range(HEADS)], np.float32)
-TRITON_CALLS = ("__gpu$xla.gpu.triton", "triton_kernel_call_ffi")
 
 
-def program(interpret: bool):
+def program():
     def loss(q, k, v, segment_ids, global_mask):
         out = ops.attention(q, k, v, segment_ids=segment_ids, local_window=16, implementation="pallas_gpu",
-                            interpret=interpret, alibi_slopes=SLOPES, global_tokens=global_mask,
+                            interpret=True, alibi_slopes=SLOPES, global_tokens=global_mask,
                             max_global_tokens=2)
         return jnp.sum(out.astype(jnp.float32) ** 2), out
 
@@ -55,31 +56,17 @@ def collectives(hlo: str) -> list[str]:
 
 def run_case(name, mesh, rules, qkv_spec, results):
     args = inputs()
-    (_, reference), reference_grads = jax.jit(program(True))(*args)  # no mesh: the kernel on the whole batch
+    (_, reference), reference_grads = jax.jit(program())(*args)  # no mesh: the kernel on the whole batch
     row_spec = P(qkv_spec[0], None)
     shardings = [NamedSharding(mesh, s) for s in (qkv_spec, qkv_spec, qkv_spec, row_spec, row_spec)]
     placed = [jax.device_put(x, s) for x, s in zip(args, shardings)]
     with jax.set_mesh(mesh), rules():
-        fn = jax.jit(program(True), in_shardings=shardings)
+        fn = jax.jit(program(), in_shardings=shardings)
         (_, out), grads = fn(*placed)
         compiled = fn.lower(*placed).compile().as_text()
-        exported = jax.export.export(
-            jax.jit(program(False), in_shardings=shardings), platforms=["cuda"],
-            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(c) for c in TRITON_CALLS])(*placed)
     errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip((out, *grads),
                                                                                 (reference, *reference_grads))]
-    results[name] = {"max_error": max(errors), "collectives": collectives(compiled), "nr_devices": exported.nr_devices,
-                      **triton_calls(exported.mlir_module())}
-
-
-def triton_calls(text: str) -> dict:
-    """How many Triton calls an exported module holds, and the 4-d operand/result shapes they see (q/k/v/out
-    blocks: the whole batch, or one device's shard)."""
-    calls = [line for line in text.splitlines()
-             if re.search(r'custom_call @"?(?:__gpu\$xla\.gpu\.triton|triton_kernel_call_ffi)', line)]
-    shapes = sorted({tuple(map(int, dims.split("x"))) for line in calls
-                     for dims in re.findall(r"tensor<(\d+x\d+x\d+x\d+)x[a-z]", line.rsplit(" : (", 1)[1])})
-    return {"triton_calls": len(calls), "kernel_shapes": shapes}
+    results[name] = {"max_error": max(errors), "collectives": collectives(compiled)}
 
 
 def run_inference_case(results):
@@ -111,31 +98,27 @@ def run_disentangled_case(results):
     pos_key, pos_query = (rng.standard_normal((2 * span, heads, DIM)).astype(np.float32) for _ in range(2))
     seg = inputs()[3]
 
-    def program(interpret):
+    def program():
         def loss(q, k, v, pos_key, pos_query, seg):
             out = da.disentangled_attention(q, k, v, pos_key, pos_query, segment_ids=seg, span=span, buckets=span,
                                             max_position=20, implementation="pallas_gpu", block_size=16,
-                                            interpret=interpret)
+                                            interpret=True)
             return jnp.sum(out ** 2), out
         return jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
 
     args = (q, k, v, pos_key, pos_query, seg)
-    (_, reference), reference_grads = jax.jit(program(True))(*args)
+    (_, reference), reference_grads = jax.jit(program())(*args)
     mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,))
     specs = (P("data"),) * 3 + (P(),) * 2 + (P("data"),)
     shardings = [NamedSharding(mesh, s) for s in specs]
     placed = [jax.device_put(x, s) for x, s in zip(args, shardings)]
     with jax.set_mesh(mesh):
-        fn = jax.jit(program(True), in_shardings=shardings)
+        fn = jax.jit(program(), in_shardings=shardings)
         (_, out), grads = fn(*placed)
         compiled = fn.lower(*placed).compile().as_text()
-        exported = jax.export.export(
-            jax.jit(program(False), in_shardings=shardings), platforms=["cuda"],
-            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(c) for c in TRITON_CALLS])(*placed)
     errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip((out, *grads),
                                                                                 (reference, *reference_grads))]
-    results["disentangled_data4"] = {"max_error": max(errors), "collectives": collectives(compiled),
-                                     **triton_calls(exported.mlir_module())}
+    results["disentangled_data4"] = {"max_error": max(errors), "collectives": collectives(compiled)}
 
 
 def main():

@@ -111,6 +111,8 @@ def test_pallas_gpu_rejects_bad_block_size():
     q, k, v, seg, _, _ = make_inputs(21, 2, 1, 8, jnp.float32)
     with pytest.raises(ValueError, match="block_q must be a power of two"):
         pallas_gpu_attention(q, k, v, segment_ids=seg, local_window=None, scale=1.0, interpret=True, block_q=24)
+    with pytest.raises(ValueError, match="block_k must be a power of two >= 16"):  # Triton's smallest dot side
+        pallas_gpu_attention(q, k, v, segment_ids=seg, local_window=None, scale=1.0, interpret=True, block_k=8)
 
 
 def visited_key_blocks(seq: int, window: int | None, segment_ids=None, block: int = 64) -> int:

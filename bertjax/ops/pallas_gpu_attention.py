@@ -305,6 +305,15 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
+def check_offsets_fit(where: str, interpret: bool, **arrays) -> None:
+    """Triton addresses every element as base + a 32-bit offset (seen in the kernels' Triton IR: `tt.addptr` with
+    i32 offsets), so an operand of 2**31 elements or more would wrap around. Interpret mode has no such limit."""
+    for name, x in arrays.items():
+        if not interpret and x.size >= 2 ** 31:
+            raise ValueError(f"{where}: {name} {tuple(x.shape)} has {x.size:,} elements per device, more than the "
+                             f"kernel's 32-bit offsets address (2**31); split the batch (fewer rows per device)")
+
+
 def _compiler_params(st: _Static):
     if st.interpret:
         return None
@@ -422,8 +431,9 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
     for name, size in (("block_q", block_q), ("block_k", block_k)):
-        if size < 1 or size & (size - 1):
-            raise ValueError(f"pallas_gpu_attention: {name} must be a power of two, got {size}")
+        # Triton's tensors are powers of two and its dots at least 16 on a side (interpret mode enforces neither).
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"pallas_gpu_attention: {name} must be a power of two >= 16, got {size}")
 
     def kernel(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch (and heads)
         return _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, local_window=local_window, scale=scale,
@@ -455,6 +465,7 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
     if alibi_slopes is not None:
         slopes = slopes.at[:heads].set(jnp.asarray(alibi_slopes, jnp.float32))
     q, k, v = pad(q, tail, extra_dim), pad(k, tail, extra_dim), pad(v, tail, extra_dim)
+    check_offsets_fit("pallas_gpu_attention", interpret, q=q, k=k)
     seg = pad(segment_ids.astype(jnp.int32), tail, 0)
     if global_tokens is not None and st.half is not None:
         out = _with_global_tokens(q, k, v, seg, slopes, pad(global_tokens, tail, 0), global_slots, st, heads)

@@ -16,8 +16,9 @@ Per tile (query block [i0, i0 + bq), key block [j0, j0 + bk)):
   of a tile span a band of bq + bk - 1 values and, the bucket function being monotone, their rows are a contiguous
   range [r0, r0 + band) (band = bq + bk - 1 rounded up, wider only where log buckets skip rows: `_row_band`).
   The tile's gradient in band coordinates, d[i, c] = sum_j ds[i, j] [idx(i, j) - r0 == c], is a one-hot
-  reduction over a [bq, bk, band] cube, then a one-hot matmul [bq, band] x [band, 2 * span] places it into the
-  program's own [bq, 2 * span] accumulator. dc2p rows belong to the dq program of their query block and
+  reduction over a [bq, bk, 16] cube per 16 slots of the band, then a one-hot matmul [bq, 16] x [16, 2 * span]
+  places those slots into the program's own [bq, 2 * span] accumulator (16 slots at a time keeps shared memory
+  small: BACKWARD_TILE_AREA). dc2p rows belong to the dq program of their query block and
   dp2c rows to the dk/dv program of their key block, so each program writes its rows once, with no races.
 
 Kernels, grids and block skipping are those of `pallas_gpu_attention` (no GQA, no window here: DeBERTa has
@@ -36,11 +37,19 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.disentangled_attention import relative_products
-from bertjax.ops.pallas_gpu_attention import (LOG2E, MASK_VALUE, _dot, _visible, finish_softmax, key_block_ranges,
-                                              online_softmax_step)
+from bertjax.ops.pallas_gpu_attention import (LOG2E, MASK_VALUE, _dot, _visible, check_offsets_fit, finish_softmax,
+                                              key_block_ranges, online_softmax_step)
 from bertjax.ops.per_device import ROWS, per_device
 
 DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, 2 * block] floats
+# The backward kernels' shared memory grows with the table width (2 * span rounded up) and the tile side: the
+# [side, width] float32 accumulator and the one-hot placement [BAND_PART, width] go through it. Measured (triton 3.9
+# for sm_90, head_dim 64, num_stages 2, the larger of dq and dk/dv; limit: the H100's 232,448 bytes per block):
+# side 32 x width 512 (DeBERTa-v3's 256 buckets): bf16 59,780, f32 80,004; 32 x 1024: bf16 92,548, f32 112,772;
+# 32 x 2048: bf16 158,084. (Placing the whole band at once, [band, width], took 164,228 / 184,452 at 32 x 512 and
+# 315,524 at 32 x 1024.) So the backward tile side is at most BACKWARD_TILE_AREA // width: 32 up to width 1024,
+# 16 at 2048; wider tables are refused.
+BACKWARD_TILE_AREA = 32 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +66,9 @@ class _Static:
     num_warps: int
     num_stages: int
     band: int  # bucket rows one tile can touch (`_row_band`), a power of two for Triton's ranges
+    backward_block: int = 0  # the backward kernels' tile side (BACKWARD_TILE_AREA); 0: the table is too wide
+    backward_band: int = 0  # `band` of a backward tile
+    c2p_width: int = 0  # columns of the (padded) relative tables, for the error message
 
 
 def _tile_index(table_ref, q_first, k_first, st: _Static):
@@ -81,14 +93,14 @@ def _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st: _Stat
     return s * (st.scale * LOG2E), index, first
 
 
-def _band_gradient(ds, index, first, st: _Static, axis: int):
-    """[rows, band]: one tile's ds summed over `axis` (1: keys, for c2p rows; 0: queries, for p2c rows) into slot
-    idx - r0 of its bucket row, as a one-hot reduction over a [bq, bk, band] cube (no scatter, no atomics)."""
-    band = st.band
-    offset = index - first  # in [0, band): `_row_band`
-    cube_shape = ds.shape + (band,)
-    slot = lax.broadcasted_iota(jnp.int32, cube_shape, 2)
-    return jnp.sum(jnp.where(offset[:, :, None] == slot, ds[:, :, None], 0.0), axis=axis)  # [rows, band]
+def _band_gradient(ds, index, first, st: _Static, axis: int, lo: int = 0, size: int | None = None):
+    """[rows, size]: one tile's ds summed over `axis` (1: keys, for c2p rows; 0: queries, for p2c rows) into slot
+    idx - r0 - lo of its bucket row (slots lo .. lo + size of the band), as a one-hot reduction over a
+    [bq, bk, size] cube (no scatter, no atomics)."""
+    size = st.band if size is None else size
+    offset = index - first - lo  # slots [0, size) of this part of the band (`_row_band`)
+    slot = lax.broadcasted_iota(jnp.int32, ds.shape + (size,), 2)
+    return jnp.sum(jnp.where(offset[:, :, None] == slot, ds[:, :, None], 0.0), axis=axis)  # [rows, size]
 
 
 def _place(d, first, width: int):
@@ -97,6 +109,20 @@ def _place(d, first, width: int):
     place = (lax.broadcasted_iota(jnp.int32, (band, width), 1)
              == first + lax.broadcasted_iota(jnp.int32, (band, width), 0)).astype(jnp.float32)
     return _dot(d, place)
+
+
+BAND_PART = 16  # band slots reduced and placed at a time: a [bq, bk, 16] cube instead of [bq, bk, band]
+
+
+def _table_gradient(ds, index, first, st: _Static, axis: int, width: int):
+    """[rows, width]: the tile's relative-table gradient, the band taken BAND_PART slots at a time so the one-hot
+    cube stays small (the whole [32, 32, 64] float32 cube made ptxas spill ~50 KB per thread)."""
+    part = min(BAND_PART, st.band)
+    total = None
+    for lo in range(0, st.band, part):
+        placed = _place(_band_gradient(ds, index, first, st, axis, lo, part), first + lo, width)
+        total = placed if total is None else total + placed
+    return total
 
 
 def _forward_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, k_ref, v_ref, c2p_ref, p2c_ref, o_ref, lse_ref, *,
@@ -140,7 +166,7 @@ def _dq_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, do_ref, lse_ref, delta
         p = jnp.where(mask, jnp.exp2(s - lse2[:, None]), 0.0)
         ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None]) * st.scale  # d loss / d (unscaled score)
         if st.c2p:
-            dc2p = dc2p + _place(_band_gradient(ds, index, first, st, axis=1), first, width)
+            dc2p = dc2p + _table_gradient(ds, index, first, st, 1, width)
         return dq + _dot(ds.astype(k.dtype), k), dc2p
 
     init = (jnp.zeros(q.shape, jnp.float32), jnp.zeros((st.block_q, width), jnp.float32))
@@ -168,7 +194,7 @@ def _dkv_kernel(lo_ref, hi_ref, seg_ref, table_ref, k_ref, v_ref, q_ref, do_ref,
         dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
         ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None]) * st.scale
         if st.p2c:
-            dp2c = dp2c + _place(_band_gradient(ds, index, first, st, axis=0), first, width)
+            dp2c = dp2c + _table_gradient(ds, index, first, st, 0, width)
         return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv, dp2c
 
     zeros = jnp.zeros(k.shape, jnp.float32)
@@ -245,6 +271,13 @@ def _concrete(table) -> np.ndarray:
                          "table), not traced: the kernel's band width is computed from it") from None
 
 
+def backward_tile(block: int, width: int) -> int:
+    """The backward kernels' tile side: the largest power of two <= block with side x width <= BACKWARD_TILE_AREA,
+    or 0 where that is under 16 (Triton's smallest dot)."""
+    side = min(block, pl.next_power_of_2(BACKWARD_TILE_AREA // width + 1) // 2)
+    return side if side >= 16 else 0
+
+
 def _row_band(table: np.ndarray, distances: int) -> int:
     """How many consecutive bucket rows `distances` consecutive distances can reach (the table is monotone), as a
     power of two. Usually the distance count itself; more where log buckets step by more than one row per distance
@@ -268,7 +301,14 @@ def _flash_fwd(q, k, v, c2p, p2c, seg, table, st: _Static):
 
 def _flash_bwd(st: _Static, residuals, do):
     q, k, v, c2p, p2c, seg, table, out, lse = residuals
-    return (*_backward(q, k, v, c2p, p2c, seg, table, out, lse, do, st), None, None)  # integer operands
+    if not st.backward_block:
+        raise ValueError(f"pallas_gpu disentangled attention: the gradient of a relative table {st.c2p_width} wide "
+                         f"(2 * span) needs tiles under 16 rows to fit a GPU's shared memory; train with "
+                         f"implementation='blockwise' (the forward pass works)")
+    # Smaller tiles than the forward's where the table is wide (BACKWARD_TILE_AREA); the forward's log-sum-exp is
+    # per row, so it serves any tiling.
+    backward = dataclasses.replace(st, block_q=st.backward_block, block_k=st.backward_block, band=st.backward_band)
+    return (*_backward(q, k, v, c2p, p2c, seg, table, out, lse, do, backward), None, None)  # integer operands
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -306,7 +346,7 @@ def _disentangled(q, k, v, pos_key, pos_query, segment_ids, *, table, scale, blo
     padded = -(-seq // block) * block
     tail = padded - seq
     padded_dim = max(16, pl.next_power_of_2(head_dim))
-    rows = next((2 * x.shape[0] for x in (pos_key, pos_query) if x is not None), 1)  # neither: content only
+    rows = next((x.shape[0] for x in (pos_key, pos_query) if x is not None), 1)  # 2 * span; neither: content only
     width = max(16, pl.next_power_of_2(rows))
 
     def pad(x, last):
@@ -316,12 +356,16 @@ def _disentangled(q, k, v, pos_key, pos_query, segment_ids, *, table, scale, blo
     dummy = jnp.zeros((1, 1, 1, 1), jnp.float32)  # an absent term: never read
     c2p = dummy if c2p is None else pad(c2p, width)
     p2c = dummy if p2c is None else pad(p2c, width)
+    check_offsets_fit("pallas_gpu disentangled attention", interpret, q=q, c2p=c2p, p2c=p2c)
     # Padded rows and keys are masked; the edge values keep their table reads inside [0, 2 * span).
     table = np.pad(table, (tail, tail), mode="edge")
     band = _row_band(table, 2 * block - 1)
+    backward_block = backward_tile(block, width)
     seg = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, tail)))
     st = _Static(scale=float(scale), block_q=block, block_k=block, seq=padded, c2p=pos_key is not None,
                  p2c=pos_query is not None, interpret=bool(interpret),
-                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages, band=band)
+                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages, band=band,
+                 backward_block=backward_block, c2p_width=width,
+                 backward_band=_row_band(table, 2 * backward_block - 1) if backward_block else 0)
     out = _flash(pad(q, padded_dim), pad(k, padded_dim), pad(v, padded_dim), c2p, p2c, seg, jnp.asarray(table), st)
     return out[:, :, :seq, :head_dim]
