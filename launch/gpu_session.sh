@@ -9,7 +9,8 @@
 #
 # Stages (each prints a short table last and writes its whole log to $OUT/<stage>.log, or ./gpu-logs/):
 #   env        GPU, driver and package versions; what JAX sees
-#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA (correctness first)
+#   check      tests/test_gpu_kernels.py (the Triton-compiled kernels against dense XLA: correctness first), and
+#              the CUDA export tests, which compile for the real GPU here
 #   attention  bench.attention_bench (pallas_gpu vs cuDNN and XLA, 512..16384) and bench.attention_bias_bench
 #   tune       bench.attention_bench --tune: pallas_gpu tiles, warps and stages at 8192
 #   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, against transformers
@@ -55,7 +56,9 @@ print(jax.devices(), jax.devices()[0].device_kind)
 import bertjax; print('bertjax imports')"
       ;;
     check)
-      run check python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py
+      # Lowering with a GPU present runs the real Triton compiler (JAX >= 0.11), so the export tests count too.
+      run check python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py tests/test_pallas_gpu_export.py \
+        tests/test_deberta_pallas_gpu.py
       ;;
     attention)
       run attention python3 -m bench.attention_bench --seqs 512 2048 8192 16384 --max-gib 16 --min-seconds 0.5
