@@ -24,25 +24,30 @@ def _run(config, workdir, *args, timeout=180):
 
 
 def _damage_in_place(step_dir) -> None:
-    """Overwrite 64 bytes of the largest data file with 0xFF, at the first offset where the checkpoint still
-    decodes but a parameter reads back non-finite: the silent kind of damage (orbax stores zstd blocks, so most
-    offsets are either caught by the decoder or land in compressed bytes)."""
+    """Overwrite 64 bytes of a data file with 0xFF, at the first offset where the checkpoint still decodes but a
+    parameter reads back non-finite: the silent kind of damage (orbax stores zstd blocks, so most offsets are either
+    caught by the decoder or land in compressed bytes, or in the optimizer state rather than the parameters)."""
     import numpy as np
     import orbax.checkpoint as ocp
     from bertjax.train.guards import nonfinite_leaves
 
-    data_file = max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    original = data_file.read_bytes()
-    # Which offsets decode depends on how orbax laid out and compressed this run's file, so try many of them.
-    for at in sorted({int(len(original) * fraction) // 4 * 4 for fraction in np.linspace(0.01, 0.99, 400)}):
-        data_file.write_bytes(original[:at] + b"\xff" * 64 + original[at + 64:])
-        try:
-            state = ocp.PyTreeCheckpointer().restore(step_dir / "state")
-        except Exception:  # the decoder noticed: not the case under test
+    # Which file holds the parameters, and which offsets decode, depend on the order orbax's asynchronous writes
+    # finished in this run, so try every data file, largest first, at many offsets.
+    data_files = sorted((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size)
+    for data_file in data_files[:4]:
+        original = data_file.read_bytes()
+        if len(original) < 4096:
             continue
-        if any(path.startswith("params/") for path in nonfinite_leaves(state)):
-            return
-    raise AssertionError(f"no silent in-place damage found in {data_file}")
+        for at in sorted({int(len(original) * fraction) // 4 * 4 for fraction in np.linspace(0.01, 0.99, 400)}):
+            data_file.write_bytes(original[:at] + b"\xff" * 64 + original[at + 64:])
+            try:
+                state = ocp.PyTreeCheckpointer().restore(step_dir / "state")
+            except Exception:  # the decoder noticed: not the case under test
+                continue
+            if any(path.startswith("params/") for path in nonfinite_leaves(state)):
+                return
+        data_file.write_bytes(original)
+    raise AssertionError(f"no silent in-place damage found in {[str(p) for p in data_files[:4]]}")
 
 
 def _steps(workdir):
