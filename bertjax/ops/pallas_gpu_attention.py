@@ -183,16 +183,15 @@ def _dot(a, b, contract=((1,), (0,))):
 
 
 
-def online_softmax_step(acc, m, l, s, mask, v):
-    """One key block of a flash forward loop, scores s in log2 units (masked entries already MASK_VALUE, or mask None
-    for a fully visible tile): rescale the running output, max and sum, add this block's p @ v. Returns (acc, m, l)."""
+def online_softmax_step(acc, m, l, s, v):
+    """One key block of a flash forward loop, scores s in log2 units (masked entries already MASK_VALUE): rescale the
+    running output, max and sum, add this block's p @ v. Returns (acc, m, l)."""
     m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-    p = jnp.exp2(s - m_new[:, None])
-    if mask is not None:
-        # A row with nothing visible so far has m_new == MASK_VALUE and s == MASK_VALUE: exp2(0) = 1, hence the
-        # explicit zero for masked entries.
-        p = jnp.where(mask, p, 0.0)
-    alpha = jnp.exp2(m - m_new)
+    # A row with nothing visible so far keeps m_new == MASK_VALUE; exponentiating against 0 there sends its masked
+    # entries to exp2(MASK_VALUE) = 0. So masked entries need no second select per element, only this one per row.
+    m_safe = jnp.where(m_new > 0.5 * MASK_VALUE, m_new, 0.0)
+    p = jnp.exp2(s - m_safe[:, None])
+    alpha = jnp.exp2(m - m_safe)
     acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
     return acc, m_new, l * alpha + jnp.sum(p, axis=-1)
 
@@ -230,11 +229,9 @@ def _forward_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_re
             k = k_ref[b, keys, kv_head, :]
             v = v_ref[b, keys, kv_head, :]
             s = _scores(q, k, st, slope, q_first, j * st.block_k)
-            mask = None
             if masked:
-                mask = _visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half)
-                s = jnp.where(mask, s, MASK_VALUE)
-            return online_softmax_step(acc, m, l, s, mask, v)
+                s = jnp.where(_visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half), s, MASK_VALUE)
+            return online_softmax_step(acc, m, l, s, v)
         return step
 
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),

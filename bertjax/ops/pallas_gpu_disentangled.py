@@ -139,7 +139,7 @@ def _forward_kernel(lo_ref, hi_ref, seg_ref, table_ref, q_ref, k_ref, v_ref, c2p
         k, v = k_ref[b, h, keys, :], v_ref[b, h, keys, :]
         mask = _visible(q_seg, seg_ref[b, keys], q_first, k_first, None)
         s, _, _ = _scores(q, k, c2p_ref, p2c_ref, table_ref, b, h, q_first, k_first, st)
-        return online_softmax_step(acc, m, l, jnp.where(mask, s, MASK_VALUE), mask, v)
+        return online_softmax_step(acc, m, l, jnp.where(mask, s, MASK_VALUE), v)
 
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),
             jnp.zeros((st.block_q,), jnp.float32))
