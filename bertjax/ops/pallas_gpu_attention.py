@@ -165,15 +165,21 @@ def _alibi_slope(slopes_ref, h):
 
 
 def _scores(q, k, st: _Static, slope, q_first, k_first):
-    """q.k of one tile in log2 units (times scale * LOG2E), plus the ALiBi bias when the call has one (slope from
-    `_alibi_slope`, else None)."""
-    s = _dot(q, k, ((1,), (1,))) * (st.scale * LOG2E)
-    if slope is not None:
-        shape = (q.shape[0], k.shape[0])
-        distance = jnp.abs((q_first - k_first) + lax.broadcasted_iota(jnp.int32, shape, 0)
-                           - lax.broadcasted_iota(jnp.int32, shape, 1))
-        s = s - slope * distance.astype(jnp.float32)
-    return s
+    """(s, factor): the scores of one tile in log2 units are s * factor. Without ALiBi, s is q.k itself and factor
+    scale * LOG2E, so the forward takes its row max before scaling and folds the scaling into the exponent's fused
+    multiply-add (one multiply per score fewer); with ALiBi (slope from `_alibi_slope`) s already holds the scaled
+    scores plus the bias, and factor is 1."""
+    s = _dot(q, k, ((1,), (1,)))
+    if slope is None:
+        return s, st.scale * LOG2E
+    shape = (q.shape[0], k.shape[0])
+    distance = jnp.abs((q_first - k_first) + lax.broadcasted_iota(jnp.int32, shape, 0)
+                       - lax.broadcasted_iota(jnp.int32, shape, 1))
+    return s * (st.scale * LOG2E) - slope * distance.astype(jnp.float32), 1.0
+
+
+def _times(s, factor: float):
+    return s if factor == 1.0 else s * factor
 
 
 def _dot(a, b, contract=((1,), (0,))):
@@ -183,14 +189,16 @@ def _dot(a, b, contract=((1,), (0,))):
 
 
 
-def online_softmax_step(acc, m, l, s, v):
-    """One key block of a flash forward loop, scores s in log2 units (masked entries already MASK_VALUE): rescale the
-    running output, max and sum, add this block's p @ v. Returns (acc, m, l)."""
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+def online_softmax_step(acc, m, l, s, v, factor: float = 1.0):
+    """One key block of a flash forward loop over scores s * factor in log2 units (factor > 0; masked entries of s
+    already -inf, or MASK_VALUE where factor is 1): rescale the running output, max and sum, add this block's p @ v.
+    m starts at MASK_VALUE (finite: exp2(m - m_new) never meets inf - inf). Returns (acc, m, l)."""
+    m_new = jnp.maximum(m, _times(jnp.max(s, axis=-1), factor))
     # A row with nothing visible so far keeps m_new == MASK_VALUE; exponentiating against 0 there sends its masked
-    # entries to exp2(MASK_VALUE) = 0. So masked entries need no second select per element, only this one per row.
+    # entries to exp2(-inf or MASK_VALUE) = 0. So masked entries need no second select per element, only this one
+    # per row.
     m_safe = jnp.where(m_new > 0.5 * MASK_VALUE, m_new, 0.0)
-    p = jnp.exp2(s - m_safe[:, None])
+    p = jnp.exp2(_times(s, factor) - m_safe[:, None])
     alpha = jnp.exp2(m - m_safe)
     acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v)
     return acc, m_new, l * alpha + jnp.sum(p, axis=-1)
@@ -228,10 +236,12 @@ def _forward_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_re
             keys = pl.ds(j * st.block_k, st.block_k)
             k = k_ref[b, keys, kv_head, :]
             v = v_ref[b, keys, kv_head, :]
-            s = _scores(q, k, st, slope, q_first, j * st.block_k)
+            s, factor = _scores(q, k, st, slope, q_first, j * st.block_k)
             if masked:
-                s = jnp.where(_visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half), s, MASK_VALUE)
-            return online_softmax_step(acc, m, l, s, v)
+                # -inf, not MASK_VALUE: s is scaled inside the step, and MASK_VALUE * factor would rise above the
+                # running max's MASK_VALUE start (exp2(-inf) is exactly 0, and nothing adds to it).
+                s = jnp.where(_visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half), s, -jnp.inf)
+            return online_softmax_step(acc, m, l, s, v, factor)
         return step
 
     init = (jnp.zeros(q.shape, jnp.float32), jnp.full((st.block_q,), MASK_VALUE, jnp.float32),
@@ -255,7 +265,7 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_
             keys = pl.ds(j * st.block_k, st.block_k)
             k = k_ref[b, keys, kv_head, :]
             v = v_ref[b, keys, kv_head, :]
-            p = jnp.exp2(_scores(q, k, st, slope, q_first, j * st.block_k) - lse2[:, None])
+            p = jnp.exp2(_times(*_scores(q, k, st, slope, q_first, j * st.block_k)) - lse2[:, None])
             if masked:
                 p = jnp.where(_visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half), p, 0.0)
             ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None])
@@ -285,7 +295,7 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
                 queries = pl.ds(i * st.block_q, st.block_q)
                 q = q_ref[b, queries, h, :]
                 do = do_ref[b, queries, h, :]
-                scores = _scores(q, k, st, slope, i * st.block_q, k_first)
+                scores = _times(*_scores(q, k, st, slope, i * st.block_q, k_first))
                 p = jnp.exp2(scores - (lse_ref[b, h, queries] * LOG2E)[:, None])
                 if masked:
                     p = jnp.where(_visible(seg_ref[b, queries], k_seg, i * st.block_q, k_first, st.half), p, 0.0)
