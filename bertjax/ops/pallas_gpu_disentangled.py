@@ -41,7 +41,7 @@ from bertjax.ops.pallas_gpu_attention import (LOG2E, MASK_VALUE, _dot, _visible,
                                               key_block_ranges, online_softmax_step)
 from bertjax.ops.per_device import ROWS, per_device
 
-DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, 2 * block] floats
+DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, BAND_PART] floats
 # The backward kernels' shared memory grows with the table width (2 * span rounded up) and the tile side: the
 # [side, width] float32 accumulator and the one-hot placement [BAND_PART, width] go through it. Measured (triton 3.9
 # for sm_90, head_dim 64, num_stages 2, the larger of dq and dk/dv; limit: the H100's 232,448 bytes per block):
