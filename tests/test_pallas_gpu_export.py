@@ -11,9 +11,9 @@ runs them as jaxprs and enforces none of Triton's rules. Here:
 - the Triton IR inside the calls (the HLO carries it for XLA to compile) obeys what Triton checks only when it
   compiles: every tensor dimension a power of two, every `tt.dot` operand >= 16 on each side with both operands of one dtype (bf16 or f32) and an f32
   accumulator, and float32 dots at full precision (no TF32: `_dot` promises HIGHEST);
-- with the optional `triton` package importable, that IR is compiled for sm_90 (H100) and each kernel's shared
-  memory compared with the H100's 227 KB per block (skipped otherwise; Triton's pip compiler is a proxy for the
-  one inside XLA, not the same build);
+- with the `triton` package importable (a test dependency), that IR is compiled for sm_90 (H100) and each kernel's
+  shared memory compared with the H100's 227 KB per block (skipped otherwise; Triton's pip compiler is a proxy for
+  the one inside XLA, not the same build);
 - a whole jitted train step of a tiny ModernBERT MLM in bfloat16 (the step `bertjax pretrain` runs, from
   setup_run) and the jitted inference and embedding forwards export with the kernels in them. The configs name
   "pallas_gpu": "auto" resolves by jax.default_backend(), which is "cpu" while exporting.
@@ -156,7 +156,7 @@ def deberta_v3_program(dtype):
 @pytest.mark.parametrize("kernels", ["flash", "disentangled"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
 def test_kernels_compile_for_sm90_within_shared_memory(dtype, kernels):
-    """Optional (needs the `triton` package; skipped in CI): the Triton IR compiles to a cubin for sm_90 and each
+    """Needs the `triton` package (a test dependency; skipped without it): the Triton IR compiles to a cubin for sm_90 and each
     kernel's shared memory, at the default blocks and num_stages, fits one H100 block: the flash kernels at the
     widest common head_dim (128), DeBERTa-v3's disentangled kernels at its 512-wide relative tables. Triton 3.9
     (Nov 2026) measured, bytes, num_stages 2 (the wrappers' default) / 3, flash kernels at 64 x 64 tiles:
