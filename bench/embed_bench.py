@@ -426,14 +426,27 @@ def run_accelerator(args, vocab: list[str], device: str, header: str) -> None:
         print(progress_line(row), flush=True)
         save()
 
-    for length in args.lengths:
-        count = texts_for(args, length)
-        start = time.perf_counter()
-        corpora = {setting: make_texts(count, length, setting == "variable", vocab, seed=1) for setting in SETTINGS}
-        print(f"# {length}: {count:,} texts per setting generated in {time.perf_counter() - start:.1f}s", flush=True)
-        for name in models_for(args.models, length):
-            bench_model(name, length, corpora, vocab, args, device, record)
-            save()  # with the embedding comparisons added after the model's last measurement
+    corpora_by_length: dict[int, dict[str, list[str]]] = {}
+
+    def corpora(length: int) -> dict[str, list[str]]:
+        if length not in corpora_by_length:
+            count, start = texts_for(args, length), time.perf_counter()
+            corpora_by_length[length] = {setting: make_texts(count, length, setting == "variable", vocab, seed=1)
+                                         for setting in SETTINGS}
+            print(f"# {length}: {count:,} texts per setting generated in {time.perf_counter() - start:.1f}s",
+                  flush=True)
+        return corpora_by_length[length]
+
+    try:
+        # Model by model, in the order given, each at every length it takes: a run stopped at its time cap has the
+        # first model's whole row of the table.
+        for name in args.models:
+            for length in args.lengths:
+                if name in models_for([name], length):
+                    bench_model(name, length, corpora(length), vocab, args, device, record)
+                    save()  # with the embedding comparisons added after the model's last measurement
+    except KeyboardInterrupt:  # launch/gpu_session.sh's time cap
+        print("# interrupted: the table below is of the rows above", flush=True)
     print(f"\n{header}")
     print(accelerator_table(rows))
     for r in rows:
@@ -509,7 +522,8 @@ def cpu_table(args, vocab: list[str]) -> None:
                       f"bertjax compiled {embedder.compiles} programs ({warm_compiles} in warm_up)", flush=True)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["bert-base", "modernbert-base"])
     parser.add_argument("--texts", type=int, default=None,
@@ -536,17 +550,22 @@ def main() -> None:
     gpu.add_argument("--json", metavar="FILE", help="write every measurement here (rewritten as they come)")
     gpu.add_argument("--dry-run", action="store_true",
                      help="with --gpu: run its code path on CPU (tiny --texts/--long-texts/--lengths) to check it")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.dry_run and not args.gpu:
         parser.error("--dry-run checks the --gpu path on CPU: give --gpu too")
     if args.gpu and args.cpu_time:
         parser.error("--cpu-time is for CPU runs; --gpu times wall clock with the device drained")
-    if args.gpu and "--max-length" in sys.argv:
+    if args.gpu and "--max-length" in argv:
         parser.error("--gpu takes --lengths (default 512 8192), not --max-length")
     if min(args.repeats, args.long_texts, args.texts or 1, args.hf_batch or 1) <= 0:
         parser.error("--texts, --long-texts, --hf-batch and --repeats must be positive")
     args.texts = args.texts or (8192 if args.gpu else 2000)
     args.systems = args.systems or (["bertjax", "transformers"] if args.gpu else ["bertjax", "st", "transformers"])
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
 
     from bertjax.platforms import quiet_start
 

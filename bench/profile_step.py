@@ -81,7 +81,7 @@ def summarise(events: list[dict], steps: int, top: int) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="modernbert-base")
     parser.add_argument("--batch", type=int, default=16)
@@ -93,8 +93,11 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps traced, after one compiling step")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--trace-dir", default=None, help="keep the trace here (default: a temporary directory)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     config = get_config(args.preset, dtype=args.dtype, attention_implementation=args.attention,
                         max_position_embeddings=max(args.seq, get_config(args.preset).max_position_embeddings))
     case = Case(args.preset, config, batch=args.batch, seq_len=args.seq, documents_per_row=args.documents_per_row,

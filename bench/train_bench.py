@@ -8,6 +8,8 @@
     python -m bench.train_bench --gpu --gpu-batch 16 32 --attention pallas_gpu xla   # a sweep, one table
     python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192        # the largest batch that trains;
     python -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192   # one framework per process
+    python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --predict   # search from a prediction
+    python -m bench.train_bench --gpu --dry-run --gpu-seq 64 --steps 1      # the GPU path on CPU, a tiny model
 
 The step is the one `bertjax pretrain` runs (StableAdamW, MLM at 30% gathered before the vocabulary projection,
 state donated), fed synthetic packed rows so that only the step is timed. MFU counts model FLOPs
@@ -32,10 +34,15 @@ if "--cpu-time" in sys.argv:  # XLA reads its flags when jax is imported: one th
 
 from bertjax.cpu_allocator import reuse_freed_memory  # noqa: E402
 
-GPU_MODE = "--gpu" in sys.argv or "--gpu-max-batch" in sys.argv
+# --dry-run runs the GPU paths on CPU with a tiny model, to check them before a GPU lease spends time on them.
+DRY_RUN = "--dry-run" in sys.argv
+GPU_MODE = ("--gpu" in sys.argv or "--gpu-max-batch" in sys.argv) and not DRY_RUN
+TORCH_DEVICE = "cuda" if not DRY_RUN else "cpu"  # where the GPU paths put transformers
 if GPU_MODE:
     # Both frameworks share the GPU in one process: JAX must not take 75% of its memory up front.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if "--gpu-max-batch" in sys.argv:  # one framework per process: let JAX use the card as torch may (not 75%)
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
 else:
     reuse_freed_memory()  # as `bertjax` commands do on CPU, for both frameworks in this process
 
@@ -259,6 +266,10 @@ def transformers_attentions() -> list[str]:
 
 
 def gpu_config(seq_len: int, attention: str = "auto"):
+    if DRY_RUN:  # same family and dtype, a model that compiles in seconds
+        return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 128),
+                          attention_implementation=attention, hidden_size=64, num_layers=2, num_heads=2,
+                          intermediate_size=128, local_window=32, vocab_size=512, pad_token_id=0)
     return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 8192),
                       attention_implementation=attention)
 
@@ -273,34 +284,51 @@ def progress(row: dict) -> dict:
 
 def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str]) -> list[dict]:
     """For each batch size: bertjax with each attention implementation on packed rows (4 documents per row, as
-    pretraining feeds it) and on one document per row, then transformers (each attention it has) on those same
-    one-document rows and initial weights."""
+    pretraining feeds it) and on one document per row, and transformers (each attention it has) on those same
+    one-document rows and initial weights. The first implementation's packed rows and transformers come first, so a
+    run stopped at its time cap (SIGINT) still has the comparison; it then prints what it measured."""
     peak = flops_lib.peak_flops_per_device()
+    if peak is None:  # a device without a spec peak in flops.py (a --dry-run's CPU): its measured matmul rate
+        peak = flops_lib.measure_peak_flops()
+        print(f"# no spec peak for {jax.devices()[0].device_kind}: MFU against a measured {peak / 1e12:.2f} "
+              "TFLOP/s (float32 matmul)", flush=True)
     rows = []
-    for batch in batches:
-        ours = []
-        for attention in attentions:
-            config = gpu_config(seq_len, attention)
-            case = Case(f"modernbert-base bf16, {attention}", config, batch=batch, seq_len=seq_len,
-                        documents_per_row=4)
-            single = dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
-            for measured in (case, single):
+    try:
+        for batch in batches:
+            ours = []
+            cases = []
+            for attention in attentions:
+                case = Case(f"modernbert-base bf16, {attention}", gpu_config(seq_len, attention), batch=batch,
+                            seq_len=seq_len, documents_per_row=4)
+                cases += [case, dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)]
+            ours.append(progress(bench_bertjax(cases[0], steps, peak)))
+            # The same initial weights as the bertjax state (same init key), exported for transformers.
+            model = MODEL_CLASSES["masked_lm"](gpu_config(seq_len).replace(dtype="float32"))
+            params = init_params(model, jax.random.key(0))
+            case = Case("modernbert-base bf16", gpu_config(seq_len), batch=batch, seq_len=seq_len,
+                        documents_per_row=1)
+            theirs = []
+            for attention in transformers_attentions():
+                theirs.append(progress(bench_transformers(case, steps, params, model, TORCH_DEVICE, attention)))
+                rows.append(theirs[-1])
+            del params
+            best = max(theirs, key=lambda row: row["tokens_per_sec"])
+            ours[0]["speedup_vs_transformers"] = ours[0]["tokens_per_sec"] / best["tokens_per_sec"]
+            rows.append(ours[0])
+            for measured in cases[1:]:
                 ours.append(progress(bench_bertjax(measured, steps, peak)))
-        # The same initial weights as the bertjax state (same init key), exported for transformers.
-        model = MODEL_CLASSES["masked_lm"](gpu_config(seq_len).replace(dtype="float32"))
-        params = init_params(model, jax.random.key(0))
-        case = Case("modernbert-base bf16", gpu_config(seq_len), batch=batch, seq_len=seq_len, documents_per_row=1)
-        theirs = [progress(bench_transformers(case, steps, params, model, "cuda", attention))
-                  for attention in transformers_attentions()]
-        best = max(theirs, key=lambda row: row["tokens_per_sec"])
-        for row in ours:
-            row["speedup_vs_transformers"] = row["tokens_per_sec"] / best["tokens_per_sec"]
-        rows += ours + theirs
-    best_ours = max((row for row in rows if "mfu" in row), key=lambda row: row["tokens_per_sec"])
-    print(f"best bertjax: {best_ours['case']} batch {best_ours['batch']}: {best_ours['tokens_per_sec']:,.0f} tokens/s, "
-          f"MFU {100 * best_ours['mfu']:.1f}% (target >= 45%), {best_ours['speedup_vs_transformers']:.2f}x "
-          f"transformers (target >= 1.5x), {best_ours['tokens_per_sec'] / PAPER_TOKENS_PER_SEC_H100:.2f}x the "
-          f"paper's {PAPER_TOKENS_PER_SEC_H100:,} tokens/s on one H100")
+                ours[-1]["speedup_vs_transformers"] = ours[-1]["tokens_per_sec"] / best["tokens_per_sec"]
+                rows.append(ours[-1])
+    except KeyboardInterrupt:  # launch/gpu_session.sh's time cap
+        print("# interrupted: the summary below is of the rows above", flush=True)
+    compared = [row for row in rows if "speedup_vs_transformers" in row]
+    if compared:
+        best_ours = max(compared, key=lambda row: row["tokens_per_sec"])
+        print(f"best bertjax: {best_ours['case']} batch {best_ours['batch']}: {best_ours['tokens_per_sec']:,.0f} "
+              f"tokens/s, MFU {100 * best_ours['mfu']:.1f}% (target >= 45%), "
+              f"{best_ours['speedup_vs_transformers']:.2f}x transformers (target >= 1.5x), "
+              f"{best_ours['tokens_per_sec'] / PAPER_TOKENS_PER_SEC_H100:.2f}x the paper's "
+              f"{PAPER_TOKENS_PER_SEC_H100:,} tokens/s on one H100")
     return rows
 
 
@@ -309,18 +337,32 @@ def is_out_of_memory(error: Exception) -> bool:
     return "RESOURCE_EXHAUSTED" in text or "OutOfMemory" in text or "out of memory" in text.lower()
 
 
-def largest_fitting(fits, limit: int = 4096, start: int = 1) -> int:
-    """The largest batch b <= limit with fits(b) true (0 if none), doubling from `start` (or bisecting below it when
-    it does not fit): fitting is monotone in the batch size, so this costs about 2 log2 of the distance to the
-    answer in tries. A good `start` saves the tries below it, each a compile on an accelerator."""
-    low, high, batch = 0, None, min(start, limit)
-    while high is None:
-        if not fits(batch):
-            high = batch
-        elif batch == limit:
-            return batch
-        else:
-            low, batch = batch, min(2 * batch, limit)
+def largest_fitting(fits, limit: int = 4096, start: int = 1, near: bool = False) -> int:
+    """The largest batch b <= limit with fits(b) true (0 if none). Fitting is monotone in the batch size. From
+    `start`, it doubles the batch until one does not fit (or bisects below `start` when that does not fit), then
+    bisects: about 2 log2 of the distance to the answer in tries, each a compile on an accelerator. With `near`,
+    `start` is a prediction: the steps away from it grow 1, 2, 4, ... in either direction, so a right prediction
+    costs two tries (it, and one more that does not fit)."""
+    low, high = 0, limit + 1  # fits(low) holds (0 trivially), fits(high) does not (beyond the limit)
+    batch, step = max(1, min(start, limit)), 1
+    if fits(batch):
+        low = batch
+        while high > limit and low < limit:
+            batch = min(low + step if near else 2 * low, limit)
+            step *= 2
+            if fits(batch):
+                low = batch
+            else:
+                high = batch
+    else:
+        high = batch
+        while near and low == 0 and high > 1:
+            batch = max(high - step, 1)
+            step *= 2
+            if fits(batch):
+                low = batch
+            else:
+                high = batch
     while high - low > 1:
         middle = (low + high) // 2
         if fits(middle):
@@ -347,32 +389,61 @@ def memory_probe(framework: str, attempt, release):
     return fits
 
 
-def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1) -> list[dict]:
+def predicted_batch(compiled, state_bytes: int, batch: int, limit_bytes: int) -> int:
+    """The largest batch whose step should fit in `limit_bytes`, from one compiled step at `batch`: its arguments and
+    temporaries less the training state (params and optimizer moments, which do not grow with the batch) give the
+    bytes per row; the state stays. A guess for `largest_fitting(near=True)`, which checks it by running."""
+    stats = compiled.memory_analysis()
+    per_row = (stats.argument_size_in_bytes + stats.temp_size_in_bytes - state_bytes) / batch
+    return max(1, int((limit_bytes - state_bytes) // per_row))
+
+
+def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1,
+                      predict: bool = False, limit: int = 4096) -> list[dict]:
     """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
     framework (run each in its own process: neither hands its freed memory back to the other). Each try runs two
-    steps."""
+    steps. bertjax with `predict`: one compile at `start` rows predicts the answer (`predicted_batch`), and the
+    search starts there, stepping 1, 2, 4, ... away from it."""
     import gc
 
     config = gpu_config(seq_len)
     case = lambda batch: Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1,
                               remat_policy=remat_policy)
     if framework == "bertjax":
-        def attempt(batch: int) -> bool:
+        def prepare(batch: int):
             setup = setup_run(case(batch).run_config(2), vocab_size=config.vocab_size, pad_id=config.pad_token_id)
             state = setup.fresh_state()
             arrays = {k: jax.device_put(v, batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
                       for k, v in synthetic_batch(case(batch)).items()}
+            return setup, state, arrays
+
+        def attempt(batch: int) -> bool:
+            setup, state, arrays = prepare(batch)
             for _ in range(2):
                 state, metrics = setup.train_step(state, setup.frozen, arrays)
             return np.isfinite(float(metrics["loss"]))
 
+        if predict:
+            setup, state, arrays = prepare(start)
+            compiled = setup.train_step.lower(state, setup.frozen, arrays).compile()
+            bytes_limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+            if bytes_limit and compiled.memory_analysis() is not None:
+                state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
+                guess = predicted_batch(compiled, state_bytes, start, bytes_limit)
+                print(f"  bertjax: compiled at batch {start}, {state_bytes / 2**30:.2f} GiB of state; predicted "
+                      f"largest batch {guess} under JAX's {bytes_limit / 2**30:.1f} GiB", flush=True)
+                start = guess
+            else:
+                print(f"  bertjax: {jax.devices()[0].device_kind} reports no memory limit: no prediction", flush=True)
+            del setup, state, arrays, compiled
+            gc.collect()
         fits = memory_probe(framework, attempt, gc.collect)
     else:
         model = MODEL_CLASSES["masked_lm"](config.replace(dtype="float32"))
         cpus = _devices_or_none("cpu")
         with jax.default_device(cpus[0] if cpus else jax.devices()[0]):  # keep the GPU for torch where possible
             params = init_params(model, jax.random.key(0))
-        trainer = TransformersTrainer(params, model, "cuda",
+        trainer = TransformersTrainer(params, model, TORCH_DEVICE,
                                       transformers_attentions()[-1],  # flash attention if installed: least memory
                                       checkpointing=remat_policy != "none")
         del params
@@ -386,14 +457,26 @@ def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: in
         def release():
             trainer.optimizer.zero_grad(set_to_none=True)
             gc.collect()
-            trainer.torch.cuda.empty_cache()
+            if TORCH_DEVICE == "cuda":
+                trainer.torch.cuda.empty_cache()
 
         fits = memory_probe(framework, attempt, release)
 
-    best = largest_fitting(fits, start=start)
+    answers = {}
+
+    def recorded(batch: int) -> bool:
+        answers[batch] = fits(batch)
+        return answers[batch]
+
+    try:
+        best, bound = largest_fitting(recorded, limit, start, near=predict and framework == "bertjax"), ""
+    except KeyboardInterrupt:  # launch/gpu_session.sh's time cap: what was tried still bounds the answer
+        best = max((b for b, fit in answers.items() if fit), default=0)
+        failed = min((b for b, fit in answers.items() if not fit), default=None)
+        bound = f" at least (interrupted; {'no failure seen' if failed is None else f'{failed} did not fit'})"
     device = jax.devices()[0]
-    memory = (device.memory_stats() or {}).get("bytes_limit")
-    print(f"largest batch of {seq_len}-token rows that trains, {framework} (remat {remat_policy}): {best} "
+    memory = (device.memory_stats() or {}).get("bytes_limit") if framework == "bertjax" else None
+    print(f"largest batch of {seq_len}-token rows that trains, {framework} (remat {remat_policy}):{bound} {best} "
           f"({best * seq_len:,} tokens per step) on {device.device_kind}"
           + (f", JAX's memory limit {memory / 2**30:.1f} GiB" if memory else ""))
     return [{"case": f"max batch, {framework}, remat {remat_policy}", "batch": best, "seq_len": seq_len,
@@ -407,7 +490,7 @@ def _devices_or_none(backend: str) -> list:
         return []
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="the GPU comparison (needs a CUDA JAX and torch)")
     parser.add_argument("--electra", action="store_true",
@@ -429,7 +512,23 @@ def main() -> None:
                         "none turns on transformers' gradient checkpointing")
     parser.add_argument("--start-batch", type=int, default=1,
                         help="--gpu-max-batch: the first batch tried (each try compiles: start near the answer)")
-    args = parser.parse_args()
+    parser.add_argument("--dry-run", action="store_true",
+                        help="with --gpu or --gpu-max-batch: run that path on CPU with a tiny model (up to batch 4)")
+    parser.add_argument("--predict", action="store_true",
+                        help="--gpu-max-batch bertjax: compile at --start-batch, predict the answer from the compiled "
+                        "memory, and search from there")
+    args = parser.parse_args(argv)
+    if args.dry_run and not (args.gpu or args.gpu_max_batch):
+        parser.error("--dry-run checks the GPU paths on CPU: give --gpu or --gpu-max-batch too")
+    if args.predict and args.gpu_max_batch != "bertjax":
+        parser.error("--predict needs --gpu-max-batch bertjax (it reads XLA's compiled memory)")
+    if min(args.gpu_batch + [args.gpu_seq, args.start_batch, args.steps or 1]) <= 0:
+        parser.error("--gpu-batch, --gpu-seq, --start-batch and --steps must be positive")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     if args.cpu_time:
         global CLOCK
         import torch
@@ -441,7 +540,8 @@ def main() -> None:
         raise SystemExit("--gpu / --gpu-max-batch: JAX sees no GPU here (jax.default_backend() is "
                          f"{jax.default_backend()!r}); run it on a GPU host")
     if args.gpu_max_batch:
-        rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch)
+        rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch, args.predict,
+                                 limit=4 if args.dry_run else 4096)
     elif args.gpu:
         rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention)
     elif args.electra:

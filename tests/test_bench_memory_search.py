@@ -40,3 +40,22 @@ def test_memory_probe_counts_only_out_of_memory_as_a_no():
         largest_fitting(memory_probe("x", broken, lambda: None))
     assert is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not is_out_of_memory(RuntimeError("INVALID_ARGUMENT: bad shape"))
+
+
+@pytest.mark.parametrize("largest", [0, 1, 2, 5, 37, 64, 100])
+def test_largest_fitting_from_a_prediction(largest):
+    """near=True: a right prediction costs two tries, a wrong one about 2 log2 of its error; the answer is exact."""
+    tries = []
+
+    def fits(batch):
+        tries.append(batch)
+        return batch <= largest
+
+    for guess in (1, 3, 36, 37, 38, 64, 100, 500):
+        tries.clear()
+        assert largest_fitting(fits, limit=100, start=guess, near=True) == largest
+        assert len(tries) == len(set(tries))
+        error = abs(min(guess, 100) - largest)
+        assert len(tries) <= 2 * (error + 1).bit_length() + 1
+        if error == 0 and 0 < largest < 100:
+            assert tries == [largest, largest + 1]
