@@ -7,12 +7,13 @@
 #   launch/gpu_session.sh tune:150           # call 2, at once while the machine is warm, if >= 3 minutes are left
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
-# Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT:
-# every bench prints its rows as it measures them and, interrupted, its summary of what it has, so a slow stage
-# costs the stages after it nothing. Stages, in the order of the main plan (the targets first):
+# Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
+# and SIGKILL 5 s later (a process can hang at exit behind a computation in flight): every bench prints its rows
+# as it measures them and, interrupted, its summary of what it has, so a slow stage costs the stages after it
+# nothing but those seconds. Stages, in the order of the main plan (the targets first):
 #   env        GPU, driver and package versions; what JAX sees
-#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA, so a wrong kernel is never
-#              timed (the export tests compile the same kernels for sm_90 in CI already)
+#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA, before anything is timed
+#              (the run goes on if it fails; the export tests compile the same kernels for sm_90 in CI already)
 #   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, bertjax then transformers
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 8192 first, then 512..16384
 #   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting, modernbert-base first
@@ -68,10 +69,13 @@ run() {  # run STAGE CAP COMMAND...: the command's output to the terminal and to
     return 0
   fi
   echo "=== $stage: $* ($(date -u +%H:%M:%S), ${left}s left)"
-  timeout --signal=INT --kill-after=15 "$left" "$@" 2>&1 | tee -a "$LOGS/$stage.log"
+  local began=$SECONDS
+  timeout --signal=INT --kill-after=5 "$left" "$@" 2>&1 | tee -a "$LOGS/$stage.log"
   local status=${PIPESTATUS[0]}
+  # The caps are estimates made before any GPU run: these lines are what to size the next plan by.
   [ "$status" -eq 124 ] && echo "=== $stage: stopped at its ${cap}s cap"
   [ "$status" -eq 0 ] || [ "$status" -eq 124 ] || echo "=== $stage: exit status $status"
+  echo "=== $stage: $(($SECONDS - began))s"
 }
 
 total=0
