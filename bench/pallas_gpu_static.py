@@ -30,8 +30,9 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
+from bertjax.ops.pallas_gpu_attention import key_block_ranges, pallas_gpu_attention
 
 # The custom call that carries a Pallas Triton kernel (the Triton IR, for XLA to compile); jaxlib 0.10.2 also
 # holds a path, unused there, that compiles while lowering and calls the binary through an FFI target.
@@ -138,6 +139,18 @@ def ptxas_resources(ptx: str) -> dict[str, int]:
     return {key: int(match.group(1)) for key, match in found.items()}
 
 
+# An H100 SM (compute capability 9.0): 64K registers, allocated per warp in units of 256 (8 per thread); 228 KB of
+# shared memory, of which the system reserves 1 KB per resident block; at most 64 resident warps.
+SM_REGISTERS, SM_SHARED_BYTES, SM_WARPS = 65_536, 233_472, 64
+
+
+def blocks_per_sm(warps: int, registers: int, shared: int) -> int:
+    """Programs of one kernel resident per H100 SM at once, as registers, shared memory and warps allow: more
+    registers per thread only cost time where they lower this (or spill)."""
+    per_warp = -(-registers // 8) * 8 * 32
+    return min(SM_REGISTERS // (per_warp * warps), SM_SHARED_BYTES // (shared + 1024), SM_WARPS // warps)
+
+
 def loop_bodies(ptx: str, min_exponentials: int = 16) -> list[collections.Counter]:
     """Opcode counts (ex2, fma, selp, ...) of each PTX basic block holding at least `min_exponentials` ex2: the
     kernels' tile loops, per thread."""
@@ -168,6 +181,14 @@ def attention_gradient(layer: str, block_q: int, block_k: int, num_warps, num_st
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
+def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> int:
+    """(query, key) pairs a kernel tiled block_q x block_k scores over one document of `seq` tokens: visited tiles
+    times tile area (key_block_ranges). Larger tiles skip less of a window's edge; the dk/dv kernel visits the same
+    tiles as dq (the rule is symmetric)."""
+    lo, hi = key_block_ranges(np.ones((1, seq), np.int32), window, block_q, block_k)
+    return int(np.sum(np.asarray(hi) - np.asarray(lo))) * block_q * block_k
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layer", choices=["global", "local"], default="global")
@@ -194,15 +215,23 @@ def main(argv=None) -> None:
           f"x {args.block_k}, num_stages {args.num_stages}, backward {backward or 'as the library defaults'}; "
           f"triton for sm_90")
     compiled = {}
-    print("| kernel | warps | stages | shared memory (B) | registers | stack (B) | spill stores / loads (B) | wgmma |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| kernel | warps | stages | shared memory (B) | registers | stack (B) | spill stores / loads (B) | "
+          "wgmma / mma.sync | blocks / SM |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, text, warps, stages in kernels:
         compiled[name] = compile_for_sm90(name, text, warps, stages)
         ptx = compiled[name].asm["ptx"]
         used = ptxas_resources(ptx)
-        wgmma = "yes" if "wgmma.mma_async" in ptx else "no"
+        # Hopper's wgmma needs 64 rows per warpgroup; a smaller side falls back to Ampere's mma.sync.
+        products = f"{ptx.count('wgmma.mma_async')} / {ptx.count('mma.sync')}"
         print(f"| {name} | {warps} | {stages} | {compiled[name].metadata.shared:,} | {used['registers']} | "
-              f"{used['stack']} | {used['spill_stores']} / {used['spill_loads']} | {wgmma} |")
+              f"{used['stack']} | {used['spill_stores']} / {used['spill_loads']} | {products} | "
+              f"{blocks_per_sm(warps, used['registers'], compiled[name].metadata.shared)} |")
+    window = None if args.layer == "global" else 128
+    backward_tiles = (backward.get("backward_block_q", args.block_q), backward.get("backward_block_k", args.block_k))
+    print(f"\n# pairs scored over one 1024-token document (dense: {1024 * 1024:,}): forward "
+          f"{scored_pairs(window, 1024, args.block_q, args.block_k):,}, dq and dk/dv each "
+          f"{scored_pairs(window, 1024, *backward_tiles):,}")
     print("\n# PTX instructions per thread per tile")
     print("| kernel | loop | instructions | ex2 | fma | mul | selp | setp |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
