@@ -12,7 +12,9 @@ bidirectional window), so this file implements FlashAttention-2 with three kerne
 The backward kernels may tile and launch differently from the forward (`backward_block_q`, ...): the forward's
 log-sum-exp is per query row, so any tiling can reuse it, and the kernels' needs differ: a forward program holds one
 float32 accumulator [block_q, head_dim], a dk/dv program two ([block_k, head_dim] each) plus its k and v tiles,
-which is what pushes dk/dv to the register limit first (docs/benchmarks.md, "Backward tiles").
+which is what pushes dk/dv to the register limit first. By default the backward still uses the forward's
+settings: compiled for sm_90, no other backward tiling removed dk/dv's spills (head_dim 128) without scoring more
+pairs or leaving wgmma (docs/benchmarks.md, "Backward tiles: registers and spills").
 
 Softmax in base 2: scores are scaled by scale * log2(e) and exponentiated with exp2, which is one multi-function
 unit instruction on NVIDIA GPUs, where exp (float32) lowers to libdevice's accurate expf, several instructions per
