@@ -1,11 +1,17 @@
 """What the Pallas GPU attention kernels compile to for an H100, without a GPU: each kernel's Triton IR (taken from
 the program lowered for CUDA) compiled for sm_90 by the `triton` package, then its shared memory, whether the tile
 products use Hopper's wgmma, and the PTX instructions of each key-block (or query-block) loop body per thread:
-exponentials, fused multiply-adds, selects and compares, which bound the kernel at head_dim 64 (docs/benchmarks.md).
+exponentials, fused multiply-adds, selects and compares, which bound the kernel at head_dim 64 (docs/benchmarks.md);
+and what ptxas (shipped in the `triton` package) reports per kernel: registers per thread, stack frame and spills.
 
     pip install triton            # the compiler only; no GPU needed
     python -m bench.pallas_gpu_static [--layer global|local] [--dtype bfloat16|float32] [--head-dim 64]
                                       [--block-q 64] [--block-k 64] [--num-warps N] [--num-stages 2]
+                                      [--backward-block-q N] [--backward-block-k N] [--backward-num-warps N]
+                                      [--backward-num-stages N]   # dq and dk/dv; default: the forward's
+
+A thread has at most 255 registers; a kernel at that limit with a stack frame or spills keeps part of its state in
+local memory (L1, else DRAM) instead.
 
 A loop body is a PTX basic block with at least 16 exponentials (a 64 x 64 tile over 128 threads has 32 per
 thread). Each kernel has three: masked / unmasked / masked over the fully visible tiles (pallas_gpu_attention's
@@ -24,8 +30,9 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
+from bertjax.ops.pallas_gpu_attention import key_block_ranges, pallas_gpu_attention
 
 # The custom call that carries a Pallas Triton kernel (the Triton IR, for XLA to compile); jaxlib 0.10.2 also
 # holds a path, unused there, that compiles while lowering and calls the binary through an FFI target.
@@ -104,6 +111,46 @@ def compile_for_sm90(name: str, text: str, warps: int, stages: int):
                               options={"num_warps": warps, "num_stages": stages})
 
 
+PTXAS_REPORT = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "stack": re.compile(r"(\d+) bytes stack frame"),
+    "spill_stores": re.compile(r"(\d+) bytes spill stores"),
+    "spill_loads": re.compile(r"(\d+) bytes spill loads"),
+}
+
+
+def ptxas_resources(ptx: str) -> dict[str, int]:
+    """Registers per thread, stack frame and spill bytes of a kernel's PTX, from `ptxas -v` for sm_90a: the pip
+    Triton leaves `n_regs` / `n_spills` unset without a GPU (they come from loading the cubin), so this runs the
+    ptxas Triton itself compiles with, with the options that change allocation (its make_cubin's)."""
+    import subprocess
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as folder:
+        source = f"{folder}/kernel.ptx"
+        with open(source, "w") as file:
+            file.write(ptx)
+        log = subprocess.run([get_ptxas(90).path, "-v", "--regAllocOptLevel=2", "--gpu-name=sm_90a", source, "-o",
+                              f"{folder}/kernel.cubin"], check=True, capture_output=True, text=True).stderr
+    found = {key: pattern.search(log) for key, pattern in PTXAS_REPORT.items()}
+    if not all(found.values()):
+        raise RuntimeError(f"unexpected ptxas report:\n{log}")
+    return {key: int(match.group(1)) for key, match in found.items()}
+
+
+# An H100 SM (compute capability 9.0): 64K registers, allocated per warp in units of 256 (8 per thread); 228 KB of
+# shared memory, of which the system reserves 1 KB per resident block; at most 64 resident warps.
+SM_REGISTERS, SM_SHARED_BYTES, SM_WARPS = 65_536, 233_472, 64
+
+
+def blocks_per_sm(warps: int, registers: int, shared: int) -> int:
+    """Programs of one kernel resident per H100 SM at once, as registers, shared memory and warps allow: more
+    registers per thread only cost time where they lower this (or spill)."""
+    per_warp = -(-registers // 8) * 8 * 32
+    return min(SM_REGISTERS // (per_warp * warps), SM_SHARED_BYTES // (shared + 1024), SM_WARPS // warps)
+
+
 def loop_bodies(ptx: str, min_exponentials: int = 16) -> list[collections.Counter]:
     """Opcode counts (ex2, fma, selp, ...) of each PTX basic block holding at least `min_exponentials` ex2: the
     kernels' tile loops, per thread."""
@@ -120,10 +167,11 @@ def loop_bodies(ptx: str, min_exponentials: int = 16) -> list[collections.Counte
     return [block for block in blocks if block["ex2"] >= min_exponentials]
 
 
-def attention_gradient(layer: str, block_q: int, block_k: int, num_warps, num_stages: int):
-    """Forward and backward of one attention call: lowering it yields all three kernels."""
+def attention_gradient(layer: str, block_q: int, block_k: int, num_warps, num_stages: int, **backward):
+    """Forward and backward of one attention call: lowering it yields all three kernels. `backward`: the
+    backward_* settings of pallas_gpu_attention."""
     kernel = functools.partial(pallas_gpu_attention, block_q=block_q, block_k=block_k, num_warps=num_warps,
-                               num_stages=num_stages)
+                               num_stages=num_stages, **backward)
 
     def loss(q, k, v, segment_ids):
         out = kernel(q, k, v, segment_ids=segment_ids, local_window=None if layer == "global" else 128,
@@ -131,6 +179,14 @@ def attention_gradient(layer: str, block_q: int, block_k: int, num_warps, num_st
         return jnp.sum(out.astype(jnp.float32) ** 2)
 
     return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> int:
+    """(query, key) pairs a kernel tiled block_q x block_k scores over one document of `seq` tokens: visited tiles
+    times tile area (key_block_ranges). Larger tiles skip less of a window's edge; the dk/dv kernel visits the same
+    tiles as dq (the rule is symmetric)."""
+    lo, hi = key_block_ranges(np.ones((1, seq), np.int32), window, block_q, block_k)
+    return int(np.sum(np.asarray(hi) - np.asarray(lo))) * block_q * block_k
 
 
 def main(argv=None) -> None:
@@ -142,27 +198,49 @@ def main(argv=None) -> None:
     parser.add_argument("--block-k", type=int, default=64)
     parser.add_argument("--num-warps", type=int, default=None)
     parser.add_argument("--num-stages", type=int, default=2)
+    for name in ("block-q", "block-k", "num-warps", "num-stages"):
+        parser.add_argument(f"--backward-{name}", type=int, default=None, help="dq and dk/dv; default: the library's")
     args = parser.parse_args(argv)
+    backward = {f"backward_{name}": getattr(args, f"backward_{name}")
+                for name in ("block_q", "block_k", "num_warps", "num_stages")
+                if getattr(args, f"backward_{name}") is not None}
 
     dtype = jnp.dtype(args.dtype)
     q = jax.ShapeDtypeStruct((2, 1024, 4, args.head_dim), dtype)
-    kernels = triton_ir(attention_gradient(args.layer, args.block_q, args.block_k, args.num_warps, args.num_stages),
-                        q, q, q, jax.ShapeDtypeStruct((2, 1024), jnp.int32))
+    kernels = triton_ir(attention_gradient(args.layer, args.block_q, args.block_k, args.num_warps, args.num_stages,
+                                           **backward), q, q, q, jax.ShapeDtypeStruct((2, 1024), jnp.int32))
     if kernels is None:
         raise SystemExit(f"jax {jax.__version__}: the lowered program carries no Triton IR to compile here")
-    print(f"# pallas_gpu, {args.layer} layer, {args.dtype}, head_dim {args.head_dim}, tiles {args.block_q} x "
-          f"{args.block_k}, num_stages {args.num_stages}; triton for sm_90; PTX instructions per thread per tile")
-    print("| kernel | warps | shared memory (B) | wgmma | loop | instructions | ex2 | fma | mul | selp | setp |")
-    print("|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    print(f"# pallas_gpu, {args.layer} layer, {args.dtype}, head_dim {args.head_dim}, forward tiles {args.block_q} "
+          f"x {args.block_k}, num_stages {args.num_stages}, backward {backward or 'as the library defaults'}; "
+          f"triton for sm_90")
+    compiled = {}
+    print("| kernel | warps | stages | shared memory (B) | registers | stack (B) | spill stores / loads (B) | "
+          "wgmma / mma.sync | blocks / SM |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, text, warps, stages in kernels:
-        compiled = compile_for_sm90(name, text, warps, stages)
-        ptx = compiled.asm["ptx"]
-        wgmma = "yes" if "wgmma.mma_async" in ptx else "no"
-        bodies = loop_bodies(ptx)
+        compiled[name] = compile_for_sm90(name, text, warps, stages)
+        ptx = compiled[name].asm["ptx"]
+        used = ptxas_resources(ptx)
+        # Hopper's wgmma needs 64 rows per warpgroup; a smaller side falls back to Ampere's mma.sync.
+        products = f"{ptx.count('wgmma.mma_async')} / {ptx.count('mma.sync')}"
+        print(f"| {name} | {warps} | {stages} | {compiled[name].metadata.shared:,} | {used['registers']} | "
+              f"{used['stack']} | {used['spill_stores']} / {used['spill_loads']} | {products} | "
+              f"{blocks_per_sm(warps, used['registers'], compiled[name].metadata.shared)} |")
+    window = None if args.layer == "global" else 128
+    backward_tiles = (backward.get("backward_block_q", args.block_q), backward.get("backward_block_k", args.block_k))
+    print(f"\n# pairs scored over one 1024-token document (dense: {1024 * 1024:,}): forward "
+          f"{scored_pairs(window, 1024, args.block_q, args.block_k):,}, dq and dk/dv each "
+          f"{scored_pairs(window, 1024, *backward_tiles):,}")
+    print("\n# PTX instructions per thread per tile")
+    print("| kernel | loop | instructions | ex2 | fma | mul | selp | setp |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, binary in compiled.items():
+        bodies = loop_bodies(binary.asm["ptx"])
         labels = ["masked", "unmasked", "masked"] if len(bodies) == 3 else [str(i) for i in range(len(bodies))]
         for label, body in zip(labels, bodies):
-            print(f"| {name} | {warps} | {compiled.metadata.shared:,} | {wgmma} | {label} | {body['all']} | "
-                  f"{body['ex2']} | {body['fma']} | {body['mul']} | {body['selp']} | {body['setp']} |")
+            print(f"| {name} | {label} | {body['all']} | {body['ex2']} | {body['fma']} | {body['mul']} | "
+                  f"{body['selp']} | {body['setp']} |")
 
 
 if __name__ == "__main__":

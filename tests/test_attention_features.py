@@ -162,9 +162,11 @@ def test_alibi_and_longformer_memory_grows_linearly_in_blockwise():
         assert block[1] / block[0] < 2.6, (window, block)
 
 
-def test_pallas_gpu_alibi_and_global_tokens_match_dense_forward_and_gradients_in_interpret_mode():
+@pytest.mark.parametrize("backward", [{}, dict(backward_block_q=32, backward_block_k=16)],
+                         ids=["forward_tiles", "own_backward_tiles"])
+def test_pallas_gpu_alibi_and_global_tokens_match_dense_forward_and_gradients_in_interpret_mode(backward):
     """The kernel adds ALiBi per tile; global keys beyond the window join its softmax through the log-sum-exp, and
-    global queries get their own rows (both in XLA)."""
+    global queries get their own rows (both in XLA). The log-sum-exp path's backward takes its own tiles too."""
     from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
 
     q, k, v, segments, glob, slopes = feature_case()
@@ -173,7 +175,8 @@ def test_pallas_gpu_alibi_and_global_tokens_match_dense_forward_and_gradients_in
     def kernel(q, k, v):  # small tiles: 45 tokens span several query and key blocks
         return pallas_gpu_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=8, scale=8 ** -0.5,
                                     interpret=True, alibi_slopes=jnp.asarray(slopes),
-                                    global_tokens=jnp.asarray(glob & real), global_slots=2, block_q=16, block_k=16)
+                                    global_tokens=jnp.asarray(glob & real), global_slots=2, block_q=16, block_k=16,
+                                    **backward)
 
     def dense(q, k, v):
         return ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation="xla",

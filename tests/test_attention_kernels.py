@@ -115,6 +115,37 @@ def test_pallas_gpu_rejects_bad_block_size():
         pallas_gpu_attention(q, k, v, segment_ids=seg, local_window=None, scale=1.0, interpret=True, block_k=8)
 
 
+@pytest.mark.parametrize("tiles", [dict(block_q=16, block_k=32, backward_block_q=32, backward_block_k=16),
+                                   dict(block_q=16, block_k=16, backward_block_q=32, backward_block_k=64)],
+                         ids=["transposed", "backward_larger"])
+def test_pallas_gpu_backward_tiles_differ_from_the_forward(tiles):
+    """The backward kernels recompute their block ranges for their own tiles and reuse the forward's per-row
+    log-sum-exp; the sequence (45) pads to the largest tile (64 in the second case: padding only the forward's 16
+    would leave a partial backward block). Packed segments, a local window, GQA."""
+    seq, heads, kv_heads, head_dim, window, dtype = 45, 4, 2, 16, 20, jnp.float32
+    q, k, v, seg, cotangent, wild = make_inputs(seq, heads, kv_heads, head_dim, dtype)
+    scale = 1 / np.sqrt(head_dim)
+    run = lambda fn: jax.jit(functools.partial(forward_and_grads, fn, window=window, scale=scale))(
+        q, k, v, seg, cotangent, wild)
+    out, grads, wild_grads = run(functools.partial(pallas_gpu_attention, interpret=True, **tiles))
+    ref_out, ref_grads, _ = run(dense_attention)
+    valid = np.asarray(seg) != 0
+    tol = TOLERANCE[dtype]
+    for x in (out, *grads, *wild_grads):
+        assert np.isfinite(np.asarray(x)).all()
+    np.testing.assert_allclose(np.asarray(out)[valid], np.asarray(ref_out)[valid], atol=tol, rtol=tol)
+    for label, got, want in zip(("dq", "dk", "dv"), grads, ref_grads):
+        np.testing.assert_allclose(got, want, atol=tol, rtol=tol, err_msg=label)
+
+
+def test_pallas_gpu_rejects_bad_backward_block_size():
+    q, k, v, seg, _, _ = make_inputs(21, 2, 1, 8, jnp.float32)
+    for name, size in (("backward_block_q", 48), ("backward_block_k", 8)):
+        with pytest.raises(ValueError, match=f"{name} must be a power of two >= 16, got {size}"):
+            pallas_gpu_attention(q, k, v, segment_ids=seg, local_window=None, scale=1.0, interpret=True,
+                                 **{name: size})
+
+
 def visited_key_blocks(seq: int, window: int | None, segment_ids=None, block: int = 64) -> int:
     segment_ids = np.ones((1, seq), np.int32) if segment_ids is None else segment_ids
     lo, hi = key_block_ranges(segment_ids, window, block, block)

@@ -186,6 +186,28 @@ def test_kernels_compile_for_sm90_within_shared_memory(dtype, kernels):
             assert len(static.loop_bodies(compiled.asm["ptx"])) == 3, name
 
 
+def test_backward_settings_reach_only_the_backward_kernels():
+    """backward_block_q/_k and backward_num_warps/_stages launch dq and dk/dv alone: the forward keeps 64 x 64 tiles
+    and 4 warps. The setting is bench/pallas_gpu_static's candidate against dk/dv's spills at head_dim 128 (128 x 64,
+    8 warps; docs/benchmarks.md, "Backward tiles"): with `triton` importable, dq and dk/dv compile for sm_90 within
+    an H100 block's shared memory (bf16 131,328 and 148,992 B, triton 3.9) and ptxas reports their registers."""
+    backward = dict(backward_block_q=128, backward_block_k=64, backward_num_warps=8, backward_num_stages=2)
+    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
+    program = static.attention_gradient("local", 64, 64, 4, 2, **backward)
+    kernels = {name: (text, warps, stages) for name, text, warps, stages in
+               triton_ir(program, q, q, q, jax.ShapeDtypeStruct((1, 256), jnp.int32))}
+    assert [(name, kernels[name][1:]) for name in (FORWARD, DQ, DKV)] == [(FORWARD, (4, 2)), (DQ, (8, 2)),
+                                                                         (DKV, (8, 2))]
+    # A 128-row q tile of head_dim 128 exists only in the backward kernels (dq holds it, dk/dv streams it).
+    assert "tensor<128x128xbf16" not in kernels[FORWARD][0]
+    assert all("tensor<128x128xbf16" in kernels[name][0] for name in (DQ, DKV))
+    pytest.importorskip("triton")
+    for name in (DQ, DKV):
+        compiled = static.compile_for_sm90(name, *kernels[name])
+        assert compiled.metadata.shared <= H100_SHARED_BYTES, (name, compiled.metadata.shared)
+        assert 0 < static.ptxas_resources(compiled.asm["ptx"])["registers"] <= 255, name
+
+
 # (mesh shape, axis names, q/k/v spec, under the train logical rules): a data-parallel mesh, and data x tensor.
 SHARDED_LAYOUTS = {
     "data4": ((4,), ("data",), P("data", None, None, None), False),

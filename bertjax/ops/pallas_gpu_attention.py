@@ -9,6 +9,13 @@ bidirectional window), so this file implements FlashAttention-2 with three kerne
 - dk/dv: grid (batch, kv_heads, key blocks); streams the query blocks of every query head sharing that kv head, so
   GQA never repeats k or v in memory and dk/dv need no cross-program reduction.
 
+The backward kernels may tile and launch differently from the forward (`backward_block_q`, ...): the forward's
+log-sum-exp is per query row, so any tiling can reuse it, and the kernels' needs differ: a forward program holds one
+float32 accumulator [block_q, head_dim], a dk/dv program two ([block_k, head_dim] each) plus its k and v tiles,
+which is what pushes dk/dv to the register limit first. By default the backward still uses the forward's
+settings: compiled for sm_90, no other backward tiling removed dk/dv's spills (head_dim 128) without scoring more
+pairs or leaving wgmma (docs/benchmarks.md, "Backward tiles: registers and spills").
+
 Softmax in base 2: scores are scaled by scale * log2(e) and exponentiated with exp2, which is one multi-function
 unit instruction on NVIDIA GPUs, where exp (float32) lowers to libdevice's accurate expf, several instructions per
 element; at head_dim 64 a score costs 256 FLOPs of tile products and one exponential, and an H100's special-function
@@ -147,6 +154,10 @@ class _Static:
     num_warps: int
     num_stages: int
     alibi: bool = False  # add -slope_h * |i - j| (slopes: an operand, one per query head, padded to a power of 2)
+    backward: _Static | None = None  # the dq and dk/dv kernels' settings where they differ from these
+
+    def for_backward(self) -> _Static:
+        return self.backward or self
 
 
 def _visible(q_seg, k_seg, q_first, k_first, half):
@@ -360,6 +371,7 @@ def _forward(q, k, v, seg, slopes, st: _Static):
 
 
 def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
+    st = st.for_backward()  # its own tiles: the block ranges below are recomputed for them
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
@@ -433,29 +445,43 @@ def _with_global_tokens(q, k, v, seg, slopes, glob, global_slots, st: _Static, h
 
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
                          global_tokens=None, global_slots=None, block_q: int = DEFAULT_BLOCK_Q,
-                         block_k: int = DEFAULT_BLOCK_K,
-                         num_warps: int | None = None, num_stages: int = 2):
+                         block_k: int = DEFAULT_BLOCK_K, num_warps: int | None = None, num_stages: int = 2,
+                         backward_block_q: int | None = None, backward_block_k: int | None = None,
+                         backward_num_warps: int | None = None, backward_num_stages: int | None = None):
     """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`.
+
+    block_q, block_k, num_warps (None: 4 up to head_dim 64, else 8) and num_stages set the forward kernel; the
+    backward_* arguments set the dq and dk/dv kernels, None meaning the forward's value.
 
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
-    for name, size in (("block_q", block_q), ("block_k", block_k)):
+    backward_block_q = block_q if backward_block_q is None else backward_block_q
+    backward_block_k = block_k if backward_block_k is None else backward_block_k
+    for name, size in (("block_q", block_q), ("block_k", block_k), ("backward_block_q", backward_block_q),
+                       ("backward_block_k", backward_block_k)):
         # Triton's tensors are powers of two and its dots at least 16 on a side (interpret mode enforces neither).
         if size < 16 or size & (size - 1):
             raise ValueError(f"pallas_gpu_attention: {name} must be a power of two >= 16, got {size}")
+    tiles = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
+                 backward_block_q=backward_block_q, backward_block_k=backward_block_k,
+                 backward_num_warps=backward_num_warps if backward_num_warps is not None else num_warps,
+                 backward_num_stages=backward_num_stages if backward_num_stages is not None else num_stages)
 
     def kernel(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch (and heads)
         return _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, local_window=local_window, scale=scale,
-                          interpret=interpret, global_slots=global_slots, block_q=block_q, block_k=block_k,
-                          num_warps=num_warps, num_stages=num_stages)
+                          interpret=interpret, global_slots=global_slots, **tiles)
 
     return per_device_attention(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
 
 
 def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_window, scale, interpret, global_slots,
-               block_q, block_k, num_warps, num_stages):
+               block_q, block_k, num_warps, num_stages, backward_block_q, backward_block_k, backward_num_warps,
+               backward_num_stages):
     batch, seq, heads, head_dim = q.shape
-    padded_seq = -(-seq // max(block_q, block_k)) * max(block_q, block_k)
+    # Every tile size is a power of two, so the largest is a multiple of all of them: forward and backward blocks
+    # both divide the padded sequence.
+    widest = max(block_q, block_k, backward_block_q, backward_block_k)
+    padded_seq = -(-seq // widest) * widest
     padded_dim = max(16, pl.next_power_of_2(head_dim))
 
     def pad(x, seq_axis_pad, dim_pad):
@@ -465,10 +491,14 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
         return jnp.pad(x, widths) if seq_axis_pad or dim_pad else x
 
     tail, extra_dim = padded_seq - seq, padded_dim - head_dim
+    default_warps = 4 if padded_dim <= 64 else 8
     st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
-                 block_k=block_k, interpret=bool(interpret),
-                 num_warps=num_warps or (4 if padded_dim <= 64 else 8), num_stages=num_stages,
-                 alibi=alibi_slopes is not None)
+                 block_k=block_k, interpret=bool(interpret), num_warps=num_warps or default_warps,
+                 num_stages=num_stages, alibi=alibi_slopes is not None)
+    backward = dataclasses.replace(st, block_q=backward_block_q, block_k=backward_block_k,
+                                   num_warps=backward_num_warps or default_warps, num_stages=backward_num_stages)
+    if backward != st:
+        st = dataclasses.replace(st, backward=backward)
     # One slope per query head, padded to a power of two (>= 16) so the kernels load it as one vector.
     slopes = jnp.zeros((max(16, pl.next_power_of_2(heads)),), jnp.float32)
     if alibi_slopes is not None:
