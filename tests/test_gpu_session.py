@@ -128,3 +128,26 @@ def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
     assert "best bertjax: modernbert-base bf16, xla" in out and "x transformers (target >= 1.5x)" in out
     assert "bertjax batch 2: fits" in out and "largest batch of 64-token rows that trains, bertjax" in out
 
+
+
+def test_tune_sweeps_forward_then_backward_tiles(monkeypatch, capsys):
+    """--tune off a GPU (interpret mode, tiny shapes): every combination is run for the forward and, through the
+    `backward_*` arguments, for the backward; the fastest of each group is printed as pallas_gpu_attention's
+    keyword arguments."""
+    import argparse
+
+    import bench.attention_bench as attention_bench
+
+    monkeypatch.setattr(attention_bench, "TUNING", {"block_q": (16,), "block_k": (16, 32), "num_warps": (4,),
+                                                    "num_stages": (2,)})
+    args = argparse.Namespace(seqs=[64], window=32, heads=2, head_dim=16, batch=1, repeats=1, min_seconds=0.0,
+                              max_gib=1.0)
+    attention_bench.tune(args, attention_bench.jnp.float32)
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 64 |")]
+    assert len(rows) == 2 * 2 * 2  # layers x passes x combinations
+    assert all(line.split("|")[-2].strip().replace(".", "").isdigit() for line in rows), rows  # all timed
+    for layer in ("global", "local 32"):
+        assert f"# fastest forward at seq 64, {layer}: " in out
+        assert f"# fastest backward at seq 64, {layer}: " in out
+    assert "'backward_block_q': 16" in out and "{'block_q': 16" in out
