@@ -36,7 +36,8 @@ from bertjax.cpu_allocator import reuse_freed_memory  # noqa: E402
 
 # --dry-run runs the GPU paths on CPU with a tiny model, to check them before a GPU lease spends time on them.
 DRY_RUN = "--dry-run" in sys.argv
-GPU_MODE = ("--gpu" in sys.argv or "--gpu-max-batch" in sys.argv) and not DRY_RUN
+# --topology compiles for a GPU this machine does not have: no GPU needed either.
+GPU_MODE = ("--gpu" in sys.argv or "--gpu-max-batch" in sys.argv) and not DRY_RUN and "--topology" not in sys.argv
 TORCH_DEVICE = "cuda" if not DRY_RUN else "cpu"  # where the GPU paths put transformers
 if GPU_MODE:
     # Both frameworks share the GPU in one process: JAX must not take 75% of its memory up front.
@@ -398,12 +399,46 @@ def predicted_batch(compiled, state_bytes: int, batch: int, limit_bytes: int) ->
     return max(1, int((limit_bytes - state_bytes) // per_row))
 
 
+def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: int = 1, fraction: float = 0.95,
+                       limit: int = 4096) -> list[dict]:
+    """Without a GPU: the largest batch of modernbert-base rows whose train step, compiled for `topology` (XLA's
+    deviceless GPU compilation, bertjax/gpu_aot.py), needs at most `fraction` of the card's memory by XLA's buffer
+    assignment (arguments + outputs - aliased + temporaries). A prediction for `--gpu-max-batch bertjax` on the
+    card (`--start-batch N --near`), which runs it: the card adds the CUDA context, cuBLAS workspaces and the
+    allocator's fragmentation, and its autotuned programs may differ."""
+    from bertjax import gpu_aot
+
+    devices = gpu_aot.gpu_devices(topology)
+    budget = fraction * gpu_aot.device_memory_gib(topology) * 2**30
+    config = gpu_config(seq_len)
+
+    def fits(batch: int) -> bool:
+        case = Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1, remat_policy=remat_policy)
+        setup = setup_run(case.run_config(2), vocab_size=config.vocab_size, pad_id=config.pad_token_id,
+                          devices=devices, attention_platform="gpu", compile_only=True)
+        arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
+                  for k, v in synthetic_batch(case).items()}
+        stats = setup.train_step.lower(setup.abstract_state(), setup.frozen, arrays).compile().memory_analysis()
+        used = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+                + stats.temp_size_in_bytes)
+        print(f"  compiled for {topology}, batch {batch}: {used / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB "
+              f"({'fits' if used <= budget else 'too large'})", flush=True)
+        return used <= budget
+
+    best = largest_fitting(fits, limit, start, near=True)
+    print(f"largest batch of {seq_len}-token rows whose compiled step fits {fraction:g} of {topology}'s memory, "
+          f"bertjax (remat {remat_policy}): {best} ({best * seq_len:,} tokens per step)")
+    return [{"case": f"compiled max batch, {topology}, remat {remat_policy}", "batch": best, "seq_len": seq_len,
+             "step_ms": float("nan"), "tokens_per_sec": float("nan")}]
+
+
 def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1,
-                      predict: bool = False, limit: int = 4096) -> list[dict]:
+                      predict: bool = False, limit: int = 4096, near: bool = False) -> list[dict]:
     """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
     framework (run each in its own process: neither hands its freed memory back to the other). Each try runs two
     steps. bertjax with `predict`: one compile at `start` rows predicts the answer (`predicted_batch`), and the
-    search starts there, stepping 1, 2, 4, ... away from it."""
+    search starts there, stepping 1, 2, 4, ... away from it; `near`: `start` is such a prediction already (e.g.
+    `compiled_max_batch`'s, made without a GPU)."""
     import gc
 
     config = gpu_config(seq_len)
@@ -469,7 +504,7 @@ def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: in
         return answers[batch]
 
     try:
-        best, bound = largest_fitting(recorded, limit, start, near=predict and framework == "bertjax"), ""
+        best, bound = largest_fitting(recorded, limit, start, near=near or (predict and framework == "bertjax")), ""
     except KeyboardInterrupt:  # launch/gpu_session.sh's time cap: what was tried still bounds the answer
         best = max((b for b, fit in answers.items() if fit), default=0)
         failed = min((b for b, fit in answers.items() if not fit), default=None)
@@ -514,12 +549,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="--gpu-max-batch: the first batch tried (each try compiles: start near the answer)")
     parser.add_argument("--dry-run", action="store_true",
                         help="with --gpu or --gpu-max-batch: run that path on CPU with a tiny model (up to batch 4)")
+    parser.add_argument("--near", action="store_true",
+                        help="--gpu-max-batch: --start-batch is a prediction; step 1, 2, 4, ... away from it")
+    parser.add_argument("--topology", default=None,
+                        help="--gpu-max-batch bertjax without a GPU: the largest batch whose step compiled for this "
+                        "GPU (h100, h200; XLA's deviceless compilation, needs JAX's CUDA plugin) fits 95%% of it")
     parser.add_argument("--predict", action="store_true",
                         help="--gpu-max-batch bertjax: compile at --start-batch, predict the answer from the compiled "
                         "memory, and search from there")
     args = parser.parse_args(argv)
     if args.dry_run and not (args.gpu or args.gpu_max_batch):
         parser.error("--dry-run checks the GPU paths on CPU: give --gpu or --gpu-max-batch too")
+    if args.topology and (args.gpu_max_batch != "bertjax" or args.predict or args.dry_run):
+        parser.error("--topology goes with --gpu-max-batch bertjax alone (it compiles for that GPU, runs nothing)")
     if args.predict and args.gpu_max_batch != "bertjax":
         parser.error("--predict needs --gpu-max-batch bertjax (it reads XLA's compiled memory)")
     if min(args.gpu_batch + [args.gpu_seq, args.start_batch, args.steps or 1]) <= 0:
@@ -539,9 +581,11 @@ def main(argv=None) -> None:
     if GPU_MODE and jax.default_backend() != "gpu":
         raise SystemExit("--gpu / --gpu-max-batch: JAX sees no GPU here (jax.default_backend() is "
                          f"{jax.default_backend()!r}); run it on a GPU host")
-    if args.gpu_max_batch:
+    if args.topology:
+        rows = compiled_max_batch(args.gpu_seq, args.remat, args.topology, args.start_batch)
+    elif args.gpu_max_batch:
         rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch, args.predict,
-                                 limit=4 if args.dry_run else 4096)
+                                 limit=4 if args.dry_run else 4096, near=args.near)
     elif args.gpu:
         rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention)
     elif args.electra:

@@ -17,7 +17,7 @@
 #   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, bertjax then transformers
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 8192 first, then 512..16384
 #   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting, modernbert-base first
-#   memory     bench.train_bench --gpu-max-batch at 8192: transformers, then bertjax from its compiled-memory guess
+#   memory     bench.train_bench --gpu-max-batch at 8192: transformers, then bertjax from its deviceless prediction
 # and, when time is left:
 #   tune       bench.attention_bench --tune: pallas_gpu forward and backward tiles, warps and stages at 8192
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes
@@ -116,7 +116,9 @@ for item in "${STAGES[@]}"; do
       # transformers tries run eagerly (seconds each); bertjax's compile, so it gets the larger share.
       run memory $((cap * 2 / 5)) python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192 \
         --start-batch 8
-      run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --predict
+      # 24: the largest batch whose step, compiled for an H100 without one, fits 95% of it (docs/benchmarks.md,
+      # `--topology h100`); the card checks it, stepping 1, 2, 4, ... from there.
+      run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
       ;;
     tune)
       run tune "$cap" python3 -m bench.attention_bench --tune --seqs 8192 --repeats 3 --min-seconds 0.1

@@ -1,11 +1,12 @@
 """`bertjax compile-check --config PATH --topology v5p:2x2x2 [key=value ...]`: compile the full sharded train
-step of a run config for a TPU slice, on a machine without one, and print what each chip would hold.
+step of a run config for a TPU slice or for NVIDIA GPUs (`--topology h100`, `h100:8`, `h200`), on a machine
+without one, and print what each chip would hold.
 
 The step is the one `bertjax pretrain` runs (same model, optimizer, mesh rules, shardings and donation), lowered
-for abstract arguments and compiled by XLA for the topology's chips (libtpu + `jax.experimental.topologies`, see
-bertjax/tpu_aot.py). Nothing is allocated and no data is read: the vocabulary size is the config's
-(tokenizer.vocab_size unless the model overrides it). "auto" attention means what it means on TPU (the Pallas
-kernels). Every phase with its own row length or batch is compiled.
+for abstract arguments and compiled by XLA for the topology's chips (`jax.experimental.topologies`: libtpu for TPU,
+bertjax/tpu_aot.py; JAX's CUDA plugin for GPU, bertjax/gpu_aot.py). Nothing is allocated and no data is read: the
+vocabulary size is the config's (tokenizer.vocab_size unless the model overrides it). "auto" attention means what
+it means on that platform (the Pallas kernels). Every phase with its own row length or batch is compiled.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-HELP = "ahead-of-time compile a run config's sharded train step for a TPU topology and print per-chip memory"
+HELP = "ahead-of-time compile a run config's sharded train step for a TPU or GPU topology, print per-chip memory"
 
 # HBM per chip, GiB, by the topology name's generation prefix (for the "fits" line).
 HBM_GIB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
@@ -22,7 +23,7 @@ HBM_GIB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="PATH", help="YAML run config (configs/pretrain/)")
     parser.add_argument("--topology", default="v5p:2x2x2", help='TPU slice, e.g. "v5p:2x2x2", "v5e:4x4" '
-                        '(default v5p:2x2x2, 8 chips)')
+                        '(default v5p:2x2x2, 8 chips), or GPUs on one host: "h100", "h100:8", "h200"')
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides, e.g. data.global_batch_size=64 mesh.fsdp=8")
 
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import jax
 
-    from bertjax import tpu_aot
+    from bertjax import gpu_aot, tpu_aot
     from bertjax.data import batch_sharding, batch_spec
     from bertjax.train import mesh as mesh_lib
     from bertjax.train.run_config import load_run_config
@@ -38,10 +39,11 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.train.state import count_params
 
     config = load_run_config(args.config, args.overrides)
-    devices = tpu_aot.topology_devices(args.topology)
+    on_gpu = gpu_aot.is_gpu_topology(args.topology)
+    devices = gpu_aot.gpu_devices(args.topology) if on_gpu else tpu_aot.topology_devices(args.topology)
     # The run trains its tokenizer (vocabulary of tokenizer.vocab_size, [PAD] = 0) unless the model overrides these.
     setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0, devices=devices,
-                      attention_platform="tpu", compile_only=True)
+                      attention_platform="gpu" if on_gpu else "tpu", compile_only=True)
     model_config, mesh, objective = setup.model_config, setup.mesh, setup.objective
     state = setup.abstract_state()
 
@@ -50,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
           f"parameters, {model_config.dtype} compute, attention {model_config.attention_implementation}, remat "
           f"{config.model.remat_policy}) on {args.topology}: {len(devices)} x {kind}, mesh {dict(mesh.shape)}")
     hbm = next((gib for prefix, gib in HBM_GIB.items() if args.topology.startswith(prefix + ":")), None)
+    if on_gpu:  # what JAX's allocator may take of the card, not the card
+        hbm = gpu_aot.device_memory_gib(args.topology) * gpu_aot.jax_memory_fraction()
+    # How each platform's program names a Pallas kernel call (Mosaic on TPU, Triton on GPU).
+    kernel_marker = "__gpu$xla.gpu.triton" if on_gpu else "tpu_custom_call"
     seen, failed = {}, False
     for phase in setup.phases:
         # Phases with the same shapes and the same model (RoPE thetas) run the same program: compiled once.
@@ -80,13 +86,14 @@ def run(args: argparse.Namespace) -> int:
                                             rows=phase.data.global_batch_size)
         print(f"\nphase {phase.index}: {phase.data.global_batch_size} rows x {phase.data.seq_len} tokens "
               f"(compiled in {seconds:.0f} s; {model_flops / len(devices) / 1e12:.1f} TFLOP per chip per step)")
-        kernels = compiled.as_text().count("tpu_custom_call")
-        print(f"  Pallas/Mosaic kernel calls in the program: {kernels}")
+        kernels = compiled.as_text().count(kernel_marker)
+        print(f"  Pallas kernel calls in the program ({'Triton' if on_gpu else 'Mosaic'}): {kernels}")
         print(tpu_aot.memory_report(compiled))
         stats = compiled.memory_analysis()
         if hbm is not None and stats is not None:
             used = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
                     + stats.temp_size_in_bytes) / 2**30
-            print(f"  {'fits' if used < hbm else 'does NOT fit'} in {hbm} GiB of HBM per chip "
-                  f"({100 * used / hbm:.0f}%)")
+            where = (f"the {hbm:.1f} GiB JAX may use of each GPU (XLA_PYTHON_CLIENT_MEM_FRACTION "
+                     f"{gpu_aot.jax_memory_fraction():g})" if on_gpu else f"{hbm} GiB of HBM per chip")
+            print(f"  {'fits' if used < hbm else 'does NOT fit'} in {where} ({100 * used / hbm:.0f}%)")
     return 1 if failed else 0

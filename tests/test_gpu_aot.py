@@ -1,0 +1,65 @@
+"""Compiling for NVIDIA GPUs without one (bertjax/gpu_aot.py, `bertjax compile-check --topology h100`).
+
+The topology names and the target description are checked everywhere; the compilation itself needs JAX's CUDA
+plugin (`pip install "jax[cuda13]"`, several GB, not in the test extra), so it runs where that is installed and
+skips elsewhere: there, the tiny pretraining config compiles for an H100 with its attention in bertjax's Triton
+kernels, and a batch too large for the card is reported as not fitting.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import gpu_aot
+
+
+@pytest.mark.parametrize("topology, expected", [("h100", ("h100", 1)), ("h100:8", ("h100", 8)),
+                                                ("h200:2", ("h200", 2))])
+def test_topology_names(topology, expected):
+    assert gpu_aot.is_gpu_topology(topology)
+    assert gpu_aot.parse_topology(topology) == expected
+
+
+@pytest.mark.parametrize("topology", ["h100:0", "h100:x", "a100", "H100", "h100:2:2"])
+def test_bad_topology_names_are_refused(topology):
+    with pytest.raises(ValueError, match="GPU topology"):
+        gpu_aot.parse_topology(topology)
+
+
+def test_tpu_names_are_not_gpu_topologies():
+    assert not gpu_aot.is_gpu_topology("v5p:2x2x2") and not gpu_aot.is_gpu_topology("v5e:2x2")
+
+
+def test_target_description_is_a_hopper_with_the_cards_memory():
+    text = gpu_aot.target_config("h100")
+    assert "cuda_compute_capability { major: 9 minor: 0 }" in text
+    assert 'device_description_str: "NVIDIA H100 80GB HBM3"' in text  # the kind Pallas reads to pick its lowering
+    assert f"device_memory_size: {81_559 * 2**20}" in text and "core_count: 132" in text
+    assert text.count("{") == text.count("}")
+    assert gpu_aot.device_memory_gib("h200:4") == pytest.approx(140.4, abs=0.1)
+
+
+def test_without_the_cuda_plugin_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(gpu_aot, "cuda_plugin_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r'pip install "jax\[cuda13\]"'):
+        gpu_aot.gpu_devices("h100")
+
+
+needs_plugin = pytest.mark.skipif(not gpu_aot.cuda_plugin_available(),
+                                  reason='needs JAX\'s CUDA plugin (pip install "jax[cuda13]")')
+
+
+@needs_plugin
+def test_compile_check_compiles_the_tiny_config_for_an_h100():
+    def compile_check(*overrides):
+        return subprocess.run([sys.executable, "-m", "bertjax.cli", "compile-check", "--config",
+                               "configs/pretrain/tiny.yaml", "--topology", "h100", *overrides],
+                              capture_output=True, text=True, timeout=900,
+                              env={"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "-1", "PATH": "/usr/bin:/bin"})
+
+    result = compile_check("model.overrides.attention_implementation=auto")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "1 x NVIDIA H100 80GB HBM3" in result.stdout and "attention pallas_gpu" in result.stdout
+    assert "Pallas kernel calls in the program (Triton): " in result.stdout
+    assert "fits in the 59.7 GiB JAX may use of each GPU" in result.stdout
