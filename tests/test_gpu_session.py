@@ -122,10 +122,11 @@ def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
     assert [row["case"] for row in rows] == ["modernbert-base bf16 (transformers, sdpa)", "modernbert-base bf16, xla",
                                              "modernbert-base bf16, xla, 1 doc/row"]
     assert all(row["tokens_per_sec"] > 0 and "speedup_vs_transformers" in row for row in rows[1:])
-    [found] = train_bench.run_gpu_max_batch("bertjax", 64, "none", start=1, predict=True, limit=2)
+    [found] = train_bench.run_gpu_max_batch("bertjax", 64, "none", start=2, predict=True, limit=2)
     assert found["batch"] == 2
     out = capsys.readouterr().out
     assert "best bertjax: modernbert-base bf16, xla" in out and "x transformers (target >= 1.5x)" in out
+    assert "cpu reports no memory limit: no prediction" in out  # CPUs have none; GPUs report JAX's
     assert "bertjax batch 2: fits" in out and "largest batch of 64-token rows that trains, bertjax" in out
 
 
