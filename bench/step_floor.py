@@ -1,0 +1,214 @@
+"""The two numbers of a compiled train step (device time floors), read from its optimized HLO: the FLOPs of its
+matrix products, and the bytes its other kernels move, per kernel of the program's entry computation.
+
+    python -m bench.step_floor --topology h100                      # modernbert-base, 32 x 1024, for an H100
+    python -m bench.step_floor --topology h100 --batch 4 --seq 8192
+    python -m bench.step_floor                                      # this machine's backend (a GPU host, or CPU)
+
+`--topology` compiles without the GPU (bertjax/gpu_aot.py; needs JAX's CUDA plugin); without it the step is
+compiled for this machine's first device. Each kernel's bytes are counted from the shapes of its operands and
+outputs, so they are a range: a kernel writes its outputs at least once, and reads at most all of its operands
+(a fusion that slices an operand reads less). Products' FLOPs are 2 x output elements x contracted size of every
+dot in a fusion; the Pallas attention kernels are listed by their bytes (their FLOPs depend on the segments).
+Times are at --bandwidth and --matmul-rate (defaults: what the device tool's H100s measured, 3.0 TB/s counting
+bytes read plus written, 798 TFLOP/s bf16), and the largest memory-bound kernels are grouped by the model code
+that made them (the HLO's op names, layers merged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import re
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+               "f64": 8, "s64": 8, "u64": 8}
+_ARRAY = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
+_COMPUTATION = re.compile(r"^(ENTRY )?%(\S+) \(.*\) -> .* \{$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][\w-]*)\((.*)$")
+KERNEL_OPS = ("fusion", "custom-call", "copy", "dot", "convolution", "all-reduce", "all-gather", "reduce-scatter",
+              "sort", "scatter", "gather", "reduce", "transpose", "concatenate", "dynamic-update-slice")
+
+
+def array_bytes(text: str) -> int:
+    """Bytes of every array shape written in `text` (a shape, or a tuple of shapes)."""
+    total = 0
+    for dtype, dims in _ARRAY.findall(text):
+        count = 1
+        for size in filter(None, dims.split(",")):
+            count *= int(size)
+        total += count * DTYPE_BYTES[dtype]
+    return total
+
+
+def _dims(shape: str) -> list[int]:
+    match = _ARRAY.search(shape)
+    return [int(size) for size in filter(None, match.group(2).split(","))] if match else []
+
+
+@dataclasses.dataclass
+class Instruction:
+    name: str
+    shape: str  # the result's shape text
+    op: str
+    rest: str  # operands and attributes
+
+    @property
+    def operands(self) -> list[str]:
+        depth, end = 1, 0
+        for end, char in enumerate(self.rest):
+            depth += char == "("
+            depth -= char == ")"
+            if depth == 0:
+                break
+        return re.findall(r"%([\w.\-]+)", self.rest[:end])
+
+    def attribute(self, name: str) -> str | None:
+        match = re.search(name + r"=([^,\s]+)", self.rest)
+        return match.group(1) if match else None
+
+
+def parse_hlo(text: str) -> tuple[str, dict[str, list[Instruction]]]:
+    """(entry name, {computation: instructions}) of an HLO module's text."""
+    computations, entry, current = {}, None, None
+    for line in text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            current = header.group(2)
+            computations[current] = []
+            entry = current if header.group(1) else entry
+        elif current is not None and line.strip() == "}":
+            current = None
+        elif current is not None:
+            match = _INSTRUCTION.match(line)
+            if match:
+                computations[current].append(Instruction(*match.groups()))
+    return entry, computations
+
+
+def dot_flops(computations: dict[str, list[Instruction]], name: str) -> int:
+    """2 x output elements x contracted size of every dot in a computation and those it calls."""
+    shapes = {i.name: i.shape for i in computations.get(name, [])}
+    flops = 0
+    for instruction in computations.get(name, []):
+        if instruction.op == "dot":
+            out = 1
+            for size in _dims(instruction.shape):
+                out *= size
+            lhs = _dims(shapes.get(instruction.operands[0], ""))
+            contracted = 1
+            for axis in filter(None, (instruction.attribute("lhs_contracting_dims") or "{}").strip("{}").split(",")):
+                contracted *= lhs[int(axis)]
+            flops += 2 * out * contracted
+        for callee in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", instruction.rest):
+            flops += dot_flops(computations, callee)
+    return flops
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    kind: str  # "matmul", "attention" or "other"
+    flops: int
+    writes: int
+    reads: int  # all operands, whole
+    source: str  # the model code's op name, layers merged
+
+
+def kernels_of(text: str) -> list[Kernel]:
+    """The entry computation's kernel launches, with their products' FLOPs and their operands' and outputs' bytes."""
+    entry, computations = parse_hlo(text)
+    shapes = {i.name: i.shape for i in computations[entry]}
+    kernels = []
+    for instruction in computations[entry]:
+        if instruction.op not in KERNEL_OPS:
+            continue  # parameters, bitcasts, tuples, constants: no launch
+        flops = dot_flops(computations, instruction.name) if instruction.op == "dot" else 0
+        callee = instruction.attribute("calls")
+        if callee:
+            flops += dot_flops(computations, callee.lstrip("%"))
+        pallas = "xla.gpu.triton" in instruction.rest or "tpu_custom_call" in instruction.rest
+        op_name = re.search(r'op_name="([^"]*)"', instruction.rest)
+        source = instruction.op
+        if op_name:  # "jit(step)/transpose(jvp(Model))/.../layers_3/mlp/mul" -> "backward .../layers_N/mlp/mul"
+            path = re.sub(r"layers_\d+", "layers_N", op_name.group(1)).split("/")
+            source = ("backward " if "transpose(" in op_name.group(1) else "") + "/".join(path[-3:])
+        kernels.append(Kernel(instruction.name, "attention" if pallas else "matmul" if flops else "other", flops,
+                              array_bytes(instruction.shape),
+                              sum(array_bytes(shapes.get(name, "")) for name in instruction.operands), source))
+    return kernels
+
+
+def summary(kernels: list[Kernel], bandwidth: float, matmul_rate: float, top: int = 8) -> str:
+    matmul = [k for k in kernels if k.kind == "matmul"]
+    other = [k for k in kernels if k.kind == "other"]
+    attention = [k for k in kernels if k.kind == "attention"]
+    flops = sum(k.flops for k in matmul)
+    writes, moved = sum(k.writes for k in other), sum(k.writes + k.reads for k in other)
+    ms = lambda seconds: f"{seconds * 1e3:.1f} ms"
+    lines = [f"kernels: {len(kernels)} ({len(matmul)} with matrix products, {len(attention)} Pallas attention, "
+             f"{len(other)} other)",
+             f"matrix products: {flops / 1e12:.2f} TFLOP, {ms(flops / matmul_rate)} at {matmul_rate / 1e12:.0f} "
+             "TFLOP/s",
+             f"other kernels: write {writes / 1e9:.1f} GB, read and write at most {moved / 1e9:.1f} GB: "
+             f"{ms(writes / bandwidth)} to {ms(moved / bandwidth)} at {bandwidth / 1e12:.1f} TB/s",
+             f"Pallas attention kernels: read and write at most "
+             f"{sum(k.writes + k.reads for k in attention) / 1e9:.1f} GB",
+             f"largest other kernels by the code that made them (at most, {bandwidth / 1e12:.1f} TB/s):"]
+    by_source = collections.Counter()
+    for kernel in other:
+        by_source[kernel.source] += kernel.writes + kernel.reads
+    for source, moved_bytes in by_source.most_common(top):
+        lines.append(f"  {ms(moved_bytes / bandwidth):>8}  {source}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topology", default=None, help="compile for this GPU without one (h100, h200)")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--documents-per-row", type=int, default=4)
+    parser.add_argument("--remat", default="none")
+    parser.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s, read plus written")
+    parser.add_argument("--matmul-rate", type=float, default=7.98e14, help="FLOP/s of the matrix products")
+    parser.add_argument("--hlo-out", default=None, help="also write the optimized HLO here")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.topology:
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")  # compile-only devices; no GPU is asked for
+    import jax
+
+    from bench.train_bench import Case, gpu_config, synthetic_batch
+    from bertjax.data.global_batch import batch_sharding
+    from bertjax.train import mesh as mesh_lib
+    from bertjax.train.setup import setup_run
+
+    devices, platform = None, None
+    if args.topology:
+        from bertjax import gpu_aot
+
+        devices, platform = gpu_aot.gpu_devices(args.topology), "gpu"
+    case = Case("floor", gpu_config(args.seq), batch=args.batch, seq_len=args.seq,
+                documents_per_row=args.documents_per_row, remat_policy=args.remat)
+    setup = setup_run(case.run_config(2), vocab_size=case.config.vocab_size, pad_id=case.config.pad_token_id,
+                      devices=devices, attention_platform=platform, compile_only=devices is not None)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
+             for k, v in synthetic_batch(case).items()}
+    text = setup.train_step.lower(setup.abstract_state(), setup.frozen, batch).compile().as_text()
+    if args.hlo_out:
+        with open(args.hlo_out, "w") as f:
+            f.write(text)
+    target = args.topology or jax.devices()[0].device_kind
+    print(f"# modernbert-base train step, {args.batch} x {args.seq}, {args.documents_per_row} documents per row, remat {args.remat}, compiled "
+          f"for {target} (jax {jax.__version__}); attention {setup.model_config.attention_implementation}")
+    print(summary(kernels_of(text), args.bandwidth, args.matmul_rate))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""bench/step_floor.py: the FLOPs and bytes of a compiled program's kernels, read from its optimized HLO, checked
+against a program whose counts are known (one matrix product and one elementwise kernel, compiled here) and a
+hand-written GPU module with a Pallas (Triton) kernel call."""
+
+import jax
+import jax.numpy as jnp
+
+from bench.step_floor import array_bytes, kernels_of, summary
+
+
+def test_a_compiled_product_and_its_epilogue():
+    program = jax.jit(lambda a, b: jax.nn.relu(a @ b) * 2)
+    text = program.lower(jnp.ones((64, 32)), jnp.ones((32, 16))).compile().as_text()
+    kernels = kernels_of(text)
+    matmul = [k for k in kernels if k.kind == "matmul"]
+    assert sum(k.flops for k in matmul) == 2 * 64 * 16 * 32
+    assert all(k.writes == 64 * 16 * 4 for k in kernels)  # every kernel here writes one f32 [64, 16]
+    other = [k for k in kernels if k.kind == "other"]
+    assert other == [] or all(k.reads <= 64 * 16 * 4 for k in other)  # XLA may fuse the epilogue into the product
+
+
+GPU_MODULE = """HloModule jit_step, entry_computation_layout={(bf16[8,128]{1,0}, bf16[128,64]{1,0})->bf16[8,64]{1,0}}
+
+%gemm_fusion (p0: bf16[8,128], p1: bf16[128,64]) -> bf16[8,64] {
+  %p0 = bf16[8,128]{1,0} parameter(0)
+  %p1 = bf16[128,64]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[8,64]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%add_fusion (q0: bf16[8,64], q1: bf16[8,64]) -> bf16[8,64] {
+  %q0 = bf16[8,64]{1,0} parameter(0)
+  %q1 = bf16[8,64]{1,0} parameter(1)
+  ROOT %add.1 = bf16[8,64]{1,0} add(%q0, %q1)
+}
+
+ENTRY %main (x: bf16[8,128], w: bf16[128,64]) -> bf16[8,64] {
+  %x = bf16[8,128]{1,0} parameter(0)
+  %w = bf16[128,64]{1,0} parameter(1)
+  %mm = bf16[8,64]{1,0} fusion(%x, %w), kind=kCustom, calls=%gemm_fusion, metadata={op_name="jit(step)/jvp(M)/encoder/layers_3/mlp/dot_general"}
+  %attn = (bf16[8,64]{1,0}, f32[8]{0}) custom-call(%mm, %mm), custom_call_target="__gpu$xla.gpu.triton", metadata={op_name="jit(step)/pallas_call"}
+  %o = bf16[8,64]{1,0} get-tuple-element(%attn), index=0
+  ROOT %sum = bf16[8,64]{1,0} fusion(%o, %mm), kind=kLoop, calls=%add_fusion, metadata={op_name="jit(step)/transpose(jvp(M))/encoder/layers_7/mlp/add"}
+}
+"""
+
+
+def test_kernel_kinds_bytes_and_sources_of_a_gpu_module():
+    kernels = {k.name: k for k in kernels_of(GPU_MODULE)}
+    assert set(kernels) == {"mm", "attn", "sum"}  # parameters and tuple elements launch nothing
+    assert (kernels["mm"].kind, kernels["mm"].flops) == ("matmul", 2 * 8 * 64 * 128)
+    assert kernels["mm"].reads == (8 * 128 + 128 * 64) * 2 and kernels["mm"].writes == 8 * 64 * 2
+    assert kernels["attn"].kind == "attention" and kernels["attn"].writes == 8 * 64 * 2 + 8 * 4
+    assert (kernels["sum"].kind, kernels["sum"].source) == ("other", "backward layers_N/mlp/add")
+    text = summary(list(kernels.values()), bandwidth=1e9, matmul_rate=1e12)
+    assert "other kernels: write 0.0 GB" in text and "backward layers_N/mlp/add" in text
+    assert array_bytes("(bf16[2,3]{1,0}, f32[4]{0}, pred[])") == 2 * 3 * 2 + 4 * 4 + 1
