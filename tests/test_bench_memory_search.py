@@ -6,14 +6,20 @@ import pytest
 from bench.train_bench import is_out_of_memory, largest_fitting, memory_probe
 
 
-@pytest.mark.parametrize("largest", [0, 1, 2, 5, 37, 64, 100])
-def test_largest_fitting_finds_the_threshold_with_few_tries(largest):
+def threshold(largest: int):
+    """fits(batch) = batch <= largest, and the list of the batches it was asked about."""
     tries = []
 
     def fits(batch):
         tries.append(batch)
         return batch <= largest
 
+    return fits, tries
+
+
+@pytest.mark.parametrize("largest", [0, 1, 2, 5, 37, 64, 100])
+def test_largest_fitting_finds_the_threshold_with_few_tries(largest):
+    fits, tries = threshold(largest)
     assert largest_fitting(fits, limit=100) == max(b for b in range(101) if b <= largest)
     assert len(tries) == len(set(tries)) <= 2 * 7 + 1
     for start in (3, 8, 100, 500):  # from above or below the answer, and beyond the limit
@@ -45,12 +51,7 @@ def test_memory_probe_counts_only_out_of_memory_as_a_no():
 @pytest.mark.parametrize("largest", [0, 1, 2, 5, 37, 64, 100])
 def test_largest_fitting_from_a_prediction(largest):
     """near=True: a right prediction costs two tries, a wrong one about 2 log2 of its error; the answer is exact."""
-    tries = []
-
-    def fits(batch):
-        tries.append(batch)
-        return batch <= largest
-
+    fits, tries = threshold(largest)
     for guess in (1, 3, 36, 37, 38, 64, 100, 500):
         tries.clear()
         assert largest_fitting(fits, limit=100, start=guess, near=True) == largest
