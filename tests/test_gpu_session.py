@@ -147,7 +147,8 @@ def test_tune_sweeps_forward_then_backward_tiles(monkeypatch, capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| 64 |")]
     assert len(rows) == 2 * 2 * 2  # layers x passes x combinations
-    assert all(line.split("|")[-2].strip().replace(".", "").isdigit() for line in rows), rows  # all timed
+    # all timed (a backward is fwd+bwd less the default forward: on a loaded CPU in interpret mode, maybe < 0)
+    assert all(isinstance(float(line.split("|")[-2]), float) for line in rows), rows
     for layer in ("global", "local 32"):
         assert f"# fastest forward at seq 64, {layer}: " in out
         assert f"# fastest backward at seq 64, {layer}: " in out
