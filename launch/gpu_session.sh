@@ -4,7 +4,7 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9 minutes
-#   launch/gpu_session.sh tune:150           # call 2, at once while the machine is warm, if >= 3 minutes are left
+#   launch/gpu_session.sh profile:70 tune:110  # call 2, at once while the machine is warm, if 3+ minutes are left
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -124,7 +124,7 @@ for item in "${STAGES[@]}"; do
       run tune "$cap" python3 -m bench.attention_bench --tune --seqs 8192 --repeats 3 --min-seconds 0.1
       ;;
     profile)
-      run profile "$cap" python3 -m bench.profile_step --preset modernbert-base --batch 16 --seq 1024
+      run profile "$cap" python3 -m bench.profile_step --preset modernbert-base --batch 32 --seq 1024
       ;;
   esac
 done
