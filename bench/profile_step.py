@@ -1,6 +1,8 @@
 """Where a train step's time goes: a jax.profiler trace of the jitted step `bertjax pretrain` runs, summed by
 operation (device kernels on GPU/TPU, XLA fusions on CPU) and by kind (attention kernels, matrix products,
-everything else), printed as a short table.
+everything else), printed as a short table; then by the model code that made each kernel (the compiled HLO's op
+names, layers merged), beside that code's floor from bench/step_floor.py: where measured time is far above the
+floor is where the step loses time.
 
     python -m bench.profile_step                                         # modernbert-base, 16 x 1024, bf16 (GPU)
     python -m bench.profile_step --preset modernbert-tiny --batch 8 --seq 128 --dtype float32   # quick, on CPU
@@ -24,6 +26,7 @@ import tempfile
 import jax
 import numpy as np
 
+from bench.step_floor import kernels_of
 from bench.train_bench import Case, synthetic_batch
 from bertjax.config import get_config
 from bertjax.data.global_batch import batch_sharding
@@ -81,6 +84,35 @@ def summarise(events: list[dict], steps: int, top: int) -> str:
     return "\n".join(lines)
 
 
+def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, matmul_rate: float,
+              top: int) -> str:
+    """Measured device time per model code (events joined to the compiled program's kernels by their HLO op),
+    beside the floor of those kernels: products' FLOPs at `matmul_rate`, the others' bytes written .. moved at
+    `bandwidth` (step_floor's range)."""
+    kernel_of = {kernel.name: kernel for kernel in kernels}
+    measured, floors, unmatched = collections.Counter(), {}, 0
+    for e in events:
+        kernel = kernel_of.get(e.get("args", {}).get("hlo_op", e["name"]))
+        if kernel is None:
+            unmatched += e["dur"]
+            continue
+        measured[kernel.source] += e["dur"]
+    for kernel in kernels:
+        low, high = floors.get(kernel.source, (0.0, 0.0))
+        if kernel.kind == "matmul":
+            seconds = max(kernel.flops / matmul_rate, kernel.writes / bandwidth)
+            floors[kernel.source] = (low + seconds, high + seconds)
+        else:
+            floors[kernel.source] = (low + kernel.writes / bandwidth,
+                                     high + (kernel.writes + kernel.reads) / bandwidth)
+    lines = [f"{'ms/step':>9} {'floor ms':>13}  model code (kernels of the compiled step)"]
+    for source, micros in measured.most_common(top):
+        low, high = floors[source]
+        lines.append(f"{micros / 1e3 / steps:9.2f} {low * 1e3:6.2f}..{high * 1e3:<5.2f}  {source}")
+    lines.append(f"{unmatched / 1e3 / steps:9.2f} {'':>13}  events not matched to a kernel of the step")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="modernbert-base")
@@ -93,6 +125,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="steps traced, after one compiling step")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--trace-dir", default=None, help="keep the trace here (default: a temporary directory)")
+    parser.add_argument("--bandwidth", type=float, default=3.0e12,
+                        help="floors: bytes/s read plus written (default: the device tool's H100s)")
+    parser.add_argument("--matmul-rate", type=float, default=7.98e14,
+                        help="floors: FLOP/s of the products (default: the device tool's H100s, bf16)")
     return parser.parse_args(argv)
 
 
@@ -122,6 +158,11 @@ def main(argv=None) -> None:
     events, sources = device_events(files[-1])
     print(f"# events of: {', '.join(sources)}")
     print(summarise(events, args.steps, args.top))
+    # The program just traced, compiled again for its HLO (the persistent compilation cache, when on, returns it).
+    text = setup.train_step.lower(state, setup.frozen, batch).compile().as_text()
+    step_events = [e for e in events if e.get("args", {}).get("hlo_module", "jit_train_step") == "jit_train_step"]
+    print()
+    print(by_source(step_events, kernels_of(text), args.steps, args.bandwidth, args.matmul_rate, args.top))
     print(f"loss {float(np.asarray(metrics['loss'])):.3f}")
 
 

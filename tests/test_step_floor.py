@@ -54,3 +54,22 @@ def test_kernel_kinds_bytes_and_sources_of_a_gpu_module():
     text = summary(list(kernels.values()), bandwidth=1e9, matmul_rate=1e12)
     assert "other kernels: write 0.0 GB" in text and "backward layers_N/mlp/add" in text
     assert array_bytes("(bf16[2,3]{1,0}, f32[4]{0}, pred[])") == 2 * 3 * 2 + 4 * 4 + 1
+
+
+def test_profile_joins_measured_kernels_to_model_code_and_floors():
+    """bench/profile_step.py's table by model code: trace events matched to the compiled kernels by their HLO op,
+    summed per source beside the floor of the same kernels; anything else is counted as unmatched."""
+    from bench.profile_step import by_source
+
+    kernels = kernels_of(GPU_MODULE)
+    events = [{"name": "gemm_fusion", "dur": 3000.0, "args": {"hlo_op": "mm"}},  # microseconds, over 2 steps
+              {"name": "loop_add_fusion", "dur": 1000.0, "args": {"hlo_op": "sum"}},
+              {"name": "sum", "dur": 600.0},  # no args: matched by its name
+              {"name": "memcpy", "dur": 400.0}]
+    table = by_source(events, kernels, steps=2, bandwidth=1e6, matmul_rate=1e9, top=5)
+    # the product: max(131,072 FLOP at 1 GFLOP/s, 1,024 B written at 1 MB/s) = 1.02 ms either way;
+    # the add: 1,024 B written .. 3,072 B read and written = 1.02 .. 3.07 ms
+    assert table.splitlines()[1:] == [
+        "     1.50   1.02..1.02   layers_N/mlp/dot_general",
+        "     0.80   1.02..3.07   backward layers_N/mlp/add",
+        "     0.20                events not matched to a kernel of the step"]
