@@ -10,10 +10,10 @@ and what ptxas (shipped in the `triton` package) reports per kernel: registers p
                                       [--backward-block-q N] [--backward-block-k N] [--backward-num-warps N]
                                       [--backward-num-stages N]   # dq and dk/dv; default: the forward's
     python -m bench.pallas_gpu_static --kernel deberta [--dtype ...] [--seq 512] [--block-size 32] [--num-warps N]
-                                      [--num-stages 2] [--band-part 16] [--backward-tile-area N]
+                                      [--num-stages 2] [--band-part 16] [--backward-block 16]
         # DeBERTa-v3-base's disentangled attention (pallas_gpu_disentangled: 12 heads x 64, 256 buckets, span
-        # 256, max_position 512): forward, dq and dk/dv with their tile sides; --band-part /
-        # --backward-tile-area override the module's BAND_PART / BACKWARD_TILE_AREA, for trying settings
+        # 256, max_position 512): forward, dq and dk/dv with their tile sides; --band-part,
+        # --backward-block, --backward-tile-area override the module's BAND_PART, BACKWARD_BLOCK, BACKWARD_TILE_AREA
 
 A thread has at most 255 registers; a kernel at that limit with a stack frame or spills keeps part of its state in
 local memory (L1, else DRAM) instead.
@@ -228,6 +228,8 @@ def deberta_main(args) -> None:
     # Trying settings: the module reads these constants while tracing, so setting them here reaches all kernels.
     if args.band_part is not None:
         kernel.BAND_PART = args.band_part
+    if args.backward_block is not None:
+        kernel.BACKWARD_BLOCK = args.backward_block
     if args.backward_tile_area is not None:
         kernel.BACKWARD_TILE_AREA = args.backward_tile_area
     shape = DEBERTA_V3_BASE
@@ -242,8 +244,8 @@ def deberta_main(args) -> None:
     width = 2 * shape["span"]  # a power of two here: the tables' padded width
     sides = {"bertjax_disentangled_forward": block}
     sides["bertjax_disentangled_dq"] = sides["bertjax_disentangled_dkv"] = kernel.backward_tile(block, width)
-    print(f"# pallas_gpu_disentangled, DeBERTa-v3-base (12 heads x 64, 256 buckets, span 256, tables {width} "
-          f"wide), seq {args.seq}, {args.dtype}, block_size {args.block_size}, BAND_PART {kernel.BAND_PART}; "
+    print(f"# pallas_gpu_disentangled, {shape['heads']} heads x {shape['head_dim']}, {shape['buckets']} buckets, "
+          f"span {shape['span']}, tables {width} wide, seq {args.seq}, {args.dtype}, block_size {args.block_size}, BAND_PART {kernel.BAND_PART}; "
           f"triton for sm_90")
     print("| kernel | warps | stages | tile side | shared memory (B) | registers | stack (B) | "
           "spill stores / loads (B) | wgmma / mma.sync | blocks / SM |")
@@ -276,6 +278,7 @@ def main(argv=None) -> None:
     deberta.add_argument("--seq", type=int, default=512)
     deberta.add_argument("--block-size", type=int, default=32, help="the forward's tile side (pallas_gpu_disentangled)")
     deberta.add_argument("--band-part", type=int, default=None, help="override BAND_PART (one-hot cube width)")
+    deberta.add_argument("--backward-block", type=int, default=None, help="override BACKWARD_BLOCK (backward tile cap)")
     deberta.add_argument("--backward-tile-area", type=int, default=None, help="override BACKWARD_TILE_AREA")
     args = parser.parse_args(argv)
     if args.kernel == "deberta":
