@@ -245,8 +245,8 @@ def deberta_main(args) -> None:
     sides = {"bertjax_disentangled_forward": block}
     sides["bertjax_disentangled_dq"] = sides["bertjax_disentangled_dkv"] = kernel.backward_tile(block, width)
     print(f"# pallas_gpu_disentangled, {shape['heads']} heads x {shape['head_dim']}, {shape['buckets']} buckets, "
-          f"span {shape['span']}, tables {width} wide, seq {args.seq}, {args.dtype}, block_size {args.block_size}, BAND_PART {kernel.BAND_PART}; "
-          f"triton for sm_90")
+          f"span {shape['span']}, tables {width} wide, seq {args.seq}, {args.dtype}, block_size {args.block_size}, "
+          f"BAND_PART {kernel.BAND_PART}; triton for sm_90")
     print("| kernel | warps | stages | tile side | shared memory (B) | registers | stack (B) | "
           "spill stores / loads (B) | wgmma / mma.sync | blocks / SM |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
