@@ -42,14 +42,15 @@ from bertjax.ops.pallas_gpu_attention import (LOG2E, MASK_VALUE, _dot, _visible,
                                               key_block_ranges, online_softmax_step)
 from bertjax.ops.per_device import ROWS, per_device
 
-DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, BAND_PART] floats
+DEFAULT_BLOCK = 32  # forward tile side (the backward's is at most BACKWARD_BLOCK)
 # The backward kernels' shared memory grows with the table width (2 * span rounded up) and the tile side: the
 # [side, width] float32 accumulator and the one-hot placement [BAND_PART, width] go through it. Measured (triton 3.9
 # for sm_90, head_dim 64, num_stages 2, the larger of dq and dk/dv; limit: the H100's 232,448 bytes per block):
 # side 32 x width 512 (DeBERTa-v3's 256 buckets): bf16 59,780, f32 80,004; 32 x 1024: bf16 92,548, f32 112,772;
 # 32 x 2048: bf16 158,084. (Placing the whole band at once, [band, width], took 164,228 / 184,452 at 32 x 512 and
 # 315,524 at 32 x 1024.) So the backward tile side is at most BACKWARD_TILE_AREA // width: 32 up to width 1024,
-# 16 at 2048; wider tables are refused.
+# 16 at 2048; wider tables are refused. (Those figures predate BACKWARD_BLOCK and the bfloat16 placement, which
+# need, bf16 / f32: 32,768 / 37,572 at 16 x 512; bf16 77,508 at 16 x 2048.)
 BACKWARD_TILE_AREA = 32 * 1024
 # The backward tile side is at most this (below the area limit): the [side, 2 * span] float32 accumulator is held in
 # registers, 128 per thread at side 32 x 512 over 4 warps, which with the placement products made ptxas spill.
@@ -73,7 +74,7 @@ class _Static:
     num_warps: int
     num_stages: int
     band: int  # bucket rows one tile can touch (`_row_band`), a power of two for Triton's ranges
-    backward_block: int = 0  # the backward kernels' tile side (BACKWARD_TILE_AREA); 0: the table is too wide
+    backward_block: int = 0  # the backward tile side (BACKWARD_BLOCK, BACKWARD_TILE_AREA); 0: the table is too wide
     backward_band: int = 0  # `band` of a backward tile
     c2p_width: int = 0  # columns of the (padded) relative tables, for the error message
 
@@ -320,7 +321,7 @@ def _flash_bwd(st: _Static, residuals, do):
         raise ValueError(f"pallas_gpu disentangled attention: the gradient of a relative table {st.c2p_width} wide "
                          f"(2 * span) needs tiles under 16 rows to fit a GPU's shared memory; train with "
                          f"implementation='blockwise' (the forward pass works)")
-    # Smaller tiles than the forward's where the table is wide (BACKWARD_TILE_AREA); the forward's log-sum-exp is
+    # Smaller tiles than the forward's (BACKWARD_BLOCK, BACKWARD_TILE_AREA); the forward's log-sum-exp is
     # per row, so it serves any tiling.
     backward = dataclasses.replace(st, block_q=st.backward_block, block_k=st.backward_block, band=st.backward_band)
     return (*_backward(q, k, v, c2p, p2c, seg, table, out, lse, do, backward), None, None)  # integer operands
