@@ -9,6 +9,11 @@ and what ptxas (shipped in the `triton` package) reports per kernel: registers p
                                       [--block-q 64] [--block-k 64] [--num-warps N] [--num-stages 2]
                                       [--backward-block-q N] [--backward-block-k N] [--backward-num-warps N]
                                       [--backward-num-stages N]   # dq and dk/dv; default: the forward's
+    python -m bench.pallas_gpu_static --kernel deberta [--dtype ...] [--seq 512] [--block-size 32] [--num-warps N]
+                                      [--num-stages 2] [--band-part 16] [--backward-block 16]
+        # DeBERTa-v3-base's disentangled attention (pallas_gpu_disentangled: 12 heads x 64, 256 buckets, span
+        # 256, max_position 512): forward, dq and dk/dv with their tile sides; --band-part,
+        # --backward-block, --backward-tile-area override the module's BAND_PART, BACKWARD_BLOCK, BACKWARD_TILE_AREA
 
 A thread has at most 255 registers; a kernel at that limit with a stack frame or spills keeps part of its state in
 local memory (L1, else DRAM) instead.
@@ -181,6 +186,74 @@ def attention_gradient(layer: str, block_q: int, block_k: int, num_warps, num_st
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
+DEBERTA_V3_BASE = dict(heads=12, head_dim=64, span=256, buckets=256, max_position=512)
+
+
+def deberta_gradient(seq: int, block_size: int, num_warps, num_stages: int):
+    """jit-able gradient of DeBERTa-v3-base's disentangled attention on the Pallas GPU kernel (heads-first layout,
+    both relative terms), and its abstract arguments at batch 1: lowering it yields the forward, dq and dk/dv."""
+    from bertjax.ops.disentangled_attention import relative_index
+    from bertjax.ops.pallas_gpu_disentangled import pallas_gpu_disentangled
+
+    shape = DEBERTA_V3_BASE
+    table = relative_index(seq, seq, shape["span"], shape["buckets"], shape["max_position"])
+    segment_ids = jnp.ones((1, seq), jnp.int32)
+
+    def loss(q, k, v, pos_key, pos_query):
+        out = pallas_gpu_disentangled(q, k, v, pos_key, pos_query, segment_ids=segment_ids, table=table,
+                                      scale=1.0 / np.sqrt(3 * shape["head_dim"]), block_size=block_size,
+                                      num_warps=num_warps, num_stages=num_stages)
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    return jax.grad(loss, argnums=(0, 1, 2, 3, 4))
+
+
+def resource_row(name: str, text: str, warps: int, stages: int, tile: str = ""):
+    """One kernel compiled for sm_90: its markdown table row (see main's header) and the compiled kernel."""
+    compiled = compile_for_sm90(name, text, warps, stages)
+    ptx = compiled.asm["ptx"]
+    used = ptxas_resources(ptx)
+    # Hopper's wgmma needs 64 rows per warpgroup; a smaller side falls back to Ampere's mma.sync.
+    products = f"{ptx.count('wgmma.mma_async')} / {ptx.count('mma.sync')}"
+    shared = compiled.metadata.shared
+    row = (f"| {name} | {warps} | {stages} | {tile}{shared:,} | {used['registers']} | {used['stack']} | "
+           f"{used['spill_stores']} / {used['spill_loads']} | {products} | "
+           f"{blocks_per_sm(warps, used['registers'], shared)} |")
+    return row, compiled
+
+
+def deberta_main(args) -> None:
+    from bertjax.ops import pallas_gpu_disentangled as kernel
+
+    # Trying settings: the module reads these constants while tracing, so setting them here reaches all kernels.
+    if args.band_part is not None:
+        kernel.BAND_PART = args.band_part
+    if args.backward_block is not None:
+        kernel.BACKWARD_BLOCK = args.backward_block
+    if args.backward_tile_area is not None:
+        kernel.BACKWARD_TILE_AREA = args.backward_tile_area
+    shape = DEBERTA_V3_BASE
+    dtype = jnp.dtype(args.dtype)
+    q = jax.ShapeDtypeStruct((1, shape["heads"], args.seq, shape["head_dim"]), dtype)
+    pos = jax.ShapeDtypeStruct((2 * shape["span"], shape["heads"], shape["head_dim"]), dtype)
+    kernels = triton_ir(deberta_gradient(args.seq, args.block_size, args.num_warps, args.num_stages),
+                        q, q, q, pos, pos)
+    if kernels is None:
+        raise SystemExit(f"jax {jax.__version__}: the lowered program carries no Triton IR to compile here")
+    block = min(args.block_size, kernel.DEFAULT_BLOCK)
+    width = 2 * shape["span"]  # a power of two here: the tables' padded width
+    sides = {"bertjax_disentangled_forward": block}
+    sides["bertjax_disentangled_dq"] = sides["bertjax_disentangled_dkv"] = kernel.backward_tile(block, width)
+    print(f"# pallas_gpu_disentangled, {shape['heads']} heads x {shape['head_dim']}, {shape['buckets']} buckets, "
+          f"span {shape['span']}, tables {width} wide, seq {args.seq}, {args.dtype}, block_size {args.block_size}, "
+          f"BAND_PART {kernel.BAND_PART}; triton for sm_90")
+    print("| kernel | warps | stages | tile side | shared memory (B) | registers | stack (B) | "
+          "spill stores / loads (B) | wgmma / mma.sync | blocks / SM |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, text, warps, stages in kernels:
+        print(resource_row(name, text, warps, stages, tile=f"{sides[name]} | ")[0], flush=True)
+
+
 def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> int:
     """(query, key) pairs a kernel tiled block_q x block_k scores over one document of `seq` tokens: visited tiles
     times tile area (key_block_ranges). Larger tiles skip less of a window's edge; the dk/dv kernel visits the same
@@ -191,6 +264,7 @@ def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> in
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernel", choices=["flash", "deberta"], default="flash")
     parser.add_argument("--layer", choices=["global", "local"], default="global")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--head-dim", type=int, default=64)
@@ -200,7 +274,15 @@ def main(argv=None) -> None:
     parser.add_argument("--num-stages", type=int, default=2)
     for name in ("block-q", "block-k", "num-warps", "num-stages"):
         parser.add_argument(f"--backward-{name}", type=int, default=None, help="dq and dk/dv; default: the library's")
+    deberta = parser.add_argument_group("--kernel deberta")
+    deberta.add_argument("--seq", type=int, default=512)
+    deberta.add_argument("--block-size", type=int, default=32, help="the forward's tile side (pallas_gpu_disentangled)")
+    deberta.add_argument("--band-part", type=int, default=None, help="override BAND_PART (one-hot cube width)")
+    deberta.add_argument("--backward-block", type=int, default=None, help="override BACKWARD_BLOCK (backward tile cap)")
+    deberta.add_argument("--backward-tile-area", type=int, default=None, help="override BACKWARD_TILE_AREA")
     args = parser.parse_args(argv)
+    if args.kernel == "deberta":
+        return deberta_main(args)
     backward = {f"backward_{name}": getattr(args, f"backward_{name}")
                 for name in ("block_q", "block_k", "num_warps", "num_stages")
                 if getattr(args, f"backward_{name}") is not None}
@@ -219,14 +301,8 @@ def main(argv=None) -> None:
           "wgmma / mma.sync | blocks / SM |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, text, warps, stages in kernels:
-        compiled[name] = compile_for_sm90(name, text, warps, stages)
-        ptx = compiled[name].asm["ptx"]
-        used = ptxas_resources(ptx)
-        # Hopper's wgmma needs 64 rows per warpgroup; a smaller side falls back to Ampere's mma.sync.
-        products = f"{ptx.count('wgmma.mma_async')} / {ptx.count('mma.sync')}"
-        print(f"| {name} | {warps} | {stages} | {compiled[name].metadata.shared:,} | {used['registers']} | "
-              f"{used['stack']} | {used['spill_stores']} / {used['spill_loads']} | {products} | "
-              f"{blocks_per_sm(warps, used['registers'], compiled[name].metadata.shared)} |")
+        row, compiled[name] = resource_row(name, text, warps, stages)
+        print(row)
     window = None if args.layer == "global" else 128
     backward_tiles = (backward.get("backward_block_q", args.block_q), backward.get("backward_block_k", args.block_k))
     print(f"\n# pairs scored over one 1024-token document (dense: {1024 * 1024:,}): forward "

@@ -88,13 +88,13 @@ def test_kernel_matches_dense_reference_forward_and_gradients(case):
 
 
 def test_wide_tables_backward_uses_smaller_tiles_and_matches():
-    """Relative tables 2048 wide (span 1024) make the backward kernels take 16-row tiles (their shared memory grows
-    with tile x width: pallas_gpu_disentangled.BACKWARD_TILE_AREA) under the forward's 32, and the gradients still
-    match the dense reference. DeBERTa-v3 (256 buckets: 512 wide) keeps 32. A table 4096 wide has no tile that
-    fits: its gradient is a clear error, its forward still runs."""
+    """The backward kernels take 16-row tiles (BACKWARD_BLOCK: fewer registers than the forward's 32), and relative
+    tables 2048 wide (span 1024) keep 16 within shared memory (which grows with tile x width:
+    pallas_gpu_disentangled.BACKWARD_TILE_AREA); the gradients match the dense reference there. A table 4096 wide
+    has no tile that fits: its gradient is a clear error, its forward still runs."""
     from bertjax.ops.pallas_gpu_disentangled import backward_tile
 
-    assert [backward_tile(32, width) for width in (16, 512, 1024, 2048, 4096)] == [32, 32, 32, 16, 0]
+    assert [backward_tile(32, width) for width in (16, 512, 1024, 2048, 4096)] == [16, 16, 16, 16, 0]
     args, seg = inputs(64, jnp.float32, span=1024)
     ref_out, ref_grads = value_and_grads("dense", args, seg, ("c2p", "p2c"), 1024, 2048)
     out, grads = value_and_grads("pallas_gpu", args, seg, ("c2p", "p2c"), 1024, 2048, block_size=32)

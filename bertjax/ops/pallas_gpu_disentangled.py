@@ -17,9 +17,10 @@ Per tile (query block [i0, i0 + bq), key block [j0, j0 + bk)):
   range [r0, r0 + band) (band = bq + bk - 1 rounded up, wider only where log buckets skip rows: `_row_band`).
   The tile's gradient in band coordinates, d[i, c] = sum_j ds[i, j] [idx(i, j) - r0 == c], is a one-hot
   reduction over a [bq, bk, 16] cube per 16 slots of the band, then a one-hot matmul [bq, 16] x [16, 2 * span]
-  places those slots into the program's own [bq, 2 * span] accumulator (16 slots at a time keeps shared memory
-  small: BACKWARD_TILE_AREA). dc2p rows belong to the dq program of their query block and
-  dp2c rows to the dk/dv program of their key block, so each program writes its rows once, with no races.
+  (bfloat16 on tensor cores, exact: `_place`) places those slots into the program's own [bq, 2 * span] accumulator
+  (16 slots at a time keeps shared memory small: BACKWARD_TILE_AREA). dc2p rows belong to the dq program of their
+  query block and dp2c rows to the dk/dv program of their key block, so each program writes its rows once, with no
+  races. The backward tiles are 16 rows (BACKWARD_BLOCK): at 32 the accumulator alone takes 128 registers a thread.
 
 Kernels, grids and block skipping are those of `pallas_gpu_attention` (no GQA, no window here: DeBERTa has
 neither). Padding of sequence and head dimension, float32 / bfloat16 precision rules: as there.
@@ -41,15 +42,22 @@ from bertjax.ops.pallas_gpu_attention import (LOG2E, MASK_VALUE, _dot, _visible,
                                               key_block_ranges, online_softmax_step)
 from bertjax.ops.per_device import ROWS, per_device
 
-DEFAULT_BLOCK = 32  # tile side; the backward's one-hot cube is [block, block, BAND_PART] floats
+DEFAULT_BLOCK = 32  # forward tile side (the backward's is at most BACKWARD_BLOCK)
 # The backward kernels' shared memory grows with the table width (2 * span rounded up) and the tile side: the
 # [side, width] float32 accumulator and the one-hot placement [BAND_PART, width] go through it. Measured (triton 3.9
 # for sm_90, head_dim 64, num_stages 2, the larger of dq and dk/dv; limit: the H100's 232,448 bytes per block):
 # side 32 x width 512 (DeBERTa-v3's 256 buckets): bf16 59,780, f32 80,004; 32 x 1024: bf16 92,548, f32 112,772;
 # 32 x 2048: bf16 158,084. (Placing the whole band at once, [band, width], took 164,228 / 184,452 at 32 x 512 and
 # 315,524 at 32 x 1024.) So the backward tile side is at most BACKWARD_TILE_AREA // width: 32 up to width 1024,
-# 16 at 2048; wider tables are refused.
+# 16 at 2048; wider tables are refused. (Those figures predate BACKWARD_BLOCK and the bfloat16 placement, which
+# need, bf16 / f32: 32,768 / 37,572 at 16 x 512; bf16 77,508 at 16 x 2048.)
 BACKWARD_TILE_AREA = 32 * 1024
+# The backward tile side is at most this (below the area limit): the [side, 2 * span] float32 accumulator is held in
+# registers, 128 per thread at side 32 x 512 over 4 warps, which with the placement products made ptxas spill.
+# Measured (bench.pallas_gpu_static --kernel deberta: DeBERTa-v3-base, bf16, 4 warps, num_stages 2, tensor-core
+# placement; triton 3.9 for sm_90), stack bytes per thread dq / dk/dv: side 32: 12,360 / 12,432; side 16: 112 / 64
+# (docs/benchmarks.md, "registers and spills").
+BACKWARD_BLOCK = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +74,7 @@ class _Static:
     num_warps: int
     num_stages: int
     band: int  # bucket rows one tile can touch (`_row_band`), a power of two for Triton's ranges
-    backward_block: int = 0  # the backward kernels' tile side (BACKWARD_TILE_AREA); 0: the table is too wide
+    backward_block: int = 0  # the backward tile side (BACKWARD_BLOCK, BACKWARD_TILE_AREA); 0: the table is too wide
     backward_band: int = 0  # `band` of a backward tile
     c2p_width: int = 0  # columns of the (padded) relative tables, for the error message
 
@@ -107,8 +115,16 @@ def _place(d, first, width: int):
     """[rows, band] -> [rows, width]: column c goes to first + c, as a one-hot matmul (exact: one term per entry)."""
     band = d.shape[1]
     place = (lax.broadcasted_iota(jnp.int32, (band, width), 1)
-             == first + lax.broadcasted_iota(jnp.int32, (band, width), 0)).astype(jnp.float32)
-    return _dot(d, place)
+             == first + lax.broadcasted_iota(jnp.int32, (band, width), 0)).astype(jnp.bfloat16)
+    # A float32 product here runs on FMA units with both operands spread over the threads' registers (ptxas spilled
+    # 5-7 KB per thread at 16- and 32-row tiles); bfloat16 runs on tensor cores. d is split into three bfloat16 pieces
+    # that sum back to it exactly (8 + 8 + 8 significant bits of float32's 24), and each output entry has one
+    # nonzero term per piece, so the placement stays exact.
+    hi = d.astype(jnp.bfloat16)
+    rest = d - hi.astype(jnp.float32)
+    mid = rest.astype(jnp.bfloat16)
+    lo = (rest - mid.astype(jnp.float32)).astype(jnp.bfloat16)
+    return _dot(hi, place) + _dot(mid, place) + _dot(lo, place)
 
 
 BAND_PART = 16  # band slots reduced and placed at a time: a [bq, bk, 16] cube instead of [bq, bk, band]
@@ -272,9 +288,9 @@ def _concrete(table) -> np.ndarray:
 
 
 def backward_tile(block: int, width: int) -> int:
-    """The backward kernels' tile side: the largest power of two <= block with side x width <= BACKWARD_TILE_AREA,
-    or 0 where that is under 16 (Triton's smallest dot)."""
-    side = min(block, pl.next_power_of_2(BACKWARD_TILE_AREA // width + 1) // 2)
+    """The backward kernels' tile side: the largest power of two <= min(block, BACKWARD_BLOCK) with side x width <=
+    BACKWARD_TILE_AREA, or 0 where that is under 16 (Triton's smallest dot)."""
+    side = min(block, BACKWARD_BLOCK, pl.next_power_of_2(BACKWARD_TILE_AREA // width + 1) // 2)
     return side if side >= 16 else 0
 
 
@@ -305,7 +321,7 @@ def _flash_bwd(st: _Static, residuals, do):
         raise ValueError(f"pallas_gpu disentangled attention: the gradient of a relative table {st.c2p_width} wide "
                          f"(2 * span) needs tiles under 16 rows to fit a GPU's shared memory; train with "
                          f"implementation='blockwise' (the forward pass works)")
-    # Smaller tiles than the forward's where the table is wide (BACKWARD_TILE_AREA); the forward's log-sum-exp is
+    # Smaller tiles than the forward's (BACKWARD_BLOCK, BACKWARD_TILE_AREA); the forward's log-sum-exp is
     # per row, so it serves any tiling.
     backward = dataclasses.replace(st, block_q=st.backward_block, block_k=st.backward_block, band=st.backward_band)
     return (*_backward(q, k, v, c2p, p2c, seg, table, out, lse, do, backward), None, None)  # integer operands
