@@ -26,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-declare -A CAP=([env]=20 [check]=60 [train]=150 [attention]=120 [inference]=120 [memory]=90 [tune]=150
+declare -A CAP=([env]=20 [check]=75 [train]=150 [attention]=115 [inference]=110 [memory]=90 [tune]=150
                 [profile]=90)
 MAIN_PLAN=(env check train attention inference memory)  # caps sum to 560 s: call 1 with timeout_s 590
 
