@@ -87,8 +87,7 @@ def summarise(events: list[dict], steps: int, top: int) -> str:
 def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, matmul_rate: float,
               top: int) -> str:
     """Measured device time per model code (events joined to the compiled program's kernels by their HLO op),
-    beside the floor of those kernels: products' FLOPs at `matmul_rate`, the others' bytes written .. moved at
-    `bandwidth` (step_floor's range)."""
+    beside the floor of those kernels (`Kernel.floor`)."""
     kernel_of = {kernel.name: kernel for kernel in kernels}
     measured, floors, unmatched = collections.Counter(), {}, 0
     for e in events:
@@ -99,12 +98,8 @@ def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, m
         measured[kernel.source] += e["dur"]
     for kernel in kernels:
         low, high = floors.get(kernel.source, (0.0, 0.0))
-        if kernel.kind == "matmul":
-            seconds = max(kernel.flops / matmul_rate, kernel.writes / bandwidth)
-            floors[kernel.source] = (low + seconds, high + seconds)
-        else:
-            floors[kernel.source] = (low + kernel.writes / bandwidth,
-                                     high + (kernel.writes + kernel.reads) / bandwidth)
+        kernel_low, kernel_high = kernel.floor(bandwidth, matmul_rate)
+        floors[kernel.source] = (low + kernel_low, high + kernel_high)
     lines = [f"{'ms/step':>9} {'floor ms':>13}  model code (kernels of the compiled step)"]
     for source, micros in measured.most_common(top):
         low, high = floors[source]

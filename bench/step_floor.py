@@ -116,6 +116,14 @@ class Kernel:
     reads: int  # all operands, whole
     source: str  # the model code's op name, layers merged
 
+    def floor(self, bandwidth: float, matmul_rate: float) -> tuple[float, float]:
+        """Seconds this kernel needs at least, as a range: a product its FLOPs (or its output's bytes, if more);
+        any other kernel from writing its outputs once to reading all its operands as well."""
+        if self.kind == "matmul":
+            seconds = max(self.flops / matmul_rate, self.writes / bandwidth)
+            return seconds, seconds
+        return self.writes / bandwidth, (self.writes + self.reads) / bandwidth
+
 
 def kernels_of(text: str) -> list[Kernel]:
     """The entry computation's kernel launches, with their products' FLOPs and their operands' and outputs' bytes."""

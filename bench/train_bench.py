@@ -8,7 +8,8 @@
     python -m bench.train_bench --gpu --gpu-batch 16 32 --attention pallas_gpu xla   # a sweep, one table
     python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192        # the largest batch that trains;
     python -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192   # one framework per process
-    python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --predict   # search from a prediction
+    python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --topology h100   # no GPU: by compiled memory
+    python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near   # from that answer
     python -m bench.train_bench --gpu --dry-run --gpu-seq 64 --steps 1      # the GPU path on CPU, a tiny model
 
 The step is the one `bertjax pretrain` runs (StableAdamW, MLM at 30% gathered before the vocabulary projection,
@@ -390,15 +391,6 @@ def memory_probe(framework: str, attempt, release):
     return fits
 
 
-def predicted_batch(compiled, state_bytes: int, batch: int, limit_bytes: int) -> int:
-    """The largest batch whose step should fit in `limit_bytes`, from one compiled step at `batch`: its arguments and
-    temporaries less the training state (params and optimizer moments, which do not grow with the batch) give the
-    bytes per row; the state stays. A guess for `largest_fitting(near=True)`, which checks it by running."""
-    stats = compiled.memory_analysis()
-    per_row = (stats.argument_size_in_bytes + stats.temp_size_in_bytes - state_bytes) / batch
-    return max(1, int((limit_bytes - state_bytes) // per_row))
-
-
 def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: int = 1, fraction: float = 0.95,
                        limit: int = 4096) -> list[dict]:
     """Without a GPU: the largest batch of modernbert-base rows whose train step, compiled for `topology` (XLA's
@@ -407,6 +399,7 @@ def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: in
     card (`--start-batch N --near`), which runs it: the card adds the CUDA context, cuBLAS workspaces and the
     allocator's fragmentation, and its autotuned programs may differ."""
     from bertjax import gpu_aot
+    from bertjax.tpu_aot import device_bytes
 
     devices = gpu_aot.gpu_devices(topology)
     budget = fraction * gpu_aot.device_memory_gib(topology) * 2**30
@@ -418,9 +411,8 @@ def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: in
                           devices=devices, attention_platform="gpu", compile_only=True)
         arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
                   for k, v in synthetic_batch(case).items()}
-        stats = setup.train_step.lower(setup.abstract_state(), setup.frozen, arrays).compile().memory_analysis()
-        used = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
-                + stats.temp_size_in_bytes)
+        used = device_bytes(setup.train_step.lower(setup.abstract_state(), setup.frozen, arrays).compile()
+                            .memory_analysis())
         print(f"  compiled for {topology}, batch {batch}: {used / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB "
               f"({'fits' if used <= budget else 'too large'})", flush=True)
         return used <= budget
@@ -432,46 +424,27 @@ def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: in
              "step_ms": float("nan"), "tokens_per_sec": float("nan")}]
 
 
-def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1,
-                      predict: bool = False, limit: int = 4096, near: bool = False) -> list[dict]:
+def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1, limit: int = 4096,
+                      near: bool = False) -> list[dict]:
     """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
     framework (run each in its own process: neither hands its freed memory back to the other). Each try runs two
-    steps. bertjax with `predict`: one compile at `start` rows predicts the answer (`predicted_batch`), and the
-    search starts there, stepping 1, 2, 4, ... away from it; `near`: `start` is such a prediction already (e.g.
-    `compiled_max_batch`'s, made without a GPU)."""
+    steps. `near`: `start` is a prediction (`compiled_max_batch`'s, made without a GPU), so the search steps 1, 2,
+    4, ... away from it."""
     import gc
 
     config = gpu_config(seq_len)
     case = lambda batch: Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1,
                               remat_policy=remat_policy)
     if framework == "bertjax":
-        def prepare(batch: int):
+        def attempt(batch: int) -> bool:
             setup = setup_run(case(batch).run_config(2), vocab_size=config.vocab_size, pad_id=config.pad_token_id)
             state = setup.fresh_state()
             arrays = {k: jax.device_put(v, batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
                       for k, v in synthetic_batch(case(batch)).items()}
-            return setup, state, arrays
-
-        def attempt(batch: int) -> bool:
-            setup, state, arrays = prepare(batch)
             for _ in range(2):
                 state, metrics = setup.train_step(state, setup.frozen, arrays)
             return np.isfinite(float(metrics["loss"]))
 
-        if predict:
-            setup, state, arrays = prepare(start)
-            compiled = setup.train_step.lower(state, setup.frozen, arrays).compile()
-            bytes_limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
-            if bytes_limit and compiled.memory_analysis() is not None:
-                state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
-                guess = predicted_batch(compiled, state_bytes, start, bytes_limit)
-                print(f"  bertjax: compiled at batch {start}, {state_bytes / 2**30:.2f} GiB of state; predicted "
-                      f"largest batch {guess} under JAX's {bytes_limit / 2**30:.1f} GiB", flush=True)
-                start = guess
-            else:
-                print(f"  bertjax: {jax.devices()[0].device_kind} reports no memory limit: no prediction", flush=True)
-            del setup, state, arrays, compiled
-            gc.collect()
         fits = memory_probe(framework, attempt, gc.collect)
     else:
         model = MODEL_CLASSES["masked_lm"](config.replace(dtype="float32"))
@@ -504,7 +477,7 @@ def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: in
         return answers[batch]
 
     try:
-        best, bound = largest_fitting(recorded, limit, start, near=near or (predict and framework == "bertjax")), ""
+        best, bound = largest_fitting(recorded, limit, start, near=near), ""
     except KeyboardInterrupt:  # launch/gpu_session.sh's time cap: what was tried still bounds the answer
         best = max((b for b, fit in answers.items() if fit), default=0)
         failed = min((b for b, fit in answers.items() if not fit), default=None)
@@ -554,16 +527,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--topology", default=None,
                         help="--gpu-max-batch bertjax without a GPU: the largest batch whose step compiled for this "
                         "GPU (h100, h200; XLA's deviceless compilation, needs JAX's CUDA plugin) fits 95%% of it")
-    parser.add_argument("--predict", action="store_true",
-                        help="--gpu-max-batch bertjax: compile at --start-batch, predict the answer from the compiled "
-                        "memory, and search from there")
     args = parser.parse_args(argv)
     if args.dry_run and not (args.gpu or args.gpu_max_batch):
         parser.error("--dry-run checks the GPU paths on CPU: give --gpu or --gpu-max-batch too")
-    if args.topology and (args.gpu_max_batch != "bertjax" or args.predict or args.dry_run):
+    if args.topology and (args.gpu_max_batch != "bertjax" or args.dry_run):
         parser.error("--topology goes with --gpu-max-batch bertjax alone (it compiles for that GPU, runs nothing)")
-    if args.predict and args.gpu_max_batch != "bertjax":
-        parser.error("--predict needs --gpu-max-batch bertjax (it reads XLA's compiled memory)")
     if min(args.gpu_batch + [args.gpu_seq, args.start_batch, args.steps or 1]) <= 0:
         parser.error("--gpu-batch, --gpu-seq, --start-batch and --steps must be positive")
     return args
@@ -584,7 +552,7 @@ def main(argv=None) -> None:
     if args.topology:
         rows = compiled_max_batch(args.gpu_seq, args.remat, args.topology, args.start_batch)
     elif args.gpu_max_batch:
-        rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch, args.predict,
+        rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch,
                                  limit=4 if args.dry_run else 4096, near=args.near)
     elif args.gpu:
         rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention)

@@ -81,6 +81,13 @@ def aot_compile(fn: Callable, *args: Any, mesh: Mesh, in_shardings: Any, out_sha
     return compiled
 
 
+def device_bytes(stats) -> int:
+    """What a compiled program holds on each device at its peak, from its `memory_analysis()`: arguments and outputs
+    (less the outputs aliased onto donated arguments) and temporaries."""
+    return (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
+            + stats.temp_size_in_bytes)
+
+
 def memory_report(compiled: jax.stages.Compiled) -> str:
     """Per-device memory of a compiled program, in MiB, one field per line (from `memory_analysis()`)."""
     stats = compiled.memory_analysis()
@@ -89,7 +96,5 @@ def memory_report(compiled: jax.stages.Compiled) -> str:
     fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
               "generated_code_size_in_bytes")
     lines = [f"  {name.removesuffix('_size_in_bytes'):<15} {getattr(stats, name) / 2**20:10.1f} MiB" for name in fields]
-    peak = stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes \
-        + stats.temp_size_in_bytes
-    lines.append(f"  {'total (a+o-al+t)':<15} {peak / 2**20:10.1f} MiB per device")
+    lines.append(f"  {'total (a+o-al+t)':<15} {device_bytes(stats) / 2**20:10.1f} MiB per device")
     return "memory_analysis (per device):\n" + "\n".join(lines)

@@ -98,19 +98,6 @@ def test_attention_targets_follow_the_issue():
     ]
 
 
-def test_predicted_batch_from_compiled_memory():
-    from types import SimpleNamespace
-
-    from bench.train_bench import predicted_batch
-
-    gib = 2**30
-    # 2 GiB of state; at batch 4, 2.1 GiB of arguments (state + batch) and 10 GiB of temporaries: 2.525 GiB a row.
-    compiled = SimpleNamespace(memory_analysis=lambda: SimpleNamespace(argument_size_in_bytes=int(2.1 * gib),
-                                                                       temp_size_in_bytes=10 * gib))
-    assert predicted_batch(compiled, 2 * gib, 4, 60 * gib) == 22  # (60 - 2) / 2.525 = 22.97
-    assert predicted_batch(compiled, 2 * gib, 4, 3 * gib) == 1  # never below one row: the search steps down
-
-
 def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
     """The --gpu comparison and the largest-batch search with a tiny model on CPU (what `--dry-run` does): the order
     of the rows, the ratio against transformers, and the summary lines the GPU run prints."""
@@ -122,11 +109,10 @@ def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
     assert [row["case"] for row in rows] == ["modernbert-base bf16 (transformers, sdpa)", "modernbert-base bf16, xla",
                                              "modernbert-base bf16, xla, 1 doc/row"]
     assert all(row["tokens_per_sec"] > 0 and "speedup_vs_transformers" in row for row in rows[1:])
-    [found] = train_bench.run_gpu_max_batch("bertjax", 64, "none", start=2, predict=True, limit=2)
+    [found] = train_bench.run_gpu_max_batch("bertjax", 64, "none", start=2, limit=2, near=True)
     assert found["batch"] == 2
     out = capsys.readouterr().out
     assert "best bertjax: modernbert-base bf16, xla" in out and "x transformers (target >= 1.5x)" in out
-    assert "cpu reports no memory limit: no prediction" in out  # CPUs have none; GPUs report JAX's
     assert "bertjax batch 2: fits" in out and "largest batch of 64-token rows that trains, bertjax" in out
 
 

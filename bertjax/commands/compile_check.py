@@ -91,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(tpu_aot.memory_report(compiled))
         stats = compiled.memory_analysis()
         if hbm is not None and stats is not None:
-            used = (stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes
-                    + stats.temp_size_in_bytes) / 2**30
+            used = tpu_aot.device_bytes(stats) / 2**30
             where = (f"the {hbm:.1f} GiB JAX may use of each GPU (XLA_PYTHON_CLIENT_MEM_FRACTION "
                      f"{gpu_aot.jax_memory_fraction():g})" if on_gpu else f"{hbm} GiB of HBM per chip")
             print(f"  {'fits' if used < hbm else 'does NOT fit'} in {where} ({100 * used / hbm:.0f}%)")
