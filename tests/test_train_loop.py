@@ -62,3 +62,17 @@ def test_workdir_holds_everything_and_fill_mask_reads_it(finished_run, monkeypat
     predictions = load_predictor(workdir.name)("The [MASK] statement ends the [MASK] loop.", 4)
     assert [len(p) for p in predictions] == [4, 4]
     assert all(p[0].probability >= p[-1].probability for p in predictions)
+
+
+def test_metrics_read_while_a_run_appends_skip_only_the_unfinished_last_line(tmp_path):
+    # A reader polling metrics.jsonl can catch a write halfway (across a page boundary): that half line is not a
+    # record yet. A finished line that is not a JSON object is damage, named with its line number.
+    lines = [json.dumps({"step": step, "loss": 5.0 - step}) for step in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[1][:20])
+    assert read_metrics(tmp_path) == [{"step": 1, "loss": 4.0}, {"step": 2, "loss": 3.0}]
+    (tmp_path / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1][:20] + "\n" + lines[1] + "\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON record"):
+        read_metrics(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text(lines[0] + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON object"):
+        read_metrics(tmp_path)

@@ -16,10 +16,25 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 def read_metrics(workdir: str | Path) -> list[dict]:
+    """The records of metrics.jsonl, in order. A last line without its newline is a record still being written
+    (the file is read while a run appends to it; a write that crosses a page boundary shows half a line), so it is
+    left for the next read; any other line that is not a JSON object is an error naming the file and line."""
     path = Path(workdir) / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    *complete, _unfinished = path.read_text().split("\n")
+    records = []
+    for number, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not a JSON record ({error})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: not a JSON object")
+        records.append(record)
+    return records
 
 
 class MetricsLogger:
