@@ -1,29 +1,27 @@
+import atexit
 import os
+import shutil
+import tempfile
+
+from train_helpers import FAST_COMPILE_FLAGS
 
 # Tests run on CPU whatever the machine has; XLA's own thread pools are enough on 2 cores.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from bertjax.cpu_allocator import reuse_freed_memory  # noqa: E402
+if os.environ["JAX_PLATFORMS"] == "cpu":  # the GPU kernel tests run on cuda, with XLA's defaults
+    # Set before JAX starts, and inherited by the commands, scripts and notebook kernels tests start: compiling tiny
+    # programs is most of the suite's time, and these flags halve it. Each comparison a test makes is between runs
+    # under the same flags (or against another library, within the stated tolerances).
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
+    # One persistent compilation cache per test process and the processes it starts: resumed runs, second runs of a
+    # config, and each command-line run of the same tiny config look up the programs the first one compiled.
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        cache_dir = tempfile.mkdtemp(prefix="bertjax-test-xla-cache-")
+        atexit.register(shutil.rmtree, cache_dir, ignore_errors=True)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
+        os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
-if os.environ["JAX_PLATFORMS"] == "cpu":  # as the command line does on CPU (the GPU kernel tests run on cuda)
-    reuse_freed_memory()  # XLA's per-step temporaries reused instead of page-faulted
+    from bertjax.cpu_allocator import reuse_freed_memory
 
-
-import pytest  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def compilation_cache(tmp_path_factory):
-    """A persistent XLA cache for one test module (use with `pytest.mark.usefixtures`): runs that compile the same
-    programs again (a resumed run, a second run of one config) look them up instead."""
-    import jax
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {name: getattr(jax.config, name) for name in names}
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla-cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    yield
-    for name, value in before.items():
-        jax.config.update(name, value)
+    reuse_freed_memory()  # as the command line does on CPU: XLA's per-step temporaries reused, not page-faulted

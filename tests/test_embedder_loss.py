@@ -4,10 +4,8 @@ one device, and GradCache gradients against uncached ones."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +14,7 @@ import pytest
 
 from bertjax.embeddings.contrastive import (cached_loss_and_grads, multiple_negatives_ranking_loss,
                                             uncached_loss_and_grads)
-
-REPO = Path(__file__).resolve().parents[1]
+from train_helpers import REPO, cpu_env
 
 
 def numpy_mnrl(a, p, n=None, scale=20.0, symmetric=False, similarity="cosine"):
@@ -92,9 +89,7 @@ def test_loss_rejects_mismatched_shapes(embeddings):
 
 def test_mesh_loss_on_8_devices_equals_one_device():
     """Subprocess: 8 fake CPU devices need XLA flags before JAX starts."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    run = subprocess.run([sys.executable, str(REPO / "tests" / "embedder_sharding_script.py")], env=env,
+    run = subprocess.run([sys.executable, str(REPO / "tests" / "embedder_sharding_script.py")], env=cpu_env(devices=8),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(run.stdout.strip().splitlines()[-1])

@@ -16,10 +16,6 @@ from finetune_helpers import NEGATIVE, NEUTRAL, POSITIVE, sentiment_rows, tiny_m
 FAST = ["train.batch_size=16", "train.learning_rate=3e-3", "data.max_length=16", "train.progress_bar=false",
         "eval.batch_size=32"]
 
-# Runs compile the same programs again: a persistent cache (tests/conftest.py) turns the repeats into lookups.
-pytestmark = pytest.mark.usefixtures("compilation_cache")
-
-
 def config(task: str, *overrides: str):
     return load_finetune_config(None, FAST + list(overrides), task_class(task).defaults)
 

@@ -25,6 +25,7 @@ from bertjax.inference import BucketConfig, TextInference
 from bertjax.inference.packing import batch_shapes
 from bertjax.models import abstract_params
 from bertjax.models.pooling import POOLING_MODES
+from train_helpers import cpu_env
 
 ALL_MODES = tuple(POOLING_MODES)
 FAMILIES = ("bert-tiny", "roberta-tiny", "albert-tiny", "distilbert-tiny", "electra-tiny-discriminator",
@@ -380,9 +381,8 @@ def test_data_parallel_over_four_devices_equals_one(tmp_path):
         np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
         print("ok")
     """)
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": ":".join(sys.path)}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, "-c", script], env=cpu_env(devices=4), capture_output=True, text=True,
+                            timeout=900)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 

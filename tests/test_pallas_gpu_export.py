@@ -274,8 +274,9 @@ def test_under_a_mesh_interpret_mode_matches_and_gathers_nothing():
     import subprocess
     import sys
 
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": os.pathsep.join(sys.path)}
+    from train_helpers import cpu_env
+
+    env = cpu_env(devices=4)
     script = os.path.join(os.path.dirname(__file__), "pallas_sharding_script.py")
     result = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

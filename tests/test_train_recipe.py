@@ -40,10 +40,6 @@ PHASE_STARTS = {0: ("pretrain-32", 6, 32), 9: ("context-extension-64", 4, 64), 1
 TOTAL = 17
 STOPS = (2, 11, 15)  # before the batch grows to 7 rows, in context extension, in the decay
 
-# Runs compile the same programs again: a persistent cache (tests/conftest.py) turns the repeats into lookups.
-pytestmark = pytest.mark.usefixtures("compilation_cache")
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("recipe")
