@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import itertools
 import math
 import os

@@ -228,8 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     references = [row for name, row in rows.items() if name.startswith("transformers")]
     reference = {key: float(np.mean([row[key] for row in references]))
                  for key in ("examples_per_second", "examples_per_cpu_second")}
-    print(f"\n| run | examples/s | vs transformers | examples/CPU-s | vs transformers | validation accuracy | notes |"
-          f"\n|---|---:|---:|---:|---:|---:|---|")
+    print("\n| run | examples/s | vs transformers | examples/CPU-s | vs transformers | validation accuracy | notes |"
+          "\n|---|---:|---:|---:|---:|---:|---|")
     for name, row in rows.items():
         notes = (f"{row['threads']} torch threads" if "threads" in row else
                  f"{row['rows_per_step']} rows/step, {row['examples_per_row']:.2f} examples/row, "

@@ -1,7 +1,6 @@
 """The dense XLA attention against a plain numpy loop over query positions."""
 
 import chex
-import jax
 import numpy as np
 import pytest
 

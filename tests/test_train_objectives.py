@@ -9,9 +9,10 @@ import pytest
 
 from bertjax.config import get_config
 from bertjax.models import MODEL_CLASSES
+from bertjax.models.params import init_boxed
 from bertjax.train import flops
 from bertjax.train.objectives import OBJECTIVES, build_objective, losses, objective_class
-from bertjax.train.objectives.base import init_boxed, model_inputs
+from bertjax.train.objectives.base import model_inputs
 from bertjax.train.objectives.distillation import teacher_layer_map
 from bertjax.train.run_config import ConfigError, run_config_from_dict
 from bertjax.train.setup import setup_run

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 from bertjax.config import EncoderConfig
 from bertjax.models.attention import ATTENTION_MODULES

@@ -20,7 +20,6 @@ import flax.linen as nn
 import jax
 
 from bertjax.config import EncoderConfig
-from bertjax.models.params import init_boxed  # re-exported: the objectives' initialiser of one model
 
 Sums = dict[str, jax.Array]
 Params = Any

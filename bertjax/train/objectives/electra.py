@@ -32,9 +32,10 @@ import optax
 
 from bertjax.config import EncoderConfig
 from bertjax.models import MODEL_CLASSES
+from bertjax.models.params import init_boxed
 from bertjax.train import flops as flops_lib
 from bertjax.train.objectives import losses
-from bertjax.train.objectives.base import Objective, ObjectiveOptions, init_boxed, model_inputs
+from bertjax.train.objectives.base import Objective, ObjectiveOptions, model_inputs
 
 # Parameters under `embeddings/` that the generator takes from the discriminator.
 SHARED_EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings", "norm")

@@ -8,9 +8,10 @@ from typing import ClassVar
 import jax.numpy as jnp
 
 from bertjax.models import MODEL_CLASSES
+from bertjax.models.params import init_boxed
 from bertjax.train import flops as flops_lib
 from bertjax.train.objectives import losses
-from bertjax.train.objectives.base import Objective, ObjectiveError, ObjectiveOptions, init_boxed, model_inputs
+from bertjax.train.objectives.base import Objective, ObjectiveError, ObjectiveOptions, model_inputs
 
 
 class MaskedLM(Objective):

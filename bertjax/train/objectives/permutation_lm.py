@@ -16,9 +16,10 @@ import dataclasses
 import jax
 
 from bertjax.models import MODEL_CLASSES
+from bertjax.models.params import init_boxed
 from bertjax.train import flops as flops_lib
 from bertjax.train.objectives import losses
-from bertjax.train.objectives.base import Objective, ObjectiveError, ObjectiveOptions, init_boxed, model_inputs
+from bertjax.train.objectives.base import Objective, ObjectiveError, ObjectiveOptions, model_inputs
 from bertjax.train.objectives.electra import replace_at
 from bertjax.train.objectives.permutation import sample_permutation
 
