@@ -71,8 +71,8 @@ def test_metrics_read_while_a_run_appends_skip_only_the_unfinished_last_line(tmp
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n" + lines[1][:20])
     assert read_metrics(tmp_path) == [{"step": 1, "loss": 4.0}, {"step": 2, "loss": 3.0}]
     (tmp_path / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1][:20] + "\n" + lines[1] + "\n")
-    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON record"):
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not valid JSON"):
         read_metrics(tmp_path)
     (tmp_path / "metrics.jsonl").write_text(lines[0] + "\n[1, 2]\n")
-    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON object"):
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: each line must be a JSON object, got list"):
         read_metrics(tmp_path)

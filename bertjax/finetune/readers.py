@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bertjax.jsonl import json_objects
+
 Row = dict[str, Any]
 
 
@@ -52,18 +54,7 @@ def read_tsv(path: Path) -> list[Row]:
 
 
 def read_jsonl(path: Path) -> list[Row]:
-    rows = []
-    for number, line in enumerate(_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}, line {number}: each line must be a JSON object, got {type(row).__name__}")
-        rows.append(row)
-    return rows
+    return json_objects(_text(path).splitlines(), path)
 
 
 def read_parquet(path: Path) -> list[Row]:

@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bertjax.jsonl import json_objects
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 TENSORBOARD_DIR = "tensorboard"
@@ -23,18 +25,7 @@ def read_metrics(workdir: str | Path) -> list[dict]:
     if not path.exists():
         return []
     *complete, _unfinished = path.read_text().split("\n")
-    records = []
-    for number, line in enumerate(complete, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not a JSON record ({error})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: not a JSON object")
-        records.append(record)
-    return records
+    return json_objects(complete, path)
 
 
 class MetricsLogger:

@@ -1,0 +1,25 @@
+"""JSON Lines, one JSON object per line: fine-tuning data, predictions, and a run's metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+def json_objects(lines: Iterable[str], path: str | Path) -> list[dict[str, Any]]:
+    """The objects of `lines` in order, blank lines skipped; a line that is not a JSON object is an error naming
+    `path` and the line's number."""
+    objects = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}, line {number}: not valid JSON ({error.msg})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{path}, line {number}: each line must be a JSON object, got {type(value).__name__}")
+        objects.append(value)
+    return objects
