@@ -23,3 +23,10 @@ def json_objects(lines: Iterable[str], path: str | Path) -> list[dict[str, Any]]
             raise ValueError(f"{path}, line {number}: each line must be a JSON object, got {type(value).__name__}")
         objects.append(value)
     return objects
+
+
+def write_json_objects(path: str | Path, objects: Iterable[dict[str, Any]]) -> Path:
+    """Write `objects` to `path`, one per line, UTF-8 (text kept as it is, not escaped)."""
+    path = Path(path)
+    path.write_text("".join(json.dumps(value, ensure_ascii=False) + "\n" for value in objects), encoding="utf-8")
+    return path

@@ -11,8 +11,9 @@ Records: sequence classification `{"label", "score", "scores"}` (regression `{"s
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+from bertjax.jsonl import write_json_objects
 
 HELP = "predict with a fine-tuned model: labels with scores, word-aligned tags, answer spans as text"
 
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     records = predict(args.model, args.input, args.overrides, batch_size=args.batch_size, max_tokens=args.max_tokens)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    write_json_objects(output, records)
     print(f"{len(records)} predictions -> {output}")
     return 0
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import pathlib
 from collections import Counter
+
+from bertjax.jsonl import write_json_objects
 
 MIN_SUMMARY_WORDS = 4
 MAX_SUMMARY_WORDS = 30
@@ -57,12 +58,12 @@ def write_pairs(out: str | pathlib.Path, documents: list[str] | None = None) -> 
     """Write train.jsonl and validation.jsonl under `out`; returns the number of pairs per split."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    splits: dict[str, list[str]] = {"train": [], "validation": []}
+    splits: dict[str, list[dict]] = {"train": [], "validation": []}
     for pair in docstring_pairs(documents):
-        splits["validation" if is_validation(pair["anchor"]) else "train"].append(json.dumps(pair, ensure_ascii=False))
-    for split, lines in splits.items():
-        (out / f"{split}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return {split: len(lines) for split, lines in splits.items()}
+        splits["validation" if is_validation(pair["anchor"]) else "train"].append(pair)
+    for split, pairs in splits.items():
+        write_json_objects(out / f"{split}.jsonl", pairs)
+    return {split: len(pairs) for split, pairs in splits.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import json
 import pathlib
 import sysconfig
+
+from bertjax.jsonl import write_json_objects
 
 PACKAGES = ("asyncio", "email", "logging", "xml", "tkinter")
 PER_LABEL = 250
@@ -59,7 +60,7 @@ def write_dataset(out: str | pathlib.Path) -> dict[str, int]:
     """Write train.jsonl and validation.jsonl under `out`; returns the number of examples per split."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    splits: dict[str, list[str]] = {"train": [], "validation": []}
+    splits: dict[str, list[dict]] = {"train": [], "validation": []}
     seen: set[str] = set()
     for package in PACKAGES:
         for text in package_docstrings(package):
@@ -67,10 +68,10 @@ def write_dataset(out: str | pathlib.Path) -> dict[str, int]:
                 continue
             seen.add(text)
             split = "validation" if is_validation(text) else "train"
-            splits[split].append(json.dumps({"text": text, "label": package}, ensure_ascii=False))
-    for split, lines in splits.items():
-        (out / f"{split}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return {split: len(lines) for split, lines in splits.items()}
+            splits[split].append({"text": text, "label": package})
+    for split, rows in splits.items():
+        write_json_objects(out / f"{split}.jsonl", rows)
+    return {split: len(rows) for split, rows in splits.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

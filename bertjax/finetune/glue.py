@@ -24,6 +24,8 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from bertjax.jsonl import write_json_objects
+
 LEARNING_RATES = (1e-5, 3e-5, 5e-5, 8e-5)
 WEIGHT_DECAYS = (1e-6, 5e-6, 1e-5)
 LARGE_EPOCHS = (1, 2, 3)
@@ -88,11 +90,6 @@ def read_glue_tsv(path: Path, task: GlueTask) -> tuple[list[dict], int]:
     return rows, skipped
 
 
-def write_jsonl(rows: list[dict], path: Path) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 def prepare_task(data_dir: Path, task: GlueTask, out: Path, say: Callable[[str], None]) -> dict[str, Path]:
     """JSONL files of the task's splits: train, validation (and mismatched for MNLI)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +104,7 @@ def prepare_task(data_dir: Path, task: GlueTask, out: Path, say: Callable[[str],
         rows, skipped = read_glue_tsv(data_dir / task.name / source, task)
         if skipped:
             say(f"{task.name}/{source}: skipped {skipped} malformed rows of {len(rows) + skipped}")
-        paths[split] = write_jsonl(rows, out / f"{split}.jsonl")
+        paths[split] = write_json_objects(out / f"{split}.jsonl", rows)
     return paths
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bertjax.jsonl import write_json_objects
 from bertjax.train.metrics import read_metrics
 
 RESULTS_FILE = "results.json"
@@ -98,7 +99,7 @@ class EvaluationLog:
         self._file = self._tensorboard = None
         _all_processes_read("finetune metrics.jsonl read")  # before process 0 rewrites it
         if write:
-            path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            write_json_objects(path, kept)
             self._file = open(path, "a")
             self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
 

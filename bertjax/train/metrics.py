@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bertjax.jsonl import json_objects
+from bertjax.jsonl import json_objects, write_json_objects
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
@@ -48,7 +48,7 @@ class MetricsLogger:
             return
         path = self.workdir / METRICS_FILE
         kept = [r for r in read_metrics(self.workdir) if r.get("step", 0) <= start_step] if start_step else []
-        path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        write_json_objects(path, kept)
         self._file = open(path, "a")
         from tensorboardX import SummaryWriter  # imported here: only the primary process writes events
         self._tensorboard = SummaryWriter(str(self.workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
