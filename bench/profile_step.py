@@ -91,7 +91,9 @@ def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, m
     kernel_of = {kernel.name: kernel for kernel in kernels}
     measured, floors, unmatched = collections.Counter(), {}, 0
     for e in events:
-        kernel = kernel_of.get(e.get("args", {}).get("hlo_op", e["name"]))
+        # A GPU kernel's `hlo_op` is its annotation stack, outermost first and joined by "::" where thunks nest (a
+        # while loop's body, a conditional): the kernel is the innermost op.
+        kernel = kernel_of.get(e.get("args", {}).get("hlo_op", e["name"]).split("::")[-1])
         if kernel is None:
             unmatched += e["dur"]
             continue

@@ -63,7 +63,8 @@ def test_profile_joins_measured_kernels_to_model_code_and_floors():
 
     kernels = kernels_of(GPU_MODULE)
     events = [{"name": "gemm_fusion", "dur": 3000.0, "args": {"hlo_op": "mm"}},  # microseconds, over 2 steps
-              {"name": "loop_add_fusion", "dur": 1000.0, "args": {"hlo_op": "sum"}},
+              {"name": "loop_add_fusion", "dur": 700.0, "args": {"hlo_op": "sum"}},
+              {"name": "loop_add_fusion", "dur": 300.0, "args": {"hlo_op": "while.1::sum"}},  # nested: innermost
               {"name": "sum", "dur": 600.0},  # no args: matched by its name
               {"name": "memcpy", "dur": 400.0}]
     table = by_source(events, kernels, steps=2, bandwidth=1e6, matmul_rate=1e9, top=5)
