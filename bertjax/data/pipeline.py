@@ -12,13 +12,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from bertjax.data.masking import MaskingOptions
 from bertjax.data.sources import DocumentSource, open_documents
 from bertjax.typecheck import check_field_types
+
+if TYPE_CHECKING:  # imported when building, not at import time: it brings in grain
+    from bertjax.data.batching import BatchIterator
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +146,7 @@ def batch_spec(config: DataConfig, process_count: int = 1) -> dict[str, tuple[tu
 def build_pretraining_iterator(config: DataConfig, tokenizer, *, seed: int, process_index: int = 0,
                                process_count: int = 1, split: str = "train",
                                source: DocumentSource | None = None, origin: tuple[int, int] = (0, 0)
-                               ) -> "BatchIterator":
+                               ) -> BatchIterator:
     """The (by default endless) iterator of per-process training batches; see `bertjax.data` for the format.
 
     `source` overrides `config.input` (tests, notebooks: e.g. `sources.InMemorySource(texts)`). `origin` (epoch,
@@ -155,7 +158,7 @@ def build_pretraining_iterator(config: DataConfig, tokenizer, *, seed: int, proc
 
 
 def build_eval_iterator(config: DataConfig, tokenizer, *, seed: int = 0, process_index: int = 0,
-                        process_count: int = 1, source: DocumentSource | None = None) -> "BatchIterator":
+                        process_count: int = 1, source: DocumentSource | None = None) -> BatchIterator:
     """A finite, deterministic iterator over the held-out split: one pass, no shuffling, fixed masks for a seed.
 
     The last batch is completed with padding rows (all segment ids 0, weights 0, `nsp_labels` -1). With
