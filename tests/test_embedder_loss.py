@@ -68,7 +68,8 @@ def test_loss_equals_sentence_transformers(embeddings):
     a, p, n = embeddings
     t = lambda x: torch.from_numpy(x)  # noqa: E731
     mnrl = losses.MultipleNegativesRankingLoss(None, scale=20.0)
-    symmetric = losses.MultipleNegativesSymmetricRankingLoss(None, scale=20.0)
+    symmetric = losses.MultipleNegativesRankingLoss(None, scale=20.0, directions=("query_to_doc", "doc_to_query"),
+                                                    partition_mode="per_direction")
     checks = [(mnrl.compute_loss_from_embeddings([t(a), t(p)], None), multiple_negatives_ranking_loss(a, p)),
               (mnrl.compute_loss_from_embeddings([t(a), t(p), t(n)], None), multiple_negatives_ranking_loss(a, p, n)),
               (symmetric.compute_loss_from_embeddings([t(a), t(p)], None),
