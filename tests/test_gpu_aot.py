@@ -63,3 +63,28 @@ def test_compile_check_compiles_the_tiny_config_for_an_h100():
     assert "1 x NVIDIA H100 80GB HBM3" in result.stdout and "attention pallas_gpu" in result.stdout
     assert "Pallas kernel calls in the program (Triton): " in result.stdout
     assert "fits in the 59.7 GiB JAX may use of each GPU" in result.stdout
+
+
+@needs_plugin
+def test_inference_program_compiles_for_h100s_with_one_kernel_call_per_layer():
+    """What `bertjax embed` and `predict` run on a GPU (the inference Runner over a data mesh of two H100s, packed
+    rows, bfloat16) compiles with the Triton attention kernel inside each device's program, one call per layer."""
+    import jax
+    import jax.numpy as jnp
+
+    from bertjax.config import get_config
+    from bertjax.inference.rows import encoder_row_fn
+    from bertjax.inference.runner import Runner, data_mesh
+    from bertjax.models import EncoderModel, abstract_params
+
+    config = get_config("modernbert-tiny", attention_implementation="pallas_gpu", dtype="bfloat16", num_layers=3,
+                        max_position_embeddings=256)
+    model = EncoderModel(config)
+    runner = Runner(encoder_row_fn(model), mesh=data_mesh(gpu_aot.gpu_devices("h100:2")))
+    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, jnp.bfloat16, sharding=runner._replicated),
+                          abstract_params(model, seq_len=256))
+    batch = {name: jax.ShapeDtypeStruct((4, 256), jnp.int32) for name in ("input_ids", "segment_ids")}
+    compiled = runner.lower(params, batch, max_segments=4).compile()
+    text = compiled.as_text()
+    assert text.count("__gpu$xla.gpu.triton") == config.num_layers, "one attention kernel call per layer"
+    assert "all-gather" not in text  # rows stay on their device: the kernel runs per device, not on gathered rows
