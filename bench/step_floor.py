@@ -7,8 +7,9 @@ matrix products, and the bytes its other kernels move, per kernel of the program
 
 `--topology` compiles without the GPU (bertjax/gpu_aot.py; needs JAX's CUDA plugin); without it the step is
 compiled for this machine's first device. Each kernel's bytes are counted from the shapes of its operands and
-outputs, so they are a range: a kernel writes its outputs at least once, and reads at most all of its operands
-(a fusion that slices an operand reads less). Products' FLOPs are 2 x output elements x contracted size of every
+outputs, so they are a range: a kernel writes its outputs at least once, and reads at most its operands; an operand
+a fusion only slices (through bitcasts), as RoPE and the split of q, k and v slice the fused projection's output,
+counts as the slices it reads. Products' FLOPs are 2 x output elements x contracted size of every
 dot in a fusion; the Pallas attention kernels are listed by their bytes (their FLOPs depend on the segments).
 Times are at --bandwidth and --matmul-rate (defaults: what the device tool's H100s measured, 3.0 TB/s counting
 bytes read plus written, 798 TFLOP/s bf16), and the largest memory-bound kernels are grouped by the model code
@@ -113,7 +114,7 @@ class Kernel:
     kind: str  # "matmul", "attention" or "other"
     flops: int
     writes: int
-    reads: int  # all operands, whole
+    reads: int  # its operands: whole, or the slices of those a fusion only slices
     source: str  # the model code's op name, layers merged
 
     def floor(self, bandwidth: float, matmul_rate: float) -> tuple[float, float]:
@@ -123,6 +124,41 @@ class Kernel:
             seconds = max(self.flops / matmul_rate, self.writes / bandwidth)
             return seconds, seconds
         return self.writes / bandwidth, (self.writes + self.reads) / bandwidth
+
+
+def _sliced_bytes(value: Instruction, users: dict[str, list[Instruction]]) -> int | None:
+    """Bytes read of a fused computation's value that is only sliced, through bitcasts (which move nothing); None
+    when some use reads it whole."""
+    total = 0
+    for user in users.get(value.name, []):
+        if user.op in ("slice", "dynamic-slice"):
+            total += array_bytes(user.shape)
+        elif user.op == "bitcast":
+            inner = _sliced_bytes(user, users)
+            if inner is None:
+                return None
+            total += inner
+        else:
+            return None
+    return total
+
+
+def operand_reads(computations: dict[str, list[Instruction]], callee: str | None, operand_shapes: list[str]
+                  ) -> int:
+    """Bytes a kernel reads of its operands: each whole, but an operand the fused computation `callee` only slices
+    counts as those slices (at most the whole operand)."""
+    body = computations.get(callee, []) if callee else []
+    parameters = {int(i.rest.split(")")[0]): i for i in body if i.op == "parameter"}
+    users: dict[str, list[Instruction]] = collections.defaultdict(list)
+    for instruction in body:
+        for name in instruction.operands:
+            users[name].append(instruction)
+    total = 0
+    for index, shape in enumerate(operand_shapes):
+        whole = array_bytes(shape)
+        sliced = _sliced_bytes(parameters[index], users) if index in parameters else None
+        total += whole if sliced is None else min(sliced, whole)
+    return total
 
 
 def kernels_of(text: str) -> list[Kernel]:
@@ -135,17 +171,19 @@ def kernels_of(text: str) -> list[Kernel]:
             continue  # parameters, bitcasts, tuples, constants: no launch
         flops = dot_flops(computations, instruction.name) if instruction.op == "dot" else 0
         callee = instruction.attribute("calls")
+        callee = callee.lstrip("%") if callee else None
         if callee:
-            flops += dot_flops(computations, callee.lstrip("%"))
+            flops += dot_flops(computations, callee)
         pallas = "xla.gpu.triton" in instruction.rest or "tpu_custom_call" in instruction.rest
         op_name = re.search(r'op_name="([^"]*)"', instruction.rest)
         source = instruction.op
         if op_name:  # "jit(step)/transpose(jvp(Model))/.../layers_3/mlp/mul" -> "backward .../layers_N/mlp/mul"
             path = re.sub(r"layers_\d+", "layers_N", op_name.group(1)).split("/")
             source = ("backward " if "transpose(" in op_name.group(1) else "") + "/".join(path[-3:])
+        reads = operand_reads(computations, callee if instruction.op == "fusion" else None,
+                              [shapes.get(name, "") for name in instruction.operands])
         kernels.append(Kernel(instruction.name, "attention" if pallas else "matmul" if flops else "other", flops,
-                              array_bytes(instruction.shape),
-                              sum(array_bytes(shapes.get(name, "")) for name in instruction.operands), source))
+                              array_bytes(instruction.shape), reads, source))
     return kernels
 
 

@@ -74,3 +74,41 @@ def test_profile_joins_measured_kernels_to_model_code_and_floors():
         "     1.50   1.02..1.02   layers_N/mlp/dot_general",
         "     0.80   1.02..3.07   backward layers_N/mlp/add",
         "     0.20                events not matched to a kernel of the step"]
+
+
+SLICING_MODULE = """HloModule jit_step
+
+%rope_like (p0: bf16[4,96], p1: f32[4,32]) -> bf16[4,32] {
+  %p0 = bf16[4,96]{1,0} parameter(0)
+  %p1 = f32[4,32]{1,0} parameter(1)
+  %b = bf16[4,3,32]{2,1,0} bitcast(%p0)
+  %q = bf16[4,1,32]{2,1,0} slice(%b), slice={[0:4], [0:1], [0:32]}
+  %qq = bf16[4,32]{1,0} bitcast(%q)
+  %c = bf16[4,32]{1,0} convert(%p1)
+  ROOT %m = bf16[4,32]{1,0} multiply(%qq, %c)
+}
+
+%whole_and_slice (r0: bf16[4,96]) -> (bf16[4,32], bf16[4,96]) {
+  %r0 = bf16[4,96]{1,0} parameter(0)
+  %s = bf16[4,32]{1,0} slice(%r0), slice={[0:4], [0:32]}
+  %n = bf16[4,96]{1,0} negate(%r0)
+  ROOT %t = (bf16[4,32]{1,0}, bf16[4,96]{1,0}) tuple(%s, %n)
+}
+
+ENTRY %main (qkv: bf16[4,96], cos: f32[4,32]) -> bf16[4,32] {
+  %qkv = bf16[4,96]{1,0} parameter(0)
+  %cos = f32[4,32]{1,0} parameter(1)
+  %rope = bf16[4,32]{1,0} fusion(%qkv, %cos), kind=kInput, calls=%rope_like
+  %both = (bf16[4,32]{1,0}, bf16[4,96]{1,0}) fusion(%qkv), kind=kLoop, calls=%whole_and_slice
+  ROOT %copy = bf16[4,32]{1,0} copy(%rope)
+}
+"""
+
+
+def test_an_operand_a_fusion_only_slices_counts_as_its_slices():
+    """RoPE's fusion reads a third of the fused q/k/v projection (a slice behind a bitcast): it counts that third,
+    not the whole operand; an operand also read whole counts whole."""
+    kernels = {k.name: k for k in kernels_of(SLICING_MODULE)}
+    assert kernels["rope"].reads == 4 * 32 * 2 + 4 * 32 * 4  # the q slice of qkv, and the whole cos table
+    assert kernels["both"].reads == 4 * 96 * 2
+    assert kernels["copy"].reads == 4 * 32 * 2
