@@ -251,8 +251,8 @@ def main(argv=None) -> None:
         with open(args.hlo_out, "w") as f:
             f.write(text)
     target = args.topology or jax.devices()[0].device_kind
-    print(f"# modernbert-base train step, {args.batch} x {args.seq}, {args.documents_per_row} documents per row, remat {args.remat}, compiled "
-          f"for {target} (jax {jax.__version__}); attention {setup.model_config.attention_implementation}")
+    print(f"# modernbert-base train step, {args.batch} x {args.seq}, {args.documents_per_row} documents per row, "
+          f"remat {args.remat}, compiled for {target} (jax {jax.__version__}); attention {setup.model_config.attention_implementation}")
     print(summary(kernels_of(text), args.bandwidth, args.matmul_rate))
 
 

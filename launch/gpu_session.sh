@@ -10,7 +10,8 @@
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
 # and SIGKILL 5 s later (a process can hang at exit behind a computation in flight): the timing benches print
 # their rows as they measure them and, interrupted, their summary of what they have (the profile prints only at
-# its end), so a slow stage costs the stages after it nothing but those seconds. Stages, in the order of the main plan (the targets first):
+# its end), so a slow stage costs the stages after it nothing but those seconds. Stages, in the order of the main
+# plan (the targets first):
 #   env        GPU, driver and package versions; what JAX sees
 #   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA, before anything is timed
 #              (the run goes on if it fails; the export tests compile the same kernels for sm_90 in CI already)

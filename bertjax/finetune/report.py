@@ -100,7 +100,7 @@ class EvaluationLog:
         _all_processes_read("finetune metrics.jsonl read")  # before process 0 rewrites it
         if write:
             write_json_objects(path, kept)
-            self._file = open(path, "a")
+            self._file = open(path, "a", encoding="utf-8")  # as write_json_objects writes it
             self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
 
     def log(self, step: int, epoch: float, split: str, values: dict) -> dict:

@@ -24,7 +24,7 @@ def read_metrics(workdir: str | Path) -> list[dict]:
     path = Path(workdir) / METRICS_FILE
     if not path.exists():
         return []
-    *complete, _unfinished = path.read_text().split("\n")
+    *complete, _unfinished = path.read_text(encoding="utf-8").split("\n")
     return json_objects(complete, path)
 
 
@@ -49,7 +49,7 @@ class MetricsLogger:
         path = self.workdir / METRICS_FILE
         kept = [r for r in read_metrics(self.workdir) if r.get("step", 0) <= start_step] if start_step else []
         write_json_objects(path, kept)
-        self._file = open(path, "a")
+        self._file = open(path, "a", encoding="utf-8")  # as write_json_objects writes it
         from tensorboardX import SummaryWriter  # imported here: only the primary process writes events
         self._tensorboard = SummaryWriter(str(self.workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
         if progress_bar:
