@@ -180,6 +180,44 @@ def test_matches_transformers_on_padded_batch(case_id, checkpoint):
                          reference_outputs(reference, ids, mask, token_types), mask)
 
 
+def gapped_batch(seq: int, pad_id: int, seed: int):
+    """Rows with padding where transformers still numbers positions: on the left, and a gap in the middle."""
+    ids, _ = padded_batch((seq, seq), seq, pad_id, seed)
+    mask = np.ones_like(ids)
+    mask[0, :6] = 0  # left padding
+    mask[1, 10:14] = 0  # a gap of padding mid-row
+    return np.where(mask == 1, ids, pad_id), mask
+
+
+@pytest.mark.parametrize("case_id", ["bert-mlm", "roberta-mlm", "modernbert-model-4l-every3-w16"])
+def test_masked_tokens_are_absent_as_in_transformers_without_them(case_id, checkpoint):
+    # A masked token is absent: a left-padded or gapped row gives, at its real tokens, what transformers gives for
+    # the row without the padding. transformers' RoBERTa counts positions that way itself, so there the padded rows
+    # agree directly too; its BERT and ModernBERT number positions by index (their left-padded outputs move with
+    # the padding). The pooler is left out: bertjax pools the first real token, transformers index 0.
+    reference, directory = checkpoint(case_id)
+    model, params = bertjax.from_pretrained(directory, dtype=jnp.float32)
+    ids, mask = gapped_batch(SEQ, reference.config.pad_token_id, seed=4)
+    if model.config.local_window is not None:  # windows count by index: a gap widens them (both libraries)
+        ids, mask = ids[:1], mask[:1]
+    valid = mask.astype(bool)
+    lengths = valid.sum(axis=1)
+    compact = np.full_like(ids, reference.config.pad_token_id)
+    for row in range(len(ids)):
+        compact[row, :lengths[row]] = ids[row][valid[row]]
+    compact_mask = (np.arange(SEQ)[None, :] < lengths[:, None]).astype(mask.dtype)
+    per_token = ("last_hidden_state", "logits")
+    ours = {name: value[valid] for name, value in bertjax_outputs(model, params, ids, mask).items()
+            if name in per_token}
+    theirs = {name: value[compact_mask.astype(bool)]
+              for name, value in reference_outputs(reference, compact, compact_mask).items() if name in per_token}
+    assert_outputs_close(ours, theirs, np.ones(len(next(iter(ours.values()))), bool))
+    if family(case_id) == "roberta":
+        direct = {name: value[valid] for name, value in reference_outputs(reference, ids, mask).items()
+                  if name in per_token}
+        assert_outputs_close(ours, direct, np.ones(len(next(iter(ours.values()))), bool))
+
+
 @pytest.mark.parametrize("case_id", ["bert-pretraining", "modernbert-mlm-4l-every3-w8-legacy"])
 def test_matches_transformers_on_single_token(case_id, checkpoint):
     reference, directory = checkpoint(case_id)

@@ -50,13 +50,24 @@ def test_padding_does_not_change_valid_outputs(preset, masked_lm):
     padded_ids = np.concatenate([rng.integers(0, vocab, (2, left)), ids, rng.integers(0, vocab, (2, right))], 1)
     padded_mask = np.pad(mask, ((0, 0), (left, right)))
 
-    plain, padded = run(model, params, ids, mask), run(model, params, padded_ids, padded_mask)
+    # And a gap of masked tokens mid-row: absent too, so positions go on counting after it.
+    gap_at, gap = left + 5, 3
+    gapped_ids = np.concatenate([padded_ids[:, :gap_at], rng.integers(0, vocab, (2, gap)), padded_ids[:, gap_at:]], 1)
+    gapped_mask = np.concatenate([padded_mask[:, :gap_at], np.zeros((2, gap), np.int32), padded_mask[:, gap_at:]], 1)
+
+    # Sliding windows count by index, as transformers', so a gap widens the span a local layer sees.
+    cases = [(padded_ids, padded_mask)]
+    if model.config.local_window is None:
+        cases.append((gapped_ids, gapped_mask))
+
+    plain = run(model, params, ids, mask)
     valid = mask.astype(bool)
-    for name in ("logits", "last_hidden_state"):
-        expected = np.asarray(getattr(plain, name))[valid]
-        actual = np.asarray(getattr(padded, name))[:, left:left + seq][valid]
-        assert np.all(np.isfinite(actual)), name
-        np.testing.assert_allclose(actual, expected, atol=ATOL, rtol=0, err_msg=name)
+    for padded, kept in ((run(model, params, case_ids, case_mask), case_mask) for case_ids, case_mask in cases):
+        for name in ("logits", "last_hidden_state"):
+            expected = np.asarray(getattr(plain, name))[valid]
+            actual = np.asarray(getattr(padded, name))[kept.astype(bool)]
+            assert np.all(np.isfinite(actual)), name
+            np.testing.assert_allclose(actual, expected, atol=ATOL, rtol=0, err_msg=name)
 
 
 @pytest.mark.parametrize("preset", PRESETS)

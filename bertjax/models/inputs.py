@@ -9,7 +9,6 @@ from flax import struct
 
 from bertjax.config import EncoderConfig
 from bertjax.models.checked import check_traced_ids, checking_traced_values
-from bertjax.ops import segment_positions
 
 
 @struct.dataclass
@@ -49,11 +48,10 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
             raise ValueError(f"{name} must have the shape of input_ids {(batch, seq)}, got {jnp.shape(value)}")
     if segment_ids is None:
         segment_ids = jnp.ones((batch, seq), jnp.int32)
-    segment_ids = jnp.asarray(segment_ids, jnp.int32)
-    if attention_mask is not None:
-        segment_ids = segment_ids * (jnp.asarray(attention_mask) != 0)
+    documents = jnp.asarray(segment_ids, jnp.int32)
+    segment_ids = documents if attention_mask is None else documents * (jnp.asarray(attention_mask) != 0)
     if position_ids is None:
-        position_ids = segment_positions(segment_ids) + config.position_offset
+        position_ids = present_token_positions(documents, segment_ids != 0) + config.position_offset
     global_tokens = None
     if global_attention_mask is not None:
         if config.longformer is None:
@@ -72,6 +70,23 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
                          positions=jnp.asarray(position_ids, jnp.int32),
                          token_type_ids=None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32),
                          global_tokens=global_tokens)
+
+
+def present_token_positions(documents: jax.Array, present: jax.Array) -> jax.Array:
+    """Each token's position among the present (unmasked) tokens of its document; 0 where masked.
+
+    A masked token is absent: left padding or a gap of padding mid-row leaves the positions, and so the outputs,
+    of the row without it. transformers' RoBERTa and Longformer count positions the same way (over the tokens that
+    are not padding); its BERT and ModernBERT number them by index, so their outputs on left-padded rows depend on
+    the padding.
+    """
+    present = present.astype(jnp.int32)
+    counted = jnp.cumsum(present, axis=-1)
+    starts = jnp.concatenate([jnp.ones_like(documents[:, :1], dtype=bool), documents[:, 1:] != documents[:, :-1]],
+                             axis=-1)
+    # Counts never decrease along a row, so a running max carries the count before each document's start.
+    before = jax.lax.cummax(jnp.where(starts, counted - present, 0), axis=1)
+    return jnp.where(present == 1, counted - before - 1, 0)
 
 
 def check_ids(ids, size: int, what: str) -> None:
