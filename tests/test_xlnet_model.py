@@ -181,6 +181,23 @@ def test_task_heads_match_transformers_and_round_trip(head, tmp_path):
         np.testing.assert_allclose(again[name], expected[name], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("summary_type", ["first", "mean"])
+def test_other_summary_types_agree_without_padding_and_say_why_not_with_it(summary_type, tmp_path, caplog):
+    # transformers' "first" reads index 0 and its "mean" averages everything, left padding included; bertjax pools
+    # each row's real tokens. Rows without padding agree; loading says that padded ones will not.
+    reference = build_reference("XLNet", lambda: xlnet_config(summary_type=summary_type),
+                                "sequence_classification", str(tmp_path))
+    with caplog.at_level("WARNING", logger="bertjax.hf.xlnet"):
+        model, params = bertjax.from_pretrained(str(tmp_path))
+    assert f"summary_type={summary_type!r}" in caplog.text and "without padding" in caplog.text
+    ids, mask, types = (x[:1] for x in left_padded_batch())  # the full-length row
+    assert mask.all()
+    expected = hf_outputs(reference, ids, mask, {"token_type_ids": types})
+    ours = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
+                       token_type_ids=jnp.asarray(types))
+    assert_close(ours, expected, mask, "sequence_classification")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Bad input: clear errors naming the input.
 

@@ -10,6 +10,8 @@ without `mems`, which bertjax does not take.
 
 from __future__ import annotations
 
+import logging
+
 from bertjax.config import XLNET_TASK, EncoderConfig, XLNetOptions
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
@@ -32,6 +34,8 @@ MAX_LENGTH = 512
 _OUT = Layout(load=lambda w: (w.transpose(1, 2, 0),), save=lambda p: p[0].transpose(2, 0, 1))
 _MASK_EMB = Layout(load=lambda x: (x.reshape(-1),), save=lambda p: p[0].reshape(1, 1, -1))
 
+logger = logging.getLogger(__name__)
+
 
 def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     read = ConfigReader(values, DEFAULTS)
@@ -41,6 +45,11 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         read.expect("summary_use_proj", (True,))
         read.expect("summary_activation", ("tanh",))
         read.expect("summary_proj_to_labels", (False,))
+        if values.get("summary_type") in ("first", "mean"):
+            # XLNet rows are left-padded: transformers' "first" reads index 0 (padding on a short row) and its "mean"
+            # averages the padding in. bertjax pools each row's real tokens; padding-free rows agree.
+            logger.warning("XLNet summary_type=%r: bertjax pools the real tokens of each row, transformers also "
+                           "the left padding, so the two agree only on rows without padding", values["summary_type"])
     hidden, heads = read("d_model", "hidden_size"), read("n_head", "num_attention_heads")
     return EncoderConfig(
         family=MODEL_TYPE, vocab_size=read("vocab_size"), hidden_size=hidden, num_layers=read("n_layer"),
