@@ -193,5 +193,6 @@ def test_integer_tensor_where_a_float_parameter_belongs_is_an_error(hf_dir, tmp_
     name = next(n for n in sorted(tensors) if n.endswith("word_embeddings.weight"))
     tensors[name] = np.round(tensors[name] * 100).astype(np.int32)
     safetensors.numpy.save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=f"tensor '{name}' is int32; model parameters are floating point"):
-        bertjax.from_pretrained(str(broken))
+    for task in ({}, {"head": "sequence_classification", "num_labels": 2}):  # as it is, and into a new head
+        with pytest.raises(ValueError, match=f"tensor '{name}' is int32; model parameters are floating point"):
+            bertjax.from_pretrained(str(broken), **task)

@@ -137,9 +137,7 @@ def _load_exact(path: str, values: dict, head: str, mapping: KeyMapping, tensors
                              f"architecture {values['architectures'][0]})")
         key = present[0]
         consumed.update(present)
-        tensor = tensors[key]
-        if not jnp.issubdtype(tensor.dtype, jnp.floating):  # casting ints to float would hide a wrong file
-            raise ValueError(f"{path}: tensor {key!r} is {tensor.dtype}; model parameters are floating point")
+        tensor = _floating(path, key, tensors[key])
         if tuple(tensor.shape) != rule.hf_shape:
             raise ValueError(f"{path}: tensor {key!r} has shape {tuple(tensor.shape)}, expected {rule.hf_shape} "
                              "from config.json")
@@ -153,6 +151,12 @@ def _load_exact(path: str, values: dict, head: str, mapping: KeyMapping, tensors
         raise ValueError(f"{path}: unexpected tensor(s) {unexpected} for a {model_type} {head} model "
                          f"(architecture {values['architectures'][0]})")
     return flat
+
+
+def _floating(path: str, key: str, tensor: np.ndarray) -> np.ndarray:
+    if not jnp.issubdtype(tensor.dtype, jnp.floating):  # casting ints to float would hide a wrong file
+        raise ValueError(f"{path}: tensor {key!r} is {tensor.dtype}; model parameters are floating point")
+    return tensor
 
 
 def _load_into_new_head(path: str, family: HfFamily, model: nn.Module, saved_head: str, head: str,
@@ -177,7 +181,7 @@ def _load_into_new_head(path: str, family: HfFamily, model: nn.Module, saved_hea
                 continue
             raise ValueError(f"{path}: missing backbone tensor {rule.hf_keys[0]!r} for a {family.model_type} "
                              f"{head} model")
-        tensor = tensors[present[0]]
+        tensor = _floating(path, present[0], tensors[present[0]])
         consumed.update(present)
         if tuple(tensor.shape) != rule.hf_shape:
             if in_head:
