@@ -331,6 +331,9 @@ def test_bad_sharded_index_is_an_error(bert_mlm_copy, edit, match):
     ("roberta-tiny", "masked_lm", {"head_activation": "relu"}, "head_activation='relu'"),
     ("modernbert-tiny", "masked_lm", {"final_norm": False}, "final_norm=False"),
     ("modernbert-tiny", "pretraining", {}, "no modernbert architecture"),
+    # Another family's attention module, written under a family whose checkpoint has no place for its tensors.
+    ("longformer-tiny", "masked_lm", {"family": "roberta"}, "attention_kind='longformer' \\(needs 'standard'\\)"),
+    ("longformer-tiny", "encoder", {"family": "eurobert"}, "attention_kind='longformer' \\(needs 'standard'\\)"),
 ])
 def test_save_refuses_what_the_family_cannot_express(preset, head, overrides, match, tmp_path):
     model = tiny_model(preset, head, **overrides)

@@ -80,10 +80,12 @@ class Refusals:
         value = getattr(self.config, field)
         self.check(value in ACTIVATION_TO_HF, f"{field}={value!r} (no Hugging Face name)")
 
-    def common(self, *, factorised_embedding: bool = False, layer_sharing: bool = False) -> None:
+    def common(self, *, factorised_embedding: bool = False, layer_sharing: bool = False,
+               attention_kind: str = "standard") -> None:
         """Knobs most families lack: GQA, RMSNorm, an explicit head width, an MLM head without its transform, and
-        (unless the family has them) E != H and shared layers."""
+        (unless the family has them) E != H and shared layers; and another family's attention module."""
         cfg = self.config
+        self.need(attention_kind=attention_kind)
         self.check(cfg.kv_heads == cfg.num_heads, f"num_kv_heads={cfg.num_kv_heads} (grouped-query attention)")
         if not factorised_embedding:
             self.check(cfg.embed_dim == cfg.hidden_size, f"embedding_size={cfg.embedding_size} (factorised embedding)")

@@ -103,8 +103,8 @@ def _to_encoder_config(version: _Version, values: dict, head: str) -> EncoderCon
 def _to_hf_config(version: _Version, config: EncoderConfig, head: str) -> dict:
     cfg, dis = config, config.disentangled
     refuse = Refusals(cfg, version.model_type)
-    refuse.common(factorised_embedding=True)
-    refuse.need(attention_kind="disentangled", norm_bias=True, norm_placement="post", embedding_norm=True,
+    refuse.common(factorised_embedding=True, attention_kind="disentangled")
+    refuse.need(norm_bias=True, norm_placement="post", embedding_norm=True,
                 final_norm=False, position_offset=0, attention_bias=True, mlp_bias=True, mlp="dense",
                 global_attention_every=1, pooler=False, head_dense_bias=True, decoder_bias=True,
                 head_activation=cfg.activation)

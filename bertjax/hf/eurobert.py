@@ -80,7 +80,7 @@ def to_hf_config(config: EncoderConfig, head: str) -> dict:
     refuse.check(cfg.hidden_size % cfg.num_heads == 0,
                  f"hidden_size={cfg.hidden_size} not divisible by num_heads={cfg.num_heads} (transformers' "
                  "EuroBertConfig refuses it)")
-    refuse.need(norm="rmsnorm", norm_placement="pre", embedding_norm=False, final_norm=True,
+    refuse.need(attention_kind="standard", norm="rmsnorm", norm_placement="pre", embedding_norm=False, final_norm=True,
                 first_layer_attention_norm=True, position_embedding="rope", type_vocab_size=0, position_offset=0,
                 mlp="glu", global_attention_every=1, pooler=False, mlm_head_transform=False,
                 decoder_bias=cfg.mlp_bias, layers_per_group=1)
