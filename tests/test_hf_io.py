@@ -193,6 +193,31 @@ def test_unexpected_tensor_is_an_error(bert_mlm_copy):
         bertjax.from_pretrained(bert_mlm_copy)
 
 
+def test_tensor_names_decide_over_architectures_as_in_transformers(bert_mlm_dir, bert_mlm_copy, tmp_path, caplog):
+    # A head model's file ("bert." names) that says BertModel, and a bare model's file that says BertForMaskedLM:
+    # read by the names, as transformers reads them, with a warning; what the file lacks starts fresh.
+    edit_config(bert_mlm_copy, architectures=["BertModel"])
+    with caplog.at_level("WARNING", logger="bertjax.hf.pretrained"):
+        model, params = bertjax.from_pretrained(bert_mlm_copy)
+    assert "tensor names are a head model's ('bert.' prefix)" in caplog.text
+    assert type(model) is bertjax.EncoderModel
+    _, as_encoder = bertjax.from_pretrained(bert_mlm_dir, head="encoder")
+    assert_same_params(params, as_encoder)
+
+    bare = str(tmp_path / "bare")
+    encoder = tiny_model("bert-tiny", "encoder")
+    encoder_params = random_params(encoder, seed=3)
+    bertjax.save_pretrained(bare, encoder, encoder_params)
+    edit_config(bare, architectures=["BertForMaskedLM"])
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="bertjax.hf.pretrained"):
+        model, params = bertjax.from_pretrained(bare)
+    assert "tensor names are a bare model's" in caplog.text and "mlm_head/dense/kernel" in caplog.text
+    assert type(model) is bertjax.EncoderForMaskedLM
+    for scope in ("embeddings", "encoder"):
+        assert_same_params(params[scope], encoder_params[scope])
+
+
 def test_mlm_checkpoint_with_pretraining_heads_loads_without_them(bert_mlm_dir, bert_mlm_copy, caplog):
     """bert-base-uncased says BertForMaskedLM but its file still holds the pooler and NSP head."""
     extra = {"bert.pooler.dense.weight": np.ones((32, 32), np.float32),

@@ -111,12 +111,21 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
     tensors = weights.read_weights(path, allow_pickle=allow_pickle)
-    if head == saved_head and not task:
+    # Head classes name the backbone's tensors with a prefix ("bert."), the bare model without. Files exist whose
+    # names disagree with their architectures[0] (a head model's weights under "BertModel", or the reverse);
+    # transformers goes by the names, and so does bertjax.
+    prefixed = any(key.startswith(family.task_heads.base_prefix) for key in tensors)
+    names_agree = prefixed == (saved_head != "encoder")
+    if not names_agree:
+        logger.warning("%s: architectures[0] is %s, but the tensor names are %s; reading them as such", path,
+                       values["architectures"][0],
+                       f"a head model's ({family.task_heads.base_prefix!r} prefix)" if prefixed else "a bare model's")
+    if head == saved_head and not task and names_agree:
         mapping = family.mapping(config, head)
         _check_mapping_covers(mapping, expected)
         flat = _load_exact(path, values, head, mapping, tensors, dtype_name)
     else:
-        flat = _load_into_new_head(path, family, model, saved_head, head, tensors, expected, seed)
+        flat = _load_into_new_head(path, family, model, saved_head, head, tensors, expected, seed, prefixed)
     for param_path, spec in expected.items():
         if flat[param_path].shape != spec.shape:
             raise RuntimeError(f"the {model_type} key mapping built {'/'.join(param_path)} with shape "
@@ -161,13 +170,13 @@ def _floating(path: str, key: str, tensor: np.ndarray) -> np.ndarray:
 
 def _load_into_new_head(path: str, family: HfFamily, model: nn.Module, saved_head: str, head: str,
                         tensors: dict[str, np.ndarray], expected: dict[ParamPath, jax.ShapeDtypeStruct],
-                        seed: int) -> dict[ParamPath, jax.Array]:
+                        seed: int, prefixed: bool) -> dict[ParamPath, jax.Array]:
     """The backbone from the file (every backbone tensor must be there), the head from the file where its tensors
-    exist with the right shape, otherwise from a fresh init; a warning says which."""
+    exist with the right shape, otherwise from a fresh init; a warning says which. `prefixed`: the file names the
+    backbone's tensors as head classes do ("bert.embeddings..."), not as the bare model."""
     config = model.config
-    # Inside head classes the backbone's tensors carry a prefix ("bert.") that the bare model's do not.
     prefix = family.task_heads.base_prefix
-    source, target = ("" if saved_head == "encoder" else prefix), ("" if head == "encoder" else prefix)
+    source, target = (prefix if prefixed else ""), ("" if head == "encoder" else prefix)
     tensors = {(target + key[len(source):] if key.startswith(source) else key): value
                for key, value in tensors.items()}
     mapping = family.mapping(config, head)
