@@ -25,8 +25,18 @@ def json_objects(lines: Iterable[str], path: str | Path) -> list[dict[str, Any]]
     return objects
 
 
-def write_json_objects(path: str | Path, objects: Iterable[dict[str, Any]]) -> Path:
-    """Write `objects` to `path`, one per line, UTF-8 (text kept as it is, not escaped)."""
+def write_json_objects(path: str | Path, objects: Iterable[dict[str, Any]], *, allow_nan: bool = True) -> Path:
+    """Write `objects` to `path`, one per line, UTF-8 (text kept as it is, not escaped).
+
+    `allow_nan=False` (files for other programs, such as `bertjax predict`'s): NaN and infinities are an error naming
+    the line, since standard JSON has no such values and strict readers refuse the file. The default keeps them as
+    Python's json writes them, as metrics.jsonl has them (a diverged loss is a record, not a reason to fail)."""
     path = Path(path)
-    path.write_text("".join(json.dumps(value, ensure_ascii=False) + "\n" for value in objects), encoding="utf-8")
+    lines = []
+    for number, value in enumerate(objects, start=1):
+        try:
+            lines.append(json.dumps(value, ensure_ascii=False, allow_nan=allow_nan) + "\n")
+        except ValueError as error:
+            raise ValueError(f"{path}, line {number}: {error} (a NaN or infinity in {str(value)[:200]})") from None
+    path.write_text("".join(lines), encoding="utf-8")
     return path

@@ -8,6 +8,7 @@ import pytest
 
 from bertjax.data.tokenizers import WordPieceTokenizer
 from bertjax.finetune import encoding, qa, readers
+from bertjax.finetune.tasks import Labels
 
 WORDS = ["the", "cat", "sat", "on", "mat", "dog", "ran", "far", "away", "who", "what", "where", "did", "paris",
          "is", "in", "france", "big", "red", "house", ",", ".", "?"]
@@ -281,6 +282,65 @@ def test_task_input_errors_and_counted_skips(tok):
                           "train.jsonl", with_targets=True)
     with pytest.raises(ValueError, match=r"no column 'text'.*data.text_column=NAME"):
         classifier.fit_labels([{"sentence": "x", "label": "a"}], "train.jsonl", None)
+
+
+def test_jsonl_lines_end_at_line_feeds_only(tmp_path):
+    """U+2028, U+2029 and U+0085 are allowed unescaped inside JSON strings: they are text, not line ends (as
+    str.splitlines would have them); Windows line ends are read too."""
+    rows = [{"text": "one\u2028two", "label": "a"}, {"text": "three\u2029four\u0085five", "label": "b"}]
+    path = tmp_path / "d.jsonl"
+    path.write_bytes("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows).encode() + b"\r\n")
+    assert readers.read_rows(path) == rows
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n\n{"text": \n')
+    with pytest.raises(ValueError, match="bad.jsonl, line 3: not valid JSON"):
+        readers.read_rows(tmp_path / "bad.jsonl")
+
+
+def test_text_pair_is_decided_per_row(tok):
+    """Rows with and without text_pair in one file (either first): each row is laid out as the tokenizer lays out
+    that example alone, one text or two; a null pair is no pair. Training and predict share this encoding."""
+    task = _classification()
+    rows = [{"text": "the cat sat"}, {"text": "the dog", "text_pair": "ran far away"}, {"text": "paris",
+            "text_pair": None}, {"text": "", "text_pair": "the mat"}]
+    for order in (rows, rows[1:] + rows[:1]):
+        got = task.encode(tok, order, Labels(names=("a", "b")), "dev.jsonl", with_targets=False).arrays
+        for i, row in enumerate(order):
+            pair = row.get("text_pair")
+            alone = encoding.encode_texts(tok, [row["text"]], None if pair is None else [pair], 128, True, "x")
+            for key in ("input_ids", "token_type_ids", "segment_ids"):
+                np.testing.assert_array_equal(got[key][i], alone[key][0], err_msg=f"{key} {row}")
+
+
+def test_null_cells_are_errors_naming_file_row_and_column(tok):
+    """A null or missing text is an error naming the file, row and column (and the key that renames it), never the
+    text "None"; in every task, for training labels too."""
+    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.tasks import task_class
+
+    labels = Labels(names=("a", "b"))
+    classifier = _classification()
+    with pytest.raises(ValueError, match=r"^in.jsonl, row 2: column 'text' is null; .*data.text_column=NAME"):
+        classifier.encode(tok, [{"text": "the cat"}, {"text": None}], labels, "in.jsonl", with_targets=False)
+    with pytest.raises(ValueError, match=r"^in.parquet, row 1: column 'text' is null"):  # pandas' NaN null
+        classifier.encode(tok, [{"text": float("nan")}], labels, "in.parquet", with_targets=False)
+    with pytest.raises(ValueError, match=r"^train.jsonl, row 2: the label \(column 'label'\) is null"):
+        classifier.fit_labels([{"text": "a", "label": "x"}, {"text": "b", "label": None}, {"text": "c", "label": "y"}],
+                              "train.jsonl", None)
+    data = FinetuneDataConfig(max_length=32, doc_stride=8)
+    qa_task = task_class("question-answering")(data, TaskConfig())
+    with pytest.raises(ValueError, match=r"^q.jsonl, row 1: column 'question' is null; .*data.question_column"):
+        qa_task.encode(tok, [{"question": None, "context": CONTEXT}], Labels(), "q.jsonl", with_targets=False)
+    predicted = qa_task.encode(tok, [{"question": "who", "context": CONTEXT, "id": None}], Labels(), "q.jsonl",
+                               with_targets=False)
+    assert predicted.examples[0].id == "0"  # an optional id: the row index, not "None"
+    tagger = task_class("token-classification")(data, TaskConfig())
+    with pytest.raises(ValueError, match=r"^t.jsonl, row 1, tokens: item 2 is null, not a text"):
+        tagger.encode(tok, [{"tokens": ["the", None]}], Labels(names=("O",)), "t.jsonl", with_targets=False)
+    chooser = task_class("multiple-choice")(data, TaskConfig())
+    with pytest.raises(ValueError, match=r"^m.jsonl, row 1, choices: item 1 is null"):
+        chooser.encode(tok, [{"question": "who", "choices": [None, "cat"]}], Labels(), "m.jsonl", with_targets=False)
+    with pytest.raises(ValueError, match=r"^m.jsonl, row 1: column 'question' is null"):
+        chooser.encode(tok, [{"question": None, "choices": ["a", "cat"]}], Labels(), "m.jsonl", with_targets=False)
 
 
 def test_sentencepiece_offsets_are_character_offsets(tmp_path):

@@ -344,11 +344,57 @@ def test_embed_and_search_commands(model_dir, tmp_path, capsys):
                    "16") == 0
     assert np.load(truncated).shape == (30, 16)
     np.testing.assert_allclose(np.linalg.norm(np.load(truncated), axis=1), 1.0, atol=1e-5)
-    description["model_fingerprint"] = "0" * 16  # as if another model of the same size had embedded it
+    description["model_fingerprint"] = "0" * 16  # as if the directory's weights had changed since
     out.with_suffix(".json").write_text(json.dumps(description))
     capsys.readouterr()
     assert run_cli("search", "--model", model_dir, "--corpus", out, "--query", "x") == 2
+    assert f"embedded by --model {model_dir} with other weights or settings" in capsys.readouterr().err
+    description["model"] = str(tmp_path / "another")  # as if another model of the same size had embedded it
+    out.with_suffix(".json").write_text(json.dumps(description))
+    assert run_cli("search", "--model", model_dir, "--corpus", out, "--query", "x") == 2
     assert "embedded by another model" in capsys.readouterr().err
+
+
+def test_search_queries_as_the_corpus_was_embedded_and_never_shows_nan_rows(model_dir, tmp_path, capsys):
+    """A corpus embedded with --normalize by a model that does not normalise is searched without repeating the
+    flag (the query is normalised as FILE.json says; it used to be refused as "another model"); the opposite
+    mismatch names the setting. Corpus rows holding NaN are never hits (no index -1, no -Infinity in --json) and a
+    warning counts them."""
+    from bertjax.embeddings import save_sentence_encoder
+
+    encoder = load_sentence_encoder(model_dir)
+    plain = tmp_path / "plain"
+    save_sentence_encoder(encoder.replace(pooling=encoder.pooling.replace(normalize=False)), plain)
+    texts = sample_texts(8, seed=7)
+    lines = tmp_path / "corpus.txt"
+    lines.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "emb.npy"
+    assert run_cli("embed", "--model", plain, "--input", lines, "--output", out, "--normalize") == 0
+    vectors = np.load(out)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    capsys.readouterr()
+    assert run_cli("search", "--model", plain, "--corpus", out, "--query", texts[2], "-k", "8", "--json",
+                   "--similarity", "dot", "--prompt", "") == 0  # no query prompt: the query is a corpus text
+    hits = json.loads(capsys.readouterr().out)["hits"]
+    assert hits[0]["index"] == 2 and hits[0]["score"] == pytest.approx(1.0, abs=1e-5)
+
+    unnormalised = tmp_path / "raw.npy"
+    assert run_cli("embed", "--model", plain, "--input", lines, "--output", unnormalised) == 0
+    capsys.readouterr()
+    assert run_cli("search", "--model", plain, "--corpus", unnormalised, "--query", "x", "--normalize") == 2
+    assert "with other settings: normalized False (now True)" in capsys.readouterr().err
+
+    broken = vectors.copy()
+    broken[[1, 5]] = np.nan
+    np.save(out, broken)
+    assert run_cli("search", "--model", plain, "--corpus", out, "--query", texts[0], "-k", "8", "--json") == 0
+    captured = capsys.readouterr()
+    line = captured.out.strip()
+    assert "Infinity" not in line and "NaN" not in line
+    hits = json.loads(line)["hits"]
+    assert sorted(h["index"] for h in hits) == [0, 2, 3, 4, 6, 7]
+    assert [h["text"] for h in hits] == [texts[h["index"]] for h in hits]
+    assert "warning: --corpus" in captured.err and "2 of 8 corpus rows hold NaN" in captured.err
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -81,11 +81,10 @@ def load_embedder(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertjax.embeddings.corpus import model_fingerprint, read_texts, write_embeddings
+    from bertjax.embeddings.corpus import check_output_paths, model_fingerprint, read_texts, write_embeddings
 
     output = Path(args.output)
-    if output.suffix != ".npy":
-        raise ValueError(f"--output {output}: name the output FILE.npy")
+    check_output_paths(output, args.input)  # before the model loads: never overwrite the input or a user's FILE.json
     texts, replaced = read_texts(args.input, args.column, args.errors)
     embedder = load_embedder(args)
     prompt = embedder.encoder.resolve_prompt(args.prompt_name, args.prompt)

@@ -5,7 +5,8 @@ DIR is the `best/` directory of `bertjax finetune` (its finetune.json gives the 
 settings) or any transformers directory of a task model (the task comes from its class, labels from id2label).
 Records: sequence classification `{"label", "score", "scores"}` (regression `{"score"}`), token classification
 `{"tokens", "tags", "scores"}` (one tag per input word), question answering `{"id", "answer", "start", "end",
-"score"}` (the answer as text of the context; "" for no answer), multiple choice `{"label", "scores"}`.
+"score"}` (the answer as text of the context; "" for no answer, with a null score when the context has no
+span at all), multiple choice `{"label", "scores"}`. The file is standard JSON: a NaN or infinity is an error.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     records = predict(args.model, args.input, args.overrides, batch_size=args.batch_size, max_tokens=args.max_tokens)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    write_json_objects(output, records)
+    write_json_objects(output, records, allow_nan=False)  # standard JSON: other programs read it
     print(f"{len(records)} predictions -> {output}")
     return 0
 
@@ -43,6 +44,7 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
     """(task, labels) of a fine-tuned model: from its finetune.json when present, else from its class."""
     from bertjax.finetune.config import load_finetune_config
     from bertjax.finetune.tasks import Labels, task_class, task_for_head
+    from bertjax.finetune.tasks.base import fit_max_length
     from bertjax.finetune.trainer import RUN_FILE, read_run_file
     from bertjax.hf.pretrained import head_of
 
@@ -60,7 +62,10 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
                         else task.label_names, regression=regression)
         defaults = cls.defaults
     config = load_finetune_config(None, overrides, defaults)
-    return cls(config.data, config.task), labels
+    # A task default (QA's 384) is capped to a smaller checkpoint; a data.max_length the user set must fit it.
+    explicit = any(override.partition("=")[0].strip() == "data.max_length" for override in overrides)
+    data = fit_max_length(config.data, model.config, explicit=explicit, model=f"--model {model_dir}")
+    return cls(data, config.task), labels
 
 
 def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] = (), *,

@@ -5,13 +5,17 @@ The query is embedded by DIR (with the model's "query" prompt when it has one, o
 compared with every corpus row: cosine by default, jitted and chunked over the corpus (bertjax/embeddings/search.py)
 so memory stays bounded. FILE.json (written by `bertjax embed`) names the texts shown next to each hit and the model
 that embedded the corpus: a query embedded by another model is refused (dimension mismatch, or another model's
-fingerprint; --allow-other-model to search anyway when the dimensions agree).
+fingerprint; --allow-other-model to search anyway when the dimensions agree). The query is truncated
+(truncate_dim) and normalised as FILE.json says the corpus was. Corpus rows holding NaN are never shown (a warning
+counts them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import warnings
 from pathlib import Path
 
 from bertjax.commands.embed import add_embedding_arguments
@@ -54,6 +58,25 @@ def load_corpus(path: str | Path):
     return corpus
 
 
+def fingerprint_mismatch(args: argparse.Namespace, description: dict, encoder) -> str:
+    """Why the corpus's fingerprint is not the query model's: another model, or the same directory with other
+    settings (named when FILE.json records them)."""
+    recorded_model = description.get("model")
+    same_directory = recorded_model is not None and Path(recorded_model).resolve() == Path(args.model).resolve()
+    if not same_directory:
+        return (f"--corpus {args.corpus} was embedded by another model ({recorded_model}, fingerprint "
+                f"{description['model_fingerprint']}) than --model {args.model}; its scores would mean nothing. "
+                "Embed the corpus with this model, or pass --allow-other-model")
+    now = {"normalized": bool(encoder.pooling.normalize), "truncate_dim": encoder.pooling.truncate_dim,
+           "max_seq_length": encoder.max_seq_length}
+    differences = [f"{key} {description[key]!r} (now {value!r})" for key, value in now.items()
+                   if key in description and description[key] != value]
+    what = ("other settings: " + ", ".join(differences) if differences
+            else "other weights or settings (the directory changed since)")
+    return (f"--corpus {args.corpus} was embedded by --model {args.model} with {what}; the query would not be "
+            "embedded as the corpus was. Re-embed the corpus, or pass --allow-other-model")
+
+
 def run(args: argparse.Namespace) -> int:
     from bertjax.commands.embed import load_embedder
     from bertjax.embeddings.corpus import model_fingerprint, read_description, read_texts
@@ -63,8 +86,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"-k must be positive, got {args.k}")
     corpus = load_corpus(args.corpus)
     description = read_description(args.corpus) or {}
+    # The query embedded as the corpus was: its Matryoshka truncation and its normalisation (both part of the
+    # fingerprint, so a corpus embedded with --normalize is the same model's).
     if args.truncate_dim is None and description.get("truncate_dim"):
-        args.truncate_dim = description["truncate_dim"]  # the query truncated as the corpus was
+        args.truncate_dim = description["truncate_dim"]
+    if not args.normalize and description.get("normalized"):
+        args.normalize = True
     embedder = load_embedder(args)
     encoder = embedder.encoder
     if embedder.dim != corpus.shape[1]:
@@ -73,14 +100,17 @@ def run(args: argparse.Namespace) -> int:
                          f"{description.get('model', 'another model')}); embed the corpus with this model")
     recorded = description.get("model_fingerprint")
     if recorded and recorded != model_fingerprint(encoder) and not args.allow_other_model:
-        raise ValueError(f"--corpus {args.corpus} was embedded by another model ({description.get('model')}, "
-                         f"fingerprint {recorded}) than --model {args.model}; its scores would mean nothing. "
-                         "Embed the corpus with this model, or pass --allow-other-model")
+        raise ValueError(fingerprint_mismatch(args, description, encoder))
     prompt_name = args.prompt_name
     if prompt_name is None and args.prompt is None and "query" in encoder.prompts:
         prompt_name = "query"
     queries = embedder.embed(args.query, prompt_name=prompt_name, prompt=args.prompt)
-    scores, indices = top_k_search(queries, corpus, args.k, similarity=args.similarity, chunk_size=args.chunk_size)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        scores, indices = top_k_search(queries, corpus, args.k, similarity=args.similarity,
+                                       chunk_size=args.chunk_size)
+    for warning in caught:  # NaN rows, never returned: one plain line rather than a Python warning
+        print(f"warning: --corpus {args.corpus}: {warning.message}", file=sys.stderr)
 
     texts = None
     source = args.texts or description.get("input")

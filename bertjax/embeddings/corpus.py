@@ -10,6 +10,8 @@ U+FFFD (the count is reported), never a silently shorter output.
 Outputs (`write_embeddings`): FILE.npy (float32 [texts, dim], row i = text i) and FILE.json: the model directory,
 a fingerprint of the model's weights and settings, dim, count, normalisation, the prompt and the input (file and
 column), so `bertjax search` can check that queries are embedded by the same model and show the matching texts.
+`check_output_paths` refuses, before any work, an output that would overwrite the input or a FILE.json that an
+earlier `bertjax embed` did not write (a results.json beside results.npy is the user's, not ours to replace).
 """
 
 from __future__ import annotations
@@ -57,31 +59,25 @@ def read_texts(path: str | os.PathLike, column: str = "text", errors: str = "str
         return [line[:-1] if line.endswith("\r") else line for line in lines], replaced
     if path.stat().st_size == 0:
         return [], 0
-    replaced = 0
-    if path.suffix.lower() != ".parquet" and errors == "replace":
-        # Decode with replacement here, then let the shared readers parse the repaired copy.
-        import tempfile
+    from bertjax.finetune.readers import READERS, TEXT_PARSERS
 
+    suffix = path.suffix.lower()
+    if suffix in TEXT_PARSERS and errors == "replace":
+        # Decode with replacement here, then parse the repaired text; errors still name the user's file.
         text, replaced = _decode(path.read_bytes(), path, errors)
-        with tempfile.TemporaryDirectory() as tmp:
-            repaired = Path(tmp) / path.name
-            repaired.write_text(text, encoding="utf-8")
-            return _column(repaired, column, shown=path), replaced
-    return _column(path, column, shown=path), replaced
+        return _column(TEXT_PARSERS[suffix](text, path), column, path), replaced
+    return _column(READERS[suffix](path), column, path), 0
 
 
-def _column(path: Path, column: str, shown: Path) -> list[str]:
-    from bertjax.finetune.readers import READERS
-
-    rows = READERS[path.suffix.lower()](path)
+def _column(rows: list[dict], column: str, path: Path) -> list[str]:
     texts = []
     for i, row in enumerate(rows):
         if column not in row:
-            raise ValueError(f"{shown}, row {i + 1}: no column {column!r} (columns: {sorted(row)}); name the column "
+            raise ValueError(f"{path}, row {i + 1}: no column {column!r} (columns: {sorted(row)}); name the column "
                              "that holds the texts with --column NAME")
         value = row[column]
         if not isinstance(value, str):
-            raise ValueError(f"{shown}, row {i + 1}: column {column!r} holds {type(value).__name__} {value!r}, "
+            raise ValueError(f"{path}, row {i + 1}: column {column!r} holds {type(value).__name__} {value!r}, "
                              "not a text")
         texts.append(value)
     return texts
@@ -105,11 +101,42 @@ def description_path(npy: str | os.PathLike) -> Path:
     return Path(npy).with_suffix(".json")
 
 
+# Keys every FILE.json written by `write_embeddings` holds: a file without them is someone else's, never replaced.
+DESCRIPTION_KEYS = ("model_fingerprint", "count", "dim")
+
+
+def is_embeddings_description(path: Path) -> bool:
+    """Whether `path` is a FILE.json that `write_embeddings` wrote (and may write again)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(value, dict) and all(key in value for key in DESCRIPTION_KEYS)
+
+
+def check_output_paths(npy: str | os.PathLike, input_path: str | os.PathLike | None = None) -> None:
+    """Refuse, before any work, an --output whose FILE.npy or FILE.json would destroy a file that is not an earlier
+    `bertjax embed` output: the input itself, or an existing FILE.json of another kind (a results.json beside
+    results.npy)."""
+    npy = Path(npy)
+    if npy.suffix != ".npy":
+        raise ValueError(f"--output {npy}: the embeddings are written as a .npy file; name it FILE.npy")
+    described = description_path(npy)
+    if input_path is not None:
+        source = Path(input_path).resolve()
+        for written, what in ((npy, "the embeddings"), (described, "their description")):
+            if written.resolve() == source:
+                raise ValueError(f"--output {npy} would write {what} to {written}, which is the --input file; "
+                                 "choose another --output name")
+    if described.exists() and not is_embeddings_description(described):
+        raise ValueError(f"--output {npy} writes its description to {described}, which exists and was not written "
+                         f"by bertjax embed; move {described} away or choose another --output name")
+
+
 def write_embeddings(path: str | os.PathLike, vectors: np.ndarray, description: dict) -> Path:
     """Write FILE.npy (atomically: a partial file never carries the final name) and FILE.json."""
     path = Path(path)
-    if path.suffix != ".npy":
-        raise ValueError(f"--output {path}: the embeddings are written as a .npy file; name it FILE.npy")
+    check_output_paths(path, description.get("input"))
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial.npy")
     np.save(partial, np.asarray(vectors, np.float32))

@@ -10,21 +10,23 @@ every batch holds about `max_tokens` tokens. The backbone computes in `dtype`; p
 and normalisation stay float32 (EncoderForEmbedding), and so do the outputs.
 
 Long texts are truncated to the encoder's max_seq_length (sentence-transformers' behaviour) unless
-`overflow="chunk"`: the text is cut into chunks of max_seq_length tokens, neighbours sharing `stride` tokens, each
-chunk embedded with the prompt in front, and the chunk embeddings averaged (then re-normalised when the model
-normalises). Empty texts are embedded like any other ([CLS] [SEP]); the row count always equals the input count.
+`overflow="chunk"`: prompt + text are tokenised together as sentence-transformers does, and a text that fits is
+embedded exactly as with truncation; a longer one is cut into chunks of max_seq_length tokens, neighbours sharing
+`stride` tokens, each chunk embedded with the prompt's tokens in front, and the chunk embeddings averaged (then
+re-normalised when the model normalises). Empty texts are embedded like any other ([CLS] [SEP]); the row count
+always equals the input count.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from bertjax.embeddings.encoder import SentenceEncoder
 from bertjax.inference.buckets import DEFAULT_LENGTHS, BucketConfig
-from bertjax.inference.pipeline import SequenceFormat, supports_packing
+from bertjax.inference.pipeline import OVERFLOW_MODES, SequenceFormat, supports_packing
 from bertjax.inference.texts import TextInference, with_compute_dtype
 
 
@@ -55,6 +57,11 @@ class Embedder:
     def __init__(self, encoder: SentenceEncoder, *, max_tokens: int | None = None,
                  lengths: Sequence[int] = DEFAULT_LENGTHS, max_segments: int = 32, dtype: str | None = "bfloat16",
                  overflow: str = "truncate", stride: int = 0, mesh=None):
+        if overflow not in OVERFLOW_MODES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_MODES}, got {overflow!r}")
+        if overflow == "chunk" and not 0 <= stride < encoder.max_seq_length - 2:
+            raise ValueError(f"stride must be in [0, {encoder.max_seq_length - 2}) (the text tokens of one "
+                             f"chunk of max_seq_length {encoder.max_seq_length}), got {stride}")
         self.encoder = encoder
         self.model = with_compute_dtype(encoder.model, dtype)
         self.overflow, self.stride = overflow, stride
@@ -77,12 +84,8 @@ class Embedder:
     def _inference(self, prompt: str | None) -> TextInference:
         if prompt not in self._by_prompt:
             encoder = self.encoder
-            prefix = [int(encoder.tokenizer.cls_id)]
-            if self.overflow == "chunk" and prompt:
-                # Every chunk carries the prompt: [CLS] prompt chunk [SEP].
-                prefix += [int(t) for t in encoder.tokenize([prompt], truncate=False)[0][1:-1]]
-            fmt = SequenceFormat(prefix=tuple(prefix), suffix=(int(encoder.tokenizer.sep_id),),
-                                 max_length=encoder.max_seq_length)
+            # [CLS] prompt + text [SEP]: the prompt is tokenised with the text (token_ids), chunks repeat its tokens.
+            fmt = SequenceFormat.for_tokenizer(encoder.tokenizer, encoder.max_seq_length)
             inference = TextInference(embedding_row_fn(self.model), encoder.tokenizer, encoder.max_seq_length,
                                       buckets=self._buckets, packing=self._buckets.max_segments > 1,
                                       mesh=self._mesh, overflow=self.overflow, stride=self.stride,
@@ -91,6 +94,22 @@ class Embedder:
                 inference.runner = next(iter(self._by_prompt.values())).runner
             self._by_prompt[prompt] = inference
         return self._by_prompt[prompt]
+
+    def _prompt_tokens(self, token_ids: Sequence[np.ndarray], prompt: str | None) -> list[int] | None:
+        """Chunking: per text, how many of its leading tokens are the prompt's (None: no prompt, or truncation).
+
+        The prompt's tokens inside prompt + text are those the prompt alone tokenises to, up to the first that
+        differs: byte-level BPE tokenises "query: " alone with a trailing space token that, before a word, is
+        part of the word's first token instead. That first text token, merged or not, belongs to the text."""
+        if self.overflow != "chunk" or not prompt:
+            return None
+        alone = np.asarray(self.encoder.tokenize([prompt], truncate=False)[0][1:-1], np.int32)
+        counts = []
+        for ids in token_ids:
+            shared = min(len(ids), len(alone))
+            differs = np.flatnonzero(np.asarray(ids[:shared]) != alone[:shared])
+            counts.append(int(differs[0]) if len(differs) else shared)
+        return counts
 
     def _placed_params(self):
         if self._params is None:
@@ -110,23 +129,26 @@ class Embedder:
         buckets (8,192 positions: up to 24 programs) where compiling all would cost more than the job."""
         text_prompt = self.encoder.resolve_prompt(prompt_name, prompt)
         inference = self._inference(text_prompt)
-        shapes = None if token_ids is None else inference.batch_shapes_of(token_ids)
+        shapes = None if token_ids is None else inference.batch_shapes_of(
+            token_ids, self._prompt_tokens(token_ids, text_prompt))
         return inference.warm_up(self._placed_params(), self._segment_inputs(text_prompt, 1), shapes)
 
-    def token_ids(self, texts: Sequence[str], prompt: str | None = None) -> list[np.ndarray]:
-        """Token ids per text without [CLS]/[SEP]: prompt + text as sentence-transformers tokenizes them (the text
-        alone when chunking, where the prompt goes in front of every chunk instead)."""
+    def token_ids(self, texts: Iterable[str], prompt: str | None = None) -> list[np.ndarray]:
+        """Token ids per text without [CLS]/[SEP]: prompt + text as sentence-transformers tokenizes them (also when
+        chunking, which finds the prompt's tokens at the start of each). `texts`: any iterable of strings."""
         if isinstance(texts, str):
             raise TypeError("embed takes a list of texts, got one string; wrap it in a list")
+        texts = list(texts)  # once: a generator would be used up by the checks below
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
-        if prompt and self.overflow != "chunk":
+        if prompt:
             texts = [prompt + text for text in texts]
-        return [ids[1:-1] for ids in self.encoder.tokenize(list(texts), truncate=False)] if texts else []
+        return [ids[1:-1] for ids in self.encoder.tokenize(texts, truncate=False)] if texts else []
 
-    def embed(self, texts: Sequence[str], prompt_name: str | None = None, prompt: str | None = None) -> np.ndarray:
-        """float32 numpy [len(texts), dim], in input order (prompts resolved as SentenceEncoder.encode does)."""
+    def embed(self, texts: Iterable[str], prompt_name: str | None = None, prompt: str | None = None) -> np.ndarray:
+        """float32 numpy [len(texts), dim], in input order (prompts resolved as SentenceEncoder.encode does);
+        `texts`: a list, or any iterable of strings (read once)."""
         text_prompt = self.encoder.resolve_prompt(prompt_name, prompt)
         return self.embed_token_ids(self.token_ids(texts, text_prompt), prompt=text_prompt)
 
@@ -139,7 +161,8 @@ class Embedder:
             return np.zeros((0, self.dim), np.float32)
         inference, params = self._inference(text_prompt), self._placed_params()
         segment_inputs = self._segment_inputs(text_prompt, len(token_ids))
-        outputs = inference.run_tokens(params, token_ids, segment_inputs)
+        outputs = inference.run_tokens(params, token_ids, segment_inputs,
+                                       self._prompt_tokens(token_ids, text_prompt))
         vectors = outputs.segments["embedding"].astype(np.float32)
         if self.overflow == "chunk" and self.encoder.pooling.normalize:
             # The mean of unit vectors is shorter than one; normalise again, as the model promises unit vectors.

@@ -7,12 +7,13 @@ The corpus streams through the device in chunks of `chunk_size` rows (the last o
 every chunk); each chunk's scores are reduced to its top k at once and merged into the running top k, so memory is
 O(queries * (chunk_size + k)) whatever the corpus size. Scores are cosine similarities (rows normalised on the
 fly) or dot products, in float32 at full matmul precision. Results are best first; numpy's argsort of the full
-score matrix gives the same indices (tests/test_inference.py).
+score matrix gives the same indices (tests/test_inference.py). Rows holding NaN or infinities are never returned.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -25,14 +26,18 @@ DEFAULT_CHUNK_SIZE = 32768
 
 
 @functools.partial(jax.jit, static_argnames=("k", "similarity"))
-def _chunk_top_k(queries, chunk, valid_rows, offset, best_scores, best_indices, *, k: int, similarity: str):
-    """Merge the top k of one corpus chunk into the running (best_scores, best_indices) [queries, k]."""
+def _chunk_top_k(queries, chunk, valid, offset, best_scores, best_indices, *, k: int, similarity: str):
+    """Merge the top k of one corpus chunk into the running (best_scores, best_indices) [queries, k]; `valid`
+    [chunk rows] marks the rows that may be returned (not padding, every value finite)."""
     chunk = jnp.asarray(chunk, jnp.float32)
     if similarity == "cosine":
         chunk = unit_rows(chunk)
     scores = jnp.matmul(queries, chunk.T, precision=jax.lax.Precision.HIGHEST)  # [queries, chunk]
-    # Padding rows never win; nor does a corpus row holding NaN (its score would poison the order).
-    scores = jnp.where((jnp.arange(chunk.shape[0]) < valid_rows) & ~jnp.isnan(scores), scores, -jnp.inf)
+    # A valid row always beats the -inf of padding and of the initial "no row yet" entries, even where a dot
+    # product overflows to -inf or NaN, so the first k' results are valid rows.
+    lowest = jnp.finfo(jnp.float32).min
+    scores = jnp.where(jnp.isnan(scores), lowest, jnp.maximum(scores, lowest))
+    scores = jnp.where(valid[None, :], scores, -jnp.inf)
     top_scores, top = jax.lax.top_k(scores, min(k, chunk.shape[0]))
     # Earlier chunks first on equal scores: the running best comes first in the concatenation.
     scores = jnp.concatenate([best_scores, top_scores], axis=1)
@@ -43,9 +48,11 @@ def _chunk_top_k(queries, chunk, valid_rows, offset, best_scores, best_indices, 
 
 def top_k_search(queries, corpus, k: int = 10, *, similarity: str = "cosine",
                  chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[np.ndarray, np.ndarray]:
-    """(scores float32 [q, k'], indices int64 [q, k']) of the k' = min(k, len(corpus)) best corpus rows per query.
+    """(scores float32 [q, k'], indices int64 [q, k']) of the k' = min(k, usable rows) best corpus rows per query.
 
     queries: [q, dim] or [dim]; corpus: [n, dim] array-like (a memory-mapped .npy is read one chunk at a time).
+    A corpus row holding NaN or an infinity has no meaningful score: it is never returned (k' counts only the
+    other rows) and a RuntimeWarning says how many there are.
     """
     if similarity not in SEARCH_SIMILARITIES:
         raise ValueError(f"similarity must be one of {SEARCH_SIMILARITIES}, got {similarity!r}")
@@ -56,6 +63,8 @@ def top_k_search(queries, corpus, k: int = 10, *, similarity: str = "cosine",
     queries = np.asarray(queries, np.float32)
     if queries.ndim == 1:
         queries = queries[None]
+    if not hasattr(corpus, "shape") or not hasattr(corpus, "ndim"):
+        corpus = np.asarray(corpus, np.float32)  # lists of rows; arrays (memory-mapped ones too) are sliced as they are
     if corpus.ndim != 2 or queries.ndim != 2:
         raise ValueError(f"expected a [rows, dim] corpus and [queries, dim] queries, got shapes "
                          f"{tuple(corpus.shape)} and {tuple(queries.shape)}")
@@ -67,16 +76,26 @@ def top_k_search(queries, corpus, k: int = 10, *, similarity: str = "cosine",
                          f"{dim}; the corpus was embedded by another model (or with another truncate_dim)")
     if not np.isfinite(queries).all():
         raise ValueError("a query embedding holds NaN or infinite values")
-    k = min(k, rows)
+    k = min(int(k), rows)
     chunk_rows = min(chunk_size, 1 << (rows - 1).bit_length())  # small corpora: one chunk of a power of two
     query_array = unit_rows(queries) if similarity == "cosine" else jnp.asarray(queries)
     best_scores = jnp.full((queries.shape[0], k), -jnp.inf, jnp.float32)
     best_indices = jnp.full((queries.shape[0], k), -1, jnp.int32 if rows < 2**31 else jnp.int64)
+    unusable = 0
     for start in range(0, rows, chunk_rows):
         chunk = np.asarray(corpus[start:start + chunk_rows], np.float32)
         # A fresh buffer per chunk: on CPU the device may alias a host array still being computed on.
         buffer = np.zeros((chunk_rows, dim), np.float32)
         buffer[:len(chunk)] = chunk
-        best_scores, best_indices = _chunk_top_k(query_array, buffer, len(chunk), start, best_scores, best_indices,
+        valid = np.zeros(chunk_rows, bool)
+        valid[:len(chunk)] = np.isfinite(chunk).all(axis=1)
+        unusable += len(chunk) - int(valid.sum())
+        best_scores, best_indices = _chunk_top_k(query_array, buffer, valid, start, best_scores, best_indices,
                                                  k=k, similarity=similarity)
-    return np.asarray(best_scores), np.asarray(best_indices).astype(np.int64)
+    if unusable == rows:
+        raise ValueError(f"every corpus row ({rows}) holds NaN or infinite values; nothing to search")
+    if unusable:
+        warnings.warn(f"{unusable} of {rows} corpus rows hold NaN or infinite values and are never returned "
+                      "(re-embed those texts)", RuntimeWarning, stacklevel=2)
+    found = min(k, rows - unusable)  # the entries past the usable rows are the -inf / -1 of "no row"
+    return np.asarray(best_scores)[:, :found], np.asarray(best_indices)[:, :found].astype(np.int64)

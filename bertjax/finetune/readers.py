@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,10 @@ def _text(path: Path) -> str:
                          "save the file as UTF-8") from None
 
 
-def _delimited(path: Path, delimiter: str) -> list[Row]:
+def parse_delimited(text: str, path: Path, delimiter: str) -> list[Row]:
+    """The rows of CSV/TSV `text` (read from `path`, which the errors name)."""
     # QUOTE_MINIMAL reading: quoted fields may hold the delimiter and newlines; TSV files usually quote nothing.
-    reader = csv.DictReader(io.StringIO(_text(path), newline=""), delimiter=delimiter)
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
     if not reader.fieldnames:
         raise ValueError(f"{path}: no header line (the first line must name the columns)")
     rows = []
@@ -45,16 +47,23 @@ def _delimited(path: Path, delimiter: str) -> list[Row]:
     return rows
 
 
+def parse_jsonl(text: str, path: Path) -> list[Row]:
+    """The objects of JSON Lines `text`. Lines end at a line feed only (a carriage return before it is JSON
+    whitespace): str.splitlines would also split at U+2028, U+2029, U+0085 and the other separators JSON allows
+    unescaped inside strings, cutting such a line in two."""
+    return json_objects(text.split("\n"), path)
+
+
 def read_csv(path: Path) -> list[Row]:
-    return _delimited(path, ",")
+    return parse_delimited(_text(path), path, ",")
 
 
 def read_tsv(path: Path) -> list[Row]:
-    return _delimited(path, "\t")
+    return parse_delimited(_text(path), path, "\t")
 
 
 def read_jsonl(path: Path) -> list[Row]:
-    return json_objects(_text(path).splitlines(), path)
+    return parse_jsonl(_text(path), path)
 
 
 def read_parquet(path: Path) -> list[Row]:
@@ -76,6 +85,15 @@ READERS: dict[str, Callable[[Path], list[Row]]] = {
     ".jsonl": read_jsonl,
     ".json": read_jsonl,  # JSON Lines saved under .json (as `datasets` writes them)
     ".parquet": read_parquet,
+}
+
+# suffix -> parser of text already decoded (`bertjax embed --errors replace` repairs the bytes first): every format
+# of READERS but Parquet, which is binary.
+TEXT_PARSERS: dict[str, Callable[[str, Path], list[Row]]] = {
+    ".csv": lambda text, path: parse_delimited(text, path, ","),
+    ".tsv": lambda text, path: parse_delimited(text, path, "\t"),
+    ".jsonl": parse_jsonl,
+    ".json": parse_jsonl,
 }
 
 
@@ -101,6 +119,38 @@ def require_columns(rows: Sequence[Row], path: str | Path, columns: dict[str, st
                 where = "" if index == 0 else f", row {index + 1}"
                 raise ValueError(f"{path}{where}: no column {name!r} (columns: {sorted(row)}); name the column "
                                  f"that holds it with {key}=NAME")
+
+
+def is_null(value: Any) -> bool:
+    """A missing value: None (JSONL null, Parquet null, a CSV row with too few fields) or a float NaN (pandas)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def text_cell(row: Row, column: str, key: str, where: str, *, optional: bool = False) -> str | None:
+    """The text in `column` of one row (`where`: file and row; `key`: the config key that renames the column). A
+    number is its text, as a CSV file would hold it. A missing or null cell is an error naming all three, never the
+    text "None"; with `optional` it is None (e.g. no text_pair: a single text)."""
+    value = row.get(column)
+    if is_null(value):
+        if optional:
+            return None
+        state = "null" if column in row else "missing"
+        raise ValueError(f"{where}: column {column!r} is {state}; every example needs its text (fill it in or drop "
+                         f"the row; {key}=NAME reads another column)")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ValueError(f"{where}: column {column!r} holds {type(value).__name__} {str(value)[:60]!r}, not a text")
+
+
+def text_list(value: Any, what: str) -> list[str]:
+    """A list cell of texts (words, choices) via `as_list`; a null item is an error naming it, never "None"."""
+    items = as_list(value, what)
+    for index, item in enumerate(items):
+        if is_null(item) or not isinstance(item, (str, int, float)) or isinstance(item, bool):
+            raise ValueError(f"{what}: item {index + 1} is {'null' if is_null(item) else repr(item)}, not a text")
+    return [str(item) for item in items]
 
 
 def as_list(value: Any, what: str) -> list:

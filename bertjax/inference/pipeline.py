@@ -56,26 +56,46 @@ class Sequences:
 
 
 def to_sequences(token_ids: Sequence[np.ndarray], fmt: SequenceFormat, overflow: str = "truncate",
-                 stride: int = 0) -> Sequences:
-    """Model sequences of texts already tokenised without special tokens."""
+                 stride: int = 0, prompt_tokens: Sequence[int] | None = None) -> Sequences:
+    """Model sequences of texts already tokenised without special tokens.
+
+    `prompt_tokens` (chunking): per text, how many of its leading tokens are a prompt. A text that fits is one
+    sequence, exactly as truncation makes it; a longer one is cut after its prompt, and every chunk carries the
+    prompt in front of its `room - prompt` text tokens (prompt and text tokenised together, so byte-level BPE
+    merges the prompt's trailing space into the text's first word as sentence-transformers tokenises it)."""
     if overflow not in OVERFLOW_MODES:
         raise ValueError(f"overflow must be one of {OVERFLOW_MODES}, got {overflow!r}")
     room = fmt.room
     if overflow == "chunk" and not 0 <= stride < room:
         raise ValueError(f"stride must be in [0, {room}) (the text tokens of one chunk), got {stride}")
+    if prompt_tokens is not None and len(prompt_tokens) != len(token_ids):
+        raise ValueError(f"prompt_tokens holds {len(prompt_tokens)} values for {len(token_ids)} texts")
     prefix, suffix = np.asarray(fmt.prefix, np.int32), np.asarray(fmt.suffix, np.int32)
     ids, source = [], []
     for i, tokens in enumerate(token_ids):
         tokens = np.asarray(tokens, np.int32)
         if overflow == "truncate" or len(tokens) <= room:
-            starts = [0]
-        else:
-            step = room - stride
-            starts = list(range(0, len(tokens) - stride, step))
-        for start in starts:
-            ids.append(np.concatenate([prefix, tokens[start:start + room], suffix]))
+            ids.append(np.concatenate([prefix, tokens[:room], suffix]))
+            source.append(i)
+            continue
+        lead = 0 if prompt_tokens is None else int(prompt_tokens[i])
+        for chunk in _chunks(tokens[lead:], room - lead, stride, lead, fmt.max_length):
+            ids.append(np.concatenate([prefix, tokens[:lead], chunk, suffix]))
             source.append(i)
     return Sequences(ids=ids, source=np.asarray(source, np.int64), count=len(token_ids))
+
+
+def _chunks(text: np.ndarray, room: int, stride: int, prompt: int, max_length: int) -> list[np.ndarray]:
+    """Windows of `room` tokens over `text`, neighbours sharing `stride`; `prompt` tokens go before each one."""
+    if room <= 0:
+        raise ValueError(f"overflow='chunk': the prompt is {prompt} tokens, which leaves no room for text in a chunk "
+                         f"of {max_length} tokens (special tokens included); shorten the prompt or use "
+                         "overflow='truncate'")
+    if room <= stride:
+        raise ValueError(f"overflow='chunk': the prompt is {prompt} tokens, which leaves {room} text tokens per chunk "
+                         f"of {max_length}, no more than stride={stride}; lower the stride or shorten the prompt")
+    step = room - stride
+    return [text[start:start + room] for start in range(0, len(text) - stride, step)]
 
 
 @dataclasses.dataclass

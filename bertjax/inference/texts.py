@@ -78,25 +78,31 @@ class TextInference:
         jax.block_until_ready(pending)
         return self.compiles - before
 
-    def batch_shapes_of(self, token_ids: Sequence[np.ndarray]) -> set[tuple[int, int]]:
+    def batch_shapes_of(self, token_ids: Sequence[np.ndarray],
+                        prompt_tokens: Sequence[int] | None = None) -> set[tuple[int, int]]:
         """The [rows, length] of the batches `run_tokens` makes of these texts (packing only, nothing computed)."""
-        sequences = to_sequences(token_ids, self.format, self.overflow, self.stride).ids
+        sequences = to_sequences(token_ids, self.format, self.overflow, self.stride, prompt_tokens).ids
         batches, _ = pack(sequences, self.plan, self.pad_id, packing=self.packing, devices=self.runner.devices)
         return {batch.input_ids.shape for batch in batches}
 
-    def tokenize(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def tokenize(self, texts: Iterable[str]) -> list[np.ndarray]:
+        if isinstance(texts, str):
+            raise TypeError("TextInference takes a list of texts, got one string; wrap it in a list")
+        texts = list(texts)  # once: a generator would be used up by the checks below
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
-        return list(self.tokenizer.encode_batch(list(texts))) if texts else []
+        return list(self.tokenizer.encode_batch(texts)) if texts else []
 
-    def run(self, params, texts: Sequence[str], segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
+    def run(self, params, texts: Iterable[str], segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
         return self.run_tokens(params, self.tokenize(texts), segment_inputs)
 
     def run_tokens(self, params, token_ids: Sequence[np.ndarray],
-                   segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:
-        """As `run`, for texts already tokenised (without special tokens)."""
-        sequences = to_sequences(token_ids, self.format, self.overflow, self.stride)
+                   segment_inputs: dict[str, np.ndarray] | None = None,
+                   prompt_tokens: Sequence[int] | None = None) -> Outputs:
+        """As `run`, for texts already tokenised (without special tokens); `prompt_tokens`: per text, the leading
+        tokens that are a prompt, repeated in front of every chunk (pipeline.to_sequences)."""
+        sequences = to_sequences(token_ids, self.format, self.overflow, self.stride, prompt_tokens)
         per_sequence = {k: np.asarray(v)[sequences.source] for k, v in (segment_inputs or {}).items()}
         outputs = self.run_sequences(params, sequences.ids, per_sequence)
         chunked = len(sequences.ids) != sequences.count

@@ -102,6 +102,25 @@ class Task(abc.ABC):
         """One JSON-able record per example for `bertjax predict`."""
 
 
+def fit_max_length(data_config, model_config, *, explicit: bool, model: str = "the model"):
+    """`data_config` with max_length at most the model's usable positions (max_position_embeddings less
+    position_offset, inference.model_max_length). A default (a task's 384 for QA) is capped to fit a smaller model;
+    a length the user chose (`explicit`) that does not fit is an error naming data.max_length, where the model
+    itself would fail inside its jitted program with an error that names neither. `bertjax predict` and
+    `bertjax finetune` take this one path."""
+    from bertjax.inference.texts import model_max_length
+
+    limit = model_max_length(model_config)
+    if data_config.max_length <= limit:
+        return data_config
+    if not explicit:
+        return dataclasses.replace(data_config, max_length=limit)
+    offset = f" less position_offset {model_config.position_offset}" if model_config.position_offset else ""
+    raise ValueError(f"data.max_length={data_config.max_length} is longer than {model} takes: {limit} tokens "
+                     f"(max_position_embeddings {model_config.max_position_embeddings}{offset}); set "
+                     f"data.max_length={limit} or less")
+
+
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Per-position cross entropy in float32; labels outside [0, classes) (IGNORE) give 0."""
     logits = logits.astype(jnp.float32)

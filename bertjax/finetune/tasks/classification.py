@@ -2,7 +2,8 @@
 
 Regression when task.problem_type is regression, task.num_labels is 1, or the training labels are numbers that
 are not all integers (STS-B's similarity scores); integer labels are classes. With data.packing, several short
-examples share a row (segment ids 1, 2, ...) and the model pools each one separately (`max_segments`).
+examples share a row (segment ids 1, 2, ...) and the model pools each one separately (`max_segments`). Each row
+has its text_pair or not (a missing or null one: a single text), in training and in `bertjax predict` alike.
 """
 
 from __future__ import annotations
@@ -11,11 +12,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.finetune import metrics
-from bertjax.finetune.encoding import encode_texts
+from bertjax.finetune.encoding import fit_pair, layout, stack
 from bertjax.finetune.packing import pack_rows, training_order
-from bertjax.finetune.readers import require_columns
+from bertjax.finetune.readers import is_null, require_columns, text_cell
 from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, fit_names, is_number, label_ids,
                                          softmax)
+
+
+def encode_pairs(tokenizer, texts: list[str], pairs: list[str | None], max_length: int, truncation: bool,
+                 source: str) -> dict[str, np.ndarray]:
+    """encoding.encode_texts with a pair per example or none (None): each row laid out as the tokenizer lays out
+    its own (one text, or two), so a file may mix both."""
+    firsts = tokenizer.encode_batch(texts)
+    paired = [i for i, pair in enumerate(pairs) if pair is not None]
+    seconds: list = [None] * len(texts)
+    for i, ids in zip(paired, tokenizer.encode_batch([pairs[i] for i in paired]) if paired else []):
+        seconds[i] = [int(t) for t in ids]
+    rows = []
+    for i, (first, second) in enumerate(zip(firsts, seconds)):
+        specials = tokenizer.special_template.specials(second is not None)
+        first, second = fit_pair([int(t) for t in first], second, max_length, truncation,
+                                 f"{source}, example {i + 1}", specials)
+        rows.append(layout(tokenizer, first, second, max_length))
+    return stack(rows)
 
 
 class SequenceClassification(Task):
@@ -35,12 +54,27 @@ class SequenceClassification(Task):
         require_columns(rows, source, columns)
         return columns
 
-    def _has_pair(self, rows: list[dict]) -> bool:
-        return self.data.text_pair_column in rows[0]
+    def _texts(self, rows: list[dict], source: str) -> tuple[list[str], list[str | None]]:
+        """(texts, pairs) per row: each row has its pair or not (a missing or null text_pair: a single text), as a
+        transformers tokenizer given (text, None); a null text is an error naming the row."""
+        texts, pairs = [], []
+        for i, row in enumerate(rows):
+            where = f"{source}, row {i + 1}"
+            texts.append(text_cell(row, self.data.text_column, "data.text_column", where))
+            pairs.append(text_cell(row, self.data.text_pair_column, "data.text_pair_column", where, optional=True))
+        return texts, pairs
+
+    def _label_values(self, rows: list[dict], source: str) -> list:
+        values = [row[self.data.label_column] for row in rows]
+        for i, value in enumerate(values):
+            if is_null(value):
+                raise ValueError(f"{source}, row {i + 1}: the label (column {self.data.label_column!r}) is null; "
+                                 "every training or evaluation example needs one")
+        return values
 
     def fit_labels(self, rows, source, known):
         self._columns(rows, source, with_targets=True)
-        values = [row[self.data.label_column] for row in rows]
+        values = self._label_values(rows, source)
         forced = self.task_config.problem_type == "regression" or self.task_config.num_labels == 1
         numeric = all(is_number(v) for v in values)
         if forced or (numeric and not all(float(v).is_integer() for v in values)):
@@ -60,12 +94,11 @@ class SequenceClassification(Task):
 
     def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
         self._columns(rows, source, with_targets)
-        texts = [str(row[self.data.text_column]) for row in rows]
-        pairs = [str(row[self.data.text_pair_column]) for row in rows] if self._has_pair(rows) else None
-        arrays = encode_texts(tokenizer, texts, pairs, self.data.max_length, self.data.truncation, source)
+        arrays = encode_pairs(tokenizer, *self._texts(rows, source), self.data.max_length, self.data.truncation,
+                              source)
         gold = None
         if with_targets:
-            values = [row[self.data.label_column] for row in rows]
+            values = self._label_values(rows, source)
             if labels.regression:
                 gold = np.asarray([float(v) for v in values], np.float32)
             else:

@@ -12,7 +12,7 @@ import numpy as np
 
 from bertjax.finetune import metrics
 from bertjax.finetune.encoding import encode_texts
-from bertjax.finetune.readers import as_list, require_columns
+from bertjax.finetune.readers import require_columns, text_cell, text_list
 from bertjax.finetune.tasks.base import Encoded, Labels, Task, cross_entropy, is_number, softmax
 
 
@@ -28,7 +28,7 @@ class MultipleChoice(Task):
     def _choices(self, rows, source):
         require_columns(rows, source, {"data.question_column": self.data.question_column,
                                        "data.choices_column": self.data.choices_column})
-        choices = [[str(c) for c in as_list(row[self.data.choices_column], f"{source}, row {i + 1}, choices")]
+        choices = [text_list(row[self.data.choices_column], f"{source}, row {i + 1}, choices")
                    for i, row in enumerate(rows)]
         counts = sorted({len(c) for c in choices})
         if len(counts) != 1 or counts[0] < 2:
@@ -52,7 +52,8 @@ class MultipleChoice(Task):
     def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
         choices = self._choices(rows, source)
         count = len(choices[0])
-        questions = [str(row[self.data.question_column]) for row in rows for _ in range(count)]
+        questions = [text_cell(row, self.data.question_column, "data.question_column", f"{source}, row {i + 1}")
+                     for i, row in enumerate(rows) for _ in range(count)]
         flat = encode_texts(tokenizer, questions, [c for row in choices for c in row], self.data.max_length,
                             self.data.truncation, source)
         arrays = {k: v.reshape(len(rows), count, -1) for k, v in flat.items()}

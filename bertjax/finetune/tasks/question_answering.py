@@ -15,7 +15,7 @@ import numpy as np
 
 from bertjax.finetune import metrics
 from bertjax.finetune.qa import Answer, answer_in_context, best_span, make_windows
-from bertjax.finetune.readers import as_list, as_mapping, require_columns
+from bertjax.finetune.readers import as_list, as_mapping, is_null, require_columns, text_cell
 from bertjax.finetune.tasks.base import Encoded, Labels, Task, cross_entropy
 
 
@@ -62,20 +62,22 @@ class QuestionAnswering(Task):
         questions, misplaced = [], 0
         for i, row in enumerate(rows):
             where = f"{source}, row {i + 1}"
-            context = str(row[self.data.context_column])
+            context = text_cell(row, self.data.context_column, "data.context_column", where)
+            question = text_cell(row, self.data.question_column, "data.question_column", where)
             answers = self._answers(row, where) if with_targets else []
             located = [a for a in answers if answer_in_context(context, a)]
             if answers and not located:
                 misplaced += 1
                 if training:
                     continue  # never train towards a span that is not the answer
-            windows = make_windows(tokenizer, str(row[self.data.question_column]), context,
+            windows = make_windows(tokenizer, question, context,
                                    located[0] if located else None, max_length=self.data.max_length,
                                    doc_stride=self.data.doc_stride, truncation=self.data.truncation, what=where)
             for key in keys:
                 parts[key].append(getattr(windows, key))
             parts["window_example"].append(np.full(len(windows.input_ids), len(questions), np.int32))
-            questions.append(Question(str(row.get(self.data.id_column, i)), context,
+            identifier = row.get(self.data.id_column)  # optional: the row's index when missing or null
+            questions.append(Question(str(i) if is_null(identifier) else str(identifier), context,
                                       tuple(a.text for a in answers)))
         if not questions:
             raise ValueError(f"{source}: no usable question (every answer is missing from its context)")
@@ -114,5 +116,7 @@ class QuestionAnswering(Task):
         return metrics.squad_scores([s.text for _, s in spans], [q.answers for q, _ in spans])
 
     def predictions(self, outputs, encoded, labels):
-        return [{"id": q.id, "answer": s.text, "start": s.start, "end": s.end, "score": s.score}
+        # No span at all (an empty context) scores -inf: null in JSON, which has no infinities.
+        return [{"id": q.id, "answer": s.text, "start": s.start, "end": s.end,
+                 "score": s.score if np.isfinite(s.score) else None}
                 for q, s in self._spans(outputs, encoded, labels)]

@@ -11,7 +11,7 @@ import numpy as np
 
 from bertjax.finetune import metrics
 from bertjax.finetune.encoding import (encode_words, stack, token_predictions_to_words, word_labels_to_tokens)
-from bertjax.finetune.readers import as_list, require_columns
+from bertjax.finetune.readers import require_columns, text_list
 from bertjax.finetune.tasks.base import Encoded, Labels, Task, cross_entropy, fit_names, label_ids, softmax
 
 
@@ -29,10 +29,10 @@ class TokenClassification(Task):
         require_columns(rows, source, columns)
         out = []
         for i, row in enumerate(rows):
-            words = [str(w) for w in as_list(row[self.data.tokens_column], f"{source}, row {i + 1}, tokens")]
+            words = text_list(row[self.data.tokens_column], f"{source}, row {i + 1}, tokens")
             tags = None
             if with_targets:
-                tags = [str(t) for t in as_list(row[self.data.tags_column], f"{source}, row {i + 1}, tags")]
+                tags = text_list(row[self.data.tags_column], f"{source}, row {i + 1}, tags")
                 if len(tags) != len(words):
                     raise ValueError(f"{source}, row {i + 1}: {len(words)} words but {len(tags)} tags")
             out.append((words, tags))
