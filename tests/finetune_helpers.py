@@ -15,13 +15,13 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 VOCAB = SPECIALS + POSITIVE + NEGATIVE + NEUTRAL + ["paris", "france", "who", "where", "?", ".", ","]
 
 
-def tiny_model_dir(path: Path, preset: str = "bert-tiny") -> Path:
+def tiny_model_dir(path: Path, preset: str = "bert-tiny", **overrides) -> Path:
     """A transformers directory of a randomly initialised tiny MLM (hidden 32, 2 layers) and a WordPiece vocab."""
     import bertjax
     from bertjax.data.tokenizers import WordPieceTokenizer
     from bertjax.models import MODEL_CLASSES, init_params
 
-    config = bertjax.get_config(preset, vocab_size=len(VOCAB), pad_token_id=0, dropout_rate=0.0)
+    config = bertjax.get_config(preset, vocab_size=len(VOCAB), pad_token_id=0, dropout_rate=0.0, **overrides)
     model = MODEL_CLASSES["masked_lm"](config)
     bertjax.save_pretrained(str(path), model, init_params(model, jax.random.key(0)))
     WordPieceTokenizer("\n".join(VOCAB)).save(path)

@@ -99,6 +99,18 @@ def test_train_resume_and_model_dir(files, capsys):
     reference = sentence_transformers.SentenceTransformer(str(workdir / "model"), device="cpu")
     np.testing.assert_allclose(reference.encode(texts + [""]), loaded.encode(texts + [""]), atol=1e-5)
 
+    # Rerunning the finished run reports the retrieval after training from metrics.jsonl (it trains nothing).
+    assert main(["train-embedder", "--model", str(model), "--train", str(train), "--validation", str(validation),
+                 "--workdir", str(workdir), "--config", str(config_file)]) == 0
+    out = capsys.readouterr().out
+    assert "steps 12 -> 12 of 12" in out and " before, " in out and "- after" not in out, out
+
+    # checkpoint.restore_step resumes from an earlier checkpoint, as in pretraining, and repeats the later steps.
+    rewound = train_embedder(embedder_config_from_dict({**RAW, "checkpoint": {**RAW["checkpoint"], "restore_step": 6}}),
+                             workdir, model, train, validation)
+    assert (rewound.start_step, rewound.final_step) == (6, 12)
+    assert [r["loss"] for r in read_metrics(workdir) if "loss" in r] == losses
+
     # Resuming with another loss is refused, naming the key.
     changed = embedder_config_from_dict({**RAW, "loss": {"symmetric": True}})
     with pytest.raises(ConfigError, match="loss.symmetric"):

@@ -283,6 +283,16 @@ def test_task_input_errors_and_counted_skips(tok):
     with pytest.raises(ValueError, match=r"no column 'text'.*data.text_column=NAME"):
         classifier.fit_labels([{"sentence": "x", "label": "a"}], "train.jsonl", None)
 
+    # Values of the wrong kind name the file and row: a validation label of a regression, an answer offset.
+    with pytest.raises(ValueError, match=r"dev.jsonl, row 2: regression needs a numeric label, got 'abc'"):
+        classifier.encode(tok, [{"text": "a", "label": 0.5}, {"text": "b", "label": "abc"}], Labels(regression=True),
+                          "dev.jsonl", with_targets=True)
+    offset = {**good, "answers": {"text": ["dog"], "answer_start": ["x"]}}
+    with pytest.raises(ValueError, match=r"answers.answer_start holds 'x', not a character offset"):
+        qa_task.fit_labels([good, offset], "train.jsonl", None)
+    as_written = {**good, "answers": {"text": ["dog"], "answer_start": [f"{CONTEXT.index('dog')}"]}}
+    assert len(qa_task.encode(tok, [as_written], labels, "t.jsonl", with_targets=True).examples) == 1
+
 
 def test_jsonl_lines_end_at_line_feeds_only(tmp_path):
     """U+2028, U+2029 and U+0085 are allowed unescaped inside JSON strings: they are text, not line ends (as

@@ -111,9 +111,24 @@ def test_resume_after_a_crash_between_an_evaluation_and_its_checkpoint(files, fu
 
 def test_rerun_with_other_settings_is_refused(files, full_run):
     reference, _ = full_run
-    with pytest.raises(ValueError, match="another config"):
+    with pytest.raises(ValueError, match=r"other settings \(train.epochs: 3 in the workdir, 4 requested\); only"):
         finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
                  reference, config("sequence-classification", "train.epochs=4"), say=lambda _: None)
+
+
+def test_restore_step_and_checkpoint_directory_are_honoured(files, full_run, tmp_path):
+    """checkpoint.directory (another run's checkpoints) and checkpoint.restore_step (an earlier step) choose what a
+    run resumes from, as in pretraining: from step 32 it trains to 48 and measures what the reference run did."""
+    import shutil
+
+    reference, _ = full_run
+    shutil.copytree(reference / "checkpoints", tmp_path / "checkpoints")
+    resumed = finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
+                       tmp_path / "w", config("sequence-classification", f"checkpoint.directory={tmp_path}/checkpoints",
+                                              "checkpoint.restore_step=32"), say=lambda _: None)
+    assert (resumed.start_step, resumed.final_step) == (32, 48)
+    last = [r for r in read_metrics(reference) if r["step"] == 48]
+    assert [r for r in read_metrics(tmp_path / "w") if r["step"] == 48] == last
 
 
 def test_validation_label_unseen_in_training(files, tmp_path):
@@ -141,6 +156,27 @@ def test_tokenizer_larger_than_the_model_is_refused(files, full_run, tmp_path):
     assert not (tmp_path / "w").exists()
     with pytest.raises(ValueError, match=expected):
         predict(model, files["validation"])
+
+
+def test_a_default_max_length_is_capped_to_the_model_and_a_chosen_one_is_refused(files, tmp_path):
+    import yaml
+
+    short = tiny_model_dir(tmp_path / "short", max_position_embeddings=24)
+    task = task_class("sequence-classification")
+    defaults = load_finetune_config(None, [o for o in FAST if not o.startswith("data.max_length")], task.defaults)
+    assert defaults.data.max_length == 128
+    said = []
+    def run(workdir, **kwargs):
+        return finetune(short, task, files["train"], files["validation"], workdir, defaults, say=said.append,
+                        stop_after=1, **kwargs)
+    run(tmp_path / "w")
+    assert any("data.max_length 128 -> 24" in line for line in said)
+    assert yaml.safe_load((tmp_path / "w" / "config.yaml").read_text())["data"]["max_length"] == 24
+    run(tmp_path / "w")  # the same command again resumes: the workdir holds the capped config
+    assert any("resuming" in line for line in said)
+    with pytest.raises(ValueError, match=r"data.max_length=128 is longer than --model .* takes: 24 tokens"):
+        run(tmp_path / "chosen", chosen={"data.max_length"})
+    assert not (tmp_path / "chosen").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------

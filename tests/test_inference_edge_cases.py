@@ -231,18 +231,21 @@ def test_fit_max_length_caps_defaults_and_refuses_explicit_lengths():
 
     roberta = get_config("roberta-tiny", max_position_embeddings=66)  # position_offset 2: 64 usable positions
     assert roberta.position_offset == 2
-    data = FinetuneDataConfig(max_length=384)
-    assert fit_max_length(data, roberta, explicit=False).max_length == 64
-    assert fit_max_length(FinetuneDataConfig(max_length=32), roberta, explicit=True).max_length == 32
+    data = FinetuneDataConfig(max_length=384, doc_stride=128)
+    capped = fit_max_length(data, roberta)
+    assert (capped.max_length, capped.doc_stride) == (64, 21)  # the stride shrinks with the window: 128 * 64 // 384
+    assert fit_max_length(data, roberta, chosen={"data.doc_stride"}).doc_stride == 128  # the user's stays
+    assert fit_max_length(FinetuneDataConfig(max_length=64), roberta) == FinetuneDataConfig(max_length=64)
+    assert fit_max_length(FinetuneDataConfig(max_length=32), roberta, chosen={"data.max_length"}).max_length == 32
     with pytest.raises(ValueError, match=r"data.max_length=384 is longer than m takes: 64 tokens "
                                          r"\(max_position_embeddings 66 less position_offset 2\)"):
-        fit_max_length(data, roberta, explicit=True, model="m")
+        fit_max_length(data, roberta, chosen={"data.max_length"}, model="m")
 
 
 def test_predict_question_answering_on_a_short_model(tmp_path):
     """A QA checkpoint of 48 positions: predict's default data.max_length (384) is capped to 48, giving the records
-    of an explicit data.max_length=48; a longer explicit one is an error naming data.max_length; an empty
-    context has no span and a null score (standard JSON, not -Infinity)."""
+    of an explicit data.max_length=48 and doc_stride=16 (128 scaled by 48 / 384); a longer explicit one is an error
+    naming data.max_length; an empty context has no span and a null score (standard JSON, not -Infinity)."""
     import bertjax
     from bertjax.commands.predict import predict
     from bertjax.config import TaskConfig as HeadConfig
@@ -260,7 +263,7 @@ def test_predict_question_answering_on_a_short_model(tmp_path):
             {"id": "b", "question": "", "context": ""}]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     capped = predict(tmp_path / "qa", tmp_path / "in.jsonl")
-    assert capped == predict(tmp_path / "qa", tmp_path / "in.jsonl", ["data.max_length=48", "data.doc_stride=128"])
+    assert capped == predict(tmp_path / "qa", tmp_path / "in.jsonl", ["data.max_length=48", "data.doc_stride=16"])
     assert capped[0]["answer"] and capped[1] == {"id": "b", "answer": "", "start": -1, "end": -1, "score": None}
     with pytest.raises(ValueError, match=r"data.max_length=64 is longer than --model .* takes: 48 tokens"):
         predict(tmp_path / "qa", tmp_path / "in.jsonl", ["data.max_length=64"])

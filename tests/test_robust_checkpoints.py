@@ -255,3 +255,80 @@ def test_checkpoint_of_another_model_is_named_as_such_not_as_damage(finished):
     assert "is of another model (params/" in failed.stderr and "stored (32,), this run's model (64,)" in failed.stderr
     assert "delete" not in failed.stderr.split("error:")[-1] and "restore_step" not in failed.stderr
     assert sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit()) == [8, 16]
+
+
+@pytest.mark.parametrize("override, key", [("optimizer.name=adamw", "optimizer.name"),
+                                           ("optimizer.clip_global_norm=1.0", "optimizer.clip_global_norm")])
+def test_optimizer_change_that_reshapes_its_state_is_refused_on_resume_naming_the_key(override, key, tmp_path):
+    from bertjax.train.workdir import CONFIG_FILE, check_rerun
+    from bertjax.train.run_config import to_dict
+
+    config = write_config(tmp_path / "run.yaml", tmp_path / "tokenizer")
+    held = load_run_config(config)  # stable_adamw without clipping
+    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(held)))
+    with pytest.raises(ConfigError, match=f"another optimizer state \\({key}: "):
+        check_rerun(tmp_path, load_run_config(config, [override]))
+    # Changes that keep the state's structure stay allowed: the rate, the decay, a clipping threshold.
+    check_rerun(tmp_path, load_run_config(config, ["optimizer.learning_rate=1e-4", "optimizer.weight_decay=0"]))
+
+
+def test_embedder_clipping_turned_off_on_resume_is_refused_naming_the_key(tmp_path):
+    from bertjax.embeddings.train_config import load_embedder_config, save_embedder_config
+    from bertjax.embeddings.training import check_rerun
+    from bertjax.train.workdir import CONFIG_FILE
+
+    save_embedder_config(load_embedder_config(None), tmp_path / CONFIG_FILE)
+    with pytest.raises(ConfigError, match=r"another optimizer state \(train.max_grad_norm: 1.0 in the workdir, None"):
+        check_rerun(tmp_path, load_embedder_config(None, ["train.max_grad_norm=null"]), {})
+    check_rerun(tmp_path, load_embedder_config(None, ["train.max_grad_norm=0.5", "train.learning_rate=1e-4"]), {})
+
+
+def test_checkpoint_of_another_optimizer_state_is_named_as_such_not_as_damage(tmp_path):
+    import numpy as np
+
+    from bertjax.train.checkpoints import Checkpointer
+    from bertjax.train.run_config import CheckpointConfig
+
+    params = {"dense": np.ones((2, 2), np.float32)}
+    checkpointer = Checkpointer(tmp_path / "checkpoints", CheckpointConfig(async_save=False))
+    checkpointer.save(4, {"params": params, "opt_state": {"count": np.zeros((), np.int32)}}, {"position": 0})
+    checkpointer.wait()
+    clipped = {"params": params, "opt_state": [{}, {"count": np.zeros((), np.int32)}]}  # as optax.chain nests it
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), clipped)
+    with pytest.raises(CheckpointError, match="holds another optimizer state than this run builds") as error:
+        checkpointer.restore(4, abstract)
+    assert "delete" not in str(error.value) and "restore_step" not in str(error.value)
+    assert (tmp_path / "checkpoints" / "4").is_dir()
+    checkpointer.close()
+
+
+def _small_corpus(path, lines: int = 40):
+    from bertjax.data import default_corpus_documents
+
+    documents = [" ".join(document.split())[:300] for document in default_corpus_documents("train")[:lines]]
+    path.write_text("\n".join(documents) + "\n")
+    return path
+
+
+def test_setup_failure_after_the_state_is_made_leaves_no_workdir_and_names_the_key(tmp_path, capsys):
+    from bertjax.cli import main
+
+    config = write_config(tmp_path / "run.yaml", small_tokenizer(), eval={"at_start": True})
+    workdir = tmp_path / "no-held-out"
+    assert main(["pretrain", "--config", str(config), "--workdir", str(workdir), "data.eval_fraction=0"]) == 2
+    assert "raise data.eval_fraction" in capsys.readouterr().err
+    assert not workdir.exists()  # so the corrected command starts afresh instead of being refused
+
+
+def test_data_running_out_saves_the_steps_trained_and_is_a_one_line_error(tmp_path):
+    corpus = _small_corpus(tmp_path / "small.txt")
+    config = write_config(tmp_path / "run.yaml", small_tokenizer(), data={"input": str(corpus), "num_epochs": 1},
+                          train={"steps": 500, "log_every": 100}, checkpoint={"every": 400})
+    workdir = tmp_path / "ran-out"
+    failed = _run(config, workdir)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    error = failed.stderr.strip().splitlines()[-1]
+    assert "ran out at step" in error and "data.num_epochs" in error and "train.steps" in error, error
+    stopped = int(error.split("ran out at step ")[1].split()[0])
+    assert 0 < stopped < 500 and f"saved a checkpoint at step {stopped}" in error
+    assert _steps(workdir) == [stopped]

@@ -43,11 +43,14 @@ def run(args: argparse.Namespace) -> int:
 
     from bertjax.finetune.config import load_finetune_config
     from bertjax.finetune.tasks import task_class
+    from bertjax.finetune.tasks.base import chosen_keys
+    from bertjax.train.run_config import read_config_file
     from bertjax.finetune.trainer import BEST_DIR, finetune
 
     task = task_class(args.task)
     config = load_finetune_config(args.config, args.overrides, task.defaults)
-    result = finetune(args.model, task, args.train, args.validation, args.workdir, config)
+    chosen = chosen_keys(args.overrides, read_config_file(args.config, empty_ok=True) if args.config else None)
+    result = finetune(args.model, task, args.train, args.validation, args.workdir, config, chosen=chosen)
     if jax.process_index() != 0:
         return 0
     results = result.results

@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the trained model: a pretraining workdir, a bertjax or a transformers model directory")
     parser.add_argument("--config", required=True, metavar="PATH",
                         help="the YAML run config of the larger model (configs/pretrain/modernbert-large.yaml)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="where the grown model directory goes")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="where the grown model directory goes: a new or empty directory, not --source")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into a non-empty --out (files of the same names are replaced)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="run config overrides on dotted keys, e.g. model.overrides.num_layers=4")
 
@@ -34,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import jax
 
+    from bertjax.commands.output_dir import check_output_dir
     from bertjax.hf.pretrained import head_of
     from bertjax.model_dirs import load_model_dir, save_model_dir
     from bertjax.models import MODEL_CLASSES, abstract_params
@@ -41,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.train.run_config import load_run_config
     from bertjax.train.setup import build_model_config
 
+    # Before reading anything: writing into the source (a workdir) would replace its model_config.json.
+    check_output_dir(args.out, reading=[args.source], overwrite=args.overwrite)
     config = load_run_config(args.config, args.overrides)
     source_model, source_params, tokenizer = load_model_dir(args.source)
     source_config = source_model.config

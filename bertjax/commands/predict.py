@@ -44,7 +44,7 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
     """(task, labels) of a fine-tuned model: from its finetune.json when present, else from its class."""
     from bertjax.finetune.config import load_finetune_config
     from bertjax.finetune.tasks import Labels, task_class, task_for_head
-    from bertjax.finetune.tasks.base import fit_max_length
+    from bertjax.finetune.tasks.base import chosen_keys, fit_max_length
     from bertjax.finetune.trainer import RUN_FILE, read_run_file
     from bertjax.hf.pretrained import head_of
 
@@ -63,8 +63,7 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
         defaults = cls.defaults
     config = load_finetune_config(None, overrides, defaults)
     # A task default (QA's 384) is capped to a smaller checkpoint; a data.max_length the user set must fit it.
-    explicit = any(override.partition("=")[0].strip() == "data.max_length" for override in overrides)
-    data = fit_max_length(config.data, model.config, explicit=explicit, model=f"--model {model_dir}")
+    data = fit_max_length(config.data, model.config, chosen=chosen_keys(overrides), model=f"--model {model_dir}")
     return cls(data, config.task), labels
 
 

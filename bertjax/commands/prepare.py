@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.data.tokenizer_training import train_sentencepiece
     from bertjax.data.tokenizers import load_tokenizer
 
+    _check_arguments(args)  # before training a tokenizer, which takes a while
     check_output_dir(args.out, args.overwrite)  # before training a tokenizer: nothing in --out changes on refusal
     if args.train_tokenizer:
         train = open_documents(args.input, split="train", text_format=args.text_format, text_field=args.text_field,
@@ -70,6 +71,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped: {skipped}, empty after tokenization: {metadata['source_stats']['empty_after_tokenization']}")
     print(f"wrote {args.out}")
     return 0
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    if args.documents_per_file <= 0:
+        raise ValueError(f"--documents-per-file must be positive, got {args.documents_per_file}")
+    if not 0.0 <= args.eval_fraction < 1.0:
+        raise ValueError(f"--eval-fraction must be in [0, 1), got {args.eval_fraction}")
+    if args.train_tokenizer and args.vocab_size <= 0:
+        raise ValueError(f"--vocab-size must be positive, got {args.vocab_size}")
 
 
 # At most this many documents (evenly spread over the corpus) train the tokenizer: seconds, not hours.

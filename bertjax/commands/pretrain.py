@@ -12,7 +12,8 @@ import sys
 
 import numpy as np
 
-HELP = "pretrain an encoder (MLM, optionally NSP/SOP) from a YAML run config; resumes in the same workdir"
+HELP = ("pretrain an encoder from a YAML run config (objective.name: MLM, MLM+NSP/SOP, ELECTRA, distillation, "
+        "permutation LM); resumes in the same workdir")
 
 FILL_MASK_SEED = 0  # which word of each held-out sentence gets masked in the end-of-run demonstration
 

@@ -51,8 +51,10 @@ class MaskingOptions:
         if not 0.0 < self.rate < 1.0:
             raise ValueError(f"mlm rate must be in (0, 1), got {self.rate}")
         if self.mask_fraction < 0 or self.random_fraction < 0 or self.mask_fraction + self.random_fraction > 1:
-            raise ValueError(f"mask_fraction ({self.mask_fraction}) and random_fraction ({self.random_fraction}) "
-                             "must be >= 0 and sum to at most 1")
+            # Named as the run config spells them (DataConfig.masking_options builds these options from them).
+            raise ValueError(f"data.mask_token_fraction ({self.mask_fraction}) and data.random_token_fraction "
+                             f"({self.random_fraction}) must be >= 0 and sum to at most 1 (MaskingOptions "
+                             "mask_fraction, random_fraction; the rest of the predicted tokens are kept)")
         if self.max_predictions <= 0:
             raise ValueError(f"max_predictions must be positive, got {self.max_predictions}")
         if self.strategy not in STRATEGIES:

@@ -23,8 +23,8 @@ from typing import Literal
 
 import yaml
 
-from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, parse_dataclass,
-                                      read_config_file, to_dict)
+from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, check_grad_clip,
+                                      parse_dataclass, read_config_file, to_dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +131,7 @@ def _validate(config: EmbedderConfig) -> None:
         raise ConfigError(f"train.warmup_ratio must be in [0, 1], got {train.warmup_ratio}")
     if train.weight_decay < 0:
         raise ConfigError(f"train.weight_decay must be >= 0, got {train.weight_decay}")
+    check_grad_clip(train.max_grad_norm, "train.max_grad_norm")
     if config.data.max_length is not None and config.data.max_length < 3:
         raise ConfigError(f"data.max_length must be at least 3 ([CLS], [SEP] and a token), got "
                           f"{config.data.max_length}")

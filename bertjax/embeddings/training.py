@@ -32,7 +32,7 @@ import yaml
 from bertjax.embeddings.contrastive import (cached_loss_and_grads, mesh_ranking_loss, uncached_loss_and_grads)
 from bertjax.embeddings.pairs import Pairs, read_pairs, resolve_prompt, tokenize_columns, tokenize_pairs
 from bertjax.embeddings.retrieval_metrics import pair_corpus, retrieval_metrics
-from bertjax.embeddings.train_config import EmbedderConfig, save_embedder_config
+from bertjax.embeddings.train_config import EmbedderConfig, embedder_config_from_dict, save_embedder_config
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.run_config import ConfigError, OptimizerConfig, ScheduleConfig, to_dict
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "train_embedder.json"  # which model and data files the workdir's run trains on
 MODEL_DIR = "model"  # the final sentence-transformers directory
-CHECKPOINTS_DIR = "checkpoints"
 # Config sections a resumed run may not change: they decide the model's output and the data it trains on.
 FIXED_ON_RESUME = ("pooling", "data", "loss")
 
@@ -225,8 +224,25 @@ def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict) -> None:
     if fixed:
         raise ConfigError(f"workdir {workdir} holds a run with other settings ({describe(fixed)}); rerun with the "
                           f"workdir's settings ({saved}) to resume it, or give another --workdir")
+    try:
+        held = embedder_config_from_dict(yaml.safe_load(saved.read_text()))
+    except ConfigError:  # written by another version: the restore's own structure check still applies
+        held = None
+    if held is not None:
+        workdir_lib.check_optimizer_state(workdir, optimizer_config(held), optimizer_config(config), OPTIMIZER_KEYS)
     if found and jax.process_index() == 0:
         log.warning("resuming %s with changed settings: %s", workdir, describe(found))
+
+
+# The run config's keys behind the optimizer settings `optimizer_config` takes from it (the others are constants).
+OPTIMIZER_KEYS = {"learning_rate": "train.learning_rate", "weight_decay": "train.weight_decay",
+                  "clip_global_norm": "train.max_grad_norm"}
+
+
+def optimizer_config(config: EmbedderConfig) -> OptimizerConfig:
+    """sentence-transformers' AdamW (betas 0.9/0.999, eps 1e-8) with the run's rate, decay and clipping."""
+    return OptimizerConfig(name="adamw", learning_rate=config.train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
+                           weight_decay=config.train.weight_decay, clip_global_norm=config.train.max_grad_norm)
 
 
 def save_final_model(directory: Path, encoder, params) -> Any:
@@ -252,7 +268,7 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
     """Train in `workdir`, resuming from its latest checkpoint. `stop_after` ends this invocation after that many
     steps, as a kill would after a checkpoint (used to test resuming)."""
     from bertjax.finetune.trainer import boxed_initialiser, global_batch, place, transplant
-    from bertjax.train.checkpoints import Checkpointer
+    from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.distributed import PreemptionWatch
     from bertjax.train.guards import NonFiniteGuard
     from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
@@ -285,17 +301,16 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
 
     schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total),
                               config.train.learning_rate, total)
-    optimizer = build_optimizer(OptimizerConfig(
-        name="adamw", learning_rate=config.train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
-        weight_decay=config.train.weight_decay, clip_global_norm=config.train.max_grad_norm), schedule)
+    optimizer = build_optimizer(optimizer_config(config), schedule)
     model = encoder.model
     initialise = boxed_initialiser(model)
-    checkpointer = Checkpointer(workdir / CHECKPOINTS_DIR, config.checkpoint)
-    start = checkpointer.latest_step() or 0
+    checkpointer, start = open_for_resume(config.checkpoint, workdir)
+    start = start or 0
     accumulated = {"loss_sum": 0.0, "count": 0.0}
     if start:
         state, accumulated = checkpointer.restore(start, abstract_state(initialise, optimizer, mesh))
         _, shardings = state_shardings(initialise, optimizer, mesh)
+        checkpointer.set_aside_after(start)  # checkpoint.restore_step: the later steps are trained again
     else:
         state, shardings = create_train_state(initialise, optimizer, mesh, config.train.seed)
         params, fresh = transplant(state.params, encoder.params)
@@ -375,6 +390,8 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
         evals = [r for r in records if any(k.startswith("eval_") for k in r)]
         if eval_start is None and evals and evals[0]["step"] == 0:
             eval_start = {k: v for k, v in evals[0].items() if k.startswith("eval_")}
+        if eval_end is None and evals and evals[-1]["step"] == step and step > 0:  # a rerun of a finished run
+            eval_end = {k: v for k, v in evals[-1].items() if k.startswith("eval_")}
     return EmbedderResult(workdir=workdir, start_step=start, final_step=step, total_steps=total,
                           preempted=preempted, eval_start=eval_start, eval_end=eval_end,
                           seconds=time.perf_counter() - began, encoder=trained,

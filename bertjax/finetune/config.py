@@ -20,8 +20,8 @@ from typing import Literal, Mapping
 
 import yaml
 
-from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, parse_dataclass,
-                                      read_config_file, to_dict)
+from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, check_grad_clip,
+                                      parse_dataclass, read_config_file, to_dict)
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 
@@ -52,7 +52,9 @@ class FinetuneDataConfig:
     max_length: int = 128  # tokens per example, [CLS] and [SEP] included
     packing: bool = False  # several short examples per row (sequence classification; one prediction each)
     truncation: bool = True  # false: an example longer than max_length is an error instead of being cut
-    doc_stride: int = 128  # question answering: tokens shared by consecutive windows (at most the window - 1)
+    # Question answering: tokens shared by consecutive windows; less than the context room of a row (what
+    # max_length leaves after the question, up to half of it, and the special tokens): bertjax.finetune.qa.
+    doc_stride: int = 128
     max_answer_length: int = 30  # question answering: longest answer span predicted, in tokens
     n_best: int = 20  # question answering: start and end candidates considered per window
     text_column: str = "text"
@@ -125,6 +127,7 @@ def _validate(config: FinetuneConfig) -> None:
         raise ConfigError(f"train.warmup_ratio must be in [0, 1], got {config.train.warmup_ratio}")
     if config.train.weight_decay < 0:
         raise ConfigError(f"train.weight_decay must be >= 0, got {config.train.weight_decay}")
+    check_grad_clip(config.train.max_grad_norm, "train.max_grad_norm")
     if config.train.early_stopping_patience < 0:
         raise ConfigError(f"train.early_stopping_patience must be >= 0 (0: off), got "
                           f"{config.train.early_stopping_patience}")
@@ -132,6 +135,11 @@ def _validate(config: FinetuneConfig) -> None:
         raise ConfigError(f"eval.every must be >= 0 (0: at the end of each epoch), got {config.eval.every}")
     if config.task.num_labels is not None and config.task.num_labels <= 0:
         raise ConfigError(f"task.num_labels must be positive, got {config.task.num_labels}")
+    if config.task.problem_type == "multi_label_classification":
+        # The readers take one label per example and the head trains with softmax cross-entropy: accepting it would
+        # train single-label while best/config.json claims multi-label.
+        raise ConfigError("task.problem_type multi_label_classification is not supported by fine-tuning (the data "
+                          "readers take one label per example); use single_label_classification or regression")
     if config.task.problem_type == "regression" and config.task.num_labels not in (None, 1):
         raise ConfigError(f"task.problem_type regression predicts one number: task.num_labels must be 1, got "
                           f"{config.task.num_labels}")

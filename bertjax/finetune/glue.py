@@ -115,9 +115,10 @@ def _number(value: float) -> str:
 def mismatched_accuracy(model_dir: Path, path: Path) -> float:
     """Accuracy of a fine-tuned model directory on a JSONL file with `label` (MNLI's mismatched dev set)."""
     from bertjax.commands.predict import predict
+    from bertjax.finetune.readers import read_rows
     from bertjax.finetune.tasks.base import label_key
 
-    gold = [label_key(json.loads(line)["label"]) for line in path.read_text(encoding="utf-8").splitlines()]
+    gold = [label_key(row["label"]) for row in read_rows(path)]  # the reader predict uses: rows line up
     predicted = [record["label"] for record in predict(model_dir, path)]
     return sum(p == g for p, g in zip(predicted, gold)) / max(len(gold), 1)
 

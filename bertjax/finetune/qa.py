@@ -39,7 +39,21 @@ class Windows:
 
 
 def answer_in_context(context: str, answer: Answer) -> bool:
-    return bool(answer.text) and context[answer.start:answer.start + len(answer.text)] == answer.text
+    # The bounds first: a negative start would slice from the end of the context (Python's negative indices).
+    return bool(answer.text) and 0 <= answer.start <= len(context) - len(answer.text) and \
+        context[answer.start:answer.start + len(answer.text)] == answer.text
+
+
+def check_doc_stride(max_length: int, doc_stride: int, specials: int) -> None:
+    """Consecutive windows share doc_stride tokens, so it must be less than the context room of every row: what
+    max_length leaves after the longest question (half of it) and the special tokens. A larger stride would make
+    the windows advance by a token at a time."""
+    room = max_length - max_length // 2 - specials
+    if doc_stride >= room:
+        raise ValueError(f"data.doc_stride ({doc_stride}) must be less than the context room of a row: "
+                         f"data.max_length ({max_length}) minus the question (up to half of it) and {specials} "
+                         f"special tokens leaves {room}; lower data.doc_stride (e.g. to {max(1, room // 2)}) or "
+                         "raise data.max_length")
 
 
 def window_starts(length: int, room: int, stride: int) -> list[int]:
@@ -54,6 +68,8 @@ def window_starts(length: int, room: int, stride: int) -> list[int]:
 def make_windows(tokenizer, question: str, context: str, answer: Answer | None, *, max_length: int,
                  doc_stride: int, truncation: bool = True, what: str = "question") -> Windows:
     """Rows for one question. `answer` None: unanswerable (or unknown, at prediction time)."""
+    template = tokenizer.special_template
+    check_doc_stride(max_length, doc_stride, template.specials(pair=True))
     question_ids = [int(t) for t in tokenizer.encode(question)]
     max_question = max_length // 2  # leave the context at least half of each row
     if len(question_ids) > max_question:
@@ -62,9 +78,8 @@ def make_windows(tokenizer, question: str, context: str, answer: Answer | None, 
                              f"data.max_length={max_length}; raise data.max_length or set data.truncation=true")
         question_ids = question_ids[:max_question]
     context_ids, context_offsets = tokenizer.encode_with_offsets(context)
-    template = tokenizer.special_template
     room = max_length - len(question_ids) - template.specials(pair=True)
-    stride = min(doc_stride, room - 1)
+    stride = doc_stride  # < room: check_doc_stride
     span = None
     if answer is not None:
         end_char = answer.start + len(answer.text)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,13 +27,13 @@ from bertjax.finetune import report
 from bertjax.finetune.config import FinetuneConfig, save_finetune_config
 from bertjax.finetune.readers import read_rows
 from bertjax.finetune.tasks import Encoded, Labels, Task
+from bertjax.finetune.tasks.base import fit_max_length
 from bertjax.train import mesh as mesh_lib
-from bertjax.train.run_config import OptimizerConfig, ScheduleConfig, to_dict
+from bertjax.train.run_config import ConfigError, OptimizerConfig, ScheduleConfig, to_dict
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "finetune.json"  # in the workdir and in best/: task, labels, data settings (what predict needs)
 BEST_DIR = "best"
-CHECKPOINTS_DIR = "checkpoints"
 
 
 @dataclasses.dataclass
@@ -281,29 +282,75 @@ def _say(bar, say: Callable[[str], None], text: str) -> None:
         say(text)
 
 
-def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> None:
-    """A workdir holds one run: rerunning it resumes, anything else must use another workdir."""
+# Settings a resumed run may change: they leave the trained weights as they would be in one uninterrupted run
+# (how the run is shown, sharded, checkpointed, and when it is evaluated). Everything else decides the data of each
+# step, the schedule or the optimizer state, so a changed value would not continue the run the workdir holds.
+RESUMABLE_CHANGES = ("train.progress_bar", "eval.every", "eval.batch_size", "checkpoint", "mesh")
+
+
+def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> list[tuple[str, Any, Any]]:
+    """A workdir holds one run: rerunning it resumes. Another model, task or data file, or a change of a setting
+    outside RESUMABLE_CHANGES, is an error naming each differing key; the allowed changes are returned."""
+    from bertjax.train import workdir as workdir_lib
+
     path = workdir / RUN_FILE
     if not path.is_file():
-        return
+        return []
     before = json.loads(path.read_text())
-    now = {**identity, "config": to_dict(config)}
-    for key, value in now.items():
-        if json.loads(json.dumps(value)) != before.get(key):
-            raise ValueError(f"{workdir} holds a run with another {key} ({before.get(key)!r}, now {value!r}); "
-                             "rerun it unchanged to resume, or use a new --workdir")
+    for key, value in identity.items():
+        if value != before.get(key):
+            raise ConfigError(f"{workdir} holds a run with another {key} ({before.get(key)!r}, now {value!r}); "
+                              "rerun it unchanged to resume, or use a new --workdir")
+    found = workdir_lib.differences(before.get("config", {}), json.loads(json.dumps(to_dict(config))))
+    fixed = [d for d in found if not any(d[0] == k or d[0].startswith(k + ".") for k in RESUMABLE_CHANGES)]
+    if fixed:
+        raise ConfigError(f"{workdir} holds a run with other settings ({workdir_lib.describe_differences(fixed)}); "
+                          f"only {', '.join(RESUMABLE_CHANGES)} may change on resume. Rerun with the workdir's "
+                          "settings to resume it, or use a new --workdir")
+    return found
+
+
+def check_main_metric(task: Task, model, validation: Encoded, labels: Labels, main_metric: str) -> None:
+    """eval.main_metric must be one the evaluations report, checked before anything is trained or written: the
+    metric names come from the task's metrics over zero outputs of the model's shapes (no compile, no forward)."""
+    import warnings
+
+    from bertjax.models import abstract_params
+
+    row = {k: v[:1] for k, v in validation.arrays.items()}
+    kwargs = task.model_kwargs(row, model.config.type_vocab_size)
+    shapes = jax.eval_shape(lambda params: task.host_outputs(model.apply({"params": params}, **kwargs,
+                                                                         deterministic=True)),
+                            abstract_params(model))
+    rows = len(validation.arrays["input_ids"])
+    zeros = {k: np.zeros((rows, *v.shape[1:]), v.dtype) for k, v in shapes.items()}
+    with warnings.catch_warnings(), np.errstate(all="ignore"):  # constant outputs: correlations are undefined
+        warnings.simplefilter("ignore")
+        names = ["loss", *task.metrics(zeros, validation, labels)]
+    if main_metric not in names:
+        raise ConfigError(f"eval.main_metric: {main_metric!r} is not a metric of this task; its metrics: "
+                          f"{sorted(names)}")
+
+
+def optimizer_config(config: FinetuneConfig) -> OptimizerConfig:
+    """transformers Trainer's AdamW (betas 0.9/0.999, eps 1e-8) with the run's rate, decay and clipping."""
+    return OptimizerConfig(name="adamw", learning_rate=config.train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
+                           weight_decay=config.train.weight_decay, clip_global_norm=config.train.max_grad_norm)
 
 
 def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path, validation_file: str | Path,
              workdir: str | Path, config: FinetuneConfig, *, stop_after: int | None = None,
-             say: Callable[[str], None] = print) -> FinetuneResult:
-    """Fine-tune; `stop_after` ends the run after that many steps (as a kill would, used to test resuming)."""
+             say: Callable[[str], None] = print, chosen: Collection[str] = ()) -> FinetuneResult:
+    """Fine-tune; `stop_after` ends the run after that many steps (as a kill would, used to test resuming).
+    `chosen`: the dotted keys the user set; a data.max_length among them must fit the model, a default is capped
+    to it (tasks.base.fit_max_length)."""
     from bertjax.model_dirs import load_model_dir
     from bertjax.models.inputs import check_ids
-    from bertjax.train.checkpoints import Checkpointer
+    from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.optimizers import build_optimizer
     from bertjax.train.schedules import build_schedule
     from bertjax.train.state import abstract_state, create_train_state, state_shardings
+    from bertjax.train.workdir import describe_differences
 
     started = time.time()
     primary = jax.process_index() == 0  # on several hosts, only process 0 writes files (checkpoints: all)
@@ -312,9 +359,15 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     workdir = Path(workdir)
     identity = {"model": str(Path(model_dir).absolute()), "task": task_cls.name,
                 "train": str(Path(train_file).absolute()), "validation": str(Path(validation_file).absolute())}
-    _check_workdir(workdir, config, identity)
-
     base_model, base_params, tokenizer = load_model_dir(model_dir)
+    fitted = fit_max_length(config.data, base_model.config, chosen=chosen, model=f"--model {model_dir}")
+    if fitted != config.data:
+        say(f"data.max_length {config.data.max_length} -> {fitted.max_length} (the positions of --model {model_dir})"
+            + (f", data.doc_stride {config.data.doc_stride} -> {fitted.doc_stride}"
+               if fitted.doc_stride != config.data.doc_stride else ""))
+        config = dataclasses.replace(config, data=fitted)
+    changed = _check_workdir(workdir, config, identity)  # the fitted config: a rerun compares like with like
+
     if tokenizer is None:
         raise FileNotFoundError(f"{model_dir} holds no tokenizer; fine-tuning needs the one it was trained with")
     check_tokenizer_fits(tokenizer, base_model.config, model_dir)
@@ -329,6 +382,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     for name, data in (("train", train_data), ("validation", validation)):  # once, on the host: the steps are jitted
         check_ids(data.arrays["input_ids"], model.config.vocab_size, f"--{name} token ids")
     main_metric = config.eval.main_metric or task.main_metric_for(labels)
+    check_main_metric(task, model, validation, labels, main_metric)
 
     mesh = mesh_lib.build_mesh(config.mesh)
     if config.train.batch_size % mesh_lib.batch_shards(mesh) or config.eval.batch_size % mesh_lib.batch_shards(mesh):
@@ -339,19 +393,19 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     total_steps = per_epoch * config.train.epochs
     schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total_steps),
                               config.train.learning_rate, total_steps)
-    optimizer = build_optimizer(OptimizerConfig(
-        name="adamw", learning_rate=config.train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
-        weight_decay=config.train.weight_decay, clip_global_norm=config.train.max_grad_norm), schedule)
+    optimizer = build_optimizer(optimizer_config(config), schedule)
     initialise = boxed_initialiser(model)
 
     workdir.mkdir(parents=True, exist_ok=True)
-    checkpointer = Checkpointer(workdir / CHECKPOINTS_DIR, config.checkpoint)
-    start_step = checkpointer.latest_step() or 0
+    checkpointer, start_step = open_for_resume(config.checkpoint, workdir)
+    start_step = start_step or 0
     accumulated = {"loss_sum": 0.0, "count": 0.0}
     if start_step:
         state, accumulated = checkpointer.restore(start_step, abstract_state(initialise, optimizer, mesh))
         _, shardings = state_shardings(initialise, optimizer, mesh)
-        say(f"resuming {workdir} from step {start_step} of {total_steps}")
+        checkpointer.set_aside_after(start_step)  # checkpoint.restore_step: the later steps are trained again
+        say(f"resuming {workdir} from step {start_step} of {total_steps}"
+            + (f" with changed settings: {describe_differences(changed)}" if changed else ""))
     else:
         state, shardings = create_train_state(initialise, optimizer, mesh, config.train.seed)
         params, fresh = transplant(state.params, base_params)

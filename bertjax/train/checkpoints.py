@@ -40,7 +40,7 @@ class CheckpointError(ValueError):
 
 
 class ModelMismatch(CheckpointError):
-    """A sound checkpoint of another model than the one the run builds."""
+    """A sound checkpoint of another model than the one the run builds, or of another optimizer state."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -216,7 +216,9 @@ class Checkpointer:
             if checked and not verified:
                 log.warning("checkpoint %s has no checksums (saved without them, or interrupted before they were "
                             "written); restoring without verification", step_dir)
-            _check_same_model(self.manager.item_metadata(step)["state"], abstract_state, step_dir)
+            stored = self.manager.item_metadata(step)["state"]
+            _check_same_model(stored, abstract_state, step_dir)
+            _check_same_state(stored, abstract_state, step_dir)
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state), data=ProcessJsonRestore()))
             _check_finite(restored["state"], step_dir)
@@ -315,6 +317,36 @@ def _check_same_model(stored: Any, abstract_state: Any, step_dir) -> None:
         raise ModelMismatch(f"checkpoint {step_dir} is of another model ({'; '.join(differing[:3])}"
                             f"{'; ...' if len(differing) > 3 else ''}): run with the model config that saved it, "
                             "or give another workdir / checkpoint.directory")
+
+
+def open_for_resume(config, workdir: str | Path) -> tuple["Checkpointer", int | None]:
+    """The checkpointer of a run (checkpoint.directory, or <workdir>/checkpoints) and the step it resumes from
+    (checkpoint.restore_step, or the latest; None: a fresh start). One path for pretraining, fine-tuning and
+    embedder runs; after restoring, `set_aside_after(step)` moves later checkpoints out of the way."""
+    checkpointer = Checkpointer(config.directory or Path(workdir) / "checkpoints", config)
+    step = config.restore_step if config.restore_step is not None else checkpointer.latest_step()
+    return checkpointer, step
+
+
+def _leaf_paths(tree: Any) -> set[str]:
+    return {jax.tree_util.keystr(path, simple=True, separator="/")
+            for path, _ in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _check_same_state(stored: Any, abstract_state: Any, step_dir) -> None:
+    """The same model with another optimizer state (another optimizer, clipping turned on or off): the checkpoint
+    is sound, the run's settings differ from those that saved it, so the error says so instead of calling the
+    checkpoint damaged. Run configs refuse such changes earlier, naming the key; this catches the rest (a
+    checkpoint.directory of another run)."""
+    stored_paths, wanted = _leaf_paths(stored), _leaf_paths(abstract_state)
+    missing, extra = sorted(wanted - stored_paths), sorted(stored_paths - wanted)
+    if missing or extra:
+        shown = [f"{path} stored, not in this run" for path in extra[:2]] + \
+                [f"{path} in this run, not stored" for path in missing[:2]]
+        raise ModelMismatch(f"checkpoint {step_dir} holds another optimizer state than this run builds "
+                            f"({'; '.join(shown)}): the optimizer settings (its name, gradient clipping on or off) "
+                            "differ from those of the run that saved it. Run with those settings, or give another "
+                            "workdir / checkpoint.directory")
 
 
 def _check_finite(tree: Any, step_dir) -> None:

@@ -107,6 +107,10 @@ def check_batch_fits(phases: list[Phase], mesh, accumulation_steps: int) -> None
 # ---------------------------------------------------------------------------------------------------------------
 # Batches.
 
+class DataExhausted(ValueError):
+    """The training data ended before train.steps (data.num_epochs set): a config error, reported in one line."""
+
+
 class TrainFeed:
     """Global training batches, phase after phase, resumable from `state()`.
 
@@ -163,8 +167,10 @@ class TrainFeed:
         try:
             batch = self.iterator.take(self.phase.batch_at(step) // jax.process_count())
         except StopIteration:
-            raise RuntimeError(f"the training data ran out at step {step} (data.num_epochs="
-                               f"{self.phase.data.num_epochs}); raise it or set it to null (repeat)") from None
+            key = "data" if len(self.phases) == 1 else f"train.phases[{self.phase.index}].data"
+            raise DataExhausted(f"the training data ran out at step {step} of {self.phases[-1].end} ({key}.num_epochs="
+                                f"{self.phase.data.num_epochs}): raise {key}.num_epochs or set it to null (repeat), "
+                                "or lower train.steps") from None
         return to_global_batch(batch, self.mesh, mesh_lib.BATCH_AXES)
 
     def state(self) -> dict:
@@ -182,10 +188,24 @@ def eval_batches(data_config, tokenizer, mesh, count: int) -> list[dict[str, jax
     smaller), so multi-host evaluation steps stay in lockstep.
     """
     iterator = build_eval_iterator(data_config.for_evaluation().replace(eval_batches=count), tokenizer, seed=0,
-                                   process_index=jax.process_index(), process_count=jax.process_count())
+                                   process_index=jax.process_index(), process_count=jax.process_count(),
+                                   source=_eval_source(data_config))
     batches = [to_global_batch(b, mesh, mesh_lib.BATCH_AXES) for b in iterator]
     iterator.close()
     return batches
+
+
+def _eval_source(data_config):
+    """The held-out documents; none is a config error naming the key that decides the split."""
+    try:
+        return open_source(data_config, "eval")
+    except ValueError as error:
+        if not str(error).startswith("no eval documents"):
+            raise
+        raise ConfigError(f"evaluation needs held-out documents, but {error}: raise data.eval_fraction (now "
+                          f"{data_config.eval_fraction}; prepared data keeps the split of `bertjax prepare "
+                          "--eval-fraction`), or turn evaluation off (eval.at_start=false eval.at_end=false "
+                          "eval.every=0)") from None
 
 
 def held_out_sentences(data_config, tokenizer, count: int, max_chars: int = 160) -> list[str]:

@@ -21,7 +21,7 @@ import jax
 from bertjax.train import feed as feed_lib
 from bertjax.train import flops as flops_lib
 from bertjax.train import workdir as workdir_lib
-from bertjax.train.checkpoints import Checkpointer
+from bertjax.train.checkpoints import Checkpointer, open_for_resume
 from bertjax.train.distributed import PreemptionWatch
 from bertjax.train.guards import NonFiniteGuard
 from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
@@ -116,10 +116,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     phases = setup.phases
     total = feed_lib.total_steps(phases)
 
-    checkpointer = Checkpointer(config.checkpoint.directory or workdir / "checkpoints", config.checkpoint)
-    restore_step = config.checkpoint.restore_step
-    if restore_step is None:
-        restore_step = checkpointer.latest_step()
+    checkpointer, restore_step = open_for_resume(config.checkpoint, workdir)
     if restore_step is not None:
         state, feed_state = checkpointer.restore(restore_step, setup.abstract_state())
         abandoned = checkpointer.set_aside_after(restore_step)
@@ -129,8 +126,20 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     else:
         state = setup.fresh_state()
         feed_state = None
-    workdir_lib.record_run(workdir, config, description)  # only now that the state is there
     start = int(jax.device_get(state.step))
+    feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
+    eval_cache: dict[int, list] = {}
+    try:
+        feed.start(start, feed_state)  # checks the data against the tokenizer
+        if config.eval.at_start or config.eval.at_end or config.eval.every:  # fails now if nothing is held out
+            phase = feed_lib.phase_at(phases, max(start - 1, 0))
+            eval_cache[phase.index] = feed_lib.eval_batches(phase.data, tokenizer, mesh, config.eval.batches)
+        # Only now that the state is there and the data fits the tokenizer: a run that fails before this point in
+        # a new workdir leaves nothing behind (workdir.exclusive), so the corrected command starts afresh.
+        workdir_lib.record_run(workdir, config, description)
+    except BaseException:
+        feed.close()
+        raise
 
     logger = MetricsLogger(workdir, total_steps=total, start_step=start, is_primary=primary,
                            progress_bar=config.train.progress_bar, process_index=jax.process_index())
@@ -139,7 +148,6 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
                    f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} device(s), "
                    f"{'resuming from step ' + str(start) if start else 'starting'}; workdir {workdir}")
     frozen = setup.frozen
-    eval_cache: dict[int, list] = {}
 
     def evaluate(step: int) -> dict[str, float]:
         phase = feed_lib.phase_at(phases, max(step - 1, 0))  # the phase just trained
@@ -154,8 +162,6 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
         return {f"eval_{name}": float(value) for name, value in values.items()}
 
     throughput = _Throughput(objective, _peak_flops(config, model_config.dtype, logger))
-    feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
-    feed.start(start, feed_state)
     if feed.reshard_report is not None:  # the checkpoint was written by another number of processes
         log.warning("%s", feed.reshard_report.message())
         logger.log(start, feed.reshard_report.metrics())
@@ -175,7 +181,8 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
                 logger.log(step, {"phase": phase.index, "phase_start": phase.label, "batch_size": phase.batch_at(step),
                                   "seq_len": phase.data.seq_len})
             seq_len = phase.data.seq_len
-            state, metrics = setup.steps_for(phase)[0](state, frozen, feed.next(step))
+            state, metrics = setup.steps_for(phase)[0](state, frozen, _next_batch(feed, step, checkpointer,
+                                                                                  state, nonfinite, last_saved))
             step += 1
             throughput.add(seq_len, metrics)
             nonfinite.observe(step, metrics)
@@ -231,6 +238,21 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
                           eval_loss_start=eval_start, eval_loss_end=eval_end,
                           seconds=time.perf_counter() - began, model=primary_model, params=primary_params,
                           tokenizer=tokenizer)
+
+
+def _next_batch(feed, step: int, checkpointer: Checkpointer, state, nonfinite: NonFiniteGuard,
+                last_saved: int | None) -> dict:
+    """The batch of `step`; when the data runs out (data.num_epochs), the steps trained since the last checkpoint
+    are saved first, so that a rerun with more epochs (or fewer steps) loses nothing."""
+    try:
+        return feed.next(step)
+    except feed_lib.DataExhausted as error:
+        if step and step != last_saved:
+            nonfinite.check(last_saved)  # stop mode: a non-finite state is never saved
+            checkpointer.save(step, state, feed.state())
+            checkpointer.wait()
+            raise feed_lib.DataExhausted(f"{error}; saved a checkpoint at step {step}") from None
+        raise
 
 
 def _with_objective_tokenizer(config: RunConfig) -> RunConfig:

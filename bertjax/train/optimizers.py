@@ -11,6 +11,7 @@ which sums microbatch gradients before one optimizer update, so the optimizers h
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Callable, NamedTuple
 
@@ -146,3 +147,32 @@ def build_optimizer(config: OptimizerConfig, schedule: optax.ScalarOrSchedule) -
     if config.clip_global_norm is not None:
         optimizer = optax.chain(optax.clip_by_global_norm(config.clip_global_norm), optimizer)
     return optimizer
+
+
+# A stand-in parameter tree with the kinds of leaves a model has (a decayed kernel, biases and norms excluded by
+# `no_decay`): the optimizer state's structure over it changes exactly when it changes over a real model.
+_PROBE_PARAMS = {"dense": {"kernel": jax.ShapeDtypeStruct((2, 2), jnp.float32),
+                           "bias": jax.ShapeDtypeStruct((2,), jnp.float32)},
+                 "norm": {"scale": jax.ShapeDtypeStruct((2,), jnp.float32)}}
+
+
+def _state_structure(config: OptimizerConfig) -> Any:
+    optimizer = build_optimizer(config, lambda count: config.learning_rate)  # every run passes a schedule
+    return jax.tree.structure(jax.eval_shape(optimizer.init, _PROBE_PARAMS))
+
+
+def state_changing_fields(held: OptimizerConfig, requested: OptimizerConfig) -> list[str]:
+    """The fields of `requested` that differ from `held` in a way that changes the optimizer state's structure
+    (another optimizer; clipping turned on or off adds or removes a state): a checkpoint saved with `held` cannot
+    be restored into an optimizer built from `requested`. Other changes (the learning rate, a clipping threshold)
+    only change the numbers and may differ on resume."""
+    if held == requested:
+        return []
+    base = _state_structure(held)
+    changed = []
+    for field in dataclasses.fields(OptimizerConfig):
+        value = getattr(requested, field.name)
+        if value != getattr(held, field.name) and \
+                _state_structure(dataclasses.replace(held, **{field.name: value})) != base:
+            changed.append(field.name)
+    return changed

@@ -12,12 +12,14 @@
     mesh:       {data: -1, fsdp: 1, tensor: 1}
 
 Unknown keys and values of the wrong type are errors that name the dotted key (`optimizer.b1`). Command-line
-overrides are `key=value` pairs on dotted keys (`train.steps=20`), parsed as YAML scalars.
+overrides are `key=value` pairs on dotted keys (`train.steps=20`): a string field takes the value as written
+(`data.input=2024`, `data.anchor_prompt="query: "`), any other field its YAML reading.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import types
@@ -226,17 +228,16 @@ def run_config_from_dict(raw: Mapping) -> RunConfig:
 
 
 def apply_override(raw: dict, override: str) -> None:
-    """Set `a.b.c=value` in the raw config mapping; the value is parsed as YAML (numbers, bools, lists)."""
+    """Set `a.b.c=value` in the raw config mapping. The value is kept as an `OverrideText`: a string field takes it
+    as written (`data.input=2024`, `data.anchor_prompt="query: "` after the shell's quoting), any other field its
+    YAML reading (numbers, bools, lists); which one is decided by `parse_value`, which knows the field's type."""
     if "=" not in override:
         raise ConfigError(f"override {override!r} must look like key=value (e.g. train.steps=100)")
     key, text = override.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError(f"override {override!r}: empty part in key {key!r}")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        value = text
+    value = OverrideText(text)
     node = raw
     for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -244,6 +245,66 @@ def apply_override(raw: dict, override: str) -> None:
             raise ConfigError(f"override {override!r}: {'.'.join(parts[:depth + 1])} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+class OverrideText(str):
+    """A command-line override's value before its field's type is known. It is a `str` so that code looking at the
+    raw mapping before parsing (the objective's name) reads it as written; `parse_value` replaces it by a plain
+    string for string fields and by its YAML reading for every other field."""
+
+    _NULLS = ("null", "~", "Null", "NULL")
+
+    def as_string(self, optional: bool) -> str | None:
+        """The text as written; `null`/`~` is None for an optional field; a fully quoted value is unquoted by YAML
+        (`'" query"'` keeps its leading space)."""
+        text = str(self)
+        if optional and text.strip() in self._NULLS:
+            return None
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            try:
+                unquoted = yaml.safe_load(text)
+            except yaml.YAMLError:
+                return text
+            return unquoted if isinstance(unquoted, str) else text
+        return text
+
+    def as_yaml(self) -> Any:
+        try:
+            return yaml.safe_load(str(self))
+        except yaml.YAMLError:
+            return str(self)
+
+
+def _plain(value: Any) -> Any:
+    """Override texts inside a free-form value (`model.overrides`, an objective's dict) read as YAML."""
+    if isinstance(value, OverrideText):
+        return value.as_yaml()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def _string_typed(annotation: Any) -> tuple[bool, bool]:
+    """(whether a field of this type takes text as written, whether it is optional): str, paths, Literals of
+    strings, and those | None."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [arg for arg in args if arg is not type(None)]
+        stringy = bool(rest) and all(_string_typed(arg)[0] for arg in rest)
+        return stringy, len(rest) < len(args)
+    if origin is Literal:
+        return all(isinstance(arg, str) for arg in args), False
+    return annotation in (str, Path), False
+
+
+def _resolve_override(annotation: Any, value: OverrideText) -> Any:
+    stringy, optional = _string_typed(annotation)
+    if stringy:
+        return value.as_string(optional)
+    return value.as_yaml()
 
 
 def to_dict(config: Any) -> Any:
@@ -293,8 +354,10 @@ def parse_dataclass(cls: type, values: Any, path: str) -> Any:
 def parse_value(annotation: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if isinstance(value, OverrideText):
+        value = _resolve_override(annotation, value)
     if annotation is Any:
-        return value
+        return _plain(value)
     if dataclasses.is_dataclass(annotation):
         return parse_dataclass(annotation, value, key)
     if origin is Literal:
@@ -323,7 +386,7 @@ def parse_value(annotation: Any, value: Any, key: str) -> Any:
     if origin is dict or annotation is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}: {value!r}")
-        return dict(value)
+        return _plain(dict(value))
     if annotation is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {value!r}")
@@ -363,6 +426,15 @@ def _validate(config: RunConfig) -> None:
     from bertjax.config import get_config
     from bertjax.models.encoder import REMAT_POLICIES
 
+    from bertjax.config import EncoderConfig
+
+    fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+    unknown = [key for key in config.model.overrides if key not in fields]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
+        raise ConfigError(f"unknown key model.overrides.{unknown[0]}"
+                          f"{f' (did you mean {close[0]}?)' if close else ''}; model.overrides takes the fields of "
+                          "bertjax.config.EncoderConfig")
     try:
         get_config(config.model.preset, **config.model.overrides)
     except ValueError as error:
@@ -381,6 +453,7 @@ def _validate(config: RunConfig) -> None:
             raise ConfigError(f"{key} must be positive, got {value}")
     if config.eval.every < 0:
         raise ConfigError(f"eval.every must be >= 0 (0: only at start and end), got {config.eval.every}")
+    _validate_optimizer(config.optimizer)
     for name in ("b1", "b2"):
         if not 0.0 <= getattr(config.optimizer, name) < 1.0:
             raise ConfigError(f"optimizer.{name} must be in [0, 1), got {getattr(config.optimizer, name)}")
@@ -397,6 +470,23 @@ def _validate(config: RunConfig) -> None:
         raise ConfigError("mesh: at most one of data, fsdp, tensor may be -1")
     _validate_schedule(config.schedule)
 
+
+
+def _validate_optimizer(optimizer: OptimizerConfig) -> None:
+    """Values optax takes without complaint but that train wrongly: clip_by_global_norm(-1) flips the gradient's
+    sign (gradient ascent), a negative weight decay grows the weights, eps 0 divides by zero."""
+    check_grad_clip(optimizer.clip_global_norm, "optimizer.clip_global_norm")
+    if optimizer.weight_decay < 0:
+        raise ConfigError(f"optimizer.weight_decay must be >= 0, got {optimizer.weight_decay}")
+    if optimizer.eps <= 0:
+        raise ConfigError(f"optimizer.eps must be positive, got {optimizer.eps}")
+
+
+def check_grad_clip(value: float | None, key: str) -> None:
+    """A global-norm clipping threshold must be positive or null (no clipping): optax scales the gradient by
+    value / norm, so a negative value reverses it and 0 zeroes it. Shared by fine-tuning and embedder runs."""
+    if value is not None and value <= 0:
+        raise ConfigError(f"{key} must be positive (or null: no clipping), got {value}")
 
 
 def _validate_phases(config: RunConfig) -> None:

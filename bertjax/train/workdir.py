@@ -9,12 +9,15 @@ no half-made directory left by a run that failed while setting up.
 - `check_rerun` compares the requested run config with the workdir's `config.yaml` before anything is written:
   another model is an error naming the differing fields; other changes (more steps, another evaluation
   interval) are allowed and listed in a warning.
+- `check_optimizer_state` refuses optimizer settings whose state the checkpoints cannot be restored into (another
+  optimizer, clipping turned on or off), naming the dotted key.
 - `check_model_config` does the same for `model_config.json` once the model config is built (it depends on the
   tokenizer), and `record_run` writes both files only after the state was restored or created.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -28,7 +31,7 @@ from typing import Any, Callable
 import jax
 import yaml
 
-from bertjax.train.run_config import ConfigError, RunConfig, to_dict
+from bertjax.train.run_config import ConfigError, OptimizerConfig, RunConfig, parse_dataclass, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +164,8 @@ def differences(held: Any, requested: Any, prefix: str = "") -> list[tuple[str, 
     return [] if held == requested else [(prefix, held, requested)]
 
 
-def _describe(found: list[tuple[str, Any, Any]]) -> str:
+def describe_differences(found: list[tuple[str, Any, Any]]) -> str:
+    """Each differing dotted key with both values, for errors and warnings about a rerun (every run type)."""
     return "; ".join(f"{key}: {held!r} in the workdir, {requested!r} requested" for key, held, requested in found)
 
 
@@ -177,12 +181,37 @@ def check_rerun(workdir: Path, config: RunConfig) -> None:
     found = differences(held, _plain(config))
     fixed = [d for d in found if any(d[0] == p or d[0].startswith(p + ".") for p in FIXED_ON_RESUME)]
     if fixed:
-        raise ConfigError(f"workdir {workdir} holds a run with another model ({_describe(fixed)}). "
+        raise ConfigError(f"workdir {workdir} holds a run with another model ({describe_differences(fixed)}). "
                           f"Rerun with the workdir's settings ({saved}) to resume it, or give another --workdir")
+    check_optimizer_state(workdir, held.get("optimizer") if isinstance(held, dict) else None, config.optimizer,
+                          {f.name: f"optimizer.{f.name}" for f in dataclasses.fields(config.optimizer)})
     if found and jax.process_index() == 0:
         tokenizer_note = any(key.startswith("tokenizer.") for key, _, _ in found)
-        log.warning("resuming %s with changed settings: %s%s", workdir, _describe(found),
+        log.warning("resuming %s with changed settings: %s%s", workdir, describe_differences(found),
                     " (the tokenizer saved in the workdir is used)" if tokenizer_note else "")
+
+
+def check_optimizer_state(workdir: Path, held: Any, requested: OptimizerConfig, keys: dict[str, str]) -> None:
+    """Refuse optimizer settings whose state the workdir's checkpoints cannot be restored into (another optimizer,
+    clipping turned on or off), naming the dotted key (`keys`: OptimizerConfig field -> the run config's key), before
+    anything is restored: restoring would fail on a sound checkpoint. `held` is the workdir's raw optimizer
+    settings (as config.yaml holds them, or as the run type maps its own keys to them)."""
+    if isinstance(held, dict):
+        try:
+            held = parse_dataclass(OptimizerConfig, held, "optimizer")
+        except ConfigError:  # written by another version: the restore's own structure check still applies
+            return
+    if not isinstance(held, OptimizerConfig):
+        return
+    from bertjax.train.optimizers import state_changing_fields
+
+    changed = [(keys[name], getattr(held, name), getattr(requested, name))
+               for name in state_changing_fields(held, requested)]
+    if changed:
+        raise ConfigError(f"workdir {workdir} holds checkpoints of another optimizer state "
+                          f"({describe_differences(changed)}): "
+                          "these settings change what the optimizer stores, so they cannot change on resume. Rerun "
+                          "with the workdir's values to resume, or give another --workdir")
 
 
 def check_model_config(workdir: Path, description: dict) -> None:
@@ -199,7 +228,8 @@ def check_model_config(workdir: Path, description: dict) -> None:
     requested = json.loads(json.dumps(description))
     found = differences(held, requested)
     if found:
-        raise ConfigError(f"workdir {workdir} holds another model ({_describe(found)}); give another --workdir")
+        raise ConfigError(f"workdir {workdir} holds another model ({describe_differences(found)}); "
+                          "give another --workdir")
 
 
 def record_run(workdir: Path, config: RunConfig, description: dict) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, ClassVar
 
 import jax
@@ -102,23 +103,37 @@ class Task(abc.ABC):
         """One JSON-able record per example for `bertjax predict`."""
 
 
-def fit_max_length(data_config, model_config, *, explicit: bool, model: str = "the model"):
+def fit_max_length(data_config, model_config, *, chosen: Collection[str] = (), model: str = "the model"):
     """`data_config` with max_length at most the model's usable positions (max_position_embeddings less
-    position_offset, inference.model_max_length). A default (a task's 384 for QA) is capped to fit a smaller model;
-    a length the user chose (`explicit`) that does not fit is an error naming data.max_length, where the model
-    itself would fail inside its jitted program with an error that names neither. `bertjax predict` and
-    `bertjax finetune` take this one path."""
+    position_offset, inference.model_max_length), where the model itself would fail inside its jitted program with
+    an error naming neither. `chosen`: the dotted keys the user set (a --config file, overrides). A default (QA's
+    384) is capped to fit a smaller model, and a default doc_stride shrinks with it in proportion (QA's 128 of 384)
+    so that windows still advance; a max_length the user chose that does not fit is an error naming it.
+    `bertjax predict` and `bertjax finetune` take this one path."""
     from bertjax.inference.texts import model_max_length
 
     limit = model_max_length(model_config)
-    if data_config.max_length <= limit:
+    length = data_config.max_length
+    if length <= limit:
         return data_config
-    if not explicit:
-        return dataclasses.replace(data_config, max_length=limit)
-    offset = f" less position_offset {model_config.position_offset}" if model_config.position_offset else ""
-    raise ValueError(f"data.max_length={data_config.max_length} is longer than {model} takes: {limit} tokens "
-                     f"(max_position_embeddings {model_config.max_position_embeddings}{offset}); set "
-                     f"data.max_length={limit} or less")
+    if "data.max_length" in chosen:
+        offset = f" less position_offset {model_config.position_offset}" if model_config.position_offset else ""
+        raise ValueError(f"data.max_length={length} is longer than {model} takes: {limit} tokens "
+                         f"(max_position_embeddings {model_config.max_position_embeddings}{offset}); set "
+                         f"data.max_length={limit} or less")
+    stride = data_config.doc_stride
+    if "data.doc_stride" not in chosen:
+        stride = max(1, stride * limit // length)
+    return dataclasses.replace(data_config, max_length=limit, doc_stride=stride)
+
+
+def chosen_keys(overrides: Iterable[str], config_file: Mapping | None = None) -> frozenset[str]:
+    """The dotted keys a user set: `key=value` overrides, and the keys of a --config file's sections."""
+    keys = {override.partition("=")[0].strip() for override in overrides}
+    for section, values in (config_file or {}).items():
+        if isinstance(values, Mapping):
+            keys.update(f"{section}.{key}" for key in values)
+    return frozenset(keys)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

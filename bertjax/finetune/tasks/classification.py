@@ -100,6 +100,10 @@ class SequenceClassification(Task):
         if with_targets:
             values = self._label_values(rows, source)
             if labels.regression:
+                for i, value in enumerate(values):
+                    if not is_number(value):
+                        raise ValueError(f"{source}, row {i + 1}: regression needs a numeric label, got {value!r} "
+                                         f"in column {self.data.label_column!r}")
                 gold = np.asarray([float(v) for v in values], np.float32)
             else:
                 gold = label_ids(values, labels.names, source, self.data.label_column)

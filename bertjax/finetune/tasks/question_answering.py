@@ -9,6 +9,7 @@ answer "" (SQuAD v2), otherwise it always picks a span.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +27,17 @@ class Question:
     answers: tuple[str, ...]  # gold texts; () for unanswerable or unknown
 
 
+def _offset(value, where: str) -> int:
+    """A character offset: an integer, or one written as 12.0 (pandas) or "12" (a CSV cell)."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not number.is_integer():
+        raise ValueError(f"{where}: answers.answer_start holds {value!r}, not a character offset (an integer)")
+    return int(number)
+
+
 class QuestionAnswering(Task):
     name = "question-answering"
     head = "question_answering"
@@ -41,7 +53,7 @@ class QuestionAnswering(Task):
         starts = as_list(value.get("answer_start", []), f"{where}, answers.answer_start")
         if len(texts) != len(starts):
             raise ValueError(f"{where}: answers has {len(texts)} texts but {len(starts)} answer_start values")
-        return [Answer(str(t), int(s)) for t, s in zip(texts, starts)]
+        return [Answer(str(t), _offset(s, where)) for t, s in zip(texts, starts)]
 
     def _columns(self, rows, source, with_targets):
         columns = {"data.question_column": self.data.question_column,

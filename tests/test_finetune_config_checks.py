@@ -1,0 +1,81 @@
+"""Fine-tuning settings that cannot work are refused before anything runs or is written, naming the dotted key
+(problem type, QA stride, main metric, a changed rerun), and QA answers are located only inside their context."""
+
+import json
+
+import pytest
+
+from bertjax.finetune import qa
+from bertjax.finetune.config import load_finetune_config
+from bertjax.finetune.tasks import task_class
+from bertjax.train.run_config import ConfigError, to_dict
+from finetune_helpers import VOCAB, sentiment_rows, tiny_model_dir, write_jsonl
+
+CONTEXT = "the cat sat on the mat in paris ."
+
+
+def _tokenizer():
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    return WordPieceTokenizer("\n".join(VOCAB + ["the", "cat", "sat", "on", "mat", "in"]))
+
+
+def test_multi_label_problem_type_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="task.problem_type multi_label_classification is not supported"):
+        load_finetune_config(None, ["task.problem_type=multi_label_classification"])
+
+
+def test_doc_stride_must_fit_the_context_room_of_max_length():
+    with pytest.raises(ValueError, match=r"data.doc_stride \(128\) must be less than .* data.max_length \(128\)"):
+        qa.make_windows(_tokenizer(), "where ?", CONTEXT, None, max_length=128, doc_stride=128)
+    # max_length 16: a question takes up to 8 tokens and [CLS] q [SEP] c [SEP] 3 more, leaving 5 for the context.
+    with pytest.raises(ValueError, match=r"data.doc_stride \(5\) .* leaves 5"):
+        qa.make_windows(_tokenizer(), "where ?", CONTEXT, None, max_length=16, doc_stride=5)
+    assert len(qa.make_windows(_tokenizer(), "where ?", CONTEXT, None, max_length=16, doc_stride=4).input_ids) == 1
+
+
+def test_negative_or_overlong_answer_start_is_not_in_the_context():
+    text = "paris ."
+    assert qa.answer_in_context(CONTEXT, qa.Answer(text, CONTEXT.index(text)))
+    # CONTEXT[-len(CONTEXT):-len(CONTEXT) + 7] is "the cat": a negative start counted from the end matched.
+    assert not qa.answer_in_context(CONTEXT, qa.Answer("the cat", -len(CONTEXT)))
+    assert not qa.answer_in_context(CONTEXT, qa.Answer("the cat", -1))
+    assert not qa.answer_in_context(CONTEXT, qa.Answer(text, len(CONTEXT)))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune-checks")
+    return {"root": root, "model": tiny_model_dir(root / "model"),
+            "train": write_jsonl(root / "train.jsonl", sentiment_rows(32, 0)),
+            "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(8, 1))}
+
+
+def test_unknown_main_metric_is_refused_before_anything_is_written(files):
+    from bertjax.finetune.trainer import finetune
+
+    workdir = files["root"] / "bad-metric"
+    task = task_class("sequence-classification")
+    config = load_finetune_config(None, ["eval.main_metric=acuracy", "data.max_length=16"], task.defaults)
+    with pytest.raises(ConfigError, match=r"eval.main_metric: 'acuracy' is not a metric of this task; its metrics: "
+                                          r"\['accuracy', 'f1', 'f1_macro', 'loss', 'mcc'\]"):
+        finetune(files["model"], task, files["train"], files["validation"], workdir, config, say=lambda _: None)
+    assert not workdir.exists()  # so the corrected command is not refused as a changed rerun
+
+
+def test_rerun_names_each_changed_key_and_allows_what_leaves_the_weights_alone(tmp_path):
+    from bertjax.finetune.trainer import RUN_FILE, _check_workdir
+
+    identity = {"model": "/m", "task": "sequence-classification", "train": "/t", "validation": "/v"}
+    held = load_finetune_config(None, [])
+    (tmp_path / RUN_FILE).write_text(json.dumps({**identity, "config": to_dict(held)}))
+    allowed = load_finetune_config(None, ["train.progress_bar=false", "eval.every=5", "checkpoint.keep=1"])
+    assert [key for key, _, _ in _check_workdir(tmp_path, allowed, identity)] == \
+        ["train.progress_bar", "eval.every", "checkpoint.keep"]
+    changed = load_finetune_config(None, ["train.epochs=4", "train.max_grad_norm=null"])
+    with pytest.raises(ConfigError) as error:
+        _check_workdir(tmp_path, changed, identity)
+    message = str(error.value)
+    assert "train.epochs: 3 in the workdir, 4 requested; train.max_grad_norm: 1.0 in the workdir, None requested" \
+        in message and len(message) < 400, message
+    with pytest.raises(ConfigError, match="another train"):
+        _check_workdir(tmp_path, held, {**identity, "train": "/other"})
