@@ -7,5 +7,6 @@ cd "$(dirname "$0")/.."
 python3 -m pip install -q torch==2.13.0
 python3 -m pip install -q -e ".[test,tpu-aot]"
 # Two workers, one test file each at a time (module fixtures stay in one process): most of the suite is XLA
-# compiles and small single-threaded computations, which leave the second core idle in a single process.
-JAX_PLATFORMS=cpu python3 -m pytest -q -n 2 --dist loadfile tests "$@"
+# compiles and small single-threaded computations, which leave the second core idle in a single process. Files
+# go out in collection order, which tests/conftest.py makes slowest first.
+JAX_PLATFORMS=cpu python3 -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests "$@"

@@ -50,10 +50,13 @@ def test_padding_does_not_change_valid_outputs(preset, masked_lm):
     padded_ids = np.concatenate([rng.integers(0, vocab, (2, left)), ids, rng.integers(0, vocab, (2, right))], 1)
     padded_mask = np.pad(mask, ((0, 0), (left, right)))
 
-    # And a gap of masked tokens mid-row: absent too, so positions go on counting after it.
-    gap_at, gap = left + 5, 3
-    gapped_ids = np.concatenate([padded_ids[:, :gap_at], rng.integers(0, vocab, (2, gap)), padded_ids[:, gap_at:]], 1)
-    gapped_mask = np.concatenate([padded_mask[:, :gap_at], np.zeros((2, gap), np.int32), padded_mask[:, gap_at:]], 1)
+    # And a gap of masked tokens mid-row: absent too, so positions go on counting after it. The same length as the
+    # padded rows, so the eager ops reuse their kernels.
+    gap_at = 5
+    gapped_ids = np.concatenate([ids[:, :gap_at], rng.integers(0, vocab, (2, left)), ids[:, gap_at:],
+                                 rng.integers(0, vocab, (2, right))], 1)
+    gapped_mask = np.concatenate([mask[:, :gap_at], np.zeros((2, left), np.int32), mask[:, gap_at:],
+                                  np.zeros((2, right), np.int32)], 1)
 
     # Sliding windows count by index, as transformers', so a gap widens the span a local layer sees.
     cases = [(padded_ids, padded_mask)]
