@@ -44,3 +44,10 @@ def sentiment_rows(count: int, seed: int) -> list[dict]:
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def finetune_files(root: Path, train_rows: int, validation_rows: int) -> dict[str, Path]:
+    """A tiny model directory and sentiment train/validation files under `root` (the fine-tuning tests' inputs)."""
+    return {"root": root, "model": tiny_model_dir(root / "model"),
+            "train": write_jsonl(root / "train.jsonl", sentiment_rows(train_rows, 0)),
+            "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(validation_rows, 1))}

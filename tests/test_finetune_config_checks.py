@@ -9,7 +9,7 @@ from bertjax.finetune import qa
 from bertjax.finetune.config import load_finetune_config
 from bertjax.finetune.tasks import task_class
 from bertjax.train.run_config import ConfigError, to_dict
-from finetune_helpers import VOCAB, sentiment_rows, tiny_model_dir, write_jsonl
+from finetune_helpers import VOCAB, finetune_files
 
 CONTEXT = "the cat sat on the mat in paris ."
 
@@ -44,10 +44,7 @@ def test_negative_or_overlong_answer_start_is_not_in_the_context():
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("finetune-checks")
-    return {"root": root, "model": tiny_model_dir(root / "model"),
-            "train": write_jsonl(root / "train.jsonl", sentiment_rows(32, 0)),
-            "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(8, 1))}
+    return finetune_files(tmp_path_factory.mktemp("finetune-checks"), 32, 8)
 
 
 def test_unknown_main_metric_is_refused_before_anything_is_written(files):

@@ -11,7 +11,7 @@ from bertjax.finetune.config import load_finetune_config
 from bertjax.finetune.tasks import task_class
 from bertjax.finetune.trainer import finetune
 from bertjax.train.metrics import read_metrics
-from finetune_helpers import NEGATIVE, NEUTRAL, POSITIVE, sentiment_rows, tiny_model_dir, write_jsonl
+from finetune_helpers import NEGATIVE, NEUTRAL, POSITIVE, finetune_files, tiny_model_dir, write_jsonl
 
 FAST = ["train.batch_size=16", "train.learning_rate=3e-3", "data.max_length=16", "train.progress_bar=false",
         "eval.batch_size=32"]
@@ -22,10 +22,7 @@ def config(task: str, *overrides: str):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("finetune")
-    return {"root": root, "model": tiny_model_dir(root / "model"),
-            "train": write_jsonl(root / "train.jsonl", sentiment_rows(256, 0)),
-            "validation": write_jsonl(root / "validation.jsonl", sentiment_rows(64, 1))}
+    return finetune_files(tmp_path_factory.mktemp("finetune"), 256, 64)
 
 
 @pytest.fixture(scope="module")
