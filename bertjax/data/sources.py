@@ -35,6 +35,10 @@ DEFAULT_INPUT = "default"
 _MAX_EXAMPLES = 5  # skip locations kept for the report
 
 
+class NoDocuments(ValueError):
+    """A split of the inputs holds no document (callers that know which setting decides the split name it)."""
+
+
 @dataclasses.dataclass
 class SourceStats:
     """What indexing the inputs found: kept documents, documents of the other split, skips by reason."""
@@ -440,7 +444,7 @@ def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_fo
                                              split=split, eval_fraction=eval_fraction))
     source = sources[0] if len(sources) == 1 else ConcatSource(sources)
     if len(source) == 0:
-        raise ValueError(f"no {split} documents in {', '.join(specs)} ({source.stats.report()})")
+        raise NoDocuments(f"no {split} documents in {', '.join(specs)} ({source.stats.report()})")
     return source
 
 

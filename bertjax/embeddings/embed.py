@@ -26,7 +26,7 @@ import numpy as np
 
 from bertjax.embeddings.encoder import SentenceEncoder
 from bertjax.inference.buckets import DEFAULT_LENGTHS, BucketConfig
-from bertjax.inference.pipeline import OVERFLOW_MODES, SequenceFormat, supports_packing
+from bertjax.inference.pipeline import SequenceFormat, supports_packing, to_sequences
 from bertjax.inference.texts import TextInference, with_compute_dtype
 
 
@@ -57,11 +57,8 @@ class Embedder:
     def __init__(self, encoder: SentenceEncoder, *, max_tokens: int | None = None,
                  lengths: Sequence[int] = DEFAULT_LENGTHS, max_segments: int = 32, dtype: str | None = "bfloat16",
                  overflow: str = "truncate", stride: int = 0, mesh=None):
-        if overflow not in OVERFLOW_MODES:
-            raise ValueError(f"overflow must be one of {OVERFLOW_MODES}, got {overflow!r}")
-        if overflow == "chunk" and not 0 <= stride < encoder.max_seq_length - 2:
-            raise ValueError(f"stride must be in [0, {encoder.max_seq_length - 2}) (the text tokens of one "
-                             f"chunk of max_seq_length {encoder.max_seq_length}), got {stride}")
+        # At construction, not at the first embed: the checks to_sequences makes of every batch.
+        to_sequences([], SequenceFormat.for_tokenizer(encoder.tokenizer, encoder.max_seq_length), overflow, stride)
         self.encoder = encoder
         self.model = with_compute_dtype(encoder.model, dtype)
         self.overflow, self.stride = overflow, stride

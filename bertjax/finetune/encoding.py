@@ -49,16 +49,21 @@ def layout(tokenizer, first: Sequence[int], second: Sequence[int] | None, max_le
     return row
 
 
-def encode_texts(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, max_length: int, truncation: bool,
-                 source: str) -> dict[str, np.ndarray]:
-    """Rows for texts (and their pairs): arrays [examples, max_length]."""
+def encode_texts(tokenizer, texts: Sequence[str], pairs: Sequence[str | None] | None, max_length: int,
+                 truncation: bool, source: str) -> dict[str, np.ndarray]:
+    """Rows for texts (and their pairs): arrays [examples, max_length]. A None pair (or `pairs` None) is a single
+    text: each row is laid out as the tokenizer lays out that example alone, so a file may mix both."""
     firsts = tokenizer.encode_batch(list(texts))
-    seconds = tokenizer.encode_batch(list(pairs)) if pairs is not None else [None] * len(firsts)
-    specials = tokenizer.special_template.specials(pairs is not None)
+    pairs = [None] * len(firsts) if pairs is None else list(pairs)
+    paired = [i for i, pair in enumerate(pairs) if pair is not None]
+    seconds: list = [None] * len(firsts)
+    for i, ids in zip(paired, tokenizer.encode_batch([pairs[i] for i in paired]) if paired else []):
+        seconds[i] = [int(t) for t in ids]
     rows = []
     for i, (first, second) in enumerate(zip(firsts, seconds)):
-        first, second = fit_pair([int(t) for t in first], None if second is None else [int(t) for t in second],
-                                 max_length, truncation, f"{source}, example {i + 1}", specials)
+        specials = tokenizer.special_template.specials(second is not None)
+        first, second = fit_pair([int(t) for t in first], second, max_length, truncation, f"{source}, example {i + 1}",
+                                 specials)
         rows.append(layout(tokenizer, first, second, max_length))
     return stack(rows)
 

@@ -302,10 +302,14 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
     return restored["params"]
 
 
-def _param_shapes(tree: Any) -> dict[str, tuple]:
+def _leaf_shapes(tree: Any) -> dict[str, tuple]:
+    """Every leaf of a state tree (stored metadata or the run's abstract state) by its path, "params/..." etc."""
     leaves = jax.tree_util.tree_leaves_with_path(tree)
-    shapes = {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape) for path, leaf in leaves}
-    return {path: shape for path, shape in shapes.items() if path.startswith("params/")}
+    return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def _param_shapes(tree: Any) -> dict[str, tuple]:
+    return {path: shape for path, shape in _leaf_shapes(tree).items() if path.startswith("params/")}
 
 
 def _check_same_model(stored: Any, abstract_state: Any, step_dir) -> None:
@@ -328,17 +332,12 @@ def open_for_resume(config, workdir: str | Path) -> tuple["Checkpointer", int | 
     return checkpointer, step
 
 
-def _leaf_paths(tree: Any) -> set[str]:
-    return {jax.tree_util.keystr(path, simple=True, separator="/")
-            for path, _ in jax.tree_util.tree_leaves_with_path(tree)}
-
-
 def _check_same_state(stored: Any, abstract_state: Any, step_dir) -> None:
     """The same model with another optimizer state (another optimizer, clipping turned on or off): the checkpoint
     is sound, the run's settings differ from those that saved it, so the error says so instead of calling the
     checkpoint damaged. Run configs refuse such changes earlier, naming the key; this catches the rest (a
     checkpoint.directory of another run)."""
-    stored_paths, wanted = _leaf_paths(stored), _leaf_paths(abstract_state)
+    stored_paths, wanted = set(_leaf_shapes(stored)), set(_leaf_shapes(abstract_state))
     missing, extra = sorted(wanted - stored_paths), sorted(stored_paths - wanted)
     if missing or extra:
         shown = [f"{path} stored, not in this run" for path in extra[:2]] + \

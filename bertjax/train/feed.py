@@ -16,6 +16,7 @@ import numpy as np
 from bertjax.data import build_eval_iterator, build_pretraining_iterator, load_tokenizer, to_global_batch
 from bertjax.data import reshard as reshard_lib
 from bertjax.data.pipeline import open_source, window_plan
+from bertjax.data.sources import NoDocuments
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import phases as phases_lib
 from bertjax.train.run_config import ConfigError, RunConfig
@@ -199,9 +200,7 @@ def _eval_source(data_config):
     """The held-out documents; none is a config error naming the key that decides the split."""
     try:
         return open_source(data_config, "eval")
-    except ValueError as error:
-        if not str(error).startswith("no eval documents"):
-            raise
+    except NoDocuments as error:
         raise ConfigError(f"evaluation needs held-out documents, but {error}: raise data.eval_fraction (now "
                           f"{data_config.eval_fraction}; prepared data keeps the split of `bertjax prepare "
                           "--eval-fraction`), or turn evaluation off (eval.at_start=false eval.at_end=false "

@@ -423,10 +423,8 @@ def _join(path: str, name: str) -> str:
 # Cross-field checks (each names its key).
 
 def _validate(config: RunConfig) -> None:
-    from bertjax.config import get_config
+    from bertjax.config import EncoderConfig, get_config
     from bertjax.models.encoder import REMAT_POLICIES
-
-    from bertjax.config import EncoderConfig
 
     fields = {f.name for f in dataclasses.fields(EncoderConfig)}
     unknown = [key for key in config.model.overrides if key not in fields]

@@ -12,29 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.finetune import metrics
-from bertjax.finetune.encoding import fit_pair, layout, stack
+from bertjax.finetune.encoding import encode_texts
 from bertjax.finetune.packing import pack_rows, training_order
 from bertjax.finetune.readers import is_null, require_columns, text_cell
 from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, fit_names, is_number, label_ids,
                                          softmax)
-
-
-def encode_pairs(tokenizer, texts: list[str], pairs: list[str | None], max_length: int, truncation: bool,
-                 source: str) -> dict[str, np.ndarray]:
-    """encoding.encode_texts with a pair per example or none (None): each row laid out as the tokenizer lays out
-    its own (one text, or two), so a file may mix both."""
-    firsts = tokenizer.encode_batch(texts)
-    paired = [i for i, pair in enumerate(pairs) if pair is not None]
-    seconds: list = [None] * len(texts)
-    for i, ids in zip(paired, tokenizer.encode_batch([pairs[i] for i in paired]) if paired else []):
-        seconds[i] = [int(t) for t in ids]
-    rows = []
-    for i, (first, second) in enumerate(zip(firsts, seconds)):
-        specials = tokenizer.special_template.specials(second is not None)
-        first, second = fit_pair([int(t) for t in first], second, max_length, truncation,
-                                 f"{source}, example {i + 1}", specials)
-        rows.append(layout(tokenizer, first, second, max_length))
-    return stack(rows)
 
 
 class SequenceClassification(Task):
@@ -94,7 +76,7 @@ class SequenceClassification(Task):
 
     def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
         self._columns(rows, source, with_targets)
-        arrays = encode_pairs(tokenizer, *self._texts(rows, source), self.data.max_length, self.data.truncation,
+        arrays = encode_texts(tokenizer, *self._texts(rows, source), self.data.max_length, self.data.truncation,
                               source)
         gold = None
         if with_targets:
