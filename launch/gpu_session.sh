@@ -52,6 +52,15 @@ if [ "$DRY_RUN" -eq 0 ]; then
     export PYTHONPATH=/tmp/site
   fi
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  # The image's own Flax/Optax/Orbax/chex are used when bertjax imports with them; otherwise the versions the
+  # deviceless H100 compiles were checked with (launch/gpu_wheels.sh puts them in .whl/fallback) go first.
+  if ! python3 -c "import bertjax.train.setup, bertjax.models" 2>"$LOGS/import.log" \
+      && ls .whl/fallback/*.whl >/dev/null 2>&1; then
+    echo "=== bertjax does not import with the image's packages ($(tail -1 "$LOGS/import.log")): carried ones"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-fallback \
+      .whl/fallback/*.whl || exit 1
+    export PYTHONPATH="$PWD:/tmp/site-fallback:${PYTHONPATH#"$PWD:"}"
+  fi
 fi
 
 STAGE_STARTED=$SECONDS
