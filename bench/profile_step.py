@@ -20,7 +20,9 @@ import collections
 import glob
 import gzip
 import json
+import os
 import re
+import shutil
 import tempfile
 
 import jax
@@ -89,13 +91,15 @@ def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, m
     """Measured device time per model code (events joined to the compiled program's kernels by their HLO op),
     beside the floor of those kernels (`Kernel.floor`)."""
     kernel_of = {kernel.name: kernel for kernel in kernels}
-    measured, floors, unmatched = collections.Counter(), {}, 0
+    measured, floors, unmatched, unmatched_examples = collections.Counter(), {}, 0, []
     for e in events:
         # A GPU kernel's `hlo_op` is its annotation stack, outermost first and joined by "::" where thunks nest (a
         # while loop's body, a conditional): the kernel is the innermost op.
         kernel = kernel_of.get(e.get("args", {}).get("hlo_op", e["name"]).split("::")[-1])
         if kernel is None:
             unmatched += e["dur"]
+            if len(unmatched_examples) < 3:
+                unmatched_examples.append(f"{e['name']} {e.get('args', {})}"[:300])
             continue
         measured[kernel.source] += e["dur"]
     for kernel in kernels:
@@ -107,6 +111,11 @@ def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, m
         low, high = floors[source]
         lines.append(f"{micros / 1e3 / steps:9.2f} {low * 1e3:6.2f}..{high * 1e3:<5.2f}  {source}")
     lines.append(f"{unmatched / 1e3 / steps:9.2f} {'':>13}  events not matched to a kernel of the step")
+    # What the join missed, to fix it from the log alone (a GPU lease is short): the event names and arguments
+    # beside a few of the program's kernel names.
+    lines += [f"#   unmatched event: {example}" for example in unmatched_examples]
+    if unmatched_examples:
+        lines.append(f"#   kernels of the program, e.g.: {', '.join(list(kernel_of)[:5])}")
     return "\n".join(lines)
 
 
@@ -122,6 +131,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="steps traced, after one compiling step")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--trace-dir", default=None, help="keep the trace here (default: a temporary directory)")
+    parser.add_argument("--copy-to", default=None,
+                        help="also write the trace (profile.trace.json.gz) and the step's optimized HLO "
+                        "(profile.hlo.txt.gz) into this directory, for the join to be redone elsewhere")
     parser.add_argument("--bandwidth", type=float, default=3.0e12,
                         help="floors: bytes/s read plus written (default: the device tool's H100s)")
     parser.add_argument("--matmul-rate", type=float, default=7.98e14,
@@ -157,6 +169,11 @@ def main(argv=None) -> None:
     print(summarise(events, args.steps, args.top))
     # The program just traced, compiled again for its HLO (the persistent compilation cache, when on, returns it).
     text = setup.train_step.lower(state, setup.frozen, batch).compile().as_text()
+    if args.copy_to:
+        os.makedirs(args.copy_to, exist_ok=True)
+        shutil.copyfile(files[-1], os.path.join(args.copy_to, "profile.trace.json.gz"))
+        with gzip.open(os.path.join(args.copy_to, "profile.hlo.txt.gz"), "wt") as f:
+            f.write(text)
     step_events = [e for e in events if e.get("args", {}).get("hlo_module", "jit_train_step") == "jit_train_step"]
     print()
     print(by_source(step_events, kernels_of(text), args.steps, args.bandwidth, args.matmul_rate, args.top))

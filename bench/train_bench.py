@@ -276,6 +276,14 @@ def gpu_config(seq_len: int, attention: str = "auto"):
                       attention_implementation=attention)
 
 
+def initial_weights(seq_len: int):
+    """The masked-LM model and its float32 initial weights, the bertjax state's (same init key), for transformers.
+    Built with XLA attention: the weights do not depend on the kernel, and the Pallas GPU kernels neither run on
+    the CPU device the memory search initialises on (the default backend picks them) nor need compiling here."""
+    model = MODEL_CLASSES["masked_lm"](gpu_config(seq_len, "xla").replace(dtype="float32"))
+    return model, init_params(model, jax.random.key(0))
+
+
 def progress(row: dict) -> dict:
     """Print a measured row at once (a run cut off by a time limit keeps what it measured), and return it."""
     print(f"  {row['case']}, batch {row['batch']} x {row['seq_len']}: {row['step_ms']:.1f} ms/step, "
@@ -304,9 +312,7 @@ def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str])
                             seq_len=seq_len, documents_per_row=4)
                 cases += [case, dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)]
             ours.append(progress(bench_bertjax(cases[0], steps, peak)))
-            # The same initial weights as the bertjax state (same init key), exported for transformers.
-            model = MODEL_CLASSES["masked_lm"](gpu_config(seq_len).replace(dtype="float32"))
-            params = init_params(model, jax.random.key(0))
+            model, params = initial_weights(seq_len)
             case = Case("modernbert-base bf16", gpu_config(seq_len), batch=batch, seq_len=seq_len,
                         documents_per_row=1)
             theirs = []
@@ -447,10 +453,9 @@ def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: in
 
         fits = memory_probe(framework, attempt, gc.collect)
     else:
-        model = MODEL_CLASSES["masked_lm"](config.replace(dtype="float32"))
         cpus = _devices_or_none("cpu")
         with jax.default_device(cpus[0] if cpus else jax.devices()[0]):  # keep the GPU for torch where possible
-            params = init_params(model, jax.random.key(0))
+            model, params = initial_weights(seq_len)
         trainer = TransformersTrainer(params, model, TORCH_DEVICE,
                                       transformers_attentions()[-1],  # flash attention if installed: least memory
                                       checkpointing=remat_policy != "none")

@@ -4,32 +4,37 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9 minutes
-#   launch/gpu_session.sh profile:70 tune:110  # call 2, at once while the machine is warm, if 3+ minutes are left
+#   launch/gpu_session.sh attention:90 profile:50 tune:110  # call 2, at once while warm, with what is left
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
 # and SIGKILL 5 s later (a process can hang at exit behind a computation in flight): the timing benches print
 # their rows as they measure them and, interrupted, their summary of what they have (the profile prints only at
 # its end), so a slow stage costs the stages after it nothing but those seconds. Stages, in the order of the main
-# plan (the issue's targets first):
+# plan:
 #   env        GPU, driver and package versions; what JAX sees
-#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA, before anything is timed
-#              (the run goes on if it fails; the export tests compile the same kernels for sm_90 in CI already)
 #   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, bertjax then transformers
+#   memory     bench.train_bench --gpu-max-batch at 8192: transformers, then bertjax near the last lease's answer
+#   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting, 8192 then 512, modernbert-base first
+#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA at model sizes (the
+#              export tests compile the same kernels for sm_90 in CI; the inference stage compares embeddings
+#              with transformers' on the card before this runs)
+# and, in call 2:
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 8192 first, then 512..16384
-#   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting, modernbert-base first
-#   memory     bench.train_bench --gpu-max-batch at 8192: transformers, then bertjax from its deviceless prediction
-# and, when time is left:
+#   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
 #   tune       bench.attention_bench --tune: pallas_gpu forward and backward tiles, warps and stages at 8192
-#   profile    bench.profile_step: where the modernbert-base step's GPU time goes
+# The first lease (H100, 2026-11-26, docs/benchmarks.md) ran the old order (env check train attention inference
+# memory, then profile and tune) and ran out of time in check (2 of 6 kernel cases in 75 s), train (transformers not
+# reached in 150 s), inference (3 of 8 rows in 110 s) and memory: the main plan now gives those stages the time,
+# and attention moves to call 2, to confirm the 3-stage default that lease's tune chose.
 # Each stage writes $OUT/<stage>.log (or ./gpu-logs/); the inference stage also inference.json: at most 8 files
 # come back from a call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-declare -A CAP=([env]=20 [check]=75 [train]=150 [attention]=115 [inference]=110 [memory]=90 [tune]=150
-                [profile]=90)
-MAIN_PLAN=(env check train attention inference memory)  # caps sum to 560 s: call 1 with timeout_s 590
+declare -A CAP=([env]=20 [check]=80 [train]=200 [attention]=90 [inference]=140 [memory]=120 [tune]=110
+                [profile]=50)
+MAIN_PLAN=(env train memory inference check)  # caps sum to 560 s: call 1 with timeout_s 590
 
 DRY_RUN=0
 if [ "${1:-}" = "--dry-run" ]; then
@@ -118,23 +123,24 @@ for item in "${STAGES[@]}"; do
         --implementations pallas_gpu cudnn xla --max-gib 8 --repeats 3 --min-seconds 0.1
       ;;
     inference)
-      run inference "$cap" python3 -m bench.embed_bench --gpu --models modernbert-base bert-base --texts 4096 \
-        --long-texts 128 --json "$LOGS/inference.json"
+      run inference "$cap" python3 -m bench.embed_bench --gpu --models modernbert-base bert-base --lengths 8192 512 \
+        --texts 4096 --long-texts 128 --json "$LOGS/inference.json"
       ;;
     memory)
       # Each framework in its own process: neither hands its freed memory back to the other.
       # transformers tries run eagerly (seconds each); bertjax's compile, so it gets the larger share.
       run memory $((cap * 2 / 5)) python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192 \
         --start-batch 8
-      # 24: the largest batch whose step, compiled for an H100 without one, fits 95% of it (docs/benchmarks.md,
-      # `--topology h100`); the card checks it, stepping 1, 2, 4, ... from there.
-      run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
+      # 15: on the first lease batch 24 (the deviceless compile's prediction) needed 112 GiB before XLA's
+      # rematerialisation and 80 GiB after it, about 4.7 GiB a row, so ~15 fit 71.5 GiB; stepping 1, 2, 4, ...
+      run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 15 --near
       ;;
     tune)
       run tune "$cap" python3 -m bench.attention_bench --tune --seqs 8192 --repeats 3 --min-seconds 0.1
       ;;
     profile)
-      run profile "$cap" python3 -m bench.profile_step --preset modernbert-base --batch 32 --seq 1024
+      run profile "$cap" python3 -m bench.profile_step --preset modernbert-base --batch 32 --seq 1024 \
+        --copy-to "$LOGS"
       ;;
   esac
 done

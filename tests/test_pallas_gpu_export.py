@@ -208,6 +208,23 @@ def test_backward_settings_reach_only_the_backward_kernels():
         assert 0 < static.ptxas_resources(compiled.asm["ptx"])["registers"] <= 255, name
 
 
+@pytest.mark.parametrize("head_dim, warps_and_stages", [(64, (4, 3)), (128, (8, 2))])
+def test_default_pipelining_depth_follows_the_head_dim(head_dim, warps_and_stages):
+    """Left unset, num_stages is 3 up to head_dim 64 (what the H100 sweep of 2026-11-26 chose) and 2 above it (not
+    timed on a GPU), for all three kernels; at head_dim 64 the 3-stage kernels compile for sm_90 within an H100
+    block's shared memory (with `triton` importable)."""
+    q = jax.ShapeDtypeStruct((1, 256, 2, head_dim), jnp.bfloat16)
+    program = static.attention_gradient("global", 64, 64, None, None)
+    kernels = {name: (text, warps, stages) for name, text, warps, stages in
+               triton_ir(program, q, q, q, jax.ShapeDtypeStruct((1, 256), jnp.int32))}
+    assert {name: kernels[name][1:] for name in (FORWARD, DQ, DKV)} == dict.fromkeys((FORWARD, DQ, DKV),
+                                                                                  warps_and_stages)
+    if head_dim == 64:
+        pytest.importorskip("triton")
+        for name in (FORWARD, DQ, DKV):
+            assert static.compile_for_sm90(name, *kernels[name]).metadata.shared <= H100_SHARED_BYTES, name
+
+
 # (mesh shape, axis names, q/k/v spec, under the train logical rules): a data-parallel mesh, and data x tensor.
 SHARDED_LAYOUTS = {
     "data4": ((4,), ("data",), P("data", None, None, None), False),

@@ -64,11 +64,17 @@ LN2 = float(np.log(2.0))
 #     f32 d64 82,176 / 115,200, d128 147,712 / 213,504: every case fits, at either stage count.
 #   128 x 128: bf16 d64 99,840 / 134,144, d128 197,120 / 263,168 (dq; fits at num_stages 2 only);
 #     f32 d128 328,192 (dq) already at num_stages 2: does not fit. 128 x 64 and 64 x 128: f32 d128 fit only at 2.
-# Hence 64 x 64: safe for both dtypes up to head_dim 128; larger tiles are for bfloat16, with num_stages 2.
+# Hence 64 x 64: safe for both dtypes up to head_dim 128; larger tiles are for bfloat16, with num_stages 2
+# (wider heads default to 2 stages; head_dim 64 to 3, which fits at 64 x 64 in either dtype).
 # (Measured before the three-loop split and base-2 softmax, which changed these by under 1 KB: forward bf16 d64
 # 41,216 -> 41,984, dq 49,408 -> 50,176, dk/dv 41,728 unchanged; tests/test_pallas_gpu_export.py checks the limit.)
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 64
+# Software-pipelining depth by padded head_dim. Measured on an H100 (bench.attention_bench --tune, seq 8192, bf16,
+# 12 heads of 64, 2026-11-26; docs/benchmarks.md): at 64 x 64 and 4 warps, 3 stages beat 2 in the global forward
+# (0.728 vs 0.760 ms), the global backward (2.048 vs 2.160 ms) and the local forward (0.060 vs 0.062 ms); shared
+# memory at 3 stages still fits (above). Head dims over 64 were not timed on a GPU: they keep 2.
+DEFAULT_NUM_STAGES_UP_TO_64, DEFAULT_NUM_STAGES_WIDER = 3, 2
 
 
 def key_block_ranges(segment_ids, local_window: int | None, block_q: int, block_k: int):
@@ -445,13 +451,14 @@ def _with_global_tokens(q, k, v, seg, slopes, glob, global_slots, st: _Static, h
 
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
                          global_tokens=None, global_slots=None, block_q: int = DEFAULT_BLOCK_Q,
-                         block_k: int = DEFAULT_BLOCK_K, num_warps: int | None = None, num_stages: int = 2,
+                         block_k: int = DEFAULT_BLOCK_K, num_warps: int | None = None, num_stages: int | None = None,
                          backward_block_q: int | None = None, backward_block_k: int | None = None,
                          backward_num_warps: int | None = None, backward_num_stages: int | None = None):
     """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`.
 
-    block_q, block_k, num_warps (None: 4 up to head_dim 64, else 8) and num_stages set the forward kernel; the
-    backward_* arguments set the dq and dk/dv kernels, None meaning the forward's value.
+    block_q, block_k, num_warps (None: 4 up to head_dim 64, else 8) and num_stages (None: 3 up to head_dim 64,
+    else 2) set the forward kernel; the backward_* arguments set the dq and dk/dv kernels, None meaning the
+    forward's value.
 
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
@@ -492,11 +499,13 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
 
     tail, extra_dim = padded_seq - seq, padded_dim - head_dim
     default_warps = 4 if padded_dim <= 64 else 8
+    default_stages = DEFAULT_NUM_STAGES_UP_TO_64 if padded_dim <= 64 else DEFAULT_NUM_STAGES_WIDER
     st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
                  block_k=block_k, interpret=bool(interpret), num_warps=num_warps or default_warps,
-                 num_stages=num_stages, alibi=alibi_slopes is not None)
+                 num_stages=num_stages or default_stages, alibi=alibi_slopes is not None)
     backward = dataclasses.replace(st, block_q=backward_block_q, block_k=backward_block_k,
-                                   num_warps=backward_num_warps or default_warps, num_stages=backward_num_stages)
+                                   num_warps=backward_num_warps or default_warps,
+                                   num_stages=backward_num_stages or default_stages)
     if backward != st:
         st = dataclasses.replace(st, backward=backward)
     # One slope per query head, padded to a power of two (>= 16) so the kernels load it as one vector.
