@@ -114,17 +114,20 @@ def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
     assert all(row["tokens_per_sec"] > 0 and "speedup_vs_transformers" in row for row in rows[1:])
     [found] = train_bench.run_gpu_max_batch("bertjax", 64, "none", start=2, limit=2, near=True)
     assert found["batch"] == 2
+    [found] = train_bench.run_gpu_max_batch("transformers", 64, "none", start=2, limit=2, near=True)
+    assert found["batch"] == 2
     out = capsys.readouterr().out
     assert "best bertjax: modernbert-base bf16, xla" in out and "x transformers (target >= 1.5x)" in out
     assert "bertjax batch 2: fits" in out and "largest batch of 64-token rows that trains, bertjax" in out
+    assert "transformers batch 2: fits" in out
 
 
 
-def test_transformers_weights_come_from_an_xla_attention_model(monkeypatch, capsys):
+def test_transformers_weights_come_from_an_xla_attention_model(monkeypatch):
     """On a GPU the default backend makes `auto` attention the Pallas GPU kernels, which do not run on the CPU
     device where `--gpu-max-batch transformers` initialises the weights (the first H100 lease failed so): the
-    weights handed to transformers come from an XLA-attention model, with the same tree as the kernel's model, and
-    the transformers search runs."""
+    weights handed to transformers come from an XLA-attention model, with the same tree as the kernel's model
+    (the search itself runs in test_gpu_paths_run_on_cpu_in_a_dry_run)."""
     import bench.train_bench as train_bench
 
     monkeypatch.setattr(train_bench, "DRY_RUN", True)
@@ -135,8 +138,6 @@ def test_transformers_weights_come_from_an_xla_attention_model(monkeypatch, caps
         dtype="float32"))
     expected = jax.eval_shape(lambda: train_bench.init_params(kernel_model, jax.random.key(0)))  # traced, not run
     chex.assert_trees_all_equal_shapes_and_dtypes(params, expected)
-    [found] = train_bench.run_gpu_max_batch("transformers", 64, "none", start=2, limit=2, near=True)
-    assert found["batch"] == 2 and "transformers batch 2: fits" in capsys.readouterr().out
 
 
 def test_tune_sweeps_forward_then_backward_tiles(monkeypatch, capsys):
