@@ -86,6 +86,19 @@ def summarise(events: list[dict], steps: int, top: int) -> str:
     return "\n".join(lines)
 
 
+def kernel_names(event: dict) -> list[str]:
+    """The names of the program's kernel an event may carry, most specific first. A GPU kernel's `hlo_op` is its
+    annotation stack, outermost first and joined by "::" where thunks nest (a while loop's body, a conditional):
+    the kernel is the innermost op. Without it, the event's name: the HLO instruction's, or the emitted kernel's,
+    where the instruction's ".N" became "_N" (PTX names take no dots)."""
+    names = []
+    if "hlo_op" in event.get("args", {}):
+        names.append(event["args"]["hlo_op"].split("::")[-1])
+    names.append(event["name"])
+    names.append(re.sub(r"_(\d+)$", r".\1", event["name"]))
+    return names
+
+
 def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, matmul_rate: float,
               top: int) -> str:
     """Measured device time per model code (events joined to the compiled program's kernels by their HLO op),
@@ -93,9 +106,7 @@ def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, m
     kernel_of = {kernel.name: kernel for kernel in kernels}
     measured, floors, unmatched, unmatched_examples = collections.Counter(), {}, 0, []
     for e in events:
-        # A GPU kernel's `hlo_op` is its annotation stack, outermost first and joined by "::" where thunks nest (a
-        # while loop's body, a conditional): the kernel is the innermost op.
-        kernel = kernel_of.get(e.get("args", {}).get("hlo_op", e["name"]).split("::")[-1])
+        kernel = next((kernel_of[name] for name in kernel_names(e) if name in kernel_of), None)
         if kernel is None:
             unmatched += e["dur"]
             if len(unmatched_examples) < 3:

@@ -79,6 +79,16 @@ def test_profile_joins_measured_kernels_to_model_code_and_floors():
         "#   kernels of the program, e.g.: " + ", ".join(kernel.name for kernel in kernels[:5])]
 
 
+def test_profile_events_name_their_kernel_by_hlo_op_or_by_name():
+    """The join's candidates: the innermost op of `hlo_op` first, then the event's name as the HLO has it or as
+    the emitted kernel has it (".N" written "_N")."""
+    from bench.profile_step import kernel_names
+
+    assert kernel_names({"name": "k", "args": {"hlo_op": "while.3::fusion.7"}})[0] == "fusion.7"
+    assert "loop_add_fusion.42" in kernel_names({"name": "loop_add_fusion_42"})
+    assert kernel_names({"name": "nvjet_sm90_tst_128x128"}) == ["nvjet_sm90_tst_128x128"] * 2
+
+
 SLICING_MODULE = """HloModule jit_step
 
 %rope_like (p0: bf16[4,96], p1: f32[4,32]) -> bf16[4,32] {
