@@ -10,7 +10,9 @@ Commands that take a model (`convert`, `fill-mask`, and those to come) and the t
 - a transformers directory: `config.json` + safetensors weights + the tokenizer files.
 
 `model_config.json` is `{"head": <a key of MODEL_CLASSES>, "config": <EncoderConfig fields>}`, plus in a workdir
-whose checkpoints hold several models (ELECTRA) `"params_key"`, the main model's subtree. The tokenizer is
+whose checkpoints hold several models (ELECTRA) `"params_key"`, the main model's subtree, and in a directory
+converted from transformers `"token_ids"`, the source config.json's special-token ids besides the padding one
+(`read_token_ids`), which `convert --to-hf` writes back. The tokenizer is
 None when the directory holds none (a converted checkpoint that came without one).
 """
 
@@ -37,11 +39,14 @@ class LoadedModel(NamedTuple):
 # ---------------------------------------------------------------------------------------------------------------
 # model_config.json: the model's class and EncoderConfig.
 
-def write_model_config(directory: str | Path, model) -> None:
+def write_model_config(directory: str | Path, model, token_ids: dict[str, int] | None = None) -> None:
     from bertjax.hf.pretrained import head_of
 
     path = Path(directory) / MODEL_CONFIG_FILE
-    path.write_text(json.dumps({"head": head_of(model), "config": model.config.to_dict()}, indent=1) + "\n")
+    described = {"head": head_of(model), "config": model.config.to_dict()}
+    if token_ids:
+        described["token_ids"] = token_ids
+    path.write_text(json.dumps(described, indent=1) + "\n")
 
 
 def read_model_config(directory: Path) -> dict:
@@ -53,6 +58,22 @@ def read_model_config(directory: Path) -> dict:
     if not isinstance(described, dict) or "config" not in described:
         raise ValueError(f"{path}: expected {{\"head\": ..., \"config\": {{...}}}}")
     return described
+
+
+def read_token_ids(directory: str | Path) -> dict[str, int]:
+    """The special-token ids besides the padding one that a model directory keeps for export: `model_config.json`'s
+    (empty when it keeps none, as a pretraining workdir), or a transformers directory's config.json's."""
+    path = Path(directory) / MODEL_CONFIG_FILE
+    if not path.is_file():
+        from bertjax.hf.pretrained import CONFIG_FILE, special_token_ids
+
+        return special_token_ids(str(directory)) if (Path(directory) / CONFIG_FILE).is_file() else {}
+    token_ids = read_model_config(Path(directory)).get("token_ids", {})
+    if not isinstance(token_ids, dict) or not all(
+            isinstance(key, str) and isinstance(value, int) and not isinstance(value, bool)
+            for key, value in token_ids.items()):
+        raise ValueError(f"{path}: token_ids must map names to integer ids, got {token_ids!r}")
+    return token_ids
 
 
 def read_model(directory: Path):
@@ -82,13 +103,13 @@ def _tokenizer_in(*candidates: Path):
 # ---------------------------------------------------------------------------------------------------------------
 # A bertjax model directory.
 
-def save_model_dir(path: str | Path, model, params, tokenizer=None) -> None:
+def save_model_dir(path: str | Path, model, params, tokenizer=None, token_ids: dict[str, int] | None = None) -> None:
     """Write a bertjax model directory (`load_model_dir` reads it back, onto any mesh)."""
     import orbax.checkpoint as ocp
 
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
-    write_model_config(path, model)
+    write_model_config(path, model, token_ids)
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path / PARAMS_DIR, params, force=True)
         checkpointer.wait_until_finished()

@@ -396,3 +396,25 @@ def test_convert_round_trip_through_a_bertjax_model_directory(bert_mlm_dir, tmp_
         json.loads(open(os.path.join(bert_mlm_dir, "config.json")).read())
     assert cli_main(["convert", "--from-hf", str(tmp_path / "nowhere"), "--out", native]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "modernbert-tiny"])
+def test_convert_round_trip_keeps_special_token_ids(preset, tmp_path):
+    """bos/eos/cls/sep ids of the source config.json are not EncoderConfig fields (the arithmetic never reads
+    them), but pipelines and generation utilities do: the bertjax model directory keeps them and the export writes
+    them back where the family's own export leaves them unset (ModernBERT's writes None for all four), never over
+    what the model's config sets (pad_token_id)."""
+    source = tmp_path / "source"
+    model = tiny_model(preset, "masked_lm")
+    bertjax.save_pretrained(str(source), model, random_params(model))
+    config = json.loads((source / "config.json").read_text())
+    ids = {"bos_token_id": 5, "eos_token_id": 6, "cls_token_id": 7, "sep_token_id": 8}
+    (source / "config.json").write_text(json.dumps({**config, **ids}))
+    native, back = tmp_path / "native", tmp_path / "hf"
+    assert cli_main(["convert", "--from-hf", str(source), "--out", str(native)]) == 0
+    assert json.loads((native / "model_config.json").read_text())["token_ids"] == ids
+    assert cli_main(["convert", "--to-hf", str(native), "--out", str(back)]) == 0
+    assert json.loads((back / "config.json").read_text()) == {**config, **ids}
+    # A transformers directory exported again keeps them too.
+    assert cli_main(["convert", "--to-hf", str(back), "--out", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == {**config, **ids}

@@ -56,20 +56,21 @@ def run(args: argparse.Namespace) -> int:
     from bertjax import hf
     from bertjax.commands.output_dir import check_output_dir
     from bertjax.data.tokenizer_export import save_for_transformers
-    from bertjax.model_dirs import load_model_dir, save_model_dir
+    from bertjax.model_dirs import load_model_dir, read_token_ids, save_model_dir
 
     source = args.from_hf or args.to_hf
     if args.from_hf:
         if args.step is not None:
             raise ValueError("--step applies to --to-hf (a pretraining workdir's checkpoint)")
         model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype, allow_pickle=args.allow_pickle)
+        token_ids = hf.special_token_ids(args.from_hf)
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
-        save_model_dir(args.out, model, params)
+        save_model_dir(args.out, model, params, token_ids=token_ids)
         copy_tokenizer_files(args.from_hf, args.out)
     else:
         model, params, tokenizer = load_model_dir(args.to_hf, step=args.step)
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
-        hf.save_pretrained(args.out, model, params)
+        hf.save_pretrained(args.out, model, params, token_ids=read_token_ids(args.to_hf))
         if tokenizer is not None:
             config = model.config
             names = ["input_ids", "token_type_ids", "attention_mask"] if config.type_vocab_size else \

@@ -8,7 +8,7 @@ and refusals as an `HfFamily`; `registry.FAMILIES` lists them. Export writes the
 """
 
 from bertjax.hf.family import HfFamily
-from bertjax.hf.pretrained import from_pretrained, save_pretrained
+from bertjax.hf.pretrained import from_pretrained, save_pretrained, special_token_ids
 from bertjax.hf.registry import ARCHITECTURES, FAMILIES
 
-__all__ = ["ARCHITECTURES", "FAMILIES", "HfFamily", "from_pretrained", "save_pretrained"]
+__all__ = ["ARCHITECTURES", "FAMILIES", "HfFamily", "from_pretrained", "save_pretrained", "special_token_ids"]

@@ -230,16 +230,30 @@ def _flatten_checked(model: nn.Module, params: dict) -> dict[ParamPath, np.ndarr
     return {path: np.asarray(jax.device_get(value)) for path, value in flat.items()}
 
 
-def save_pretrained(path: str, model: nn.Module, params: dict) -> None:
+def special_token_ids(directory: str) -> dict[str, int]:
+    """The special-token ids a transformers config.json names (`bos_token_id`, `cls_token_id`, ...) besides
+    `pad_token_id`, which EncoderConfig holds: the model's arithmetic never reads them, but generation utilities,
+    pipelines and tokenizer checks do, so a converted model carries them back out (`save_pretrained(token_ids=)`)."""
+    return {key: value for key, value in _read_config(directory).items()
+            if key.endswith("_token_id") and key != "pad_token_id" and isinstance(value, int)
+            and not isinstance(value, bool)}
+
+
+def save_pretrained(path: str, model: nn.Module, params: dict, token_ids: dict[str, int] | None = None) -> None:
     """Write `config.json` + `model.safetensors` that transformers loads into the matching architecture.
 
     The family is `model.config.family`. As transformers does, the tied decoder weight is left out of the file.
     Refuses models whose config has knobs that family cannot express, naming each, before writing anything.
+    `token_ids`: special-token ids to write into config.json where the model's config sets none
+    (`special_token_ids` of the checkpoint it came from).
     """
     config: EncoderConfig = model.config
     head = head_of(model)
     family = registry.family_named(config.family, source="EncoderConfig.family")
     hf_config = {"architectures": [family.architecture_for(head)], **family.hf_config(config, head)}
+    for key, value in (token_ids or {}).items():  # where the family leaves an id unset (None), not over its own
+        if hf_config.get(key) is None:
+            hf_config[key] = value
     flat = _flatten_checked(model, params)
     mapping = family.mapping(config, head)
     _check_mapping_covers(mapping, expected_params(model))
