@@ -168,6 +168,56 @@ def test_config_errors(tmp_path, files):
     assert not (tmp_path / "w").exists()  # a failed setup leaves no half-made workdir
 
 
+def test_workdir_problems_are_named_and_a_run_without_checkpoint_starts_over(tmp_path, files, caplog):
+    """A damaged record of the run is named as such (with a checkpoint to resume, the records matter); without a
+    checkpoint (a run that failed before its first save) any setting may change and the run starts over; the same
+    file spelled another way is the same run; a --workdir that is a file and a data.max_length over the model's
+    positions are config errors naming them."""
+    from bertjax.embeddings.train_config import save_embedder_config
+    from bertjax.embeddings.training import RUN_FILE, _identity, check_rerun, load_encoder, train_embedder
+    from bertjax.train.workdir import CONFIG_FILE
+
+    root, model, train, _ = files
+    config = embedder_config_from_dict(RAW)
+    save_embedder_config(config, tmp_path / CONFIG_FILE)
+    (tmp_path / RUN_FILE).write_text(json.dumps(_identity(model, train, None)))
+    changed = embedder_config_from_dict({**RAW, "loss": {"scale": 5.0}})  # loss settings are fixed on resume
+    with pytest.raises(ConfigError, match="holds a run with other settings"):
+        check_rerun(tmp_path, changed, _identity(model, train, None), resumable=True)
+    check_rerun(tmp_path, changed, _identity(model, train, None), resumable=False)  # nothing to resume
+    assert "holds no checkpoint of its earlier run: starting over" in caplog.text
+    # The same training file through "..": the same run.
+    respelled = train.parent / ".." / train.parent.name / train.name
+    check_rerun(tmp_path, config, _identity(model, respelled, None), resumable=True)
+
+    (tmp_path / CONFIG_FILE).write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match=f"{CONFIG_FILE} is not valid YAML .*damaged"):
+        check_rerun(tmp_path, config, _identity(model, train, None), resumable=True)
+    (tmp_path / RUN_FILE).write_text("{\n")
+    with pytest.raises(ConfigError, match=f"{RUN_FILE} is not valid JSON .*damaged"):
+        check_rerun(tmp_path, config, _identity(model, train, None), resumable=True)
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="--workdir .*a_file is a file, not a directory"):
+        train_embedder(config, a_file, model, train)
+    with pytest.raises(ConfigError, match=r"data.max_length must be in \[2, \d+\] \(the positions of"):
+        load_encoder(model, embedder_config_from_dict({**RAW, "data": {"max_length": 100_000}}))
+
+
+def test_nonfinite_advice_names_the_run_types_keys():
+    """The embedder's non-finite stop names its own keys (train.*), not pretraining's optimizer.* ones."""
+    from bertjax.embeddings.training import OPTIMIZER_KEYS
+    from bertjax.train.guards import NonFiniteError, NonFiniteGuard
+
+    for keys, rate, clip in ((None, "optimizer.learning_rate", "optimizer.clip_global_norm"),
+                             (OPTIMIZER_KEYS, "train.learning_rate", "train.max_grad_norm")):
+        guard = NonFiniteGuard("stop", keys=keys)
+        guard.observe(1, {"loss": float("nan"), "grad_norm": 1.0})
+        with pytest.raises(NonFiniteError, match=f"Lower {rate}, set {clip}, or skip"):
+            guard.check(None)
+
+
 def test_demo_pairs_and_shipped_configs(tmp_path):
     from bertjax.embeddings.demo_pairs import split_docstring, write_pairs
 

@@ -73,6 +73,10 @@ def load_encoder(model_dir: str | Path, config: EmbedderConfig):
     if changes:
         encoder = encoder.replace(pooling=encoder.pooling.replace(**changes))
     if config.data.max_length is not None:
+        limit = encoder.config.max_position_embeddings - encoder.config.position_offset
+        if not 2 <= config.data.max_length <= limit:
+            raise ConfigError(f"data.max_length must be in [2, {limit}] (the positions of {model_dir}), got "
+                              f"{config.data.max_length}")
         encoder = encoder.replace(max_seq_length=config.data.max_length)
     # Train in float32: the loaded dtype may be a fast-inference bfloat16.
     return encoder.replace(model=encoder.model.clone(config=encoder.config.replace(dtype="float32")))
@@ -200,32 +204,39 @@ class RetrievalEval:
 # The workdir.
 
 def _identity(model_dir, train_file, validation_file) -> dict:
-    return {"model": str(Path(model_dir).absolute()), "train": str(Path(train_file).absolute()),
-            "validation": None if validation_file is None else str(Path(validation_file).absolute())}
+    return {"model": workdir_lib.path_identity(model_dir), "train": workdir_lib.path_identity(train_file),
+            "validation": workdir_lib.path_identity(validation_file)}
 
 
-def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict) -> None:
+def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict, resumable: bool) -> None:
     """A workdir holds one run: another model, data file, loss, pooling or data setting is refused; other changes
-    (more epochs, another evaluation interval) are allowed with a warning."""
+    (more epochs, another evaluation interval) are allowed with a warning. Without a checkpoint (`resumable`
+    False: a run that failed before its first save) there is nothing to resume, and the run starts over."""
+    if not resumable:
+        if (workdir / RUN_FILE).is_file() and jax.process_index() == 0:
+            log.warning("workdir %s holds no checkpoint of its earlier run: starting over with these settings",
+                        workdir)
+        return
     run_file = workdir / RUN_FILE
     if run_file.is_file():
-        held = json.loads(run_file.read_text())
-        for key, value in identity.items():
-            if held.get(key) != value:
-                raise ConfigError(f"workdir {workdir} holds a run with another {key} ({held.get(key)!r}, now "
-                                  f"{value!r}); rerun it unchanged to resume, or use a new --workdir")
+        workdir_lib.check_same_identity(workdir, workdir_lib.read_run_file(run_file), identity,
+                                        paths=("model", "train", "validation"))
     saved = workdir / workdir_lib.CONFIG_FILE
     if not saved.is_file():
         return
-    found = workdir_lib.differences(yaml.safe_load(saved.read_text()),
-                                    yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False)))
+    try:
+        held_values = yaml.safe_load(saved.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{saved} is not valid YAML ({workdir_lib.yaml_problem(error)}); this workdir's run "
+                          "config is damaged: restore it, or use a new --workdir") from None
+    found = workdir_lib.differences(held_values, yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False)))
     fixed = [d for d in found if d[0].split(".")[0] in FIXED_ON_RESUME]
     describe = lambda items: "; ".join(f"{k}: {a!r} in the workdir, {b!r} requested" for k, a, b in items)  # noqa
     if fixed:
         raise ConfigError(f"workdir {workdir} holds a run with other settings ({describe(fixed)}); rerun with the "
                           f"workdir's settings ({saved}) to resume it, or give another --workdir")
     try:
-        held = embedder_config_from_dict(yaml.safe_load(saved.read_text()))
+        held = embedder_config_from_dict(held_values)
     except ConfigError:  # written by another version: the restore's own structure check still applies
         held = None
     if held is not None:
@@ -280,7 +291,8 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
     workdir = Path(workdir)
     primary = jax.process_index() == 0
     identity = _identity(model_dir, train_file, validation_file)
-    check_rerun(workdir, config, identity)
+    checkpointer, start = open_for_resume(config.checkpoint, workdir)
+    check_rerun(workdir, config, identity, resumable=start is not None)
 
     encoder = load_encoder(model_dir, config)
     pairs = read_pairs(train_file, config.data)
@@ -304,7 +316,6 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
     optimizer = build_optimizer(optimizer_config(config), schedule)
     model = encoder.model
     initialise = boxed_initialiser(model)
-    checkpointer, start = open_for_resume(config.checkpoint, workdir)
     start = start or 0
     accumulated = {"loss_sum": 0.0, "count": 0.0}
     if start:
@@ -332,7 +343,7 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
                    f"{f' in cached chunks of {rows_per_chunk}' if config.train.mini_batch_size else ''}, mesh "
                    f"{dict(mesh.shape)}; {'resuming from step ' + str(start) if start else 'starting'} of {total}")
     watch = PreemptionWatch()
-    nonfinite = NonFiniteGuard(config.train.nonfinite)
+    nonfinite = NonFiniteGuard(config.train.nonfinite, keys=OPTIMIZER_KEYS)
     eval_start = eval_end = None
     step, preempted, last_saved = start, False, start or None
     end = total if stop_after is None else min(total, start + stop_after)

@@ -296,11 +296,8 @@ def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> lis
     path = workdir / RUN_FILE
     if not path.is_file():
         return []
-    before = json.loads(path.read_text())
-    for key, value in identity.items():
-        if value != before.get(key):
-            raise ConfigError(f"{workdir} holds a run with another {key} ({before.get(key)!r}, now {value!r}); "
-                              "rerun it unchanged to resume, or use a new --workdir")
+    before = workdir_lib.read_run_file(path)
+    workdir_lib.check_same_identity(workdir, before, identity, paths=("model", "train", "validation"))
     found = workdir_lib.differences(before.get("config", {}), json.loads(json.dumps(to_dict(config))))
     fixed = [d for d in found if not any(d[0] == k or d[0].startswith(k + ".") for k in RESUMABLE_CHANGES)]
     if fixed:
@@ -350,6 +347,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     from bertjax.train.optimizers import build_optimizer
     from bertjax.train.schedules import build_schedule
     from bertjax.train.state import abstract_state, create_train_state, state_shardings
+    from bertjax.train import workdir as workdir_lib
     from bertjax.train.workdir import describe_differences
 
     started = time.time()
@@ -357,8 +355,9 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     if not primary:
         say = lambda text: None  # noqa: E731  (one copy of every message)
     workdir = Path(workdir)
-    identity = {"model": str(Path(model_dir).absolute()), "task": task_cls.name,
-                "train": str(Path(train_file).absolute()), "validation": str(Path(validation_file).absolute())}
+    identity = {"model": workdir_lib.path_identity(model_dir), "task": task_cls.name,
+                "train": workdir_lib.path_identity(train_file),
+                "validation": workdir_lib.path_identity(validation_file)}
     base_model, base_params, tokenizer = load_model_dir(model_dir)
     fitted = fit_max_length(config.data, base_model.config, chosen=chosen, model=f"--model {model_dir}")
     if fitted != config.data:

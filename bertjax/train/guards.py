@@ -57,10 +57,14 @@ class NonFiniteGuard:
     """Collects each step's watched metrics (device scalars, no sync) and checks them when `check` is called:
     before a checkpoint is saved, and at every log point."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, keys: dict[str, str] | None = None):
+        """`keys`: the run type's config keys behind the optimizer's `learning_rate` and `clip_global_norm`, which
+        the error's advice names (default: pretraining's `optimizer.*`)."""
         if mode not in NONFINITE_MODES:
             raise ValueError(f"train.nonfinite must be one of {NONFINITE_MODES}, got {mode!r}")
         self.mode = mode
+        self.keys = {"learning_rate": "optimizer.learning_rate", "clip_global_norm": "optimizer.clip_global_norm",
+                     **(keys or {})}
         self.skipped = 0
         self._pending: list[tuple[int, dict]] = []
 
@@ -86,8 +90,8 @@ class NonFiniteGuard:
                         if last_checkpoint is not None else "no checkpoint was saved")
                 raise NonFiniteError(
                     f"step {step}: non-finite {_describe(values)}; stopped without saving ({kept}). Lower "
-                    "optimizer.learning_rate, set optimizer.clip_global_norm, or skip such updates with "
-                    "train.nonfinite=skip")
+                    f"{self.keys['learning_rate']}, set {self.keys['clip_global_norm']}, or skip such updates "
+                    "with train.nonfinite=skip")
 
 
 def _describe(values: dict) -> str:

@@ -116,6 +116,8 @@ def exclusive(pretrain: Callable) -> Callable:
     @functools.wraps(pretrain)
     def run(config: RunConfig, workdir: str | Path, *args, **kwargs):
         workdir = Path(workdir).absolute()
+        if workdir.exists() and not workdir.is_dir():
+            raise ConfigError(f"--workdir {workdir} is a file, not a directory: give a directory (new or a run's)")
         if jax.process_index() != 0:
             return pretrain(config, workdir, *args, **kwargs)
         existed_before = set(workdir.iterdir()) if workdir.is_dir() else None
@@ -177,7 +179,8 @@ def check_rerun(workdir: Path, config: RunConfig) -> None:
     try:
         held = yaml.safe_load(saved.read_text())
     except yaml.YAMLError as error:
-        raise ConfigError(f"{saved} is not valid YAML ({error}); this workdir's run config is damaged") from None
+        raise ConfigError(f"{saved} is not valid YAML ({yaml_problem(error)}); this workdir's run config is "
+                          "damaged") from None
     found = differences(held, _plain(config))
     fixed = [d for d in found if any(d[0] == p or d[0].startswith(p + ".") for p in FIXED_ON_RESUME)]
     if fixed:
@@ -189,6 +192,43 @@ def check_rerun(workdir: Path, config: RunConfig) -> None:
         tokenizer_note = any(key.startswith("tokenizer.") for key, _, _ in found)
         log.warning("resuming %s with changed settings: %s%s", workdir, describe_differences(found),
                     " (the tokenizer saved in the workdir is used)" if tokenizer_note else "")
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """One line for a YAML parse error (PyYAML's own message spans several, with the source quoted)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
+
+
+def path_identity(path: str | Path | None) -> str | None:
+    """A data or model path as a run file records it: resolved, so the same file reached through "..", a link or
+    another working directory is the same run."""
+    return None if path is None else str(Path(path).resolve())
+
+
+def read_run_file(path: Path) -> dict:
+    """A workdir's JSON record of its run (fine-tuning's, the embedder's), a damaged one named as such."""
+    try:
+        held = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path} is not valid JSON ({error}); this workdir's record of its run is damaged: "
+                          "restore it, or use a new --workdir") from None
+    if not isinstance(held, dict):
+        raise ConfigError(f"{path}: expected a JSON object; this workdir's record of its run is damaged")
+    return held
+
+
+def check_same_identity(workdir: Path, held: dict, identity: dict[str, Any], paths: tuple[str, ...]) -> None:
+    """Refuse a rerun on another model or data file (`identity`, with `paths` the keys that name files: compared
+    resolved on both sides, since older workdirs recorded them unresolved)."""
+    for key, value in identity.items():
+        before = held.get(key)
+        if key in paths and isinstance(before, str) and value is not None:
+            before, value = path_identity(before), path_identity(value)
+        if before != value:
+            raise ConfigError(f"workdir {workdir} holds a run with another {key} ({held.get(key)!r}, now "
+                              f"{identity[key]!r}); rerun it unchanged to resume, or use a new --workdir")
 
 
 def check_optimizer_state(workdir: Path, held: Any, requested: OptimizerConfig, keys: dict[str, str]) -> None:
