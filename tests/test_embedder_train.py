@@ -205,6 +205,25 @@ def test_workdir_problems_are_named_and_a_run_without_checkpoint_starts_over(tmp
         load_encoder(model, embedder_config_from_dict({**RAW, "data": {"max_length": 100_000}}))
 
 
+def test_trained_model_carries_its_similarity_and_prompts(files, tmp_path):
+    """A run with loss.similarity=dot and prompt texts saves a model that says so: sentence-transformers'
+    similarity_fn_name, and the texts as its "query" and "document" prompts (a prompt given by name stays as is)."""
+    from bertjax.embeddings import load_sentence_encoder, save_sentence_encoder
+    from bertjax.embeddings.training import load_encoder
+
+    _, model, _, _ = files
+    raw = {**RAW, "loss": {"similarity": "dot"}, "data": {**RAW["data"], "anchor_prompt": "query: ",
+                                                          "positive_prompt": "passage: "}}
+    encoder = load_encoder(model, embedder_config_from_dict(raw))
+    assert (encoder.similarity_fn_name, encoder.prompts) == ("dot", {"query": "query: ", "document": "passage: "})
+    save_sentence_encoder(encoder, tmp_path / "saved")
+    saved = load_sentence_encoder(tmp_path / "saved")
+    assert (saved.similarity_fn_name, saved.prompts) == ("dot", {"query": "query: ", "document": "passage: "})
+    by_name = load_encoder(tmp_path / "saved", embedder_config_from_dict({**raw, "data": {
+        **raw["data"], "anchor_prompt": "query", "positive_prompt": None}}))
+    assert by_name.prompts == {"query": "query: ", "document": "passage: "}
+
+
 def test_nonfinite_advice_names_the_run_types_keys():
     """The embedder's non-finite stop names its own keys (train.*), not pretraining's optimizer.* ones."""
     from bertjax.embeddings.training import OPTIMIZER_KEYS

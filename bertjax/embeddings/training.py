@@ -64,10 +64,12 @@ class EmbedderResult:
 
 def load_encoder(model_dir: str | Path, config: EmbedderConfig):
     """The SentenceEncoder to train: the directory's (sentence-transformers settings kept), with the run config's
-    pooling changes and maximum length."""
+    pooling changes and maximum length, its similarity (what the evaluation scores with and the saved model's
+    `similarity_fn_name`) and its prompts (`trained_prompts`)."""
     from bertjax.embeddings import load_sentence_encoder
 
     encoder = load_sentence_encoder(model_dir)
+    encoder = encoder.replace(similarity_fn_name=config.loss.similarity, prompts=trained_prompts(encoder, config))
     changes = {k: v for k, v in (("modes", config.pooling.modes), ("normalize", config.pooling.normalize))
                if v is not None}
     if changes:
@@ -80,6 +82,18 @@ def load_encoder(model_dir: str | Path, config: EmbedderConfig):
         encoder = encoder.replace(max_seq_length=config.data.max_length)
     # Train in float32: the loaded dtype may be a fast-inference bfloat16.
     return encoder.replace(model=encoder.model.clone(config=encoder.config.replace(dtype="float32")))
+
+
+def trained_prompts(encoder, config: EmbedderConfig) -> dict[str, str]:
+    """The model's prompts, plus the texts this run puts before anchors (as "query") and before positives and
+    negatives (as "document") where a setting is a text rather than one of the model's prompt names: the saved
+    model then embeds queries as it was trained to (`bertjax search` and sentence-transformers'
+    `prompt_name="query"`)."""
+    prompts = dict(encoder.prompts)
+    for name, setting in (("query", config.data.anchor_prompt), ("document", config.data.positive_prompt)):
+        if setting and setting not in encoder.prompts:
+            prompts[name] = setting
+    return prompts
 
 
 def make_embed(model, param_shardings, prompt_lengths: np.ndarray, deterministic: bool):
