@@ -47,7 +47,7 @@ def topology_devices(topology: str = "v5e:2x2") -> list:
     except jax.errors.JaxRuntimeError as error:  # libtpu's own words name what is wrong with the name
         reason = str(error).strip().splitlines()[0].removeprefix("INVALID_ARGUMENT: ")
         raise ValueError(f"TPU topology {topology!r} cannot be compiled for: {reason}. Examples of valid ones: "
-                         f"{', '.join(EXAMPLE_TOPOLOGIES)}") from None
+                         f"{', '.join(EXAMPLE_TOPOLOGIES)}; NVIDIA GPUs: h100, h200 (h100:8 for eight)") from None
 
 
 def topology_mesh(topology: str = "v5e:2x2", axes: dict[str, int] | None = None) -> Mesh:

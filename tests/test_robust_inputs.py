@@ -149,7 +149,7 @@ def test_compile_check_names_an_unknown_topology_in_one_line(capsys):
     assert main(["compile-check", "--config", str(config), "--topology", "v9z:1x1"]) == 2
     err = capsys.readouterr().err
     assert "TPU topology 'v9z:1x1' cannot be compiled for: Invalid TPU external name" in err
-    assert "v5e:2x2" in err and "Traceback" not in err
+    assert "v5e:2x2" in err and "NVIDIA GPUs: h100, h200" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("kind", ["random bytes", "utf-16", "nul-padded"])
