@@ -224,6 +224,24 @@ def test_trained_model_carries_its_similarity_and_prompts(files, tmp_path):
     assert by_name.prompts == {"query": "query: ", "document": "passage: "}
 
 
+def test_summary_dates_an_evaluation_older_than_the_last_step(monkeypatch, capsys, tmp_path):
+    """A run stopped between evaluations (Ctrl-C at step 159, last evaluation at 150) prints that evaluation with
+    its step, not as the result after training."""
+    from bertjax.cli import main
+    from bertjax.embeddings import training
+
+    def stopped(*args, **kwargs):
+        return training.EmbedderResult(workdir=tmp_path, start_step=0, final_step=159, total_steps=200,
+                                       preempted=True, eval_start={"eval_mrr@10": 0.5},
+                                       eval_end={"eval_mrr@10": 0.9}, seconds=1.0, encoder=None, model_dir=None,
+                                       eval_end_step=150)
+
+    monkeypatch.setattr(training, "train_embedder", stopped)
+    assert main(["train-embedder", "--model", "m", "--train", "t.jsonl", "--workdir", str(tmp_path)]) == 0
+    assert "mrr@10 on the validation pairs: 0.5000 before, 0.9000 at step 150 (the latest evaluation)" in \
+        capsys.readouterr().out
+
+
 def test_nonfinite_advice_names_the_run_types_keys():
     """The embedder's non-finite stop names its own keys (train.*), not pretraining's optimizer.* ones."""
     from bertjax.embeddings.training import OPTIMIZER_KEYS

@@ -53,10 +53,11 @@ class EmbedderResult:
     total_steps: int
     preempted: bool
     eval_start: dict | None  # retrieval metrics before training (None without validation pairs)
-    eval_end: dict | None
+    eval_end: dict | None  # the latest evaluation's metrics
     seconds: float
     encoder: Any  # the trained SentenceEncoder (parameters on the host)
     model_dir: Path | None  # <workdir>/model, once the run finished
+    eval_end_step: int | None = None  # the step of eval_end (before final_step when a run stopped between evals)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -358,7 +359,7 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
                    f"{dict(mesh.shape)}; {'resuming from step ' + str(start) if start else 'starting'} of {total}")
     watch = PreemptionWatch()
     nonfinite = NonFiniteGuard(config.train.nonfinite, keys=OPTIMIZER_KEYS)
-    eval_start = eval_end = None
+    eval_start = eval_end = eval_end_step = None
     step, preempted, last_saved = start, False, start or None
     end = total if stop_after is None else min(total, start + stop_after)
     timer = time.perf_counter()
@@ -385,7 +386,7 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
                           "epoch": round(step / per_epoch, 4),
                           "pairs_per_sec": accumulated["count"] * config.train.batch_size / seconds}
                 if eval_due:
-                    eval_end = evaluate(embed_step, state.params, mesh)
+                    eval_end, eval_end_step = evaluate(embed_step, state.params, mesh), step
                     record.update(eval_end)
                 logger.log(step, record)
                 accumulated = {"loss_sum": 0.0, "count": 0.0}
@@ -415,9 +416,10 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
         evals = [r for r in records if any(k.startswith("eval_") for k in r)]
         if eval_start is None and evals and evals[0]["step"] == 0:
             eval_start = {k: v for k, v in evals[0].items() if k.startswith("eval_")}
-        if eval_end is None and evals and evals[-1]["step"] == step and step > 0:  # a rerun of a finished run
+        if eval_end is None and evals and evals[-1]["step"] > 0:  # a rerun of a finished or stopped run
             eval_end = {k: v for k, v in evals[-1].items() if k.startswith("eval_")}
+            eval_end_step = evals[-1]["step"]
     return EmbedderResult(workdir=workdir, start_step=start, final_step=step, total_steps=total,
                           preempted=preempted, eval_start=eval_start, eval_end=eval_end,
                           seconds=time.perf_counter() - began, encoder=trained,
-                          model_dir=workdir / MODEL_DIR if finished else None)
+                          model_dir=workdir / MODEL_DIR if finished else None, eval_end_step=eval_end_step)
