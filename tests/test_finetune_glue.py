@@ -73,3 +73,27 @@ def test_glue_runs_mnli_then_mrpc_from_mnli(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "GLUE dev scores" in printed and "MRPC" in printed and "acc-mm" in printed and "F1" in printed
     assert all(0.0 <= v <= 1.0 for row in table for v in row["scores"].values())
+
+
+@pytest.mark.parametrize("broken, expected", [
+    ("missing", "GLUE task CoLA: no dev.tsv in "),
+    ("malformed", "CoLA/dev.tsv: no row with the 4 fields"),
+])
+def test_every_task_is_checked_before_any_training(tmp_path, capsys, broken, expected):
+    """SST-2 is fine, CoLA's dev.tsv is missing or not CoLA's: the run stops before SST-2's grid trains (the
+    model directory does not even exist: nothing may touch it), naming the task and the file."""
+    from bertjax.cli import main
+
+    data = tmp_path / "glue"
+    _write(data / "SST-2" / "train.tsv", ["sentence", "label"], [("a fine film", 1), ("a dull film", 0)])
+    _write(data / "SST-2" / "dev.tsv", ["sentence", "label"], [("a fine film", 1)])
+    (data / "CoLA").mkdir()
+    (data / "CoLA" / "train.tsv").write_text("gj04\t1\t\tThe dog barked .\n")
+    if broken == "malformed":  # three columns: CoLA's header-less four are (source, label, original, sentence)
+        (data / "CoLA" / "dev.tsv").write_text("gj04\t1\t\n")
+    workdir = tmp_path / "work"
+    assert main(["glue", "--model", str(tmp_path / "no-model"), "--data-dir", str(data), "--workdir",
+                 str(workdir), "--learning-rates", "3e-3", "--weight-decays", "0.01", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertjax glue: error: ") and expected in err
+    assert not (workdir / "SST-2").exists()  # no grid point of the first task was started

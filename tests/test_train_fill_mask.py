@@ -55,3 +55,20 @@ def test_fill_mask_on_converted_model_directory(hf_dir, tmp_path, capsys):
 def test_unknown_directory_is_a_clear_error(tmp_path, capsys):
     assert main(["fill-mask", "--model", str(tmp_path), "x [MASK]"]) == 2
     assert "not a pretraining workdir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("head, class_name", [("encoder", "EncoderModel"),
+                                              ("sequence_classification", "EncoderForSequenceClassification")])
+def test_a_model_without_an_mlm_head_is_a_clear_error(hf_dir, tmp_path, capsys, head, class_name):
+    """A bare encoder (`train-embedder`'s model/) or a fine-tuned classifier (`finetune`'s best/) has no MLM logits:
+    fill-mask says so before compiling anything, through the CLI's error path."""
+    from bertjax.model_dirs import save_model_dir
+
+    _, tokenizer = hf_dir
+    config = bertjax.get_config("modernbert-tiny", vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    model = bertjax.MODEL_CLASSES[head](config)
+    save_model_dir(tmp_path / head, model, bertjax.init_params(model, jax.random.key(0)), tokenizer)
+    assert main(["fill-mask", "--model", str(tmp_path / head), "A [MASK] returns a value."]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertjax fill-mask: error: ") and "Traceback" not in err
+    assert f"holds a {head} model ({class_name}), not a masked language model" in err

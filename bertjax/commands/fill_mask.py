@@ -22,6 +22,10 @@ HELP = "predict the tokens hidden behind [MASK] with a pretrained masked languag
 # Mask spellings accepted in the text, whatever the tokenizer's own mask token is.
 MASK_PATTERN = re.compile(r"\[MASK\]|<mask>")
 
+# Heads (keys of bertjax.models.MODEL_CLASSES) whose `logits` score the vocabulary at every token. Other heads'
+# `logits` are per label or per sequence (or absent, on a bare encoder): fed to the softmax they crash or mislead.
+MLM_HEADS = ("masked_lm", "pretraining")
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -92,13 +96,34 @@ def fill_mask_row_fn(model, banned: np.ndarray, top_k: int):
     return row_fn
 
 
+def check_masked_lm(model, source: str | None = None) -> None:
+    """Refuse a model without an MLM head before anything is compiled: its outputs would fail deep in JAX (a bare
+    encoder has no `logits`) or broadcast into nonsense (a classifier's logits are per label).
+    `source` (e.g. "--model DIR") names where the model came from in the error."""
+    from bertjax.hf.pretrained import head_of
+    from bertjax.models import MODEL_CLASSES
+
+    if isinstance(model, tuple(MODEL_CLASSES[head] for head in MLM_HEADS)):
+        return
+    try:
+        head = head_of(model)
+    except ValueError:  # not one of bertjax's classes: its class name is all there is to say
+        head = "non-bertjax"
+    held = f"a {head} model ({type(model).__name__})"
+    said = f"{source} holds {held}" if source else f"the model is {held}"
+    raise ValueError(f"{said}, not a masked language model; fill-mask needs one with an MLM head "
+                     f"(heads {', '.join(MLM_HEADS)}), e.g. an MLM pretraining workdir or a *ForMaskedLM checkpoint")
+
+
 def make_predictor(model, params, tokenizer, *,
                    max_tokens: int | None = None) -> Callable[[str, int], list[list[Prediction]]]:
     """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities.
-    `predict.many(texts, top_k)` does a list of texts in packed batches (bertjax.inference, as `embed`)."""
+    `predict.many(texts, top_k)` does a list of texts in packed batches (bertjax.inference, as `embed`).
+    A model without an MLM head is a ValueError."""
     from bertjax.inference import BucketConfig, TextInference, model_max_length, supports_packing
     from bertjax.models.inputs import check_ids
 
+    check_masked_lm(model)
     config = model.config
     banned = np.zeros(config.vocab_size, bool)
     banned[tokenizer.special_ids[tokenizer.special_ids < config.vocab_size]] = True
@@ -152,6 +177,7 @@ def load_predictor(model_dir: str | Path, step: int | None = None,
     from bertjax.model_dirs import load_model_dir
 
     model, params, tokenizer = load_model_dir(model_dir, step=step, allow_pickle=allow_pickle)
+    check_masked_lm(model, f"--model {model_dir}")  # first: with the wrong model a tokenizer would not help
     if tokenizer is None:
         raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model or "
                                 "vocab.txt); copy the checkpoint's tokenizer files next to its weights")

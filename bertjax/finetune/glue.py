@@ -69,8 +69,11 @@ GLUE_TASKS: dict[str, GlueTask] = {task.name: task for task in (
 
 def read_glue_tsv(path: Path, task: GlueTask) -> tuple[list[dict], int]:
     """(rows with text/text_pair/label, number of malformed rows skipped)."""
-    with open(path, encoding="utf-8", newline="") as file:
-        lines = list(csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE))
+    try:
+        with open(path, encoding="utf-8", newline="") as file:
+            lines = list(csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except (UnicodeDecodeError, csv.Error) as error:  # their messages name neither the file nor the task
+        raise ValueError(f"{path}: unreadable as GLUE's {task.name} (UTF-8, tab-separated): {error}") from None
     if not lines:
         raise ValueError(f"{path}: the file is empty")
     header = list(task.header) if task.header else lines.pop(0)
@@ -87,6 +90,9 @@ def read_glue_tsv(path: Path, task: GlueTask) -> tuple[list[dict], int]:
         if task.pair is not None:
             out["text_pair"] = row[task.pair]
         rows.append(out)
+    if not rows:  # nothing to train or score on: caught here, not when the run reaches this task
+        raise ValueError(f"{path}: no row with the {len(header)} fields {header} ({skipped} rows with another "
+                         f"number); is this GLUE's {task.name}?")
     return rows, skipped
 
 
@@ -99,6 +105,10 @@ def prepare_task(data_dir: Path, task: GlueTask, out: Path, say: Callable[[str],
             sources["mismatched"] = task.mismatched
         else:
             say(f"{task.name}: no {task.mismatched}; the mismatched accuracy is left out")
+    missing = [source for source in sources.values() if not (data_dir / task.name / source).is_file()]
+    if missing:
+        raise FileNotFoundError(f"GLUE task {task.name}: no {' or '.join(missing)} in {data_dir / task.name} "
+                                f"(it needs {', '.join(sources.values())})")
     paths = {}
     for split, source in sources.items():
         rows, skipped = read_glue_tsv(data_dir / task.name / source, task)
@@ -106,6 +116,13 @@ def prepare_task(data_dir: Path, task: GlueTask, out: Path, say: Callable[[str],
             say(f"{task.name}/{source}: skipped {skipped} malformed rows of {len(rows) + skipped}")
         paths[split] = write_json_objects(out / f"{split}.jsonl", rows)
     return paths
+
+
+def prepare_tasks(data_dir: Path, names: list[str], out: Path,
+                  say: Callable[[str], None]) -> dict[str, dict[str, Path]]:
+    """`prepare_task` of every task, by name: all of them before any training, so that a missing or malformed file
+    of the last task stops the run at once rather than after the grids of the tasks before it (hours)."""
+    return {name: prepare_task(data_dir, GLUE_TASKS[name], out / name, say) for name in names}
 
 
 def _number(value: float) -> str:
@@ -141,10 +158,11 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
     if not names:
         raise FileNotFoundError(f"{data_dir}: no GLUE task directory with a train.tsv ({', '.join(GLUE_TASKS)})")
     cls = task_class("sequence-classification")
+    names = sorted(names, key=list(GLUE_TASKS).index)  # MNLI first: others may start from it
+    prepared = prepare_tasks(data_dir, names, workdir / "data", say)
     table, mnli_best = [], None
-    for name in sorted(names, key=list(GLUE_TASKS).index):  # MNLI first: others may start from it
-        task = GLUE_TASKS[name]
-        files = prepare_task(data_dir, task, workdir / "data" / name, say)
+    for name in names:
+        task, files = GLUE_TASKS[name], prepared[name]
         start = mnli_best if task.from_mnli and mnli_best is not None else Path(model)
         best = None
         for lr, wd, count in itertools.product(learning_rates, weight_decays, epochs or task.epochs):
