@@ -67,6 +67,8 @@ def test_train_resume_and_model_dir(files, capsys):
     config = embedder_config_from_dict(RAW)
     first = train_embedder(config, workdir, model, train, validation, stop_after=6)
     assert (first.start_step, first.final_step, first.model_dir) == (0, 6, None)
+    with pytest.raises(FileNotFoundError, match="train-embedder workdir whose run has not finished"):
+        load_sentence_encoder(workdir)
     config_file = root / "run.yaml"
     config_file.write_text(yaml.safe_dump(RAW))
     code = main(["train-embedder", "--model", str(model), "--train", str(train), "--validation", str(validation),
@@ -95,6 +97,7 @@ def test_train_resume_and_model_dir(files, capsys):
     assert max(jax.tree.leaves(differences)) <= 1e-6
     texts = ["good day", "the cold night"]
     assert np.max(np.abs(load_sentence_encoder(model).encode(texts) - loaded.encode(texts))) > 1e-3  # it trained
+    np.testing.assert_array_equal(load_sentence_encoder(workdir).encode(texts), loaded.encode(texts))  # the workdir
     sentence_transformers = pytest.importorskip("sentence_transformers")
     reference = sentence_transformers.SentenceTransformer(str(workdir / "model"), device="cpu")
     np.testing.assert_allclose(reference.encode(texts + [""]), loaded.encode(texts + [""]), atol=1e-5)

@@ -275,11 +275,24 @@ def _load_st_dir(root: Path, dtype: str | None, allow_pickle: bool) -> SentenceE
                            similarity_fn_name=st.get("similarity_fn_name", "cosine"))
 
 
+def _trained_model_of(root: Path) -> Path:
+    """A `bertjax train-embedder` workdir stands for the model its run wrote (<workdir>/model); the directory
+    itself otherwise."""
+    from bertjax.embeddings.training import MODEL_DIR, RUN_FILE
+
+    if not (root / RUN_FILE).is_file() or (root / MODULES_FILE).is_file():
+        return root
+    if not (root / MODEL_DIR / MODULES_FILE).is_file():
+        raise FileNotFoundError(f"{root} is a train-embedder workdir whose run has not finished (no {MODEL_DIR}/ "
+                                "yet): rerun the same train-embedder command to finish it")
+    return root / MODEL_DIR
+
+
 def load_sentence_encoder(path: str | os.PathLike, *, dtype: str | None = None, allow_pickle: bool = False,
                           pooling: PoolingConfig | None = None) -> SentenceEncoder:
-    """The SentenceEncoder of a sentence-transformers directory (modules.json), or of any directory
-    `bertjax.model_dirs.load_model_dir` reads (transformers checkpoint, bertjax model directory, pretraining
-    workdir) with `pooling` (default mean pooling, as sentence-transformers wraps a plain transformers model).
+    """The SentenceEncoder of a sentence-transformers directory (modules.json; a train-embedder workdir stands for
+    its model/), or of any directory `bertjax.model_dirs.load_model_dir` reads (transformers checkpoint, bertjax
+    model directory, pretraining workdir) with `pooling` (default mean pooling, as sentence-transformers wraps a plain transformers model).
 
     dtype: the backbone's computation dtype ("bfloat16" for fast inference); parameters keep their stored dtype
     and pooling stays float32. allow_pickle: read PyTorch pickles (trusted files only).
@@ -289,6 +302,7 @@ def load_sentence_encoder(path: str | os.PathLike, *, dtype: str | None = None, 
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such directory")
+    root = _trained_model_of(root)
     if (root / MODULES_FILE).is_file():
         encoder = _load_st_dir(root, dtype, allow_pickle)
         return encoder if pooling is None else encoder.replace(pooling=pooling)
