@@ -73,6 +73,11 @@ def test_glue_runs_mnli_then_mrpc_from_mnli(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "GLUE dev scores" in printed and "MRPC" in printed and "acc-mm" in printed and "F1" in printed
     assert all(0.0 <= v <= 1.0 for row in table for v in row["scores"].values())
+    # One task again (--tasks): it resumes its finished run from MNLI's model as before, and glue.json keeps MNLI.
+    assert main(["glue", "--model", str(model), "--data-dir", str(data), "--workdir", str(workdir), "--tasks", "MRPC",
+                 "--learning-rates", "3e-3", "--weight-decays", "0.01", "--epochs", "2", "train.batch_size=16",
+                 "data.max_length=16", "train.progress_bar=false", "eval.batch_size=32"]) == 0
+    assert json.loads((workdir / "glue.json").read_text()) == table
 
 
 @pytest.mark.parametrize("broken, expected", [

@@ -145,12 +145,12 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
              epochs: list[int] | None = None, overrides: list[str] = (),
              say: Callable[[str], None] = print) -> list[dict]:
     """Fine-tune every task found (or `tasks`) over the grid (`epochs` None: each task's own epochs); returns one
-    row per task (and writes glue.json)."""
+    row per task (and writes glue.json, keeping the rows of tasks that earlier runs in this workdir did)."""
     from bertjax.finetune.config import load_finetune_config
     from bertjax.finetune.tasks import task_class
     from bertjax.finetune.trainer import BEST_DIR, finetune
 
-    data_dir, workdir = Path(data_dir), Path(workdir)
+    data_dir, workdir = Path(data_dir), Path(workdir).absolute()  # glue.json's model paths hold wherever read
     names = tasks or [name for name in GLUE_TASKS if (data_dir / name / "train.tsv").is_file()]
     unknown = [name for name in names if name not in GLUE_TASKS]
     if unknown:
@@ -160,7 +160,10 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
     cls = task_class("sequence-classification")
     names = sorted(names, key=list(GLUE_TASKS).index)  # MNLI first: others may start from it
     prepared = prepare_tasks(data_dir, names, workdir / "data", say)
-    table, mnli_best = [], None
+    earlier = read_table(workdir / "glue.json")
+    # A run of some tasks (--tasks) in a workdir whose MNLI is done starts the others from it, as the full run did.
+    mnli_best = Path(earlier["MNLI"]["model"]) if "MNLI" in earlier and "MNLI" not in names else None
+    table = []
     for name in names:
         task, files = GLUE_TASKS[name], prepared[name]
         start = mnli_best if task.from_mnli and mnli_best is not None else Path(model)
@@ -188,8 +191,27 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
         table.append(best)
         if name == "MNLI":
             mnli_best = Path(best["model"])
+    # glue.json is the workdir's table: the tasks of earlier runs stay beside those run now.
+    merged = {**earlier, **{row["task"]: row for row in table}}
+    table = [merged[name] for name in GLUE_TASKS if name in merged]
     (workdir / "glue.json").write_text(json.dumps(table, indent=1) + "\n")
     return table
+
+
+def read_table(path: Path) -> dict[str, dict]:
+    """The rows of a workdir's glue.json by task (none if it has none yet)."""
+    if not path.is_file():
+        return {}
+    try:
+        rows = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): restore it, or remove it to start the table "
+                         "afresh") from None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) and row.get("task") in GLUE_TASKS
+                                             for row in rows):
+        raise ValueError(f"{path}: expected a list of GLUE rows with a known \"task\"; remove it to start the "
+                         "table afresh")
+    return {row["task"]: row for row in rows}
 
 
 SCORE_NAMES = {"accuracy": "acc", "accuracy_mismatched": "acc-mm", "f1": "F1", "mcc": "MCC", "pearson": "Pearson",
