@@ -292,7 +292,8 @@ def load_sentence_encoder(path: str | os.PathLike, *, dtype: str | None = None, 
                           pooling: PoolingConfig | None = None) -> SentenceEncoder:
     """The SentenceEncoder of a sentence-transformers directory (modules.json; a train-embedder workdir stands for
     its model/), or of any directory `bertjax.model_dirs.load_model_dir` reads (transformers checkpoint, bertjax
-    model directory, pretraining workdir) with `pooling` (default mean pooling, as sentence-transformers wraps a plain transformers model).
+    model directory, pretraining workdir) with `pooling` (default mean pooling, as sentence-transformers wraps a
+    plain transformers model).
 
     dtype: the backbone's computation dtype ("bfloat16" for fast inference); parameters keep their stored dtype
     and pooling stays float32. allow_pickle: read PyTorch pickles (trusted files only).

@@ -246,10 +246,10 @@ def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict, resumable
                           "config is damaged: restore it, or use a new --workdir") from None
     found = workdir_lib.differences(held_values, yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False)))
     fixed = [d for d in found if d[0].split(".")[0] in FIXED_ON_RESUME]
-    describe = lambda items: "; ".join(f"{k}: {a!r} in the workdir, {b!r} requested" for k, a, b in items)  # noqa
     if fixed:
-        raise ConfigError(f"workdir {workdir} holds a run with other settings ({describe(fixed)}); rerun with the "
-                          f"workdir's settings ({saved}) to resume it, or give another --workdir")
+        raise ConfigError(f"workdir {workdir} holds a run with other settings "
+                          f"({workdir_lib.describe_differences(fixed)}); rerun with the workdir's settings ({saved}) "
+                          "to resume it, or give another --workdir")
     try:
         held = embedder_config_from_dict(held_values)
     except ConfigError:  # written by another version: the restore's own structure check still applies
@@ -257,7 +257,7 @@ def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict, resumable
     if held is not None:
         workdir_lib.check_optimizer_state(workdir, optimizer_config(held), optimizer_config(config), OPTIMIZER_KEYS)
     if found and jax.process_index() == 0:
-        log.warning("resuming %s with changed settings: %s", workdir, describe(found))
+        log.warning("resuming %s with changed settings: %s", workdir, workdir_lib.describe_differences(found))
 
 
 # The run config's keys behind the optimizer settings `optimizer_config` takes from it (the others are constants).
