@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.train.objectives import losses as objective_losses
+
 
 @dataclasses.dataclass
 class Encoded:
@@ -138,11 +140,8 @@ def chosen_keys(overrides: Iterable[str], config_file: Mapping | None = None) ->
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Per-position cross entropy in float32; labels outside [0, classes) (IGNORE) give 0."""
-    logits = logits.astype(jnp.float32)
     valid = (labels >= 0) & (labels < logits.shape[-1])
-    safe = jnp.where(valid, labels, 0)
-    picked = jnp.take_along_axis(logits, safe[..., None], axis=-1)[..., 0]
-    return jnp.where(valid, jax.nn.logsumexp(logits, axis=-1) - picked, 0.0)
+    return jnp.where(valid, objective_losses.cross_entropy(logits, jnp.where(valid, labels, 0)), 0.0)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

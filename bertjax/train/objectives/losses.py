@@ -20,11 +20,17 @@ def cross_entropy_and_hit(logits: jax.Array, labels: jax.Array) -> tuple[jax.Arr
     The hit reuses the maximum that the log-normaliser needs anyway: over a 30-50k vocabulary a separate argmax is
     a third full pass over the logits (~5% of a small model's CPU train step). Exact ties with another token, which
     argmax would break by index, count as hits.
+
+    The label's logit is picked by comparing against the vocabulary index, not gathered: the gather's gradient is
+    a scatter into a zero [positions, vocab] float32 array, a kernel of its own that XLA cannot fuse, which with
+    the add after it moved 9 of the 88 GB of modernbert-base's H100 step (docs/benchmarks.md). The comparison's
+    gradient is elementwise and fuses into the softmax's.
     """
     logits = logits.astype(jnp.float32)
     top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
     log_normaliser = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
-    label_logit = jnp.take_along_axis(logits, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    label_logit = jnp.sum(jnp.where(vocab == labels[..., None].astype(jnp.int32), logits, 0.0), axis=-1)
     return log_normaliser - label_logit, label_logit >= top
 
 
