@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.config import EncoderConfig
+from bertjax.ops.normalize import normalize
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -127,34 +128,26 @@ def dense(config: EncoderConfig, features, axes: tuple[str, ...], *, use_bias: b
     return Linear(features, in_ndim, axes, use_bias, config, name=name)
 
 
-def materialise(x: jax.Array) -> jax.Array:
-    """x, unchanged; on CPU it is computed once and stored instead of being recomputed inside each consumer.
+class Norm(nn.Module):
+    """LayerNorm (`centered`) or RMSNorm over the last axis: Flax's parameters ("scale", "bias"), arithmetic and
+    float32 statistics, with the backward pass of `bertjax.ops.normalize` (fewer bytes moved per norm)."""
 
-    Why: XLA's CPU fusion copies cheap elementwise producers into every consumer. A pre-norm stack's residual
-    stream is a chain of adds (x_{i+1} = x_i + f(norm(x_i))), so without a stored value each norm, each transposed
-    copy in the backward pass and each residual-gradient sum recomputes the sum of all earlier layers' outputs:
-    fusions with 300 operands over ModernBERT-base's 22 layers, two thirds of its CPU training step
-    (docs/benchmarks.md, issue 17). An elementwise floating-point division is an op that fusion never duplicates,
-    and x / (1 + 0 * x) is x bit for bit wherever x is finite (except subnormals below 1.2e-38, which XLA's CPU
-    division flushes to zero). The divisor must be a full-shape array: XLA rewrites
-    a division by a broadcast scalar into a (duplicable) multiplication. Its gradient is again such a division, so
-    the stream's gradient is stored once per layer too. (`optimization_barrier` would say this directly, but the
-    CPU pipeline removes barriers before fusion.) Accelerator backends choose fusions by a cost model and get x
-    as it is.
-    """
+    epsilon: float
+    centered: bool
+    use_bias: bool
+    dtype: jnp.dtype
+    param_dtype: jnp.dtype
 
-    def stored(x):
-        return x / jax.lax.stop_gradient(1 + 0 * x)
-
-    return jax.lax.platform_dependent(x, cpu=stored, default=lambda x: x)
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        features = (x.shape[-1],)
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)), features,
+                           self.param_dtype)
+        bias = (self.param("bias", zeros_init(("norm",)), features, self.param_dtype) if self.use_bias else None)
+        return normalize(x, scale, bias, self.epsilon, self.centered, self.dtype)
 
 
 def norm(config: EncoderConfig, name: str) -> nn.Module:
     """The family's normalisation: statistics in float32 whatever the compute dtype."""
-    scale_init = nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",))
-    if config.norm == "rmsnorm":
-        return nn.RMSNorm(epsilon=config.norm_eps, dtype=compute_dtype(config), param_dtype=param_dtype(config),
-                          scale_init=scale_init, name=name)
-    return nn.LayerNorm(epsilon=config.norm_eps, use_bias=config.norm_bias, dtype=compute_dtype(config),
-                        param_dtype=param_dtype(config), scale_init=scale_init,
-                        bias_init=zeros_init(("norm",)), use_fast_variance=False, name=name)
+    return Norm(epsilon=config.norm_eps, centered=config.norm != "rmsnorm", use_bias=config.norm_bias,
+                dtype=compute_dtype(config), param_dtype=param_dtype(config), name=name)

@@ -12,7 +12,7 @@ import jax
 
 from bertjax.config import EncoderConfig
 from bertjax.models.attention import attention_module
-from bertjax.models.common import materialise, norm
+from bertjax.models.common import norm
 from bertjax.models.inputs import EncoderInputs
 from bertjax.models.mlp import Mlp
 
@@ -32,8 +32,8 @@ class EncoderLayer(nn.Module):
         drop = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
         if cfg.norm_placement == "pre":
             h = norm(cfg, "attention_norm")(x) if self.has_attention_norm else x
-            x = materialise(x + drop(attention(h, inputs)))
-            x = materialise(x + drop(mlp(norm(cfg, "mlp_norm")(x))))
+            x = x + drop(attention(h, inputs))
+            x = x + drop(mlp(norm(cfg, "mlp_norm")(x)))
         else:
             x = norm(cfg, "attention_norm")(x + drop(attention(x, inputs)))
             x = norm(cfg, "mlp_norm")(x + drop(mlp(x)))
