@@ -89,9 +89,7 @@ class EvaluationLog:
 
     def __init__(self, workdir: Path, start_step: int, write: bool = True):
         """`write` False (every process but 0 of a multi-host run): the records are kept, nothing is written."""
-        from tensorboardX import SummaryWriter
-
-        from bertjax.train.metrics import METRICS_FILE, TENSORBOARD_DIR
+        from bertjax.train.metrics import METRICS_FILE, TENSORBOARD_DIR, summary_writer
 
         path = workdir / METRICS_FILE
         kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step] if start_step else []
@@ -101,7 +99,7 @@ class EvaluationLog:
         if write:
             write_json_objects(path, kept)
             self._file = open(path, "a", encoding="utf-8")  # as write_json_objects writes it
-            self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
+            self._tensorboard = summary_writer(workdir / TENSORBOARD_DIR, purge_step=start_step + 1)
 
     def log(self, step: int, epoch: float, split: str, values: dict) -> dict:
         record = {"step": int(step), "epoch": round(float(epoch), 4), "split": split,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,26 @@ def read_metrics(workdir: str | Path) -> list[dict]:
         return []
     *complete, _unfinished = path.read_text(encoding="utf-8").split("\n")
     return json_objects(complete, path)
+
+
+def summary_writer(logdir: str | Path, **kwargs):
+    """A tensorboardX SummaryWriter, imported (here: only primary processes write events) without PyTorch.
+
+    Why: tensorboardX's writer module imports torch whenever it is installed, only so that it can accept torch
+    tensors as values; that import was 1.6 of the 1.9 s tensorboardX took, in every run's start. bertjax logs
+    Python floats, so torch is hidden for the length of that import (a None entry in sys.modules makes `import
+    torch` an ImportError, which tensorboardX expects); a torch already imported is used as it is.
+    """
+    if "torch" in sys.modules or "tensorboardX" in sys.modules:
+        from tensorboardX import SummaryWriter
+    else:
+        sys.modules["torch"] = None
+        try:
+            from tensorboardX import SummaryWriter
+        finally:
+            if "torch" in sys.modules and sys.modules["torch"] is None:
+                del sys.modules["torch"]
+    return SummaryWriter(str(logdir), **kwargs)
 
 
 class MetricsLogger:
@@ -50,8 +71,7 @@ class MetricsLogger:
         kept = [r for r in read_metrics(self.workdir) if r.get("step", 0) <= start_step] if start_step else []
         write_json_objects(path, kept)
         self._file = open(path, "a", encoding="utf-8")  # as write_json_objects writes it
-        from tensorboardX import SummaryWriter  # imported here: only the primary process writes events
-        self._tensorboard = SummaryWriter(str(self.workdir / TENSORBOARD_DIR), purge_step=start_step + 1)
+        self._tensorboard = summary_writer(self.workdir / TENSORBOARD_DIR, purge_step=start_step + 1)
         if progress_bar:
             from tqdm import tqdm
             self._bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step",
