@@ -348,7 +348,6 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     from bertjax.train.schedules import build_schedule
     from bertjax.train.state import abstract_state, create_train_state, state_shardings
     from bertjax.train import workdir as workdir_lib
-    from bertjax.train.workdir import describe_differences
 
     started = time.time()
     primary = jax.process_index() == 0  # on several hosts, only process 0 writes files (checkpoints: all)
@@ -404,7 +403,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
         _, shardings = state_shardings(initialise, optimizer, mesh)
         checkpointer.set_aside_after(start_step)  # checkpoint.restore_step: the later steps are trained again
         say(f"resuming {workdir} from step {start_step} of {total_steps}"
-            + (f" with changed settings: {describe_differences(changed)}" if changed else ""))
+            + (f" with changed settings: {workdir_lib.describe_differences(changed)}" if changed else ""))
     else:
         state, shardings = create_train_state(initialise, optimizer, mesh, config.train.seed)
         params, fresh = transplant(state.params, base_params)
