@@ -40,11 +40,25 @@ DRY_RUN = "--dry-run" in sys.argv
 # --topology compiles for a GPU this machine does not have: no GPU needed either.
 GPU_MODE = ("--gpu" in sys.argv or "--gpu-max-batch" in sys.argv) and not DRY_RUN and "--topology" not in sys.argv
 TORCH_DEVICE = "cuda" if not DRY_RUN else "cpu"  # where the GPU paths put transformers
+def _max_batch_framework() -> str | None:
+    """--gpu-max-batch's framework, read before jax is imported (its allocator settings depend on it)."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # "--gpu" is no "--gpu-max-batch"
+    early.add_argument("--gpu-max-batch", default=None)
+    return early.parse_known_args()[0].gpu_max_batch
+
+
 if GPU_MODE:
-    # Both frameworks share the GPU in one process: JAX must not take 75% of its memory up front.
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    if "--gpu-max-batch" in sys.argv:  # one framework per process: let JAX use the card as torch may (not 75%)
+    if _max_batch_framework() == "bertjax":
+        # JAX alone on the card: one preallocated region of 95% of it (JAX's default does 75%), as a user training
+        # on a GPU has. Grown on demand instead, the allocator's regions cannot be joined, and the step's one
+        # ~70 GiB temporary buffer found no region for it at batch 24 on the second lease (2026-11-27) although,
+        # with the ~2 GiB train state, it was under the 75.2 GiB limit.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
+    else:
+        # Both frameworks share the GPU in one process (--gpu), or torch has it (--gpu-max-batch transformers): JAX
+        # must not take 75% of its memory up front.
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 else:
     reuse_freed_memory()  # as `bertjax` commands do on CPU, for both frameworks in this process
 
@@ -430,6 +444,17 @@ def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: in
              "step_ms": float("nan"), "tokens_per_sec": float("nan")}]
 
 
+def describe_memory(analysis, device) -> str:
+    """A compiled program's buffers (XLA's memory_analysis) and the device's memory in use before it runs, in GiB."""
+    gib = lambda n: "?" if n is None else f"{n / 2**30:.2f}"
+    stats = device.memory_stats() or {}
+    fields = {name: getattr(analysis, f"{name}_size_in_bytes", 0) for name in ("argument", "output", "alias", "temp")}
+    return (f"compiled step: arguments {gib(fields['argument'])} + outputs {gib(fields['output'])} - aliased "
+            f"{gib(fields['alias'])} + temporaries {gib(fields['temp'])} GiB; device in use before it "
+            f"{gib(stats.get('bytes_in_use'))} of {gib(stats.get('bytes_limit'))} GiB (largest free block "
+            f"{gib(stats.get('largest_free_block_bytes'))}, reserved {gib(stats.get('bytes_reserved'))})")
+
+
 def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1, limit: int = 4096,
                       near: bool = False) -> list[dict]:
     """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
@@ -447,8 +472,12 @@ def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: in
             state = setup.fresh_state()
             arrays = {k: jax.device_put(v, batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
                       for k, v in synthetic_batch(case(batch)).items()}
+            step = setup.train_step.lower(state, setup.frozen, arrays).compile()
+            # What the card's compile asked for (after XLA's rematerialisation) against what is already held: the
+            # line that tells an allocator's failure from a program too large.
+            print(f"  bertjax batch {batch}: {describe_memory(step.memory_analysis(), jax.devices()[0])}", flush=True)
             for _ in range(2):
-                state, metrics = setup.train_step(state, setup.frozen, arrays)
+                state, metrics = step(state, setup.frozen, arrays)
             return np.isfinite(float(metrics["loss"]))
 
         fits = memory_probe(framework, attempt, gc.collect)

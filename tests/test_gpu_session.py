@@ -117,6 +117,18 @@ def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "best bertjax: modernbert-base bf16, xla" in out and "x transformers (target >= 1.5x)" in out
     assert "bertjax batch 2: fits" in out and "largest batch of 64-token rows that trains, bertjax" in out
+    assert "bertjax batch 2: compiled step: arguments " in out and "device in use before it" in out
+
+
+def test_only_the_bertjax_memory_search_preallocates(monkeypatch):
+    """JAX alone on the card preallocates one region (a search grown on demand failed for want of one contiguous
+    block on the second lease); wherever torch shares the card, JAX allocates as it goes."""
+    import bench.train_bench as train_bench
+
+    for argv, framework in ((["--gpu-max-batch", "bertjax", "--near"], "bertjax"),
+                            (["--gpu-max-batch=transformers"], "transformers"), (["--gpu"], None)):
+        monkeypatch.setattr("sys.argv", ["train_bench", *argv])
+        assert train_bench._max_batch_framework() == framework
 
 
 
