@@ -4,7 +4,7 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9 minutes
-#   launch/gpu_session.sh attention:90 profile:50 tune:110  # call 2, at once while warm, with what is left
+#   launch/gpu_session.sh train attention    # call 2, at once while warm, with what is left (~250 s)
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -13,28 +13,34 @@
 # its end), so a slow stage costs the stages after it nothing but those seconds. Stages, in the order of the main
 # plan:
 #   env        GPU, driver and package versions; what JAX sees
-#   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, bertjax then transformers
-#   memory     bench.train_bench --gpu-max-batch at 8192: transformers, then bertjax near the last lease's answer
-#   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting, 8192 then 512, modernbert-base first
+#   memory     bench.train_bench --gpu-max-batch at 8192: transformers from its last answer (9), then bertjax from
+#              24 (the deviceless compile's answer is 27), JAX preallocating one region of 95% of the card
+#   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting at 512, bert-base first (never
+#              measured), then modernbert-base's variable lengths; 8192 after them (measured on the second lease)
 #   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA at model sizes (the
 #              export tests compile the same kernels for sm_90 in CI; the inference stage compares embeddings
 #              with transformers' on the card before this runs)
 # and, in call 2:
-#   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 8192 first, then 512..16384
+#   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, bertjax then transformers
+#   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 16384 first (the one length whose
+#              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
 #   tune       bench.attention_bench --tune: pallas_gpu forward and backward tiles, warps and stages at 8192
 # The first lease (H100, 2026-11-26, docs/benchmarks.md) ran the old order (env check train attention inference
 # memory, then profile and tune) and ran out of time in check (2 of 6 kernel cases in 75 s), train (transformers not
-# reached in 150 s), inference (3 of 8 rows in 110 s) and memory: the main plan now gives those stages the time,
-# and attention moves to call 2, to confirm the 3-stage default that lease's tune chose.
+# reached in 150 s), inference (3 of 8 rows in 110 s) and memory. The second lease (2026-11-27) ran env train memory
+# inference check (551 s), then attention:100 profile:60 tune:90 (203 s): train took ~180 s (both frameworks and the
+# one-document rows), each bertjax memory try ~50 s (a compile each), inference ~80 s at 8192 and ~25 s a setting at
+# 512, check 3 of its 8 tests in 70 s on 4 workers, attention 81 s, profile 28 s. What that lease measured (training
+# against transformers, attention) moves to call 2; the main plan is what it did not finish.
 # Each stage writes $OUT/<stage>.log (or ./gpu-logs/); the inference stage also inference.json: at most 8 files
 # come back from a call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-declare -A CAP=([env]=20 [check]=70 [train]=200 [attention]=90 [inference]=130 [memory]=140 [tune]=110
+declare -A CAP=([env]=20 [check]=150 [train]=190 [attention]=60 [inference]=130 [memory]=250 [tune]=110
                 [profile]=50)
-MAIN_PLAN=(env train memory inference check)  # caps sum to 560 s: call 1 with timeout_s 590
+MAIN_PLAN=(env memory inference check)  # caps sum to 550 s: call 1 with timeout_s 590
 
 DRY_RUN=0
 if [ "${1:-}" = "--dry-run" ]; then
@@ -122,21 +128,22 @@ for item in "${STAGES[@]}"; do
       run train "$cap" python3 -m bench.train_bench --gpu --gpu-batch 32 --attention auto --steps 10
       ;;
     attention)
-      run attention "$cap" python3 -m bench.attention_bench --seqs 8192 512 2048 16384 \
+      run attention "$cap" python3 -m bench.attention_bench --seqs 16384 8192 512 2048 \
         --implementations pallas_gpu cudnn xla --max-gib 8 --repeats 3 --min-seconds 0.1
       ;;
     inference)
-      run inference "$cap" python3 -m bench.embed_bench --gpu --models modernbert-base bert-base --lengths 8192 512 \
+      run inference "$cap" python3 -m bench.embed_bench --gpu --models bert-base modernbert-base --lengths 512 8192 \
         --texts 4096 --long-texts 128 --json "$LOGS/inference.json"
       ;;
     memory)
       # Each framework in its own process: neither hands its freed memory back to the other.
-      # transformers tries run eagerly (seconds each); bertjax's compile, so it gets the larger share.
-      run memory $((cap * 2 / 5)) python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192 \
-        --start-batch 8
-      # 24: the deviceless compile now puts the largest batch at 27 (63.6 GiB at 24, 67.1 at 25, 73.1 at 27, since the
-      # loss no longer scatters into a float32 [predictions, vocab] array); on the first lease the card needed 8%
-      # more than that compile said (80.2 against 74.4 GiB at 24), which leaves 24-25 under XLA's 71.5 GiB aim.
+      # transformers tries run eagerly (seconds each; 9 fit, 10 did not on the second lease); bertjax's compile
+      # (~50 s a try), so it gets the larger share.
+      run memory $((cap / 5)) python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192 \
+        --start-batch 9 --near
+      # 24: the deviceless compile puts the largest batch at 27 (63.6 GiB at 24, 73.1 at 27). On the second lease the
+      # card's compile asked for 69.8 GiB of temporaries at 24 and at 23 (its rematerialisation aims at 95% of JAX's
+      # 75.2 GiB), which failed to allocate only because JAX had not preallocated (bench/train_bench.py now does).
       # Stepping 1, 2, 4, ... from there.
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
       ;;
