@@ -156,9 +156,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--packed-docs", type=int, default=16,
                         help="documents per row of the packed global layer (0: leave that layer out)")
     parser.add_argument("--tune", action="store_true", help="GPU: sweep pallas_gpu's kernel parameters")
+    parser.add_argument("--tune-layers", nargs="+", choices=["global", "local"], default=["global", "local"],
+                        help="--tune: the layers to sweep, in this order")
+    parser.add_argument("--tune-docs", type=int, default=1,
+                        help="--tune: documents packed per row (bench.train_bench --gpu packs 4 per row of 1024)")
     args = parser.parse_args(argv)
-    if min(args.seqs + [args.window, args.heads, args.head_dim, args.batch, args.repeats]) <= 0:
-        parser.error("--seqs, --window, --heads, --head-dim, --batch and --repeats must be positive")
+    if min(args.seqs + [args.window, args.heads, args.head_dim, args.batch, args.repeats, args.tune_docs]) <= 0:
+        parser.error("--seqs, --window, --heads, --head-dim, --batch, --repeats and --tune-docs must be positive")
     return args
 
 
@@ -197,8 +201,8 @@ def main(argv=None) -> None:
 
 
 def tune(args, dtype) -> None:
-    """pallas_gpu's forward, then its backward, at every TUNING combination, global then local layer, each --seqs
-    length. The forward is timed alone; the backward (dq and dk/dv kernels, `backward_*` arguments) as forward +
+    """pallas_gpu's forward, then its backward, at every TUNING combination, for each --seqs length and each
+    --tune-layers layer (rows of --batch x --tune-docs packed documents). The forward is timed alone; the backward (dq and dk/dv kernels, `backward_*` arguments) as forward +
     backward with the forward at the library's defaults, less that forward's time. The fastest of each group is
     printed as soon as the group is done, as the keyword arguments to give `pallas_gpu_attention`."""
     from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
@@ -206,6 +210,8 @@ def tune(args, dtype) -> None:
     interpret = jax.default_backend() != "gpu"
     if interpret:
         print("# no GPU: the kernels run in interpret mode; these times check the sweep, they are not kernel speeds")
+    print(f"# batch {args.batch}, {args.tune_docs} document(s) per row, heads {args.heads}, head_dim {args.head_dim}, "
+          f"{jnp.dtype(dtype).name}")
     print("| seq | layer | pass | block_q | block_k | num_warps | num_stages | time (ms) |")
     print("|---:|---|---|---:|---:|---:|---:|---:|")
     shape_of = lambda seq: (args.batch, seq, args.heads, args.head_dim)
@@ -216,11 +222,12 @@ def tune(args, dtype) -> None:
                                         scale=1 / math.sqrt(args.head_dim), interpret=interpret, **options)
 
         r = measure("pallas_gpu", window, passes, shape_of(seq), dtype, args.repeats, args.min_seconds,
-                    args.max_gib * 2**30, fn=fn)
+                    args.max_gib * 2**30, documents=args.tune_docs, fn=fn)
         return r["seconds"] if r["status"] == "ok" else r["status"]
 
     try:
-        for seq, window in itertools.product(args.seqs, (None, args.window)):
+        windows = [None if layer == "global" else args.window for layer in args.tune_layers]
+        for seq, window in itertools.product(args.seqs, windows):
             layer = "global" if window is None else f"local {window}"
             default_forward = timed(seq, window, "forward", {})
             for passes, prefix in (("forward", ""), ("backward", "backward_")):

@@ -4,7 +4,9 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9 minutes
-#   launch/gpu_session.sh train attention    # call 2, at once while warm, with what is left (~250 s)
+#   launch/gpu_session.sh tune tune_train    # call 2, at once while warm, with what is left (~250 s); or
+#   launch/gpu_session.sh train attention    #   this one instead if the train step or the kernels changed since the
+#                                            #   last lease measured them (2026-11-27, commit 43af7d3)
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -25,7 +27,11 @@
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 16384 first (the one length whose
 #              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
-#   tune       bench.attention_bench --tune: pallas_gpu forward and backward tiles, warps and stages at 8192
+#   tune       bench.attention_bench --tune: pallas_gpu's global forward and backward tiles, warps and stages at
+#              16384, where forward+backward is 0.68x cuDNN (0.7x wanted); 8192 was swept on both leases
+#   tune_train the same sweep at the train step's attention shape (32 rows of 1024, 4 documents each), local layers
+#              first: the step's 22 attention layers took 11.1 ms of its 76.2, a local layer (0.47 ms) nearly as long
+#              as a global one (0.56 ms) at this shape, where the 8192 sweeps do not say which tiles are best
 # The first lease (H100, 2026-11-26, docs/benchmarks.md) ran the old order (env check train attention inference
 # memory, then profile and tune) and ran out of time in check (2 of 6 kernel cases in 75 s), train (transformers not
 # reached in 150 s), inference (3 of 8 rows in 110 s) and memory. The second lease (2026-11-27) ran env train memory
@@ -39,7 +45,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A CAP=([env]=20 [check]=150 [train]=190 [attention]=60 [inference]=130 [memory]=250 [tune]=110
-                [profile]=50)
+                [tune_train]=140 [profile]=50)
 MAIN_PLAN=(env memory inference check)  # caps sum to 550 s: call 1 with timeout_s 590
 
 DRY_RUN=0
@@ -148,7 +154,12 @@ for item in "${STAGES[@]}"; do
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
       ;;
     tune)
-      run tune "$cap" python3 -m bench.attention_bench --tune --seqs 8192 --repeats 3 --min-seconds 0.1
+      run tune "$cap" python3 -m bench.attention_bench --tune --seqs 16384 --tune-layers global --repeats 3 \
+        --min-seconds 0.1
+      ;;
+    tune_train)
+      run tune_train "$cap" python3 -m bench.attention_bench --tune --seqs 1024 --batch 32 --tune-docs 4 \
+        --tune-layers local global --repeats 3 --min-seconds 0.1
       ;;
     profile)
       run profile "$cap" python3 -m bench.profile_step --preset modernbert-base --batch 32 --seq 1024 \

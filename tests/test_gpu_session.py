@@ -35,7 +35,8 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
     return commands
 
 
-@pytest.mark.parametrize("stages", [(), ("train", "attention", "profile", "tune")], ids=["main plan", "second call"])
+@pytest.mark.parametrize("stages", [(), ("tune", "tune_train"), ("train", "attention", "profile")],
+                         ids=["main plan", "second call", "second call after a change"])
 def test_every_planned_command_parses(stages):
     result = dry_run(*stages)
     assert result.returncode == 0, result.stderr
@@ -151,20 +152,21 @@ def test_transformers_weights_come_from_an_xla_attention_model(monkeypatch):
 
 def test_tune_sweeps_forward_then_backward_tiles(monkeypatch, capsys):
     """--tune off a GPU (interpret mode, tiny shapes): every combination is run for the forward and, through the
-    `backward_*` arguments, for the backward; the fastest of each group is printed as pallas_gpu_attention's
-    keyword arguments."""
-    import argparse
-
+    `backward_*` arguments, for the backward, layers in the order asked, rows packed as asked; the fastest of each
+    group is printed as pallas_gpu_attention's keyword arguments."""
     import bench.attention_bench as attention_bench
 
     monkeypatch.setattr(attention_bench, "TUNING", {"block_q": (16,), "block_k": (16, 32), "num_warps": (4,),
                                                     "num_stages": (2,)})
-    args = argparse.Namespace(seqs=[64], window=32, heads=2, head_dim=16, batch=1, repeats=1, min_seconds=0.0,
-                              max_gib=1.0)
+    args = attention_bench.parse_args(["--tune", "--seqs", "64", "--window", "32", "--heads", "2", "--head-dim", "16",
+                                       "--batch", "2", "--repeats", "1", "--min-seconds", "0", "--max-gib", "1",
+                                       "--tune-layers", "local", "global", "--tune-docs", "2"])
     attention_bench.tune(args, attention_bench.jnp.float32)
     out = capsys.readouterr().out
+    assert "# batch 2, 2 document(s) per row, heads 2, head_dim 16" in out
     rows = [line for line in out.splitlines() if line.startswith("| 64 |")]
     assert len(rows) == 2 * 2 * 2  # layers x passes x combinations
+    assert [row.split("|")[2].strip() for row in rows[::4]] == ["local 32", "global"]
     # all timed (a backward is fwd+bwd less the default forward: on a loaded CPU in interpret mode, maybe < 0)
     assert all(isinstance(float(line.split("|")[-2]), float) for line in rows), rows
     for layer in ("global", "local 32"):
