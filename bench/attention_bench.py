@@ -202,8 +202,9 @@ def main(argv=None) -> None:
 
 def tune(args, dtype) -> None:
     """pallas_gpu's forward, then its backward, at every TUNING combination, for each --seqs length and each
-    --tune-layers layer (rows of --batch x --tune-docs packed documents). The forward is timed alone; the backward (dq and dk/dv kernels, `backward_*` arguments) as forward +
-    backward with the forward at the library's defaults, less that forward's time. The fastest of each group is
+    --tune-layers layer (rows of --batch x --tune-docs packed documents). The forward is timed alone; the backward
+    (dq and dk/dv kernels, `backward_*` arguments) as forward + backward with the forward at the library's defaults,
+    less that forward's time. The fastest of each group is
     printed as soon as the group is done, as the keyword arguments to give `pallas_gpu_attention`."""
     from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
 

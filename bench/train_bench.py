@@ -40,6 +40,8 @@ DRY_RUN = "--dry-run" in sys.argv
 # --topology compiles for a GPU this machine does not have: no GPU needed either.
 GPU_MODE = ("--gpu" in sys.argv or "--gpu-max-batch" in sys.argv) and not DRY_RUN and "--topology" not in sys.argv
 TORCH_DEVICE = "cuda" if not DRY_RUN else "cpu"  # where the GPU paths put transformers
+
+
 def _max_batch_framework() -> str | None:
     """--gpu-max-batch's framework, read before jax is imported (its allocator settings depend on it)."""
     early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # "--gpu" is no "--gpu-max-batch"
@@ -50,9 +52,10 @@ def _max_batch_framework() -> str | None:
 if GPU_MODE:
     if _max_batch_framework() == "bertjax":
         # JAX alone on the card: one preallocated region of 95% of it (JAX's default does 75%), as a user training
-        # on a GPU has. Grown on demand instead, the allocator's regions cannot be joined, and the step's one
-        # ~70 GiB temporary buffer found no region for it at batch 24 on the second lease (2026-11-27) although,
-        # with the ~2 GiB train state, it was under the 75.2 GiB limit.
+        # on a GPU has. Grown on demand, the allocator keeps regions that one buffer cannot span (JAX's docs warn
+        # of fragmentation without preallocation): on the second lease (2026-11-27) the step's one ~70 GiB
+        # temporary buffer failed to allocate at batch 24 and 23 although, with the ~2 GiB train state, it was
+        # under the 75.2 GiB limit. That preallocation fixes this is the likely reading, for the next lease to check.
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
     else:

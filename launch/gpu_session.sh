@@ -149,7 +149,8 @@ for item in "${STAGES[@]}"; do
         --start-batch 9 --near
       # 24: the deviceless compile puts the largest batch at 27 (63.6 GiB at 24, 73.1 at 27). On the second lease the
       # card's compile asked for 69.8 GiB of temporaries at 24 and at 23 (its rematerialisation aims at 95% of JAX's
-      # 75.2 GiB), which failed to allocate only because JAX had not preallocated (bench/train_bench.py now does).
+      # 75.2 GiB), which failed to allocate, most likely for want of one region that large: JAX had not preallocated
+      # (bench/train_bench.py now does, and prints what each try needs against what the card holds).
       # Stepping 1, 2, 4, ... from there.
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
       ;;
