@@ -30,8 +30,9 @@
 #   tune       bench.attention_bench --tune: pallas_gpu's global forward and backward tiles, warps and stages at
 #              16384, where forward+backward is 0.68x cuDNN (0.7x wanted); 8192 was swept on both leases
 #   tune_train the same sweep at the train step's attention shape (32 rows of 1024, 4 documents each), local layers
-#              first: the step's 22 attention layers took 11.1 ms of its 76.2, a local layer (0.47 ms) nearly as long
-#              as a global one (0.56 ms) at this shape, where the 8192 sweeps do not say which tiles are best
+#              first: the step's 22 attention layers took 11.1 ms of its 76.2. There a query tile visits 3 key tiles
+#              (local) or 4 (global, its 256-token document), so each program is short and its fixed work (loading
+#              q, writing o) weighs more than at 8192, whose sweeps need not carry over
 # The first lease (H100, 2026-11-26, docs/benchmarks.md) ran the old order (env check train attention inference
 # memory, then profile and tune) and ran out of time in check (2 of 6 kernel cases in 75 s), train (transformers not
 # reached in 150 s), inference (3 of 8 rows in 110 s) and memory. The second lease (2026-11-27) ran env train memory
