@@ -221,7 +221,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s, read plus written")
     parser.add_argument("--matmul-rate", type=float, default=7.98e14, help="FLOP/s of the matrix products")
     parser.add_argument("--hlo-out", default=None, help="also write the optimized HLO here")
+    parser.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="an XLA compiler option for this compile (repeatable), e.g. "
+                             "xla_gpu_experimental_enable_triton_softmax_priority_fusion=true")
     return parser.parse_args(argv)
+
+
+def xla_option_value(text: str):
+    """A compiler option's value as XLA's option parser wants it: a bool or int where the text is one."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
 
 
 def main(argv=None) -> None:
@@ -246,7 +259,8 @@ def main(argv=None) -> None:
                       devices=devices, attention_platform=platform, compile_only=devices is not None)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
              for k, v in synthetic_batch(case).items()}
-    text = setup.train_step.lower(setup.abstract_state(), setup.frozen, batch).compile().as_text()
+    options = {name: xla_option_value(value) for name, value in (o.split("=", 1) for o in args.xla_option)}
+    text = setup.train_step.lower(setup.abstract_state(), setup.frozen, batch).compile(options or None).as_text()
     if args.hlo_out:
         with open(args.hlo_out, "w") as f:
             f.write(text)

@@ -125,3 +125,12 @@ def test_an_operand_a_fusion_only_slices_counts_as_its_slices():
     assert kernels["rope"].reads == 4 * 32 * 2 + 4 * 32 * 4  # the q slice of qkv, and the whole cos table
     assert kernels["both"].reads == 4 * 96 * 2
     assert kernels["copy"].reads == 4 * 32 * 2
+
+
+def test_xla_options_reach_the_compile_as_typed_values():
+    """`--xla-option NAME=VALUE` (repeatable) goes to `compile()`, whose parser takes bools and ints, not text."""
+    from bench.step_floor import parse_args, xla_option_value
+
+    args = parse_args(["--xla-option", "xla_gpu_enable_triton_gemm=false", "--xla-option", "xla_gpu_autotune_level=0"])
+    assert args.xla_option == ["xla_gpu_enable_triton_gemm=false", "xla_gpu_autotune_level=0"]
+    assert [xla_option_value(v) for v in ("true", "False", "0", "12", "fast")] == [True, False, 0, 12, "fast"]
