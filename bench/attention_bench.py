@@ -45,6 +45,13 @@ IMPLEMENTATIONS_BY_BACKEND = {
     "tpu": ["xla", "xla_blockwise", "pallas_tpu"],
 }
 REFERENCE = "xla"
+# JAX's own Hopper FlashAttention (jax.experimental.pallas.ops.gpu.attention_mgpu: Pallas Mosaic GPU, TMA copies,
+# wgmma, warp-specialised), timed beside pallas_gpu and cuDNN as the mark a Mosaic GPU port of bertjax's kernels
+# would start from. It has no segments, window or scale (q is scaled first), and its forward keeps float16 shared
+# memory whatever its inputs' type (jax 0.11.2: bfloat16 fails to lower), so it runs on float16 inputs: the same
+# tensor-core rate as bfloat16 on Hopper.
+MOSAIC_GPU = "mosaic_gpu_f16"
+INPUT_DTYPES = {MOSAIC_GPU: jnp.float16}
 # --tune: pallas_gpu kernel parameters tried (every combination).
 TUNING = {"block_q": (64, 128), "block_k": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3)}
 
@@ -60,6 +67,21 @@ def attention_fn(name: str, window: int | None, scale: float, packed: bool = Fal
             return jax.nn.dot_product_attention(q, k, v, scale=scale, implementation="cudnn")
 
         return cudnn
+    if name == MOSAIC_GPU:
+        if window is not None or packed:
+            return None
+        from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+        # Forward tiles as attention_mgpu's own benchmark prefers them (2 x 64 query rows per CTA, 128 keys a
+        # step); 64-row tiles throughout the backward.
+        config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, block_q_dkv=64,
+                                             block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+
+        def mosaic_gpu(q, k, v, segment_ids):
+            del segment_ids  # one unpadded sequence per row in this benchmark
+            return attention_mgpu.attention((q * scale).astype(q.dtype), k, v, config)
+
+        return mosaic_gpu
     return lambda q, k, v, segment_ids: ops.attention(q, k, v, segment_ids=segment_ids, local_window=window,
                                                       implementation=name, scale=scale)
 
@@ -97,6 +119,10 @@ def packed_segment_ids(batch: int, seq: int, documents: int) -> jax.Array:
         jnp.int32)
 
 
+def first_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:80]}"
+
+
 def measure(name, window, passes, shapes, dtype, repeats, min_seconds, max_bytes, documents: int = 1,
             fn=None) -> dict:
     batch, seq, heads, head_dim = shapes
@@ -104,6 +130,7 @@ def measure(name, window, passes, shapes, dtype, repeats, min_seconds, max_bytes
     if fn is None:
         return {"status": "n/a"}
     keys = jax.random.split(jax.random.key(seq), 4)
+    dtype = INPUT_DTYPES.get(name, dtype)
     q, k, v, ct = (jax.random.normal(key, (batch, seq, heads, head_dim), dtype) for key in keys)
     segment_ids = packed_segment_ids(batch, seq, documents)
     if passes == "forward":
@@ -113,12 +140,15 @@ def measure(name, window, passes, shapes, dtype, repeats, min_seconds, max_bytes
     try:
         compiled = program.lower(*args).compile()
     except Exception as error:  # e.g. cuDNN unavailable for this shape or GPU generation
-        return {"status": f"failed: {type(error).__name__}: {str(error).splitlines()[0][:80]}"}
+        return {"status": f"failed: {first_line(error)}"}
     stats = compiled.memory_analysis()
     temp = stats.temp_size_in_bytes if stats is not None else None
     if temp is not None and temp > max_bytes:
         return {"status": "skipped", "temp": temp}
-    seconds = median_seconds(compiled, args, repeats, min_seconds)
+    try:
+        seconds = median_seconds(compiled, args, repeats, min_seconds)
+    except Exception as error:  # noqa: BLE001 (a kernel failing on the device: its row says so, others run)
+        return {"status": f"failed while running: {first_line(error)}"}
     result = {"status": "ok", "seconds": seconds, "temp": temp}
     device_stats = jax.devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in device_stats:
@@ -301,6 +331,11 @@ def gpu_targets(results, window: int, packed_docs: int) -> list[str]:
             if packed is not None:
                 check(f"seq {seq} {passes}: {packed_docs} packed documents faster than one", glob / packed, 1,
                       strict=True)
+            mosaic = seconds(seq, None, 1, passes, MOSAIC_GPU)
+            if mosaic is not None:  # a mark for a Mosaic GPU port, not a target
+                against = f", {cudnn / mosaic:.2f}x cuDNN's" if cudnn is not None else ""
+                lines.append(f"# seq {seq} {passes}: {MOSAIC_GPU} (JAX's Hopper kernel, no masks) runs "
+                             f"{glob / mosaic:.2f}x pallas_gpu's speed{against}")
     return lines
 
 

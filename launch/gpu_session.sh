@@ -4,9 +4,9 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9 minutes
-#   launch/gpu_session.sh tune tune_train    # call 2, at once while warm, with what is left (~250 s); or
-#   launch/gpu_session.sh train attention    #   this one instead if the train step or the kernels changed since the
-#                                            #   last lease measured them (2026-11-27, commit 43af7d3)
+#   launch/gpu_session.sh attention:60 tune:80 tune_train:110  # call 2, at once while warm, with what is left
+#                                            #   (~250 s); or `train attention` instead if the train step or the
+#                                            #   kernels changed since the last lease measured them (43af7d3)
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -25,7 +25,8 @@
 # and, in call 2:
 #   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, bertjax then transformers
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 16384 first (the one length whose
-#              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048
+#              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048; with JAX's own
+#              Mosaic GPU FlashAttention (float16, global layers only) as the mark for a Hopper port
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
 #   tune       bench.attention_bench --tune: pallas_gpu's global forward and backward tiles, warps and stages at
 #              16384, where forward+backward is 0.68x cuDNN (0.7x wanted); 8192 was swept on both leases
@@ -136,7 +137,7 @@ for item in "${STAGES[@]}"; do
       ;;
     attention)
       run attention "$cap" python3 -m bench.attention_bench --seqs 16384 8192 512 2048 \
-        --implementations pallas_gpu cudnn xla --max-gib 8 --repeats 3 --min-seconds 0.1
+        --implementations pallas_gpu cudnn xla mosaic_gpu_f16 --max-gib 8 --repeats 3 --min-seconds 0.1
       ;;
     inference)
       run inference "$cap" python3 -m bench.embed_bench --gpu --models bert-base modernbert-base --lengths 512 8192 \

@@ -35,7 +35,7 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
     return commands
 
 
-@pytest.mark.parametrize("stages", [(), ("tune", "tune_train"), ("train", "attention", "profile")],
+@pytest.mark.parametrize("stages", [(), ("attention", "tune", "tune_train"), ("train", "attention", "profile")],
                          ids=["main plan", "second call", "second call after a change"])
 def test_every_planned_command_parses(stages):
     result = dry_run(*stages)
@@ -119,6 +119,16 @@ def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
     assert "best bertjax: modernbert-base bf16, xla" in out and "x transformers (target >= 1.5x)" in out
     assert "bertjax batch 2: fits" in out and "largest batch of 64-token rows that trains, bertjax" in out
     assert "bertjax batch 2: compiled step: arguments " in out and "device in use before it" in out
+
+
+def test_the_mosaic_gpu_mark_is_reported_beside_the_targets():
+    results = {(16384, None, 1, "forward+backward", "pallas_gpu"): ok(10.0),
+               (16384, None, 1, "forward+backward", "cudnn"): ok(7.0),
+               (16384, None, 1, "forward+backward", "mosaic_gpu_f16"): ok(5.0)}
+    assert gpu_targets(results, window=128, packed_docs=16) == [
+        "# seq 16384 forward+backward: pallas_gpu global vs cuDNN's speed: 0.70x (target >= 0.7x): met",
+        "# seq 16384 forward+backward: mosaic_gpu_f16 (JAX's Hopper kernel, no masks) runs 2.00x pallas_gpu's "
+        "speed, 1.40x cuDNN's"]
 
 
 def test_only_the_bertjax_memory_search_preallocates(monkeypatch):
