@@ -223,8 +223,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hlo-out", default=None, help="also write the optimized HLO here")
     parser.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
                         help="an XLA compiler option for this compile (repeatable), e.g. "
-                             "xla_gpu_experimental_enable_triton_softmax_priority_fusion=true")
-    return parser.parse_args(argv)
+                             "xla_gpu_experimental_enable_triton_heroless_priority_fusion=true")
+    args = parser.parse_args(argv)
+    for option in args.xla_option:
+        if "=" not in option or not option.split("=", 1)[0]:
+            parser.error(f"--xla-option takes NAME=VALUE, got {option!r}")
+    return args
 
 
 def xla_option_value(text: str):

@@ -3,6 +3,7 @@ against a program whose counts are known (one matrix product and one elementwise
 hand-written GPU module with a Pallas (Triton) kernel call."""
 
 import jax
+import pytest
 import jax.numpy as jnp
 
 from bench.step_floor import array_bytes, kernels_of, summary
@@ -134,3 +135,5 @@ def test_xla_options_reach_the_compile_as_typed_values():
     args = parse_args(["--xla-option", "xla_gpu_enable_triton_gemm=false", "--xla-option", "xla_gpu_autotune_level=0"])
     assert args.xla_option == ["xla_gpu_enable_triton_gemm=false", "xla_gpu_autotune_level=0"]
     assert [xla_option_value(v) for v in ("true", "False", "0", "12", "fast")] == [True, False, 0, 12, "fast"]
+    with pytest.raises(SystemExit):
+        parse_args(["--xla-option", "xla_gpu_autotune_level"])  # no value: an argument error, not a traceback
