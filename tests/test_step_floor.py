@@ -3,8 +3,8 @@ against a program whose counts are known (one matrix product and one elementwise
 hand-written GPU module with a Pallas (Triton) kernel call."""
 
 import jax
-import pytest
 import jax.numpy as jnp
+import pytest
 
 from bench.step_floor import array_bytes, kernels_of, summary
 
