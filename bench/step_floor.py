@@ -264,6 +264,9 @@ def main(argv=None) -> None:
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
              for k, v in synthetic_batch(case).items()}
     options = {name: xla_option_value(value) for name, value in (o.split("=", 1) for o in args.xla_option)}
+    # XLA's own choice of products (Triton GEMM fusions without a device), not gpu_aot.compile_lowered's cuBLAS
+    # calls, which the card's autotuner picks: this count knows products by their dots, not by cuBLAS custom calls
+    # (`--xla-option xla_gpu_enable_triton_gemm=false` compiles the card's choice; its products then count as other).
     text = setup.train_step.lower(setup.abstract_state(), setup.frozen, batch).compile(options or None).as_text()
     if args.hlo_out:
         with open(args.hlo_out, "w") as f:

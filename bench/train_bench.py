@@ -434,8 +434,8 @@ def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: in
                           devices=devices, attention_platform="gpu", compile_only=True)
         arrays = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
                   for k, v in synthetic_batch(case).items()}
-        used = device_bytes(setup.train_step.lower(setup.abstract_state(), setup.frozen, arrays).compile()
-                            .memory_analysis())
+        used = device_bytes(gpu_aot.compile_lowered(setup.train_step.lower(setup.abstract_state(), setup.frozen,
+                                                                           arrays)).memory_analysis())
         print(f"  compiled for {topology}, batch {batch}: {used / 2**30:.1f} GiB of {budget / 2**30:.1f} GiB "
               f"({'fits' if used <= budget else 'too large'})", flush=True)
         return used <= budget

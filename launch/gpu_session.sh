@@ -16,7 +16,7 @@
 # plan:
 #   env        GPU, driver and package versions; what JAX sees
 #   memory     bench.train_bench --gpu-max-batch at 8192: transformers from its last answer (9), then bertjax from
-#              24 (the deviceless compile's answer is 27), JAX preallocating one region of 95% of the card
+#              24 (the deviceless compile's answer is 25), JAX preallocating one region of 95% of the card
 #   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting at 512, bert-base first (never
 #              measured), then modernbert-base's variable lengths; 8192 after them (measured on the second lease)
 #   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA at model sizes (the
@@ -149,8 +149,9 @@ for item in "${STAGES[@]}"; do
       # (~50 s a try), so it gets the larger share.
       run memory $((cap / 5)) python3 -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192 \
         --start-batch 9 --near
-      # 24: the deviceless compile puts the largest batch at 27 (63.6 GiB at 24, 73.1 at 27). On the second lease the
-      # card's compile asked for 69.8 GiB of temporaries at 24 and at 23 (its rematerialisation aims at 95% of JAX's
+      # 24: the deviceless compile, with the card's cuBLAS products (bertjax/gpu_aot.py), puts the largest batch at 25
+      # (68.9 GiB at 24, 73.1 at 25, 77.5 at 26). On the second lease the card's compile asked for 69.8 GiB of
+      # temporaries at 24 and at 23 (its rematerialisation aims at 95% of JAX's
       # 75.2 GiB), which failed to allocate, most likely for want of one region that large: JAX had not preallocated
       # (bench/train_bench.py now does, and prints what each try needs against what the card holds).
       # Stepping 1, 2, 4, ... from there.

@@ -110,3 +110,20 @@ def test_the_attention_benchs_mosaic_gpu_reference_compiles_for_an_h100():
     both = jax.jit(forward_backward(fn)).lower(array, array, array, segments, array).compile().as_text()
     assert forward.count('custom_call_target="mosaic_gpu') == 1
     assert both.count('custom_call_target="mosaic_gpu') == 3  # forward, then the dq and dk/dv kernels
+
+
+@needs_plugin
+def test_deviceless_products_are_cublas_as_the_cards_autotuner_chose():
+    """Without a device XLA would lower a product to a Triton GEMM fusion; `compile_lowered` gives the cuBLAS call
+    an H100's autotuner chose for every product of the train step, so memory and kernels match the card's."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(Mesh(gpu_aot.gpu_devices("h100"), ("d",)), PartitionSpec())
+    a = jax.ShapeDtypeStruct((1024, 768), jnp.bfloat16, sharding=sharding)
+    b = jax.ShapeDtypeStruct((768, 2304), jnp.bfloat16, sharding=sharding)
+    lowered = jax.jit(lambda a, b: jax.nn.gelu(a @ b)).lower(a, b)
+    assert "__triton_nested_gemm_fusion" in lowered.compile().as_text()
+    text = gpu_aot.compile_lowered(lowered).as_text()
+    assert 'custom_call_target="__cublas' in text and "__triton_nested_gemm_fusion" not in text

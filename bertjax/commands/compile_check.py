@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
                  for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
         start = time.perf_counter()
         try:
-            compiled = train_step.lower(state, setup.frozen, batch).compile()
+            lowered = train_step.lower(state, setup.frozen, batch)
+            compiled = gpu_aot.compile_lowered(lowered) if on_gpu else lowered.compile()
         except jax.errors.JaxRuntimeError as error:
             if "RESOURCE_EXHAUSTED" not in str(error):
                 raise
