@@ -10,7 +10,8 @@ the one choice the autotuner is known to make on Hopper (COMPILER_OPTIONS), whic
 within a few percent of the card's.
 
     devices = gpu_devices("h100")            # or "h100:8", "h200"
-    setup_run(..., devices=devices, attention_platform="gpu", compile_only=True)   # bertjax compile-check
+    setup = setup_run(..., devices=devices, attention_platform="gpu", compile_only=True)   # bertjax compile-check
+    compiled = compile_lowered(setup.train_step.lower(...))
 
 TARGETS' figures are those of the device tool's machines (KINDS.md: device memory as nvidia-smi reported it, SM
 count and L2 as PyTorch did) and NVIDIA's published Hopper limits (228 KB of shared memory per SM, 227 KB per block
