@@ -33,10 +33,10 @@ TARGETS = {
     "h100": ("NVIDIA H100 80GB HBM3", 81_559 * 2**20, 3_352_320_000_000, 50 * 2**20),
     "h200": ("NVIDIA H200", 143_771 * 2**20, 4_800_000_000_000, 60 * 2**20),
 }
-# Without a device XLA lowers every matrix product to a Triton GEMM fusion (with elementwise neighbours fused in).
-# On an H100 the autotuner chose cuBLAS for all 270 products of modernbert-base's train step (the second lease's
-# optimized HLO, 2026-11-27), and that changes what the program holds: at 24 rows of 8192 tokens its temporaries
-# were 69.8 GiB on the card, 61.9 GiB compiled here with Triton GEMMs and 67.2 GiB with cuBLAS ones.
+# Without a device XLA leaves every matrix product a Triton GEMM fusion. On an H100 the autotuner chose cuBLAS for
+# all 270 products of modernbert-base's train step (the second lease's optimized HLO, 2026-11-27), and that changes
+# what the program holds: at 24 rows of 8192 tokens its temporaries were 69.8 GiB on the card, 61.9 GiB compiled
+# here with Triton GEMMs and 67.2 GiB with cuBLAS ones (docs/benchmarks.md, the second lease).
 COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 INSTALL_HINT = ('compiling for a GPU without one needs JAX\'s CUDA plugin: pip install "jax[cuda13]" (matching the '
                 'installed jax; several GB of CUDA libraries, no GPU needed)')

@@ -137,3 +137,24 @@ def test_xla_options_reach_the_compile_as_typed_values():
     assert [xla_option_value(v) for v in ("true", "False", "0", "12", "fast")] == [True, False, 0, 12, "fast"]
     with pytest.raises(SystemExit):
         parse_args(["--xla-option", "xla_gpu_autotune_level"])  # no value: an argument error, not a traceback
+
+
+CUBLAS_MODULE = """HloModule jit_step, entry_computation_layout={(bf16[32,128]{1,0}, bf16[128,64]{1,0})->bf16[32,64]{1,0}}
+
+ENTRY %main (x: bf16[32,128], w: bf16[128,64]) -> bf16[32,64] {
+  %x = bf16[32,128]{1,0} parameter(0)
+  %w = bf16[128,64]{1,0} parameter(1)
+  %mm = (bf16[32,64]{1,0}, s8[4194304]{0}) custom-call(%x, %w), custom_call_target="__cublas$lt$matmul", \
+backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_batch_dimensions":[],\
+"lhs_contracting_dimensions":["1"],"rhs_batch_dimensions":[],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %out = bf16[32,64]{1,0} get-tuple-element(%mm), index=0
+}
+"""
+
+
+def test_a_cublas_call_is_a_product_and_its_workspace_is_not_written():
+    """An H100's autotuned step runs its products as cuBLAS calls (its HLO, copied back by the profile, reads so):
+    FLOPs from the backend config's contraction, writes the result alone, not the cuBLAS workspace beside it."""
+    [kernel] = kernels_of(CUBLAS_MODULE)
+    assert (kernel.kind, kernel.flops) == ("matmul", 2 * 32 * 64 * 128)
+    assert kernel.writes == 32 * 64 * 2 and kernel.reads == (32 * 128 + 128 * 64) * 2
