@@ -130,6 +130,27 @@ def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, m
     return "\n".join(lines)
 
 
+def by_kernel(events: list[dict], kernels: list, steps: int, top: int) -> str:
+    """The matched kernels that took longest, each with its calls a step, time and bytes (read and written, at
+    most) per call, and the rate those imply: a memory-bound kernel streaming far below the card's bandwidth is
+    slow, one near it can only get faster by moving fewer bytes. Identical fusions share one emitted kernel, so a
+    kernel's calls are often one per layer."""
+    kernel_of = {kernel.name: kernel for kernel in kernels}
+    micros, calls = collections.Counter(), collections.Counter()
+    for e in events:
+        kernel = next((kernel_of[name] for name in kernel_names(e) if name in kernel_of), None)
+        if kernel is not None:
+            micros[kernel.name] += e["dur"]
+            calls[kernel.name] += 1
+    lines = [f"{'ms/step':>9} {'calls':>6} {'us each':>8} {'MB each':>8} {'TB/s':>6}  kernel (model code)"]
+    for name, total in micros.most_common(top):
+        kernel, each = kernel_of[name], total / calls[name]
+        moved = kernel.reads + kernel.writes
+        lines.append(f"{total / 1e3 / steps:9.2f} {calls[name] / steps:6.1f} {each:8.1f} {moved / 1e6:8.1f} "
+                     f"{moved / each / 1e6:6.2f}  {name} ({kernel.source})")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="modernbert-base")
@@ -187,7 +208,10 @@ def main(argv=None) -> None:
             f.write(text)
     step_events = [e for e in events if e.get("args", {}).get("hlo_module", "jit_train_step") == "jit_train_step"]
     print()
-    print(by_source(step_events, kernels_of(text), args.steps, args.bandwidth, args.matmul_rate, args.top))
+    kernels = kernels_of(text)
+    print(by_source(step_events, kernels, args.steps, args.bandwidth, args.matmul_rate, args.top))
+    print()
+    print(by_kernel(step_events, kernels, args.steps, args.top))
     print(f"loss {float(np.asarray(metrics['loss'])):.3f}")
 
 

@@ -80,6 +80,21 @@ def test_profile_joins_measured_kernels_to_model_code_and_floors():
         "#   kernels of the program, e.g.: " + ", ".join(kernel.name for kernel in kernels[:5])]
 
 
+def test_profile_gives_each_kernels_rate_from_its_bytes_and_time():
+    from bench.profile_step import by_kernel
+
+    # microseconds over 2 steps; the add reads two and writes one bf16[8,64] (3,072 B) a call, the product reads
+    # 18,432 B and writes 1,024 B (19,456 B)
+    events = [{"name": "loop_add_fusion", "dur": 1.0, "args": {"hlo_op": "sum"}},
+              {"name": "sum", "dur": 2.0},  # two calls of 1.5 us: 3,072 B / 1.5 us = 0.002 TB/s
+              {"name": "gemm_fusion", "dur": 9.728e-3, "args": {"hlo_op": "mm"}},  # 19,456 B in 9.7 ns: 2 TB/s
+              {"name": "memcpy", "dur": 9.0}]
+    assert by_kernel(events, kernels_of(GPU_MODULE), steps=2, top=5).splitlines() == [
+        "  ms/step  calls  us each  MB each   TB/s  kernel (model code)",
+        "     0.00    1.0      1.5      0.0   0.00  sum (backward layers_N/mlp/add)",
+        "     0.00    0.5      0.0      0.0   2.00  mm (layers_N/mlp/dot_general)"]
+
+
 def test_profile_events_name_their_kernel_by_hlo_op_or_by_name():
     """The join's candidates: the innermost op of `hlo_op` first, then the event's name as the HLO has it or as
     the emitted kernel has it (".N" written "_N")."""
