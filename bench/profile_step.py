@@ -57,7 +57,10 @@ def device_events(trace_file: str) -> tuple[list[dict], list[str]]:
     events = json.load(gzip.open(trace_file))["traceEvents"]
     names = {e["pid"]: e["args"].get("name", "") for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name" and "args" in e}
-    devices = {pid for pid, name in names.items() if "/device:" in name and "CPU" not in name.upper()}
+    # Accelerators only: not the CPU, nor libtpu's "/device:CUSTOM:Megascale Trace", which it adds on any machine
+    # where it is installed.
+    devices = {pid for pid, name in names.items()
+               if "/device:" in name and "CPU" not in name.upper() and "/device:CUSTOM" not in name}
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
     if devices:
         return [e for e in complete if e["pid"] in devices], sorted(names[pid] for pid in devices)

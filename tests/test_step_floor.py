@@ -173,3 +173,25 @@ def test_a_cublas_call_is_a_product_and_its_workspace_is_not_written():
     [kernel] = kernels_of(CUBLAS_MODULE)
     assert (kernel.kind, kernel.flops) == ("matmul", 2 * 32 * 64 * 128)
     assert kernel.writes == 32 * 64 * 2 and kernel.reads == (32 * 128 + 128 * 64) * 2
+
+
+def test_profile_reads_accelerator_streams_and_not_libtpus_custom_device(tmp_path):
+    """libtpu adds a "/device:CUSTOM:Megascale Trace" process wherever it is installed: it is no accelerator, so a
+    CPU trace falls back to the host threads, and a GPU trace keeps the GPU's stream alone."""
+    import gzip
+    import json
+
+    from bench.profile_step import device_events
+
+    def trace(*processes):
+        events = [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}}
+                  for pid, name in enumerate(processes)]
+        events += [{"ph": "X", "name": f"kernel_{pid}", "pid": pid, "dur": 1.0} for pid in range(len(processes))]
+        path = tmp_path / f"{len(processes)}.trace.json.gz"
+        path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+        return str(path)
+
+    events, names = device_events(trace("/host:CPU", "/device:CUSTOM:Megascale Trace"))
+    assert names == ["host threads (no device process)"] and len(events) == 2
+    events, names = device_events(trace("/host:CPU", "/device:CUSTOM:Megascale Trace", "/device:GPU:0"))
+    assert names == ["/device:GPU:0"] and [e["name"] for e in events] == ["kernel_2"]
