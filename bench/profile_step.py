@@ -102,6 +102,11 @@ def kernel_names(event: dict) -> list[str]:
     return names
 
 
+def matched_kernel(event: dict, kernel_of: dict):
+    """The compiled program's kernel a trace event ran, or None (a cuBLAS or Pallas call, a copy, a memset)."""
+    return next((kernel_of[name] for name in kernel_names(event) if name in kernel_of), None)
+
+
 def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, matmul_rate: float,
               top: int) -> str:
     """Measured device time per model code (events joined to the compiled program's kernels by their HLO op),
@@ -109,7 +114,7 @@ def by_source(events: list[dict], kernels: list, steps: int, bandwidth: float, m
     kernel_of = {kernel.name: kernel for kernel in kernels}
     measured, floors, unmatched, unmatched_examples = collections.Counter(), {}, 0, []
     for e in events:
-        kernel = next((kernel_of[name] for name in kernel_names(e) if name in kernel_of), None)
+        kernel = matched_kernel(e, kernel_of)
         if kernel is None:
             unmatched += e["dur"]
             if len(unmatched_examples) < 3:
@@ -141,7 +146,7 @@ def by_kernel(events: list[dict], kernels: list, steps: int, top: int) -> str:
     kernel_of = {kernel.name: kernel for kernel in kernels}
     micros, calls = collections.Counter(), collections.Counter()
     for e in events:
-        kernel = next((kernel_of[name] for name in kernel_names(e) if name in kernel_of), None)
+        kernel = matched_kernel(e, kernel_of)
         if kernel is not None:
             micros[kernel.name] += e["dur"]
             calls[kernel.name] += 1

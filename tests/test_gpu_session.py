@@ -131,6 +131,15 @@ def test_the_mosaic_gpu_mark_is_reported_beside_the_targets():
         "speed, 1.40x cuDNN's"]
 
 
+def test_the_mosaic_gpu_mark_declines_layers_it_cannot_express():
+    """JAX's Hopper kernel has no window and no segments: such rows are n/a, not timed without their masks."""
+    from bench.attention_bench import MOSAIC_GPU, attention_fn
+
+    assert attention_fn(MOSAIC_GPU, 128, 0.125) is None
+    assert attention_fn(MOSAIC_GPU, None, 0.125, packed=True) is None
+    assert callable(attention_fn(MOSAIC_GPU, None, 0.125))
+
+
 def test_only_the_bertjax_memory_search_preallocates(monkeypatch):
     """JAX alone on the card preallocates one region (a search grown on demand failed for want of one contiguous
     block on the second lease); wherever torch shares the card, JAX allocates as it goes."""
