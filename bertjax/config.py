@@ -14,6 +14,8 @@ from bertjax.typecheck import check_field_types
 
 NormKind = Literal["layernorm", "rmsnorm"]
 NormPlacement = Literal["post", "pre"]
+# Keys of bertjax.ops.normalize.IMPLEMENTATIONS (tests/test_norm_kernels.py checks they agree).
+NormImplementation = Literal["xla", "pallas_gpu"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "tanh"]
 MlpKind = Literal["dense", "glu"]
 PositionKind = Literal["learned", "sinusoidal", "rope", "alibi", "none"]  # "alibi": MosaicBERT (no table)
@@ -261,6 +263,11 @@ class EncoderConfig:
     norm_placement: NormPlacement = "post"
     embedding_norm: bool = True
     final_norm: bool = False
+    # How every norm runs (with the residual add before it where the layer has one); never changes the math.
+    # "pallas_gpu": bertjax's Triton kernel that reads and writes each row once each way (GPU only; interpret
+    # mode elsewhere with norm_interpret).
+    norm_implementation: NormImplementation = "xla"
+    norm_interpret: bool = False
     first_layer_attention_norm: bool = True  # ModernBERT's layer 0 has no attention pre-norm (the embedding norm).
 
     # Linear layers and feed-forward.

@@ -6,7 +6,8 @@ the test does them on abstract meshes.)
 Cases: a data-parallel mesh (batch over 4 devices) and a data x tensor mesh under the train logical rules (batch
 over 2, heads over 2); every feature on (window, GQA, ALiBi, global tokens); forward and gradients to q, k, v.
 And the inference runner (bertjax/inference/runner.py) over 4 devices with a tiny ModernBERT on pallas_gpu; and
-DeBERTa's disentangled kernel (pallas_gpu_disentangled.py) data-parallel, gradients to the position tables included.
+DeBERTa's disentangled kernel (pallas_gpu_disentangled.py) data-parallel, gradients to the position tables included;
+and the residual add + norm kernel (pallas_gpu_norm.py) data-parallel, gradients to the scale and bias included.
 """
 
 from __future__ import annotations
@@ -121,6 +122,36 @@ def run_disentangled_case(results):
     results["disentangled_data4"] = {"max_error": max(errors), "collectives": collectives(compiled)}
 
 
+def run_norm_case(results):
+    from bertjax.ops.normalize import add_normalize
+
+    rng = np.random.default_rng(3)
+    x, delta, g_s = (rng.standard_normal((BATCH, SEQ, 48)).astype(np.float32) for _ in range(3))
+    scale, bias = (1 + 0.1 * rng.standard_normal(48)).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+
+    def program():
+        def loss(x, delta, scale, bias):
+            s, y = add_normalize(x, delta, scale, bias, epsilon=1e-5, centered=True, dtype=jnp.float32,
+                                 implementation="pallas_gpu", interpret=True)
+            return jnp.sum(y ** 2) + jnp.sum(s * g_s), y
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
+
+    args = (x, delta, scale, bias)
+    (_, reference), reference_grads = jax.jit(program())(*args)
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Auto,))
+    shardings = [NamedSharding(mesh, s) for s in (P("data"), P("data"), P(), P())]
+    placed = [jax.device_put(a, s) for a, s in zip(args, shardings)]
+    with jax.set_mesh(mesh):
+        fn = jax.jit(program(), in_shardings=shardings)
+        (_, out), grads = fn(*placed)
+        compiled = fn.lower(*placed).compile().as_text()
+    # Relative to each array's largest value: the scale's and bias's gradients are sums over all 256 rows, added
+    # per device and then across devices, so their float32 rounding differs from the unsharded order.
+    errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(np.asarray(b))))
+              for a, b in zip((out, *grads), (reference, *reference_grads))]
+    results["norm_data4"] = {"max_error": max(errors), "collectives": collectives(compiled)}
+
+
 def main():
     assert jax.device_count() == 4, jax.devices()
     results = {}
@@ -132,6 +163,7 @@ def main():
     run_case("data2_tensor2", train, rules, P(("data", "fsdp"), None, "tensor", None), results)
     run_inference_case(results)
     run_disentangled_case(results)
+    run_norm_case(results)
     print(json.dumps(results))
 
 

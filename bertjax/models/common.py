@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.config import EncoderConfig
-from bertjax.ops.normalize import normalize
+from bertjax.ops.normalize import add_normalize
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -130,24 +130,34 @@ def dense(config: EncoderConfig, features, axes: tuple[str, ...], *, use_bias: b
 
 class Norm(nn.Module):
     """LayerNorm (`centered`) or RMSNorm over the last axis: Flax's parameters ("scale", "bias"), arithmetic and
-    float32 statistics, with the backward pass of `bertjax.ops.normalize` (fewer bytes moved per norm)."""
+    float32 statistics, with the backward pass of `bertjax.ops.normalize` (fewer bytes moved per norm).
+
+    Called as `norm(x)` it returns the normalised x. A residual stream calls `norm(x, delta, return_sum=True)` and
+    gets (x + delta, norm(x + delta)): the add and the norm then run together (`implementation`, a key of
+    bertjax.ops.normalize.IMPLEMENTATIONS, says how).
+    """
 
     epsilon: float
     centered: bool
     use_bias: bool
     dtype: jnp.dtype
     param_dtype: jnp.dtype
+    implementation: str = "xla"
+    interpret: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, delta: jax.Array | None = None, *, return_sum: bool = False):
         features = (x.shape[-1],)
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)), features,
                            self.param_dtype)
         bias = (self.param("bias", zeros_init(("norm",)), features, self.param_dtype) if self.use_bias else None)
-        return normalize(x, scale, bias, self.epsilon, self.centered, self.dtype)
+        s, y = add_normalize(x, delta, scale, bias, epsilon=self.epsilon, centered=self.centered, dtype=self.dtype,
+                             implementation=self.implementation, interpret=self.interpret)
+        return (s, y) if return_sum else y
 
 
 def norm(config: EncoderConfig, name: str) -> nn.Module:
     """The family's normalisation: statistics in float32 whatever the compute dtype."""
     return Norm(epsilon=config.norm_eps, centered=config.norm != "rmsnorm", use_bias=config.norm_bias,
-                dtype=compute_dtype(config), param_dtype=param_dtype(config), name=name)
+                dtype=compute_dtype(config), param_dtype=param_dtype(config),
+                implementation=config.norm_implementation, interpret=config.norm_interpret, name=name)

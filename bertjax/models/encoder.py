@@ -48,15 +48,21 @@ class EncoderStack(nn.Module):
         embeddings = x
         if cfg.disentangled is not None:  # one relative table per forward, read by every layer
             inputs = inputs.replace(relative_embeddings=RelativeEmbeddings(cfg, name="relative")())
+        # A pre-norm layer hands on its MLP output unadded (`pending`): the next norm adds it (layer.py).
+        stream = lambda x, pending: x if pending is None else x + pending
+        pending = None
         for i in range(cfg.num_layers):
             group = cfg.layer_group(i)
             for j in range(per_group):
-                x = layers[group * per_group + j](x, inputs)
+                x, pending = layers[group * per_group + j](x, inputs, pending)
             if i == 0 and cfg.disentangled is not None and cfg.disentangled.conv_kernel_size:
-                x = EmbeddingConvolution(cfg, name="conv")(embeddings, x, inputs.segment_ids)
+                x, pending = EmbeddingConvolution(cfg, name="conv")(embeddings, stream(x, pending),
+                                                                      inputs.segment_ids), None
             if i < cfg.num_layers - 1:
-                self.sow("intermediates", "hidden_states", x)
+                self.sow("intermediates", "hidden_states", stream(x, pending))
         if cfg.final_norm:
-            x = norm(cfg, "final_norm")(x)
+            x = norm(cfg, "final_norm")(x, pending)
+        else:
+            x = stream(x, pending)
         self.sow("intermediates", "hidden_states", x)
         return x

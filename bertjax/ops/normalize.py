@@ -19,6 +19,7 @@ pre-norm stack's residual stream inside each later layer's backward (tests/test_
 from __future__ import annotations
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -69,3 +70,40 @@ def _backward(epsilon, centered, dtype, residuals, g):
 
 
 normalize.defvjp(_forward, _backward)
+
+
+def add_normalize_xla(x: jax.Array, delta: jax.Array | None, scale: jax.Array, bias: jax.Array | None, *,
+                      epsilon: float, centered: bool, dtype, interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+    """`add_normalize` in XLA: the sum, then `normalize` (XLA's fusion decides how many passes that takes)."""
+    del interpret
+    s = x if delta is None else x + delta
+    return s, normalize(s, scale, bias, epsilon, centered, dtype)
+
+
+# Implementations of `add_normalize` by name ("module:function", imported when first asked for, so the Triton
+# kernel's module loads only where it is used). Both compute the same thing; they differ in how many times each
+# row crosses memory (bertjax/ops/pallas_gpu_norm.py).
+IMPLEMENTATIONS = {
+    "xla": "bertjax.ops.normalize:add_normalize_xla",
+    "pallas_gpu": "bertjax.ops.pallas_gpu_norm:add_normalize",
+}
+
+
+def check_implementation(name: str, where: str = "norm implementation") -> None:
+    if name not in IMPLEMENTATIONS:
+        raise ValueError(f"{where} {name!r} is unknown; known: {sorted(IMPLEMENTATIONS)}")
+
+
+def add_normalize(x: jax.Array, delta: jax.Array | None, scale: jax.Array, bias: jax.Array | None, *,
+                  epsilon: float, centered: bool, dtype, implementation: str = "xla",
+                  interpret: bool = False) -> tuple[jax.Array, jax.Array]:
+    """(s, y) with s = x + delta (x itself when delta is None) and y = norm(s) over the last axis, `dtype` out.
+
+    A pre-norm residual stream is `x = x + sublayer(y); y = norm(x)`: taking the sum and its norm together lets a
+    kernel read the stream once and write it once each way. `implementation` is a key of IMPLEMENTATIONS;
+    `interpret` runs a Pallas one in interpret mode (CPU tests).
+    """
+    check_implementation(implementation)
+    module_name, function_name = IMPLEMENTATIONS[implementation].split(":")
+    fn = getattr(importlib.import_module(module_name), function_name)
+    return fn(x, delta, scale, bias, epsilon=epsilon, centered=centered, dtype=dtype, interpret=interpret)
