@@ -14,6 +14,9 @@ and what ptxas (shipped in the `triton` package) reports per kernel: registers p
         # DeBERTa-v3-base's disentangled attention (pallas_gpu_disentangled: 12 heads x 64, 256 buckets, span
         # 256, max_position 512): forward, dq and dk/dv with their tile sides; --band-part,
         # --backward-block, --backward-tile-area override the module's BAND_PART, BACKWARD_BLOCK, BACKWARD_TILE_AREA
+    python -m bench.pallas_gpu_static --kernel norm [--features 768] [--dtype ...] [--block-rows N] [--num-warps N]
+        # the residual add + norm kernels (pallas_gpu_norm), forward and backward, LayerNorm without bias as
+        # ModernBERT's: a memory-bound kernel wants enough resident programs and no spills
 
 A thread has at most 255 registers; a kernel at that limit with a stack frame or spills keeps part of its state in
 local memory (L1, else DRAM) instead.
@@ -255,6 +258,30 @@ def deberta_main(args) -> None:
         print(resource_row(name, text, warps, stages, tile=f"{sides[name]} | ")[0], flush=True)
 
 
+def norm_main(args) -> None:
+    from bertjax.ops.pallas_gpu_norm import add_normalize
+
+    dtype = jnp.dtype(args.dtype)
+    x = jax.ShapeDtypeStruct((32 * 1024, args.features), dtype)
+    scale = jax.ShapeDtypeStruct((args.features,), jnp.float32)
+
+    def loss(x, delta, scale):
+        s, y = add_normalize(x, delta, scale, None, epsilon=1e-5, centered=True, dtype=dtype,
+                             block_rows=args.block_rows, num_warps=args.num_warps)
+        return jnp.sum(s.astype(jnp.float32)) + jnp.sum(y.astype(jnp.float32))
+
+    kernels = triton_ir(jax.grad(loss, argnums=(0, 1, 2)), x, x, scale)
+    if kernels is None:
+        raise SystemExit(f"jax {jax.__version__}: the lowered program carries no Triton IR to compile here")
+    print(f"# pallas_gpu_norm, 32,768 rows x {args.features} features, {args.dtype}, block_rows "
+          f"{args.block_rows or 'default'}; triton for sm_90")
+    print("| kernel | warps | stages | shared memory (B) | registers | stack (B) | spill stores / loads (B) | "
+          "wgmma / mma.sync | blocks / SM |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, text, warps, stages in kernels:
+        print(resource_row(name, text, warps, stages)[0], flush=True)
+
+
 def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> int:
     """(query, key) pairs a kernel tiled block_q x block_k scores over one document of `seq` tokens: visited tiles
     times tile area (key_block_ranges). Larger tiles skip less of a window's edge; the dk/dv kernel visits the same
@@ -265,7 +292,7 @@ def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> in
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=["flash", "deberta"], default="flash")
+    parser.add_argument("--kernel", choices=["flash", "deberta", "norm"], default="flash")
     parser.add_argument("--layer", choices=["global", "local"], default="global")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--head-dim", type=int, default=64)
@@ -281,9 +308,14 @@ def main(argv=None) -> None:
     deberta.add_argument("--band-part", type=int, default=None, help="override BAND_PART (one-hot cube width)")
     deberta.add_argument("--backward-block", type=int, default=None, help="override BACKWARD_BLOCK (backward tile cap)")
     deberta.add_argument("--backward-tile-area", type=int, default=None, help="override BACKWARD_TILE_AREA")
+    norm = parser.add_argument_group("--kernel norm")
+    norm.add_argument("--features", type=int, default=768)
+    norm.add_argument("--block-rows", type=int, default=None, help="rows a program holds (default: the library's)")
     args = parser.parse_args(argv)
     if args.kernel == "deberta":
         return deberta_main(args)
+    if args.kernel == "norm":
+        return norm_main(args)
     backward = {f"backward_{name}": getattr(args, f"backward_{name}")
                 for name in ("block_q", "block_k", "num_warps", "num_stages")
                 if getattr(args, f"backward_{name}") is not None}

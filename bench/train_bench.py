@@ -6,6 +6,7 @@
     python -m bench.train_bench --gpu                 # GPU: modernbert-base, rows of 1024 tokens, bfloat16, against
                                                       # transformers' ModernBertForMaskedLM on identical batches
     python -m bench.train_bench --gpu --gpu-batch 16 32 --attention pallas_gpu xla   # a sweep, one table
+    python -m bench.train_bench --gpu --gpu-batch 32 --norm xla pallas_gpu   # XLA's norms against the norm kernel
     python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192        # the largest batch that trains;
     python -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192   # one framework per process
     python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --topology h100   # no GPU: by compiled memory
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import os
 import platform
 import tempfile
@@ -284,13 +286,14 @@ def transformers_attentions() -> list[str]:
     return ["sdpa"] + (["flash_attention_2"] if transformers.utils.is_flash_attn_2_available() else [])
 
 
-def gpu_config(seq_len: int, attention: str = "auto"):
+def gpu_config(seq_len: int, attention: str = "auto", norm: str = "xla"):
     if DRY_RUN:  # same family and dtype, a model that compiles in seconds
         return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 128),
-                          attention_implementation=attention, hidden_size=64, num_layers=2, num_heads=2,
-                          intermediate_size=128, local_window=32, vocab_size=512, pad_token_id=0)
+                          attention_implementation=attention, norm_implementation=norm, hidden_size=64,
+                          num_layers=2, num_heads=2, intermediate_size=128, local_window=32, vocab_size=512,
+                          pad_token_id=0)
     return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 8192),
-                      attention_implementation=attention)
+                      attention_implementation=attention, norm_implementation=norm)
 
 
 def initial_weights(seq_len: int):
@@ -309,49 +312,56 @@ def progress(row: dict) -> dict:
     return row
 
 
-def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str]) -> list[dict]:
-    """For each batch size: bertjax with each attention implementation on packed rows (4 documents per row, as
-    pretraining feeds it) and on one document per row, and transformers (each attention it has) on those same
-    one-document rows and initial weights. The first implementation's packed rows and transformers come first, so a
-    run stopped at its time cap (SIGINT) still has the comparison; it then prints what it measured."""
+def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
+            norms: tuple[str, ...] = ("xla",), with_transformers: bool = True) -> list[dict]:
+    """For each batch size: bertjax with each attention and norm implementation on packed rows (4 documents per
+    row, as pretraining feeds it), then each on one document per row, and transformers (each attention it has) on
+    those same one-document rows and initial weights. The first implementation's packed rows and transformers come
+    first, so a run stopped at its time cap (SIGINT) still has the comparison; it then prints what it measured."""
     peak = flops_lib.peak_flops_per_device()
     if peak is None:  # a device without a spec peak in flops.py (a --dry-run's CPU): its measured matmul rate
         peak = flops_lib.measure_peak_flops()
         print(f"# no spec peak for {jax.devices()[0].device_kind}: MFU against a measured {peak / 1e12:.2f} "
               "TFLOP/s (float32 matmul)", flush=True)
-    rows = []
+    rows, best = [], None
     try:
         for batch in batches:
-            ours = []
-            cases = []
-            for attention in attentions:
-                case = Case(f"modernbert-base bf16, {attention}", gpu_config(seq_len, attention), batch=batch,
-                            seq_len=seq_len, documents_per_row=4)
-                cases += [case, dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)]
-            ours.append(progress(bench_bertjax(cases[0], steps, peak)))
-            model, params = initial_weights(seq_len)
-            case = Case("modernbert-base bf16", gpu_config(seq_len), batch=batch, seq_len=seq_len,
-                        documents_per_row=1)
-            theirs = []
-            for attention in transformers_attentions():
-                theirs.append(progress(bench_transformers(case, steps, params, model, TORCH_DEVICE, attention)))
-                rows.append(theirs[-1])
-            del params
-            best = max(theirs, key=lambda row: row["tokens_per_sec"])
-            ours[0]["speedup_vs_transformers"] = ours[0]["tokens_per_sec"] / best["tokens_per_sec"]
+            packed = [Case(f"modernbert-base bf16, {attention}" + ("" if norm == "xla" else f", {norm} norm"),
+                           gpu_config(seq_len, attention, norm), batch=batch, seq_len=seq_len, documents_per_row=4)
+                      for attention, norm in itertools.product(attentions, norms)]
+            cases = packed + [dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
+                              for case in packed]
+            ours = [progress(bench_bertjax(cases[0], steps, peak))]
+            best = None
+            if with_transformers:
+                model, params = initial_weights(seq_len)
+                case = Case("modernbert-base bf16", gpu_config(seq_len), batch=batch, seq_len=seq_len,
+                            documents_per_row=1)
+                theirs = []
+                for attention in transformers_attentions():
+                    theirs.append(progress(bench_transformers(case, steps, params, model, TORCH_DEVICE, attention)))
+                    rows.append(theirs[-1])
+                del params
+                best = max(theirs, key=lambda row: row["tokens_per_sec"])
             rows.append(ours[0])
             for measured in cases[1:]:
                 ours.append(progress(bench_bertjax(measured, steps, peak)))
-                ours[-1]["speedup_vs_transformers"] = ours[-1]["tokens_per_sec"] / best["tokens_per_sec"]
                 rows.append(ours[-1])
+            if best is not None:
+                for row in ours:
+                    row["speedup_vs_transformers"] = row["tokens_per_sec"] / best["tokens_per_sec"]
     except KeyboardInterrupt:  # launch/gpu_session.sh's time cap
         print("# interrupted: the summary below is of the rows above", flush=True)
-    compared = [row for row in rows if "speedup_vs_transformers" in row]
-    if compared:
-        best_ours = max(compared, key=lambda row: row["tokens_per_sec"])
+    for row in rows:  # a batch interrupted after its transformers rows: its bertjax rows against them
+        if best is not None and "mfu" in row and "speedup_vs_transformers" not in row:
+            row["speedup_vs_transformers"] = row["tokens_per_sec"] / best["tokens_per_sec"]
+    ours = [row for row in rows if "mfu" in row]
+    if ours:
+        best_ours = max(ours, key=lambda row: row["tokens_per_sec"])
+        against = (f", {best_ours['speedup_vs_transformers']:.2f}x transformers (target >= 1.5x)"
+                   if "speedup_vs_transformers" in best_ours else "")
         print(f"best bertjax: {best_ours['case']} batch {best_ours['batch']}: {best_ours['tokens_per_sec']:,.0f} "
-              f"tokens/s, MFU {100 * best_ours['mfu']:.1f}% (target >= 45%), "
-              f"{best_ours['speedup_vs_transformers']:.2f}x transformers (target >= 1.5x), "
+              f"tokens/s, MFU {100 * best_ours['mfu']:.1f}% (target >= 45%){against}, "
               f"{best_ours['tokens_per_sec'] / PAPER_TOKENS_PER_SEC_H100:.2f}x the paper's "
               f"{PAPER_TOKENS_PER_SEC_H100:,} tokens/s on one H100")
     return rows
@@ -541,7 +551,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--electra", action="store_true",
                         help="ELECTRA-Small's step against MLM alone on the same discriminator (CPU)")
     parser.add_argument("--no-transformers", action="store_true",
-                        help="CPU: bertjax only (no side-by-side transformers step)")
+                        help="CPU and --gpu: bertjax only (no side-by-side transformers step)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="CPU: time CPU seconds with XLA and torch on one thread each (a loaded machine)")
     parser.add_argument("--cases", default=None,
@@ -551,6 +561,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gpu-seq", type=int, default=1024, help="GPU: tokens per row")
     parser.add_argument("--attention", nargs="+", default=["auto"],
                         help="GPU: bertjax attention implementations to time (auto is pallas_gpu on GPU)")
+    parser.add_argument("--norm", nargs="+", default=["xla"], choices=["xla", "pallas_gpu"],
+                        help="GPU: bertjax norm implementations to time (pallas_gpu: the residual add + norm "
+                        "kernel), each with each --attention")
     parser.add_argument("--gpu-max-batch", choices=["bertjax", "transformers"], default=None,
                         help="GPU: find the largest batch of --gpu-seq rows that trains, for one framework")
     parser.add_argument("--remat", default="none", help="--gpu-max-batch: bertjax remat policy; any policy but "
@@ -592,7 +605,8 @@ def main(argv=None) -> None:
         rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch,
                                  limit=4 if args.dry_run else 4096, near=args.near)
     elif args.gpu:
-        rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention)
+        rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention, tuple(args.norm),
+                       with_transformers=not args.no_transformers)
     elif args.electra:
         rows = run_electra(args.steps or 5)
     else:

@@ -3,10 +3,8 @@
 # all, the machine's start (1-2 minutes) included, at most 10 minutes per call, 30 s warm between calls, no network.
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
-#   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9 minutes
-#   launch/gpu_session.sh attention:60 tune:80 tune_train:110  # call 2, at once while warm, with what is left
-#                                            #   (~250 s); or `train attention` instead if the train step or the
-#                                            #   kernels changed since the last lease measured them (43af7d3)
+#   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9.5 minutes
+#   launch/gpu_session.sh inference:130 tune_train:110  # call 2, at once while warm, with what is left (~250 s)
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -15,14 +13,18 @@
 # its end), so a slow stage costs the stages after it nothing but those seconds. Stages, in the order of the main
 # plan:
 #   env        GPU, driver and package versions; what JAX sees
+#   norm       bench.norm_bench --tune: the residual add + norm kernel (pallas_gpu_norm, new after the second
+#              lease) against XLA's fusions at the train step's shape, and its block_rows x num_warps
+#   train_norm bench.train_bench --gpu: the modernbert-base step (32 rows of 1024) with the norm kernel in every
+#              norm, then with XLA's norms, bertjax only (the second lease measured transformers: 200.2 ms). The
+#              deviceless count says 8.5 GB a step less (72.5 -> 64.0 GB), ~2.8 ms at 3 TB/s
 #   memory     bench.train_bench --gpu-max-batch at 8192: transformers from its last answer (9), then bertjax from
 #              24 (the deviceless compile's answer is 25), JAX preallocating one region of 95% of the card
+#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels (attention, DeBERTa's, the norm) against XLA
+#              at model sizes (the export tests compile the same kernels for sm_90 in CI)
+# and, in call 2:
 #   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting at 512, bert-base first (never
 #              measured), then modernbert-base's variable lengths; 8192 after them (measured on the second lease)
-#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels against dense XLA at model sizes (the
-#              export tests compile the same kernels for sm_90 in CI; the inference stage compares embeddings
-#              with transformers' on the card before this runs)
-# and, in call 2:
 #   train      bench.train_bench --gpu: modernbert-base step, rows of 1024, bertjax then transformers
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 16384 first (the one length whose
 #              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048; with JAX's own
@@ -40,15 +42,15 @@
 # inference check (551 s), then attention:100 profile:60 tune:90 (203 s): train took ~180 s (both frameworks and the
 # one-document rows), each bertjax memory try ~50 s (a compile each), inference ~80 s at 8192 and ~25 s a setting at
 # 512, check 3 of its 8 tests in 70 s on 4 workers, attention 81 s, profile 28 s. What that lease measured (training
-# against transformers, attention) moves to call 2; the main plan is what it did not finish.
+# against transformers, attention) left the main plan, which is what it did not finish, and the norm kernel.
 # Each stage writes $OUT/<stage>.log (or ./gpu-logs/); the inference stage also inference.json: at most 8 files
 # come back from a call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-declare -A CAP=([env]=20 [check]=150 [train]=190 [attention]=60 [inference]=130 [memory]=250 [tune]=110
-                [tune_train]=140 [profile]=50)
-MAIN_PLAN=(env memory inference check)  # caps sum to 550 s: call 1 with timeout_s 590
+declare -A CAP=([env]=20 [norm]=60 [train_norm]=120 [check]=110 [train]=190 [attention]=60 [inference]=130
+                [memory]=250 [tune]=110 [tune_train]=140 [profile]=50)
+MAIN_PLAN=(env norm train_norm memory check)  # caps sum to 560 s: call 1 with timeout_s 590
 
 DRY_RUN=0
 if [ "${1:-}" = "--dry-run" ]; then
@@ -134,6 +136,14 @@ for item in "${STAGES[@]}"; do
       ;;
     train)
       run train "$cap" python3 -m bench.train_bench --gpu --gpu-batch 32 --attention auto --steps 10
+      ;;
+    norm)
+      run norm "$cap" python3 -m bench.norm_bench --tune
+      ;;
+    train_norm)
+      # Packed rows of both first (the comparison), then one document per row, if the cap leaves time.
+      run train_norm "$cap" python3 -m bench.train_bench --gpu --gpu-batch 32 --attention auto \
+        --norm pallas_gpu xla --no-transformers --steps 10
       ;;
     attention)
       run attention "$cap" python3 -m bench.attention_bench --seqs 16384 8192 512 2048 \

@@ -1,4 +1,5 @@
-"""The Pallas GPU kernels compiled by Triton on a real GPU, at model sizes, against the dense XLA reference.
+"""The Pallas GPU kernels compiled by Triton on a real GPU, at model sizes, against the dense XLA reference (and the
+norm kernel against XLA's norm).
 
 Skipped without a GPU (CI has none). The interpret-mode tests (test_attention_kernels.py, test_attention_features.py,
 test_deberta_pallas_gpu.py) check the kernels' logic on CPU with tiny tiles; this file checks what only a GPU can:
@@ -54,6 +55,36 @@ CASES = [
     ("alibi_bf16", 2, 1024, 12, 12, 64, None, jnp.bfloat16, True, False),
     ("global_tokens_bf16", 2, 1100, 12, 12, 64, 256, jnp.bfloat16, False, True),
 ]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
+def test_norm_kernel_matches_xla_forward_and_gradients(dtype):
+    """The residual add + norm kernel (pallas_gpu_norm) at ModernBERT-base's width with a row count that ends
+    mid-block, against XLA's add and norm on the same inputs in float32; gradients of a random linear function of
+    both outputs (the sum and the norm), the scale's included. First in the file: the kernel is new (a lease's
+    check stage may stop before the end)."""
+    from bertjax.ops.normalize import add_normalize
+
+    rng = np.random.default_rng(5)
+    rows, features = 4099, 768
+    x, delta, g_s, g_y = (jnp.asarray(rng.standard_normal((rows, features)), dtype) for _ in range(4))
+    scale = jnp.asarray(1 + 0.1 * rng.standard_normal(features), jnp.float32)
+    bias = jnp.asarray(0.1 * rng.standard_normal(features), jnp.float32)
+
+    def value_and_grads(implementation, x, delta):
+        def loss(x, delta, scale, bias):
+            s, y = add_normalize(x, delta, scale, bias, epsilon=1e-5, centered=True, dtype=x.dtype,
+                                 implementation=implementation)
+            return jnp.sum(s.astype(jnp.float32) * g_s) + jnp.sum(y.astype(jnp.float32) * g_y), y
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(x, delta, scale, bias)
+
+    (_, y), grads = value_and_grads("pallas_gpu", x, delta)
+    (_, want), want_grads = value_and_grads("xla", x.astype(jnp.float32), delta.astype(jnp.float32))
+    everything = np.ones((rows,), bool)
+    errors = {"y": relative_error(y, want, everything)}
+    for name, got, ref in zip(("dx", "ddelta", "dscale", "dbias"), grads, want_grads):
+        errors[name] = relative_error(got, ref, everything if got.ndim == 2 else slice(None))
+    assert max(errors.values()) < BOUND[dtype], errors
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -35,13 +35,13 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
     return commands
 
 
-@pytest.mark.parametrize("stages", [(), ("attention", "tune", "tune_train"), ("train", "attention", "profile")],
+@pytest.mark.parametrize("stages", [(), ("inference", "tune_train"), ("train", "attention", "profile", "tune")],
                          ids=["main plan", "second call", "second call after a change"])
 def test_every_planned_command_parses(stages):
     result = dry_run(*stages)
     assert result.returncode == 0, result.stderr
     commands = planned_commands(result.stdout)
-    assert {stage for stage, _, _ in commands} == set(stages or ("env", "memory", "inference", "check"))
+    assert {stage for stage, _, _ in commands} == set(stages or ("env", "norm", "train_norm", "memory", "check"))
     for _, _, argv in commands:
         while argv[0] == "env" or "=" in argv[0]:  # `env NAME=VALUE ... command`: the command is what must parse
             argv = argv[1:]
@@ -119,6 +119,22 @@ def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
     assert "best bertjax: modernbert-base bf16, xla" in out and "x transformers (target >= 1.5x)" in out
     assert "bertjax batch 2: fits" in out and "largest batch of 64-token rows that trains, bertjax" in out
     assert "bertjax batch 2: compiled step: arguments " in out and "device in use before it" in out
+
+
+def test_the_gpu_comparison_without_transformers_times_packed_rows_first(monkeypatch, capsys):
+    """`--no-transformers` (the norm kernel's A/B on a lease): every implementation's packed rows come before any
+    one-document row, so a capped stage still compares them, and the summary names the best without a ratio."""
+    import bench.train_bench as train_bench
+
+    monkeypatch.setattr(train_bench, "DRY_RUN", True)
+    rows = train_bench.run_gpu(steps=1, batches=[2], seq_len=64, attentions=["xla", "xla_blockwise"],
+                               with_transformers=False)
+    assert [row["case"] for row in rows] == [
+        "modernbert-base bf16, xla", "modernbert-base bf16, xla_blockwise", "modernbert-base bf16, xla, 1 doc/row",
+        "modernbert-base bf16, xla_blockwise, 1 doc/row"]
+    assert not any("speedup_vs_transformers" in row for row in rows)
+    out = capsys.readouterr().out
+    assert "best bertjax: " in out and "transformers" not in out.split("best bertjax: ")[1]
 
 
 def test_the_mosaic_gpu_mark_is_reported_beside_the_targets():
