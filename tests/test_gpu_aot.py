@@ -126,3 +126,35 @@ def test_deviceless_products_are_cublas_as_the_cards_autotuner_chose():
     assert "__triton_nested_gemm_fusion" in lowered.compile().as_text()
     text = gpu_aot.compile_lowered(lowered).as_text()
     assert 'custom_call_target="__cublas' in text and "__triton_nested_gemm_fusion" not in text
+
+
+
+@needs_plugin
+def test_norm_kernel_compiles_into_a_two_gpu_train_step_per_device():
+    """The tiny pretraining config with every norm in the residual add + norm kernel (pallas_gpu_norm), compiled for
+    two H100s: each norm is one Triton call each way, run on each GPU's rows (nothing gathered, as XLA would to
+    replicate a Triton call outside a shard_map)."""
+    pytest.importorskip("grain")  # bertjax.data's batch shapes
+    import jax
+
+    from bertjax.data import batch_sharding, batch_spec
+    from bertjax.train import mesh as mesh_lib
+    from bertjax.train.run_config import load_run_config
+    from bertjax.train.setup import setup_run
+
+    config = load_run_config("configs/pretrain/tiny.yaml", ["model.overrides.norm_implementation=pallas_gpu"])
+    setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0,
+                      devices=gpu_aot.gpu_devices("h100:2"), attention_platform="gpu", compile_only=True)
+    phase = setup.phases[0]
+    batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
+             for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
+    lowered = setup.steps_for(phase)[0].lower(setup.abstract_state(), setup.frozen, batch)
+    text = gpu_aot.compile_lowered(lowered).as_text()
+    model = setup.model_config
+    # Per layer an attention and an MLP norm (ModernBERT's layer 0 has no attention norm), the embedding norm, the
+    # final norm and the MLM head's.
+    norms = 2 * model.num_layers - (0 if model.first_layer_attention_norm else 1) + 3
+    assert model.norm_implementation == "pallas_gpu" and model.norm_placement == "pre"
+    assert text.count('name = "bertjax_add_norm_forward"') == norms
+    assert text.count('name = "bertjax_add_norm_backward"') == norms
+    assert "all-gather" not in text
