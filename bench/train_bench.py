@@ -425,7 +425,7 @@ def memory_probe(framework: str, attempt, release):
 
 
 def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: int = 1, fraction: float = 0.95,
-                       limit: int = 4096) -> list[dict]:
+                       limit: int = 4096, norm: str = "xla") -> list[dict]:
     """Without a GPU: the largest batch of modernbert-base rows whose train step, compiled for `topology` (XLA's
     deviceless GPU compilation, bertjax/gpu_aot.py), needs at most `fraction` of the card's memory by XLA's buffer
     assignment (arguments + outputs - aliased + temporaries). A prediction for `--gpu-max-batch bertjax` on the
@@ -436,7 +436,7 @@ def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: in
 
     devices = gpu_aot.gpu_devices(topology)
     budget = fraction * gpu_aot.device_memory_gib(topology) * 2**30
-    config = gpu_config(seq_len)
+    config = gpu_config(seq_len, norm=norm)
 
     def fits(batch: int) -> bool:
         case = Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1, remat_policy=remat_policy)
@@ -469,14 +469,14 @@ def describe_memory(analysis, device) -> str:
 
 
 def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1, limit: int = 4096,
-                      near: bool = False) -> list[dict]:
+                      near: bool = False, norm: str = "xla") -> list[dict]:
     """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
     framework (run each in its own process: neither hands its freed memory back to the other). Each try runs two
     steps. `near`: `start` is a prediction (`compiled_max_batch`'s, made without a GPU), so the search steps 1, 2,
     4, ... away from it."""
     import gc
 
-    config = gpu_config(seq_len)
+    config = gpu_config(seq_len, norm=norm)
     case = lambda batch: Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1,
                               remat_policy=remat_policy)
     if framework == "bertjax":
@@ -563,7 +563,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="GPU: bertjax attention implementations to time (auto is pallas_gpu on GPU)")
     parser.add_argument("--norm", nargs="+", default=["xla"], choices=["xla", "pallas_gpu"],
                         help="GPU: bertjax norm implementations to time (pallas_gpu: the residual add + norm "
-                        "kernel), each with each --attention")
+                        "kernel), each with each --attention; --gpu-max-batch bertjax takes one")
     parser.add_argument("--gpu-max-batch", choices=["bertjax", "transformers"], default=None,
                         help="GPU: find the largest batch of --gpu-seq rows that trains, for one framework")
     parser.add_argument("--remat", default="none", help="--gpu-max-batch: bertjax remat policy; any policy but "
@@ -580,6 +580,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.dry_run and not (args.gpu or args.gpu_max_batch):
         parser.error("--dry-run checks the GPU paths on CPU: give --gpu or --gpu-max-batch too")
+    if args.gpu_max_batch and len(args.norm) > 1:
+        parser.error("--gpu-max-batch searches one model: give one --norm")
     if args.topology and (args.gpu_max_batch != "bertjax" or args.dry_run):
         parser.error("--topology goes with --gpu-max-batch bertjax alone (it compiles for that GPU, runs nothing)")
     if min(args.gpu_batch + [args.gpu_seq, args.start_batch, args.steps or 1]) <= 0:
@@ -600,10 +602,10 @@ def main(argv=None) -> None:
         raise SystemExit("--gpu / --gpu-max-batch: JAX sees no GPU here (jax.default_backend() is "
                          f"{jax.default_backend()!r}); run it on a GPU host")
     if args.topology:
-        rows = compiled_max_batch(args.gpu_seq, args.remat, args.topology, args.start_batch)
+        rows = compiled_max_batch(args.gpu_seq, args.remat, args.topology, args.start_batch, norm=args.norm[0])
     elif args.gpu_max_batch:
         rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch,
-                                 limit=4 if args.dry_run else 4096, near=args.near)
+                                 limit=4 if args.dry_run else 4096, near=args.near, norm=args.norm[0])
     elif args.gpu:
         rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention, tuple(args.norm),
                        with_transformers=not args.no_transformers)
