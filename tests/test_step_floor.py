@@ -57,6 +57,21 @@ def test_kernel_kinds_bytes_and_sources_of_a_gpu_module():
     assert array_bytes("(bf16[2,3]{1,0}, f32[4]{0}, pred[])") == 2 * 3 * 2 + 4 * 4 + 1
 
 
+def test_the_norm_kernel_is_counted_apart_from_attention():
+    """bertjax's residual add + norm kernel is a Triton call too: its bytes are counted as the norm kernel's, not as
+    attention, and the summary gives them their own line."""
+    norm_call = ('  %norm = (bf16[8,64]{1,0}, bf16[8,64]{1,0}) custom-call(%mm, %mm), '
+                 'custom_call_target="__gpu$xla.gpu.triton", backend_config={name = "bertjax_add_norm_forward"}, '
+                 'metadata={op_name="jit(step)/layers_3/mlp_norm/pallas_call"}\n')
+    module = GPU_MODULE.replace("  %o = ", norm_call + "  %o = ")
+    kernels = {k.name: k for k in kernels_of(module)}
+    assert kernels["norm"].kind == "norm" and kernels["attn"].kind == "attention"
+    assert kernels["norm"].reads == kernels["norm"].writes == 2 * 8 * 64 * 2
+    text = summary(list(kernels.values()), bandwidth=1e9, matmul_rate=1e12)
+    assert "1 Pallas attention, 1 Pallas norm, 1 other" in text
+    assert "Pallas norm kernels: write 0.0 GB" in text
+
+
 def test_profile_joins_measured_kernels_to_model_code_and_floors():
     """bench/profile_step.py's table by model code: trace events matched to the compiled kernels by their HLO op,
     summed per source beside the floor of the same kernels; anything else is counted as unmatched."""
