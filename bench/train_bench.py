@@ -312,6 +312,17 @@ def progress(row: dict) -> dict:
     return row
 
 
+def measure_bertjax(case: Case, steps: int, peak: float) -> dict | None:
+    """bench_bertjax's row, printed; None (and the error's first line) where the case fails to compile or run, so
+    a lease's stage goes on to the next case (a new kernel failing on the card costs that row, not the stage)."""
+    try:
+        return progress(bench_bertjax(case, steps, peak))
+    except Exception as error:  # noqa: BLE001
+        print(f"  {case.name}, batch {case.batch} x {case.seq_len}: failed: {type(error).__name__}: "
+              f"{(str(error).splitlines() or [''])[0][:200]}", flush=True)
+        return None
+
+
 def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
             norms: tuple[str, ...] = ("xla",), with_transformers: bool = True) -> list[dict]:
     """For each batch size: bertjax with each attention and norm implementation on packed rows (4 documents per
@@ -331,7 +342,7 @@ def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
                       for attention, norm in itertools.product(attentions, norms)]
             cases = packed + [dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
                               for case in packed]
-            ours = [progress(bench_bertjax(cases[0], steps, peak))]
+            ours = [row for row in [measure_bertjax(cases[0], steps, peak)] if row]
             best = None
             if with_transformers:
                 model, params = initial_weights(seq_len)
@@ -343,10 +354,12 @@ def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
                     rows.append(theirs[-1])
                 del params
                 best = max(theirs, key=lambda row: row["tokens_per_sec"])
-            rows.append(ours[0])
+            rows += ours
             for measured in cases[1:]:
-                ours.append(progress(bench_bertjax(measured, steps, peak)))
-                rows.append(ours[-1])
+                row = measure_bertjax(measured, steps, peak)
+                if row:
+                    ours.append(row)
+                    rows.append(row)
             if best is not None:
                 for row in ours:
                     row["speedup_vs_transformers"] = row["tokens_per_sec"] / best["tokens_per_sec"]

@@ -137,6 +137,27 @@ def test_the_gpu_comparison_without_transformers_times_packed_rows_first(monkeyp
     assert "best bertjax: " in out and "transformers" not in out.split("best bertjax: ")[1]
 
 
+def test_a_case_that_fails_costs_its_row_not_the_stage(monkeypatch, capsys):
+    """A kernel that fails to compile or run on the card (the norm kernel's first lease) is reported in one line and
+    the comparison goes on with the next case."""
+    import bench.train_bench as train_bench
+
+    measure = train_bench.bench_bertjax
+
+    def failing_first(case, steps, peak):
+        if case.name == "modernbert-base bf16, xla":
+            raise RuntimeError("Triton compilation failed\nmore lines")
+        return measure(case, steps, peak)
+
+    monkeypatch.setattr(train_bench, "DRY_RUN", True)
+    monkeypatch.setattr(train_bench, "bench_bertjax", failing_first)
+    rows = train_bench.run_gpu(steps=1, batches=[2], seq_len=64, attentions=["xla", "xla_blockwise"],
+                               with_transformers=False)
+    assert [row["case"] for row in rows][0] == "modernbert-base bf16, xla_blockwise" and len(rows) == 3
+    assert "modernbert-base bf16, xla, batch 2 x 64: failed: RuntimeError: Triton compilation failed" in (
+        capsys.readouterr().out)
+
+
 def test_the_mosaic_gpu_mark_is_reported_beside_the_targets():
     results = {(16384, None, 1, "forward+backward", "pallas_gpu"): ok(10.0),
                (16384, None, 1, "forward+backward", "cudnn"): ok(7.0),
