@@ -76,18 +76,29 @@ def main(argv=None) -> None:
     print(f"# {args.rows:,} rows x {args.features} features, bfloat16, LayerNorm without bias")
     print("| implementation | tiles | forward us | GB/s | forward+backward us | GB/s |")
     print("|---|---|---:|---:|---:|---:|")
-    for implementation, tiles in settings:
-        cells = []
-        for passes, arrays in (("forward", 4), ("both", 8)):
-            try:
-                seconds = median_seconds(program(implementation, passes, args.dry_run, **tiles), operands,
-                                         args.repeats, args.min_seconds)
-                cells += [f"{seconds * 1e6:.0f}", f"{arrays * array_bytes / seconds / 1e9:,.0f}"]
-            except Exception as error:  # noqa: BLE001 (a setting that fails to compile or run: its row says so)
-                cells += [f"failed: {type(error).__name__}", "-"]
-        label = ", ".join(f"{k} {v}" for k, v in tiles.items()) or "default"
-        print(f"| {implementation} | {label} | " + " | ".join(cells) + " |", flush=True)
-
+    seconds = {}
+    try:
+        for implementation, tiles in settings:
+            label = ", ".join(f"{k} {v}" for k, v in tiles.items()) or "default"
+            cells = []
+            for passes, arrays in (("forward", 4), ("both", 8)):
+                try:
+                    took = median_seconds(program(implementation, passes, args.dry_run, **tiles), operands,
+                                          args.repeats, args.min_seconds)
+                    seconds[implementation, label, passes] = took
+                    cells += [f"{took * 1e6:.0f}", f"{arrays * array_bytes / took / 1e9:,.0f}"]
+                except Exception as error:  # noqa: BLE001 (a setting that fails to compile or run: its row says so)
+                    cells += [f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:60]}", "-"]
+            print(f"| {implementation} | {label} | " + " | ".join(cells) + " |", flush=True)
+    except KeyboardInterrupt:  # launch/gpu_session.sh's time cap
+        print("# interrupted: the rows above are what was measured", flush=True)
+    for passes, name in (("forward", "forward"), ("both", "forward+backward")):
+        xla, kernel = seconds.get(("xla", "default", passes)), seconds.get(("pallas_gpu", "default", passes))
+        if xla and kernel:
+            fastest = min((took, label) for (impl, label, p), took in seconds.items()
+                          if impl == "pallas_gpu" and p == passes)
+            print(f"# {name}: the kernel at its defaults runs {xla / kernel:.2f}x XLA's speed; its fastest tiles "
+                  f"({fastest[1]}) {xla / fastest[0]:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -114,3 +114,14 @@ def test_models_match_with_the_kernel_in_every_norm(preset):
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads_kernel), jax.tree.leaves(grads_xla)):
         np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
 
+
+
+def test_the_gpu_benchmark_runs_its_path_on_cpu(capsys):
+    """bench/norm_bench.py as a lease runs it, in interpret mode on a tiny shape: a row per implementation and the
+    ratio lines (CPU timings of interpret mode mean nothing; the path is what is checked)."""
+    from bench import norm_bench
+
+    norm_bench.main(["--rows", "16", "--features", "32", "--dry-run", "--repeats", "1", "--min-seconds", "0"])
+    out = capsys.readouterr().out
+    assert "| xla | default | " in out and "| pallas_gpu | default | " in out and "failed" not in out
+    assert "# forward+backward: the kernel at its defaults runs " in out
