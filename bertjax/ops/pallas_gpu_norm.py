@@ -28,6 +28,9 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+# Masked loads and stores of index-array tiles (interpret mode runs them too); this module loads only when a model
+# asks for the kernel (bertjax.ops.normalize.IMPLEMENTATIONS).
+from jax.experimental.pallas import triton as pl_triton
 
 from bertjax.ops.pallas_gpu_attention import check_offsets_fit
 from bertjax.ops.per_device import per_device
@@ -55,17 +58,14 @@ class _Static:
 def _compiler_params(st: _Static):
     if st.interpret:
         return None
-    from jax.experimental.pallas import triton as pl_triton  # GPU-only module; interpret mode does not need it
     return pl_triton.CompilerParams(num_warps=st.num_warps, num_stages=1)
 
 
 def _load(ref, rows, cols, mask):
-    from jax.experimental.pallas import triton as pl_triton
     return pl_triton.load(ref.at[rows[:, None], cols[None, :]], mask=mask, other=0).astype(jnp.float32)
 
 
 def _store(ref, rows, cols, mask, value):
-    from jax.experimental.pallas import triton as pl_triton
     pl_triton.store(ref.at[rows[:, None], cols[None, :]], value.astype(ref.dtype), mask=mask)
 
 
@@ -77,14 +77,12 @@ def _tile(block: int, n_rows: int, features: int, st: _Static):
 
 
 def _row_vector(ref, cols, features):
-    from jax.experimental.pallas import triton as pl_triton
     return pl_triton.load(ref.at[cols], mask=cols < features, other=0).astype(jnp.float32)[None, :]
 
 
 def _forward_kernel(x_ref, delta_ref, scale_ref, bias_ref, s_ref, y_ref, mean_ref, rstd_ref, *, st: _Static):
     n_rows, features = x_ref.shape
     rows, cols, row_ok, mask = _tile(pl.program_id(0), n_rows, features, st)
-    from jax.experimental.pallas import triton as pl_triton
     s = _load(x_ref, rows, cols, mask)
     if delta_ref is not None:
         # Rounded to the stream's dtype before the statistics, as `x + delta` followed by a norm computes it.
@@ -104,7 +102,6 @@ def _forward_kernel(x_ref, delta_ref, scale_ref, bias_ref, s_ref, y_ref, mean_re
 
 def _backward_kernel(s_ref, g_ref, gs_ref, mean_ref, rstd_ref, scale_ref, ds_ref, dscale_ref, dbias_ref, *,
                      st: _Static, blocks_per_program: int):
-    from jax.experimental.pallas import triton as pl_triton
     n_rows, features = s_ref.shape
     program = pl.program_id(0)
     width = pl.next_power_of_2(features)
