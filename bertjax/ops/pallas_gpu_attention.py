@@ -269,13 +269,20 @@ def _forward_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_re
     finish_softmax(acc, m, l, o_ref, lse_ref)
 
 
-def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_ref, do_ref, lse_ref, delta_ref,
-               k_ref, v_ref, dq_ref, *, st: _Static, group: int):
+def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_ref, do_ref, o_ref, lse_ref,
+               dlse_ref, k_ref, v_ref, dq_ref, delta_ref, *, st: _Static, group: int):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     kv_head = lax.div(h, group)
     q_first = i * st.block_q
     q, do = q_ref[...], do_ref[...]
-    lse2, delta = lse_ref[...] * LOG2E, delta_ref[...]
+    # delta_i = sum_d dO_id O_id, the softmax backward's row term, from the dO block this program holds anyway and
+    # the output block (read once here, where XLA would read dO and O again in a kernel of its own); the dk/dv
+    # kernel reads what this one writes. A log-sum-exp cotangent g enters as ds = p (dP - (delta - g)).
+    delta = jnp.sum(do.astype(jnp.float32) * o_ref[...].astype(jnp.float32), axis=1)
+    if dlse_ref is not None:
+        delta = delta - dlse_ref[...]
+    delta_ref[...] = delta
+    lse2 = lse_ref[...] * LOG2E
     q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
     slope = _alibi_slope(slopes_ref, h) if st.alibi else None
 
@@ -382,24 +389,21 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
     kv_heads = k.shape[2]
     group = heads // kv_heads
     window = None if st.half is None else 2 * st.half
-    # delta_i = sum_d dO_id O_id: the softmax-backward row term, cheap enough for XLA to compute outside.
-    delta = jnp.einsum("bshd,bshd->bhs", do.astype(jnp.float32), out.astype(jnp.float32))
-    if dlse is not None:  # d lse / d s_ij = p_ij, so a log-sum-exp cotangent g enters as ds = p (dP - (delta - g))
-        delta = delta - dlse
-
     ranges = block_ranges(seg, window, st.block_q, st.block_k)
     q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
     row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
-    dq = pl.pallas_call(
+    # The dq kernel also writes delta (the softmax backward's row term) for the dk/dv kernel.
+    dq, delta = pl.pallas_call(
         functools.partial(_dq_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
-        in_specs=[_whole()] * 6 + [q_block, q_block, row_block, row_block, _whole(), _whole()],
-        out_specs=q_block,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        in_specs=[_whole()] * 6 + [q_block, q_block, q_block, row_block, None if dlse is None else row_block,
+                                   _whole(), _whole()],
+        out_specs=[q_block, row_block],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_dq",
-    )(*ranges, seg, slopes, q, do, lse, delta, k, v)
+    )(*ranges, seg, slopes, q, do, out, lse, dlse, k, v)
 
     # The visibility rule is symmetric, so the query-block ranges of a key block are the same functions transposed.
     k_ranges = block_ranges(seg, window, st.block_k, st.block_q)
