@@ -17,7 +17,8 @@
 #              lease) against XLA's fusions at the train step's shape, and its block_rows x num_warps
 #   train_norm bench.train_bench --gpu: the modernbert-base step (32 rows of 1024) with the norm kernel in every
 #              norm, then with XLA's norms, bertjax only (the second lease measured transformers: 200.2 ms). The
-#              deviceless count says 8.5 GB a step less (72.5 -> 64.0 GB), ~2.8 ms at 3 TB/s
+#              deviceless count says 8.5 GB a step less with the kernel (~2.8 ms at 3 TB/s); both rows include the
+#              attention backward's delta now computed in the dq kernel (1.1 GB less; 76.2 ms before it)
 #   memory     bench.train_bench --gpu-max-batch at 8192: transformers from its last answer (9), then bertjax from
 #              24 (the deviceless compile's answer is 25), JAX preallocating one region of 95% of the card
 #   check      tests/test_gpu_kernels.py: the Triton-compiled kernels (attention, DeBERTa's, the norm) against XLA
