@@ -4,6 +4,7 @@ matrix products, and the bytes its other kernels move, per kernel of the program
     python -m bench.step_floor --topology h100                      # modernbert-base, 32 x 1024, for an H100
     python -m bench.step_floor --topology h100 --batch 4 --seq 8192
     python -m bench.step_floor --topology h100 --norm pallas_gpu    # the residual add + norm kernel in every norm
+    python -m bench.step_floor --topology h100 --fused-qkv          # attention on the stacked q/k/v projection
     python -m bench.step_floor                                      # this machine's backend (a GPU host, or CPU)
 
 `--topology` compiles without the GPU (bertjax/gpu_aot.py; needs JAX's CUDA plugin); without it the step is
@@ -253,6 +254,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--documents-per-row", type=int, default=4)
     parser.add_argument("--remat", default="none")
     parser.add_argument("--norm", default="xla", choices=["xla", "pallas_gpu"], help="the norm implementation")
+    parser.add_argument("--fused-qkv", action="store_true",
+                        help="attention on the stacked q/k/v projection (EncoderConfig.attention_fused_qkv)")
     parser.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s, read plus written")
     parser.add_argument("--matmul-rate", type=float, default=7.98e14, help="FLOP/s of the matrix products")
     parser.add_argument("--hlo-out", default=None, help="also write the optimized HLO here")
@@ -292,7 +295,7 @@ def main(argv=None) -> None:
         from bertjax import gpu_aot
 
         devices, platform = gpu_aot.gpu_devices(args.topology), "gpu"
-    case = Case("floor", gpu_config(args.seq, norm=args.norm), batch=args.batch, seq_len=args.seq,
+    case = Case("floor", gpu_config(args.seq, norm=args.norm, fused_qkv=args.fused_qkv), batch=args.batch, seq_len=args.seq,
                 documents_per_row=args.documents_per_row, remat_policy=args.remat)
     setup = setup_run(case.run_config(2), vocab_size=case.config.vocab_size, pad_id=case.config.pad_token_id,
                       devices=devices, attention_platform=platform, compile_only=devices is not None)
@@ -308,7 +311,8 @@ def main(argv=None) -> None:
             f.write(text)
     target = args.topology or jax.devices()[0].device_kind
     print(f"# modernbert-base train step, {args.batch} x {args.seq}, {args.documents_per_row} documents per row, "
-          f"remat {args.remat}, compiled for {target} (jax {jax.__version__}); attention {setup.model_config.attention_implementation}, norm "
+          f"remat {args.remat}, compiled for {target} (jax {jax.__version__}); attention {setup.model_config.attention_implementation}"
+          f"{' on the stacked q/k/v' if setup.model_config.attention_fused_qkv else ''}, norm "
           f"{setup.model_config.norm_implementation}")
     print(summary(kernels_of(text), args.bandwidth, args.matmul_rate))
 

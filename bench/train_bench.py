@@ -286,14 +286,13 @@ def transformers_attentions() -> list[str]:
     return ["sdpa"] + (["flash_attention_2"] if transformers.utils.is_flash_attn_2_available() else [])
 
 
-def gpu_config(seq_len: int, attention: str = "auto", norm: str = "xla"):
+def gpu_config(seq_len: int, attention: str = "auto", norm: str = "xla", fused_qkv: bool = False):
+    kernels = dict(attention_implementation=attention, norm_implementation=norm, attention_fused_qkv=fused_qkv)
     if DRY_RUN:  # same family and dtype, a model that compiles in seconds
         return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 128),
-                          attention_implementation=attention, norm_implementation=norm, hidden_size=64,
-                          num_layers=2, num_heads=2, intermediate_size=128, local_window=32, vocab_size=512,
-                          pad_token_id=0)
-    return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 8192),
-                      attention_implementation=attention, norm_implementation=norm)
+                          hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, local_window=32,
+                          vocab_size=512, pad_token_id=0, **kernels)
+    return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 8192), **kernels)
 
 
 def initial_weights(seq_len: int):

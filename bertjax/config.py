@@ -285,6 +285,9 @@ class EncoderConfig:
     attention_kind: str = "standard"
     attention_implementation: str = "auto"  # a name in bertjax.ops.attention.IMPLEMENTATIONS, or "auto".
     attention_interpret: bool = False  # run Pallas attention kernels in interpret mode (CPU tests, debugging).
+    # RoPE models without GQA: q, k and v stay one stacked projection into attention (bertjax.ops.rope_attention),
+    # so pallas_gpu's kernels read v from it and write its gradient whole; never changes the math.
+    attention_fused_qkv: bool = False
 
     # Layer sharing (ALBERT): num_layers steps computed by this many distinct parameter groups (HF
     # num_hidden_groups); step i uses group int(i / (num_layers / groups)), as transformers does.
@@ -397,6 +400,11 @@ class EncoderConfig:
                 raise ValueError("EncoderConfig.position_embedding='alibi' cannot be combined with RoPE: "
                                  "rope_theta_global/rope_theta_local are read only with position_embedding='rope' "
                                  f"(got {self.rope_theta_global}, {self.rope_theta_local})")
+        if self.attention_fused_qkv and (self.position_embedding != "rope" or self.kv_heads != self.num_heads
+                                         or self.attention_kind != "standard"):
+            raise ValueError("EncoderConfig.attention_fused_qkv needs position_embedding='rope', "
+                             "attention_kind='standard' and no grouped-query attention (num_kv_heads == num_heads): "
+                             "it keeps q, k and v one stacked projection through RoPE into attention")
         if not self.family:
             raise ValueError("EncoderConfig.family must name a Hugging Face model_type, e.g. 'bert'")
         if self.position_embedding == "sinusoidal" and self.hidden_size != self.embed_dim:

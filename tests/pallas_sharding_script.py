@@ -7,7 +7,9 @@ Cases: a data-parallel mesh (batch over 4 devices) and a data x tensor mesh unde
 over 2, heads over 2); every feature on (window, GQA, ALiBi, global tokens); forward and gradients to q, k, v.
 And the inference runner (bertjax/inference/runner.py) over 4 devices with a tiny ModernBERT on pallas_gpu; and
 DeBERTa's disentangled kernel (pallas_gpu_disentangled.py) data-parallel, gradients to the position tables included;
-and the residual add + norm kernel (pallas_gpu_norm.py) data-parallel, gradients to the scale and bias included.
+and the residual add + norm kernel (pallas_gpu_norm.py) data-parallel, gradients to the scale and bias included;
+and attention on the stacked q/k/v projection (pallas_gpu_rope_attention) under the train rules (batch over data,
+heads over tensor), its gradient the stack's.
 """
 
 from __future__ import annotations
@@ -152,6 +154,37 @@ def run_norm_case(results):
     results["norm_data4"] = {"max_error": max(errors), "collectives": collectives(compiled)}
 
 
+def run_stacked_rope_case(results):
+    from bertjax.ops.pallas_gpu_attention import pallas_gpu_rope_attention
+
+    rng = np.random.default_rng(4)
+    qkv = rng.standard_normal((BATCH, SEQ, 3, HEADS, DIM)).astype(np.float32)
+    seg = inputs()[3]
+    positions = np.tile(np.arange(SEQ, dtype=np.int32), (BATCH, 1))
+
+    def program():
+        def loss(qkv, positions, seg):
+            out = pallas_gpu_rope_attention(qkv, positions, 10_000.0, segment_ids=seg, local_window=16,
+                                            scale=DIM ** -0.5, interpret=True, block_q=16, block_k=16)
+            return jnp.sum(out ** 2), out
+        return jax.value_and_grad(loss, has_aux=True)
+
+    args = (qkv, positions, seg)
+    (_, reference), reference_grad = jax.jit(program())(*args)
+    train = jax.make_mesh((2, 1, 2), mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    specs = (P(("data", "fsdp"), None, None, "tensor", None), P(("data", "fsdp"), None), P(("data", "fsdp"), None))
+    shardings = [NamedSharding(train, spec) for spec in specs]
+    placed = [jax.device_put(a, sh) for a, sh in zip(args, shardings)]
+    rules = __import__("flax.linen", fromlist=["x"]).logical_axis_rules(mesh_lib.LOGICAL_AXIS_RULES)
+    with jax.set_mesh(train), rules:
+        fn = jax.jit(program(), in_shardings=shardings)
+        (_, out), grad = fn(*placed)
+        compiled = fn.lower(*placed).compile().as_text()
+    errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in ((out, reference),
+                                                                                (grad, reference_grad))]
+    results["stacked_rope_data2_tensor2"] = {"max_error": max(errors), "collectives": collectives(compiled)}
+
+
 def main():
     assert jax.device_count() == 4, jax.devices()
     results = {}
@@ -164,6 +197,7 @@ def main():
     run_inference_case(results)
     run_disentangled_case(results)
     run_norm_case(results)
+    run_stacked_rope_case(results)
     print(json.dumps(results))
 
 

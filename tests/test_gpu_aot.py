@@ -130,10 +130,12 @@ def test_deviceless_products_are_cublas_as_the_cards_autotuner_chose():
 
 
 @needs_plugin
-def test_norm_kernel_compiles_into_a_two_gpu_train_step_per_device():
-    """The tiny pretraining config with every norm in the residual add + norm kernel (pallas_gpu_norm), compiled for
-    two H100s: each norm is one Triton call each way, run on each GPU's rows (nothing gathered, as XLA would to
-    replicate a Triton call outside a shard_map)."""
+def test_norm_kernel_and_stacked_attention_compile_into_a_two_gpu_train_step_per_device():
+    """The tiny pretraining config with every norm in the residual add + norm kernel (pallas_gpu_norm) and attention
+    on the stacked q/k/v projection (pallas_gpu_rope_attention), compiled for two H100s: each norm is one Triton
+    call each way, each layer's attention its three (forward, dq, dk/dv, the last writing into the buffer the dq
+    kernel began), all run on each GPU's rows (nothing gathered, as XLA would to replicate a Triton call outside a
+    shard_map)."""
     pytest.importorskip("grain")  # bertjax.data's batch shapes
     import jax
 
@@ -142,7 +144,8 @@ def test_norm_kernel_compiles_into_a_two_gpu_train_step_per_device():
     from bertjax.train.run_config import load_run_config
     from bertjax.train.setup import setup_run
 
-    config = load_run_config("configs/pretrain/tiny.yaml", ["model.overrides.norm_implementation=pallas_gpu"])
+    config = load_run_config("configs/pretrain/tiny.yaml", ["model.overrides.norm_implementation=pallas_gpu",
+                                                            "model.overrides.attention_fused_qkv=true"])
     setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0,
                       devices=gpu_aot.gpu_devices("h100:2"), attention_platform="gpu", compile_only=True)
     phase = setup.phases[0]
@@ -154,7 +157,9 @@ def test_norm_kernel_compiles_into_a_two_gpu_train_step_per_device():
     # Per layer an attention and an MLP norm (ModernBERT's layer 0 has no attention norm), the embedding norm, the
     # final norm and the MLM head's.
     norms = 2 * model.num_layers - (0 if model.first_layer_attention_norm else 1) + 3
-    assert model.norm_implementation == "pallas_gpu" and model.norm_placement == "pre"
+    assert model.norm_implementation == "pallas_gpu" and model.norm_placement == "pre" and model.attention_fused_qkv
     assert text.count('name = "bertjax_add_norm_forward"') == norms
     assert text.count('name = "bertjax_add_norm_backward"') == norms
+    for kernel in ("bertjax_flash_forward", "bertjax_flash_dq", "bertjax_flash_dkv"):
+        assert text.count(f'name = "{kernel}"') == model.num_layers, kernel
     assert "all-gather" not in text

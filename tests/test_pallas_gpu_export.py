@@ -285,8 +285,8 @@ def test_under_a_mesh_interpret_mode_matches_and_gathers_nothing():
     tests/pallas_sharding_script.py): data-parallel and data x tensor under the train rules, every feature on; output
     and q/k/v gradients equal the unsharded call and the compiled program gathers nothing (the loss's sum is the
     only all-reduce). The inference runner over 4 devices, DeBERTa's disentangled kernel (gradients to the
-    position tables too) and the residual add + norm kernel (its scale's and bias's partial sums are added across
-    devices by the one all-reduce), likewise."""
+    position tables too), the residual add + norm kernel (its scale's and bias's partial sums are added across
+    devices by the one all-reduce) and attention on the stacked q/k/v projection (batch and heads split), likewise."""
     import json
     import os
     import subprocess
@@ -299,7 +299,8 @@ def test_under_a_mesh_interpret_mode_matches_and_gathers_nothing():
     result = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     cases = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(cases) == {"data4", "data2_tensor2", "runner_data4", "disentangled_data4", "norm_data4"}
+    assert set(cases) == {"data4", "data2_tensor2", "runner_data4", "disentangled_data4", "norm_data4",
+                          "stacked_rope_data2_tensor2"}
     # The inference runner traces under its mesh: its pallas_gpu model has no collective at all.
     runner = cases.pop("runner_data4")
     assert runner["max_error"] < 1e-5 and runner["collectives"] == [], runner

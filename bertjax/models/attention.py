@@ -31,17 +31,28 @@ class SelfAttention(nn.Module):
         # run as one matmul when they have one shape (no GQA).
         weights = lambda heads, axis, name: dense_weights(
             cfg, x.shape[-1], (heads, cfg.head_dim), ("embed", axis, "kv"), use_bias=bias, name=name)()
-        q, k, v = project(x, [weights(cfg.num_heads, "heads", "query"), weights(cfg.kv_heads, "kv_heads", "key"),
-                              weights(cfg.kv_heads, "kv_heads", "value")], 1, compute_dtype(cfg))
-        if cfg.position_embedding == "rope":
-            q = ops.apply_rope(q, inputs.positions, self.rope_theta)
-            k = ops.apply_rope(k, inputs.positions, self.rope_theta)
+        projections = [weights(cfg.num_heads, "heads", "query"), weights(cfg.kv_heads, "kv_heads", "key"),
+                       weights(cfg.kv_heads, "kv_heads", "value")]
         # ALiBi (MosaicBERT): a per-head distance bias added inside the kernel, never a [seq, seq] tensor here.
         slopes = jnp.asarray(alibi_slopes(cfg.num_heads), jnp.float32) if cfg.position_embedding == "alibi" else None
-        out = ops.attention(q, k, v, segment_ids=inputs.segment_ids, local_window=self.local_window,
-                            implementation=cfg.attention_implementation,
-                            interpret=cfg.attention_interpret, alibi_slopes=slopes)
+        if cfg.attention_fused_qkv:  # the stack [batch, seq, 3, heads, head_dim] goes in whole (config.py)
+            qkv = project(x, projections, 1, compute_dtype(cfg), stacked=True)
+            out = ops.rope_attention(qkv, inputs.positions, self.rope_theta, segment_ids=inputs.segment_ids,
+                                     local_window=self.local_window, implementation=cfg.attention_implementation,
+                                     interpret=cfg.attention_interpret)
+            q = k = None
+        else:
+            q, k, v = project(x, projections, 1, compute_dtype(cfg))
+            if cfg.position_embedding == "rope":
+                q = ops.apply_rope(q, inputs.positions, self.rope_theta)
+                k = ops.apply_rope(k, inputs.positions, self.rope_theta)
+            out = ops.attention(q, k, v, segment_ids=inputs.segment_ids, local_window=self.local_window,
+                                implementation=cfg.attention_implementation,
+                                interpret=cfg.attention_interpret, alibi_slopes=slopes)
         if self.is_mutable_collection("intermediates"):  # asked for (bertjax.intermediates): costs [seq, seq]
+            if q is None:  # the stacked path: the rotated q and k it never materialised
+                q, k = (ops.apply_rope(part.squeeze(2), inputs.positions, self.rope_theta)
+                        for part in jnp.split(qkv, 3, axis=2)[:2])
             self.sow("intermediates", "attention_probabilities", ops.attention_probabilities(
                 q, k, segment_ids=inputs.segment_ids, local_window=self.local_window, scale=cfg.head_dim ** -0.5,
                 alibi_slopes=slopes))

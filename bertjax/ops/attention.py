@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.ops.masks import global_slots
+from bertjax.ops.rope import apply_rope
 
 # What a call may need beyond plain attention within segments (which every implementation serves).
 FEATURES = ("local_window", "gqa", "alibi", "global_tokens")
@@ -159,3 +160,43 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
     slots = None if global_tokens is None else global_slots(global_tokens, max_global_tokens)
     return fn(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale, interpret=interpret,
               alibi_slopes=alibi_slopes, global_tokens=global_tokens, global_slots=slots)
+
+
+# Implementations with a stacked-projection path for `rope_attention`: "module:function" taking (qkv, positions,
+# theta, *, segment_ids, local_window, scale, interpret).
+STACKED_ROPE_IMPLEMENTATIONS = {
+    "pallas_gpu": "bertjax.ops.pallas_gpu_attention:pallas_gpu_rope_attention",
+}
+
+
+def rope_attention(qkv: jax.Array, positions: jax.Array, theta: float, *, segment_ids: jax.Array | None = None,
+                   local_window: int | None = None, implementation: str = "auto", scale: float | None = None,
+                   interpret: bool = False) -> jax.Array:
+    """`attention(apply_rope(q), apply_rope(k), v)` of a stacked projection qkv [batch, seq, 3, heads, head_dim].
+
+    The implementation (resolved as `attention` resolves it) runs it on the stack itself where it has such a path
+    (STACKED_ROPE_IMPLEMENTATIONS; head_dim a power of two >= 16): its kernels then read v from qkv and write qkv's
+    gradient whole, which saves XLA a copy of v and a pass over the whole gradient. Elsewhere the stack is split
+    and rotated, and `attention` runs as usual. positions: [batch, seq] int, the RoPE positions.
+    """
+    if qkv.ndim != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"rope_attention expects qkv [batch, seq, 3, heads, head_dim], got {qkv.shape}")
+    batch, seq, _, heads, head_dim = qkv.shape
+    if segment_ids is None:
+        segment_ids = jnp.ones((batch, seq), jnp.int32)
+    name = resolve_implementation(implementation, required_features(heads=heads, kv_heads=heads,
+                                                                     local_window=local_window))
+    if name in STACKED_ROPE_IMPLEMENTATIONS and head_dim >= 16 and not head_dim & (head_dim - 1):
+        if segment_ids.shape != (batch, seq) or positions.shape != (batch, seq):
+            raise ValueError(f"segment_ids and positions must be [batch={batch}, seq={seq}], got "
+                             f"{segment_ids.shape} and {positions.shape}")
+        module_name, function_name = STACKED_ROPE_IMPLEMENTATIONS[name].split(":")
+        fn = getattr(importlib.import_module(module_name), function_name)
+        return fn(qkv, positions, theta, segment_ids=jnp.asarray(segment_ids).astype(jnp.int32),
+                  local_window=local_window, scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
+                  interpret=interpret)
+    # split, not indexed: the backward concatenates instead of padding and adding (as `project` splits)
+    q, k, v = (part.squeeze(2) for part in jnp.split(qkv, 3, axis=2))
+    q, k = apply_rope(q, positions, theta), apply_rope(k, positions, theta)
+    return attention(q, k, v, segment_ids=segment_ids, local_window=local_window, implementation=name, scale=scale,
+                     interpret=interpret)

@@ -52,7 +52,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.global_tokens import attention_with_lse, merge_global_tokens
-from bertjax.ops.per_device import per_device_attention
+from bertjax.ops.per_device import QKV, ROWS, per_device, per_device_attention
+from bertjax.ops.rope import rope_tables, rotate
 
 # A large finite negative score: exp(MASK - m) underflows to 0 without the inf - inf = NaN of -inf.
 MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -160,6 +161,9 @@ class _Static:
     num_warps: int
     num_stages: int
     alibi: bool = False  # add -slope_h * |i - j| (slopes: an operand, one per query head, padded to a power of 2)
+    # v is slot 2 of the stacked projection [batch, seq, 3, heads, head_dim], and the backward writes that stack's
+    # gradient whole, RoPE's backward applied to q's and k's (pallas_gpu_rope_attention).
+    stacked: bool = False
     backward: _Static | None = None  # the dq and dk/dv kernels' settings where they differ from these
 
     def for_backward(self) -> _Static:
@@ -188,7 +192,9 @@ def _scores(q, k, st: _Static, slope, q_first, k_first):
     scale * LOG2E, so the forward takes its row max before scaling and folds the scaling into the exponent's fused
     multiply-add (one multiply per score fewer); with ALiBi (slope from `_alibi_slope`) s already holds the scaled
     scores plus the bias, and factor is 1."""
-    s = _dot(q, k, ((1,), (1,)))
+    # q and k may each come as the two halves of head_dim (the stacked backward's RoPE layout): their products add.
+    s = (_dot(q[0], k[0], ((1,), (1,))) + _dot(q[1], k[1], ((1,), (1,))) if isinstance(q, tuple)
+         else _dot(q, k, ((1,), (1,))))
     if slope is None:
         return s, st.scale * LOG2E
     shape = (q.shape[0], k.shape[0])
@@ -206,6 +212,26 @@ def _dot(a, b, contract=((1,), (0,))):
     precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
     return lax.dot_general(a, b, (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32)
 
+
+
+def _halves(ref, *index):
+    """A block's two halves along head_dim (the last axis), each loaded on its own: Triton cannot slice a tensor."""
+    half = ref.shape[-1] // 2
+    return ref[(*index, pl.ds(0, half))], ref[(*index, pl.ds(half, half))]
+
+
+def _rope_backward(first, second, cos, sin):
+    """The gradient of q (or k) before RoPE, as two halves, from the halves of the gradient after it; cos and sin
+    [rows, head_dim / 2]. RoPE maps (q1, q2) to (q1 cos - q2 sin, q2 cos + q1 sin), so the halves of the gradient
+    are (g1 cos + g2 sin, g2 cos - g1 sin): elementwise when the gradient is accumulated in halves, which the
+    stacked backward kernels do (a swap of halves of one accumulator would need a permutation product, which
+    spilled both kernels' registers when compiled for sm_90)."""
+    return first * cos + second * sin, second * cos - first * sin
+
+
+def _v_block(v_ref, b, keys, kv_head, st: _Static):
+    """One key block of v: from its own array, or slot 2 of the stacked projection."""
+    return v_ref[b, keys, 2, kv_head, :] if st.stacked else v_ref[b, keys, kv_head, :]
 
 
 def online_softmax_step(acc, m, l, s, v, factor: float = 1.0):
@@ -254,7 +280,7 @@ def _forward_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_re
             acc, m, l = carry
             keys = pl.ds(j * st.block_k, st.block_k)
             k = k_ref[b, keys, kv_head, :]
-            v = v_ref[b, keys, kv_head, :]
+            v = _v_block(v_ref, b, keys, kv_head, st)
             s, factor = _scores(q, k, st, slope, q_first, j * st.block_k)
             if masked:
                 # -inf, not MASK_VALUE: s is scaled inside the step, and MASK_VALUE * factor would rise above the
@@ -270,11 +296,12 @@ def _forward_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_re
 
 
 def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_ref, do_ref, o_ref, lse_ref,
-               dlse_ref, k_ref, v_ref, dq_ref, delta_ref, *, st: _Static, group: int):
+               dlse_ref, k_ref, v_ref, cos_ref, sin_ref, dq_ref, delta_ref, *, st: _Static, group: int):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     kv_head = lax.div(h, group)
     q_first = i * st.block_q
-    q, do = q_ref[...], do_ref[...]
+    q = _halves(q_ref, slice(None)) if st.stacked else q_ref[...]
+    do = do_ref[...]
     # delta_i = sum_d dO_id O_id, the softmax backward's row term, from the dO block this program holds anyway and
     # the output block (read once here, where XLA would read dO and O again in a kernel of its own); the dk/dv
     # kernel reads what this one writes. A log-sum-exp cotangent g enters as ds = p (dP - (delta - g)).
@@ -289,25 +316,37 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_
     def body(masked):
         def step(j, dq):
             keys = pl.ds(j * st.block_k, st.block_k)
-            k = k_ref[b, keys, kv_head, :]
-            v = v_ref[b, keys, kv_head, :]
+            k = _halves(k_ref, b, keys, kv_head) if st.stacked else k_ref[b, keys, kv_head, :]
+            v = _v_block(v_ref, b, keys, kv_head, st)
             p = jnp.exp2(_times(*_scores(q, k, st, slope, q_first, j * st.block_k)) - lse2[:, None])
             if masked:
                 p = jnp.where(_visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half), p, 0.0)
             ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None])
+            if st.stacked:
+                return tuple(part + _dot(ds.astype(do.dtype), k_part) for part, k_part in zip(dq, k))
             return dq + _dot(ds.astype(k.dtype), k)
         return step
 
+    zeros = lambda like: jnp.zeros(like.shape, jnp.float32)
     dq = three_loops(lo_ref[b, i], full_lo_ref[b, i], full_hi_ref[b, i], hi_ref[b, i], body,
-                     jnp.zeros(q.shape, jnp.float32))
-    dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
+                     tuple(map(zeros, q)) if st.stacked else zeros(q))
+    if st.stacked:  # this block of the stacked gradient's q slot, RoPE's backward applied
+        half = dq_ref.shape[-1] // 2
+        first, second = _rope_backward(dq[0] * st.scale, dq[1] * st.scale, cos_ref[...], sin_ref[...])
+        dq_ref[:, pl.ds(0, half)] = first.astype(dq_ref.dtype)
+        dq_ref[:, pl.ds(half, half)] = second.astype(dq_ref.dtype)
+    else:
+        dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
 
 
 def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse_ref,
-                delta_ref, dk_ref, dv_ref, *, st: _Static, group: int):
+                delta_ref, cos_ref, sin_ref, dy_in_ref, *out_refs, st: _Static, group: int):
+    """out_refs: dk and dv; or, stacked, the stacked gradient the dq kernel began (dy_in_ref is the same buffer)."""
+    del dy_in_ref
     b, kv_head, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k_first = j * st.block_k
-    k, v = k_ref[...], v_ref[...]
+    k = _halves(k_ref, slice(None)) if st.stacked else k_ref[...]
+    v = v_ref[...]
     k_seg = seg_ref[b, pl.ds(k_first, st.block_k)]
     ranges = lo_ref[b, j], full_lo_ref[b, j], full_hi_ref[b, j], hi_ref[b, j]
 
@@ -319,7 +358,7 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
             def step(i, carry):
                 dk, dv = carry
                 queries = pl.ds(i * st.block_q, st.block_q)
-                q = q_ref[b, queries, h, :]
+                q = _halves(q_ref, b, queries, h) if st.stacked else q_ref[b, queries, h, :]
                 do = do_ref[b, queries, h, :]
                 scores = _times(*_scores(q, k, st, slope, i * st.block_q, k_first))
                 p = jnp.exp2(scores - (lse_ref[b, h, queries] * LOG2E)[:, None])
@@ -327,15 +366,27 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
                     p = jnp.where(_visible(seg_ref[b, queries], k_seg, i * st.block_q, k_first, st.half), p, 0.0)
                 dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
                 ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None])
+                if st.stacked:
+                    return tuple(part + _dot(ds.astype(do.dtype), q_part, ((0,), (0,)))
+                                 for part, q_part in zip(dk, q)), dv
                 return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv
             return step
 
         return three_loops(*ranges, body, carry)
 
-    zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, group, head_step, (zeros, zeros))
-    dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    zeros = lambda like: jnp.zeros(like.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, group, head_step, (tuple(map(zeros, k)) if st.stacked else zeros(k), zeros(v)))
+    if st.stacked:  # the k and v slots of the stacked gradient, RoPE's backward applied to k's
+        [dy_ref] = out_refs
+        keys, half = pl.ds(k_first, st.block_k), dy_ref.shape[-1] // 2
+        first, second = _rope_backward(dk[0] * st.scale, dk[1] * st.scale, cos_ref[...], sin_ref[...])
+        dy_ref[b, keys, 1, kv_head, pl.ds(0, half)] = first.astype(dy_ref.dtype)
+        dy_ref[b, keys, 1, kv_head, pl.ds(half, half)] = second.astype(dy_ref.dtype)
+        dy_ref[b, keys, 2, kv_head, :] = dv.astype(dy_ref.dtype)
+    else:
+        dk_ref, dv_ref = out_refs
+        dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 def check_offsets_fit(where: str, interpret: bool, **arrays) -> None:
@@ -383,42 +434,64 @@ def _forward(q, k, v, seg, slopes, st: _Static):
     )(*ranges, seg, slopes, q, k, v)
 
 
-def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None):
+def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
+    """(dq, dk, dv); with st.stacked (v the stacked projection, cos and sin [batch, seq, head_dim / 2] RoPE tables)
+    the stacked projection's gradient instead, RoPE's backward applied to its q and k slots."""
     st = st.for_backward()  # its own tiles: the block ranges below are recomputed for them
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     window = None if st.half is None else 2 * st.half
+
     ranges = block_ranges(seg, window, st.block_q, st.block_k)
     q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
     row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
+    half = head_dim // 2
+    table = lambda block: None if cos is None else pl.BlockSpec((None, block, half), lambda b, h, i: (b, i, 0))
+    if st.stacked:  # the dq kernel writes the q slot of the stacked gradient; the dk/dv kernel the other two
+        dq_block = pl.BlockSpec((None, st.block_q, None, None, head_dim), lambda b, h, i: (b, i, 0, h, 0))
+        dq_shape = jax.ShapeDtypeStruct(v.shape, q.dtype)
+    else:
+        dq_block, dq_shape = q_block, jax.ShapeDtypeStruct(q.shape, q.dtype)
     # The dq kernel also writes delta (the softmax backward's row term) for the dk/dv kernel.
     dq, delta = pl.pallas_call(
         functools.partial(_dq_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
         in_specs=[_whole()] * 6 + [q_block, q_block, q_block, row_block, None if dlse is None else row_block,
-                                   _whole(), _whole()],
-        out_specs=[q_block, row_block],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
+                                   _whole(), _whole(), table(st.block_q), table(st.block_q)],
+        out_specs=[dq_block, row_block],
+        out_shape=[dq_shape, jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_dq",
-    )(*ranges, seg, slopes, q, do, out, lse, dlse, k, v)
+    )(*ranges, seg, slopes, q, do, out, lse, dlse, k, v, cos, sin)
 
     # The visibility rule is symmetric, so the query-block ranges of a key block are the same functions transposed.
     k_ranges = block_ranges(seg, window, st.block_k, st.block_q)
     k_block = pl.BlockSpec((None, st.block_k, None, head_dim), lambda b, g, j: (b, j, g, 0))
-    dk, dv = pl.pallas_call(
+    k_table = None if cos is None else pl.BlockSpec((None, st.block_k, half), lambda b, g, j: (b, j, 0))
+    operands = (*k_ranges, seg, slopes, k, v, q, do, lse, delta, cos, sin)
+    if st.stacked:
+        v_block = pl.BlockSpec((None, st.block_k, None, None, head_dim), lambda b, g, j: (b, j, 2, g, 0))
+        # The dq kernel's output comes in and goes out as one buffer, this kernel filling its k and v slots.
+        extra = dict(out_specs=_whole(), out_shape=dq_shape, input_output_aliases={len(operands): 0})
+        operands = (*operands, dq)
+    else:
+        v_block = k_block
+        extra = dict(out_specs=[k_block, k_block],
+                     out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)])
+        operands = (*operands, None)
+    grads = pl.pallas_call(
         functools.partial(_dkv_kernel, st=st, group=group),
         grid=(batch, kv_heads, seq // st.block_k),
-        in_specs=[_whole()] * 6 + [k_block, k_block, _whole(), _whole(), _whole(), _whole()],
-        out_specs=[k_block, k_block],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        in_specs=[_whole()] * 6 + [k_block, v_block, _whole(), _whole(), _whole(), _whole(), k_table, k_table,
+                                   _whole() if st.stacked else None],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_dkv",
-    )(*k_ranges, seg, slopes, k, v, q, do, lse, delta)
-    return dq, dk, dv
+        **extra,
+    )(*operands)
+    return grads if st.stacked else (dq, *grads)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -439,6 +512,28 @@ def _flash_attention_bwd(st: _Static, residuals, do):
 
 
 _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash_rope_attention(y, cos, sin, seg, slopes, st: _Static):
+    return _flash_rope_attention_fwd(y, cos, sin, seg, slopes, st)[0]
+
+
+def _flash_rope_attention_fwd(y, cos, sin, seg, slopes, st: _Static):
+    # q and k rotated by XLA (one fusion each, reading their slots of y); v read by the kernels from y itself.
+    q, k = rotate(y[:, :, 0], cos, sin), rotate(y[:, :, 1], cos, sin)
+    out, lse = _forward(q, k, y, seg, slopes, st)
+    return out, (q, k, y, cos, sin, seg, slopes, out, lse)
+
+
+def _flash_rope_attention_bwd(st: _Static, residuals, do):
+    q, k, y, cos, sin, seg, slopes, out, lse = residuals
+    dy = _backward(q, k, y, seg, slopes, out, lse, do, st, cos=cos, sin=sin)
+    # The tables are functions of integer positions: nothing to train.
+    return dy, None, None, None, jnp.zeros_like(slopes)
+
+
+_flash_rope_attention.defvjp(_flash_rope_attention_fwd, _flash_rope_attention_bwd)
 
 
 # (out, lse [batch, heads, seq]): the local part of an attention whose softmax continues over global keys.
@@ -524,3 +619,44 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
     else:  # a global layer already sees every global token
         out = _flash_attention(q, k, v, seg, slopes, st)
     return out[:, :seq, :, :head_dim]
+
+
+def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, local_window, scale, interpret=False,
+                              block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
+                              num_warps: int | None = None, num_stages: int | None = None):
+    """attention(rope(q), rope(k), v) of a stacked projection qkv [batch, seq, 3, heads, head_dim] (q, k, v in that
+    order; head_dim a power of two >= 16; no ALiBi, GQA or global tokens), differentiated to qkv as a whole.
+
+    The same kernels as `pallas_gpu_attention`, with the stacked projection's memory traffic cut: they read v from
+    qkv (no copy of it), and the backward's dq and dk/dv kernels write qkv's gradient themselves, RoPE's backward
+    applied as they store (one product with a signed permutation per program): XLA otherwise rotates dq and dk
+    back and concatenates them with dv into that gradient, reading and writing it all once more (310 MB a layer of
+    modernbert-base's step at 32 x 1024, 3.5 ms of it on an H100: docs/benchmarks.md). Under a mesh the kernels
+    run per device as `pallas_gpu_attention`'s do.
+    """
+    batch, seq, three, heads, head_dim = qkv.shape
+    if three != 3 or head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"pallas_gpu_rope_attention: qkv must be [batch, seq, 3, heads, head_dim] with head_dim a "
+                         f"power of two >= 16, got {qkv.shape}")
+    for name, size in (("block_q", block_q), ("block_k", block_k)):
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"pallas_gpu_rope_attention: {name} must be a power of two >= 16, got {size}")
+
+    def kernel(qkv, positions, segment_ids):  # one device's shard of batch (and heads)
+        batch, seq = segment_ids.shape
+        widest = max(block_q, block_k)
+        tail = -(-seq // widest) * widest - seq
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, tail)] + [(0, 0)] * (x.ndim - 2)) if tail else x
+        cos, sin = rope_tables(positions, head_dim, theta)
+        st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
+                     block_k=block_k, interpret=bool(interpret), num_warps=num_warps or (4 if head_dim <= 64 else 8),
+                     num_stages=num_stages or (DEFAULT_NUM_STAGES_UP_TO_64 if head_dim <= 64
+                                               else DEFAULT_NUM_STAGES_WIDER), stacked=True)
+        qkv = pad(qkv)
+        check_offsets_fit("pallas_gpu_rope_attention", interpret, qkv=qkv)
+        slopes = jnp.zeros((max(16, pl.next_power_of_2(qkv.shape[3])),), jnp.float32)
+        out = _flash_rope_attention(qkv, pad(cos), pad(sin), pad(segment_ids.astype(jnp.int32)), slopes, st)
+        return out[:, :seq]
+
+    stacked = ("batch", None, None, "heads", None)
+    return per_device(kernel, (qkv, positions, segment_ids), (stacked, ROWS, ROWS), QKV, batch=batch, heads=heads)
