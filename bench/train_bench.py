@@ -7,6 +7,7 @@
                                                       # transformers' ModernBertForMaskedLM on identical batches
     python -m bench.train_bench --gpu --gpu-batch 16 32 --attention pallas_gpu xla   # a sweep, one table
     python -m bench.train_bench --gpu --gpu-batch 32 --norm xla pallas_gpu   # XLA's norms against the norm kernel
+    python -m bench.train_bench --gpu --gpu-batch 32 --fused-qkv on off --norm pallas_gpu xla --no-transformers
     python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192        # the largest batch that trains;
     python -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192   # one framework per process
     python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --topology h100   # no GPU: by compiled memory
@@ -323,9 +324,10 @@ def measure_bertjax(case: Case, steps: int, peak: float) -> dict | None:
 
 
 def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
-            norms: tuple[str, ...] = ("xla",), with_transformers: bool = True) -> list[dict]:
-    """For each batch size: bertjax with each attention and norm implementation on packed rows (4 documents per
-    row, as pretraining feeds it), then each on one document per row, and transformers (each attention it has) on
+            norms: tuple[str, ...] = ("xla",), with_transformers: bool = True,
+            fused_qkv: tuple[bool, ...] = (False,)) -> list[dict]:
+    """For each batch size: bertjax with each attention and norm implementation, stacked q/k/v or not, on packed rows
+    (4 documents per row, as pretraining feeds it), then each on one document per row, and transformers (each attention it has) on
     those same one-document rows and initial weights. The first implementation's packed rows and transformers come
     first, so a run stopped at its time cap (SIGINT) still has the comparison; it then prints what it measured."""
     peak = flops_lib.peak_flops_per_device()
@@ -336,9 +338,14 @@ def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
     rows, best = [], None
     try:
         for batch in batches:
-            packed = [Case(f"modernbert-base bf16, {attention}" + ("" if norm == "xla" else f", {norm} norm"),
-                           gpu_config(seq_len, attention, norm), batch=batch, seq_len=seq_len, documents_per_row=4)
-                      for attention, norm in itertools.product(attentions, norms)]
+            packed = [Case(f"modernbert-base bf16, {attention}" + (", stacked qkv" if fused else "")
+                           + ("" if norm == "xla" else f", {norm} norm"),
+                           gpu_config(seq_len, attention, norm, fused), batch=batch, seq_len=seq_len,
+                           documents_per_row=4)
+                      for attention, fused, norm in itertools.product(attentions, fused_qkv, norms)]
+            # The first and the last combination first (`--fused-qkv on off --norm pallas_gpu xla`: everything new
+            # against everything as it was), so a stage stopped at its cap still has that comparison.
+            packed = packed[:1] + packed[-1:] + packed[1:-1] if len(packed) > 2 else packed
             cases = packed + [dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
                               for case in packed]
             ours = [row for row in [measure_bertjax(cases[0], steps, peak)] if row]
@@ -576,6 +583,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--norm", nargs="+", default=["xla"], choices=["xla", "pallas_gpu"],
                         help="GPU: bertjax norm implementations to time (pallas_gpu: the residual add + norm "
                         "kernel), each with each --attention; --gpu-max-batch bertjax takes one")
+    parser.add_argument("--fused-qkv", nargs="+", default=["off"], choices=["on", "off"],
+                        help="GPU: attention on the stacked q/k/v projection (EncoderConfig.attention_fused_qkv) "
+                        "on, off or both, each with each --attention and --norm")
     parser.add_argument("--gpu-max-batch", choices=["bertjax", "transformers"], default=None,
                         help="GPU: find the largest batch of --gpu-seq rows that trains, for one framework")
     parser.add_argument("--remat", default="none", help="--gpu-max-batch: bertjax remat policy; any policy but "
@@ -620,7 +630,8 @@ def main(argv=None) -> None:
                                  limit=4 if args.dry_run else 4096, near=args.near, norm=args.norm[0])
     elif args.gpu:
         rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention, tuple(args.norm),
-                       with_transformers=not args.no_transformers)
+                       with_transformers=not args.no_transformers,
+                       fused_qkv=tuple(choice == "on" for choice in args.fused_qkv))
     elif args.electra:
         rows = run_electra(args.steps or 5)
     else:

@@ -13,16 +13,18 @@
 # its end), so a slow stage costs the stages after it nothing but those seconds. Stages, in the order of the main
 # plan:
 #   env        GPU, driver and package versions; what JAX sees
-#   norm       bench.norm_bench --tune: the residual add + norm kernel (pallas_gpu_norm, new after the second
-#              lease) against XLA's fusions at the train step's shape, and its block_rows x num_warps
-#   train_norm bench.train_bench --gpu: the modernbert-base step (32 rows of 1024) with the norm kernel in every
-#              norm, then with XLA's norms, bertjax only (the second lease measured transformers: 200.2 ms). The
-#              deviceless count says 8.5 GB a step less with the kernel (~2.8 ms at 3 TB/s); both rows include the
-#              attention backward's delta now computed in the dq kernel (1.1 GB less; 76.2 ms before it)
+#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels (attention split and stacked, DeBERTa's,
+#              the norm) against XLA at model sizes, first: three kernel paths are new since the second lease (the
+#              export tests compile the same kernels for sm_90 in CI)
+#   norm       bench.norm_bench --tune: the residual add + norm kernel (pallas_gpu_norm) against XLA's fusions at
+#              the train step's shape, and its block_rows x num_warps
+#   train_kernels  bench.train_bench --gpu: the modernbert-base step (32 rows of 1024) with everything new
+#              (attention on the stacked q/k/v, the norm kernel) against everything as it was, then each alone;
+#              bertjax only (the second lease measured transformers: 200.2 ms). Deviceless counts: the norm
+#              kernel 8.5 GB a step less, the stacked q/k/v 9.1 GB less; all rows include the dq kernel's delta
+#              (1.1 GB less; the step was 76.2 ms before it)
 #   memory     bench.train_bench --gpu-max-batch at 8192: transformers from its last answer (9), then bertjax from
 #              24 (the deviceless compile's answer is 25), JAX preallocating one region of 95% of the card
-#   check      tests/test_gpu_kernels.py: the Triton-compiled kernels (attention, DeBERTa's, the norm) against XLA
-#              at model sizes (the export tests compile the same kernels for sm_90 in CI)
 # and, in call 2:
 #   inference  bench.embed_bench --gpu: the ModernBERT paper's Table 2 setting at 512, bert-base first (never
 #              measured), then modernbert-base's variable lengths; 8192 after them (measured on the second lease)
@@ -43,15 +45,15 @@
 # inference check (551 s), then attention:100 profile:60 tune:90 (203 s): train took ~180 s (both frameworks and the
 # one-document rows), each bertjax memory try ~50 s (a compile each), inference ~80 s at 8192 and ~25 s a setting at
 # 512, check 3 of its 8 tests in 70 s on 4 workers, attention 81 s, profile 28 s. What that lease measured (training
-# against transformers, attention) left the main plan, which is what it did not finish, and the norm kernel.
+# against transformers, attention) left the main plan, which is what it did not finish and the new kernels.
 # Each stage writes $OUT/<stage>.log (or ./gpu-logs/); the inference stage also inference.json: at most 8 files
 # come back from a call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-declare -A CAP=([env]=20 [norm]=60 [train_norm]=120 [check]=110 [train]=190 [attention]=60 [inference]=130
-                [memory]=250 [tune]=110 [tune_train]=140 [profile]=50)
-MAIN_PLAN=(env norm train_norm memory check)  # caps sum to 560 s: call 1 with timeout_s 590
+declare -A CAP=([env]=20 [check]=100 [norm]=40 [train_kernels]=180 [train]=190 [attention]=60 [inference]=130
+                [memory]=220 [tune]=110 [tune_train]=140 [profile]=50)
+MAIN_PLAN=(env check norm train_kernels memory)  # caps sum to 560 s: call 1 with timeout_s 590
 
 DRY_RUN=0
 if [ "${1:-}" = "--dry-run" ]; then
@@ -141,10 +143,11 @@ for item in "${STAGES[@]}"; do
     norm)
       run norm "$cap" python3 -m bench.norm_bench --tune
       ;;
-    train_norm)
-      # Packed rows of both first (the comparison), then one document per row, if the cap leaves time.
-      run train_norm "$cap" python3 -m bench.train_bench --gpu --gpu-batch 32 --attention auto \
-        --norm pallas_gpu xla --no-transformers --steps 10
+    train_kernels)
+      # Packed rows of every combination first (everything new, everything as it was, then each alone), then one
+      # document per row, if the cap leaves time.
+      run train_kernels "$cap" python3 -m bench.train_bench --gpu --gpu-batch 32 --attention auto \
+        --fused-qkv on off --norm pallas_gpu xla --no-transformers --steps 10
       ;;
     attention)
       run attention "$cap" python3 -m bench.attention_bench --seqs 16384 8192 512 2048 \

@@ -87,6 +87,46 @@ def test_norm_kernel_matches_xla_forward_and_gradients(dtype):
     assert max(errors.values()) < BOUND[dtype], errors
 
 
+@pytest.mark.parametrize("window", [None, 128], ids=["global", "local128"])
+def test_stacked_qkv_attention_matches_dense_forward_and_gradient(window):
+    """Attention on the stacked q/k/v projection (pallas_gpu_rope_attention: v read from the stack, the stack's
+    gradient written by the dq and dk/dv kernels with RoPE's backward) at ModernBERT-base's heads in bfloat16,
+    packed documents with per-document positions, against RoPE and dense XLA attention in float32."""
+    from bertjax.ops.pallas_gpu_attention import pallas_gpu_rope_attention
+
+    rng = np.random.default_rng(7)
+    batch, seq, heads, dim = 2, 1000, 12, 64
+    qkv = jnp.asarray(rng.standard_normal((batch, seq, 3, heads, dim)), jnp.bfloat16)
+    segments = packed_segments(batch, seq, rng)
+    real = segments != 0
+    positions = np.zeros((batch, seq), np.int32)
+    for row in range(batch):  # positions restart at each document, as packed pretraining rows have them
+        starts = np.r_[0, np.flatnonzero(np.diff(segments[row])) + 1]
+        for start, end in zip(starts, np.r_[starts[1:], seq]):
+            positions[row, start:end] = np.arange(end - start)
+    weight = jnp.asarray(rng.standard_normal((batch, seq, heads, dim)) * real[..., None, None], jnp.float32)
+
+    def value_and_grad(fn, qkv):
+        def loss(qkv):
+            out = fn(qkv)
+            return jnp.sum(out.astype(jnp.float32) * weight), out
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(qkv)
+
+    def split(qkv):
+        q, k, v = (part.squeeze(2) for part in jnp.split(qkv, 3, axis=2))
+        q, k = ops.apply_rope(q, positions, 10_000.0), ops.apply_rope(k, positions, 10_000.0)
+        return ops.attention(q, k, v, segment_ids=segments, local_window=window, implementation="xla")
+
+    (_, out), grad = value_and_grad(lambda y: pallas_gpu_rope_attention(
+        y, positions, 10_000.0, segment_ids=segments, local_window=window, scale=dim ** -0.5), qkv)
+    with jax.default_matmul_precision("highest"):
+        (_, want), want_grad = value_and_grad(split, qkv.astype(jnp.float32))
+    errors = {"out": relative_error(out, want, real)}
+    for slot, name in enumerate("qkv"):
+        errors[f"d{name}"] = relative_error(grad[:, :, slot], want_grad[:, :, slot], np.ones(real.shape, bool))
+    assert max(errors.values()) < BOUND[jnp.bfloat16], errors
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_pallas_gpu_matches_dense_forward_and_gradients(case):
     _, batch, seq, heads, kv_heads, dim, window, dtype, alibi, glob = case

@@ -41,7 +41,7 @@ def test_every_planned_command_parses(stages):
     result = dry_run(*stages)
     assert result.returncode == 0, result.stderr
     commands = planned_commands(result.stdout)
-    assert {stage for stage, _, _ in commands} == set(stages or ("env", "norm", "train_norm", "memory", "check"))
+    assert {stage for stage, _, _ in commands} == set(stages or ("env", "check", "norm", "train_kernels", "memory"))
     for _, _, argv in commands:
         while argv[0] == "env" or "=" in argv[0]:  # `env NAME=VALUE ... command`: the command is what must parse
             argv = argv[1:]
@@ -122,16 +122,18 @@ def test_gpu_paths_run_on_cpu_in_a_dry_run(monkeypatch, capsys):
 
 
 def test_the_gpu_comparison_without_transformers_times_packed_rows_first(monkeypatch, capsys):
-    """`--no-transformers` (the norm kernel's A/B on a lease): every implementation's packed rows come before any
-    one-document row, so a capped stage still compares them, and the summary names the best without a ratio."""
+    """`--no-transformers` (the new kernels' A/B on a lease): every combination's packed rows come before any
+    one-document row, the first and last combination first, so a capped stage still compares them; the summary
+    names the best without a ratio."""
     import bench.train_bench as train_bench
 
     monkeypatch.setattr(train_bench, "DRY_RUN", True)
     rows = train_bench.run_gpu(steps=1, batches=[2], seq_len=64, attentions=["xla", "xla_blockwise"],
-                               with_transformers=False)
-    assert [row["case"] for row in rows] == [
-        "modernbert-base bf16, xla", "modernbert-base bf16, xla_blockwise", "modernbert-base bf16, xla, 1 doc/row",
-        "modernbert-base bf16, xla_blockwise, 1 doc/row"]
+                               with_transformers=False, fused_qkv=(True, False))
+    # The first and the last combination, then the others; then the same on one document per row.
+    packed = ["modernbert-base bf16, xla, stacked qkv", "modernbert-base bf16, xla_blockwise",
+              "modernbert-base bf16, xla", "modernbert-base bf16, xla_blockwise, stacked qkv"]
+    assert [row["case"] for row in rows] == packed + [f"{name}, 1 doc/row" for name in packed]
     assert not any("speedup_vs_transformers" in row for row in rows)
     out = capsys.readouterr().out
     assert "best bertjax: " in out and "transformers" not in out.split("best bertjax: ")[1]
