@@ -14,6 +14,7 @@ and what ptxas (shipped in the `triton` package) reports per kernel: registers p
         # DeBERTa-v3-base's disentangled attention (pallas_gpu_disentangled: 12 heads x 64, 256 buckets, span
         # 256, max_position 512): forward, dq and dk/dv with their tile sides; --band-part,
         # --backward-block, --backward-tile-area override the module's BAND_PART, BACKWARD_BLOCK, BACKWARD_TILE_AREA
+    python -m bench.pallas_gpu_static --stacked [--layer ...] [--num-stages 3]   # attention on the stacked q/k/v
     python -m bench.pallas_gpu_static --kernel norm [--features 768] [--dtype ...] [--block-rows N] [--num-warps N]
         # the residual add + norm kernels (pallas_gpu_norm), forward and backward, LayerNorm without bias as
         # ModernBERT's: a memory-bound kernel wants enough resident programs and no spills
@@ -190,6 +191,21 @@ def attention_gradient(layer: str, block_q: int, block_k: int, num_warps, num_st
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
+def stacked_gradient(layer: str, block_q: int, block_k: int, num_warps, num_stages: int):
+    """Like attention_gradient, for attention on the stacked q/k/v projection (pallas_gpu_rope_attention): the same
+    three kernels reading v from the stack, the backward's two writing its gradient with RoPE's backward."""
+    from bertjax.ops.pallas_gpu_attention import pallas_gpu_rope_attention
+
+    def loss(qkv, positions, segment_ids):
+        out = pallas_gpu_rope_attention(qkv, positions, 10_000.0, segment_ids=segment_ids,
+                                        local_window=None if layer == "global" else 128, scale=0.125,
+                                        block_q=block_q, block_k=block_k, num_warps=num_warps,
+                                        num_stages=num_stages)
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    return jax.grad(loss)
+
+
 DEBERTA_V3_BASE = dict(heads=12, head_dim=64, span=256, buckets=256, max_position=512)
 
 
@@ -308,6 +324,8 @@ def main(argv=None) -> None:
     deberta.add_argument("--band-part", type=int, default=None, help="override BAND_PART (one-hot cube width)")
     deberta.add_argument("--backward-block", type=int, default=None, help="override BACKWARD_BLOCK (backward tile cap)")
     deberta.add_argument("--backward-tile-area", type=int, default=None, help="override BACKWARD_TILE_AREA")
+    parser.add_argument("--stacked", action="store_true",
+                        help="attention on the stacked q/k/v projection (pallas_gpu_rope_attention)")
     norm = parser.add_argument_group("--kernel norm")
     norm.add_argument("--features", type=int, default=768)
     norm.add_argument("--block-rows", type=int, default=None, help="rows a program holds (default: the library's)")
@@ -322,11 +340,20 @@ def main(argv=None) -> None:
 
     dtype = jnp.dtype(args.dtype)
     q = jax.ShapeDtypeStruct((2, 1024, 4, args.head_dim), dtype)
-    kernels = triton_ir(attention_gradient(args.layer, args.block_q, args.block_k, args.num_warps, args.num_stages,
-                                           **backward), q, q, q, jax.ShapeDtypeStruct((2, 1024), jnp.int32))
+    rows = jax.ShapeDtypeStruct((2, 1024), jnp.int32)
+    if args.stacked:
+        if backward:
+            raise SystemExit("--stacked takes the forward's tiles for the backward (no --backward-* settings)")
+        kernels = triton_ir(stacked_gradient(args.layer, args.block_q, args.block_k, args.num_warps,
+                                             args.num_stages), jax.ShapeDtypeStruct((2, 1024, 3, 4, args.head_dim),
+                                                                                    dtype), rows, rows)
+    else:
+        kernels = triton_ir(attention_gradient(args.layer, args.block_q, args.block_k, args.num_warps,
+                                               args.num_stages, **backward), q, q, q, rows)
     if kernels is None:
         raise SystemExit(f"jax {jax.__version__}: the lowered program carries no Triton IR to compile here")
-    print(f"# pallas_gpu, {args.layer} layer, {args.dtype}, head_dim {args.head_dim}, forward tiles {args.block_q} "
+    print(f"# pallas_gpu{' on the stacked q/k/v' if args.stacked else ''}, {args.layer} layer, {args.dtype}, "
+          f"head_dim {args.head_dim}, forward tiles {args.block_q} "
           f"x {args.block_k}, num_stages {args.num_stages}, backward {backward or 'as the library defaults'}; "
           f"triton for sm_90")
     compiled = {}

@@ -192,9 +192,7 @@ def _scores(q, k, st: _Static, slope, q_first, k_first):
     scale * LOG2E, so the forward takes its row max before scaling and folds the scaling into the exponent's fused
     multiply-add (one multiply per score fewer); with ALiBi (slope from `_alibi_slope`) s already holds the scaled
     scores plus the bias, and factor is 1."""
-    # q and k may each come as the two halves of head_dim (the stacked backward's RoPE layout): their products add.
-    s = (_dot(q[0], k[0], ((1,), (1,))) + _dot(q[1], k[1], ((1,), (1,))) if isinstance(q, tuple)
-         else _dot(q, k, ((1,), (1,))))
+    s = _dot(q, k, ((1,), (1,)))
     if slope is None:
         return s, st.scale * LOG2E
     shape = (q.shape[0], k.shape[0])
@@ -214,19 +212,19 @@ def _dot(a, b, contract=((1,), (0,))):
 
 
 
-def _halves(ref, *index):
-    """A block's two halves along head_dim (the last axis), each loaded on its own: Triton cannot slice a tensor."""
-    half = ref.shape[-1] // 2
-    return ref[(*index, pl.ds(0, half))], ref[(*index, pl.ds(half, half))]
-
-
-def _rope_backward(first, second, cos, sin):
-    """The gradient of q (or k) before RoPE, as two halves, from the halves of the gradient after it; cos and sin
-    [rows, head_dim / 2]. RoPE maps (q1, q2) to (q1 cos - q2 sin, q2 cos + q1 sin), so the halves of the gradient
-    are (g1 cos + g2 sin, g2 cos - g1 sin): elementwise when the gradient is accumulated in halves, which the
-    stacked backward kernels do (a swap of halves of one accumulator would need a permutation product, which
-    spilled both kernels' registers when compiled for sm_90)."""
-    return first * cos + second * sin, second * cos - first * sin
+def _rope_backward(grad, cos, sin, dtype):
+    """The gradient of q (or k) before RoPE from the one after it, float32 [rows, head_dim]; cos and sin [rows,
+    head_dim] (each half's table twice). RoPE is q cos + rot(q) sin with rot(q) = [-q2, q1], so the gradient is
+    g cos + rot^T(g sin) with rot^T(u) = [u2, -u1]: a swap of halves, which Triton (no lane shuffle) does as a
+    product with a signed permutation, once per program at its store. The product runs in the inputs' dtype:
+    exact for a permutation, and for bfloat16 on the tensor cores (a float32 one spilled both kernels' registers
+    when compiled for sm_90); it rounds g sin to bfloat16 once, as the split path rounds the gradient before
+    RoPE's backward."""
+    dim, half = grad.shape[1], grad.shape[1] // 2
+    row = lax.broadcasted_iota(jnp.int32, (dim, dim), 0)
+    col = lax.broadcasted_iota(jnp.int32, (dim, dim), 1)
+    swap = jnp.where(col == row + half, -1.0, jnp.where(col == row - half, 1.0, 0.0)).astype(dtype)
+    return grad * cos + _dot((grad * sin).astype(dtype), swap)
 
 
 def _v_block(v_ref, b, keys, kv_head, st: _Static):
@@ -300,8 +298,7 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     kv_head = lax.div(h, group)
     q_first = i * st.block_q
-    q = _halves(q_ref, slice(None)) if st.stacked else q_ref[...]
-    do = do_ref[...]
+    q, do = q_ref[...], do_ref[...]
     # delta_i = sum_d dO_id O_id, the softmax backward's row term, from the dO block this program holds anyway and
     # the output block (read once here, where XLA would read dO and O again in a kernel of its own); the dk/dv
     # kernel reads what this one writes. A log-sum-exp cotangent g enters as ds = p (dP - (delta - g)).
@@ -316,27 +313,20 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_
     def body(masked):
         def step(j, dq):
             keys = pl.ds(j * st.block_k, st.block_k)
-            k = _halves(k_ref, b, keys, kv_head) if st.stacked else k_ref[b, keys, kv_head, :]
+            k = k_ref[b, keys, kv_head, :]
             v = _v_block(v_ref, b, keys, kv_head, st)
             p = jnp.exp2(_times(*_scores(q, k, st, slope, q_first, j * st.block_k)) - lse2[:, None])
             if masked:
                 p = jnp.where(_visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half), p, 0.0)
             ds = p * (_dot(do, v, ((1,), (1,))) - delta[:, None])
-            if st.stacked:
-                return tuple(part + _dot(ds.astype(do.dtype), k_part) for part, k_part in zip(dq, k))
             return dq + _dot(ds.astype(k.dtype), k)
         return step
 
-    zeros = lambda like: jnp.zeros(like.shape, jnp.float32)
     dq = three_loops(lo_ref[b, i], full_lo_ref[b, i], full_hi_ref[b, i], hi_ref[b, i], body,
-                     tuple(map(zeros, q)) if st.stacked else zeros(q))
+                     jnp.zeros(q.shape, jnp.float32)) * st.scale
     if st.stacked:  # this block of the stacked gradient's q slot, RoPE's backward applied
-        half = dq_ref.shape[-1] // 2
-        first, second = _rope_backward(dq[0] * st.scale, dq[1] * st.scale, cos_ref[...], sin_ref[...])
-        dq_ref[:, pl.ds(0, half)] = first.astype(dq_ref.dtype)
-        dq_ref[:, pl.ds(half, half)] = second.astype(dq_ref.dtype)
-    else:
-        dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
+        dq = _rope_backward(dq, cos_ref[...], sin_ref[...], q.dtype)
+    dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse_ref,
@@ -345,8 +335,7 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
     del dy_in_ref
     b, kv_head, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k_first = j * st.block_k
-    k = _halves(k_ref, slice(None)) if st.stacked else k_ref[...]
-    v = v_ref[...]
+    k, v = k_ref[...], v_ref[...]
     k_seg = seg_ref[b, pl.ds(k_first, st.block_k)]
     ranges = lo_ref[b, j], full_lo_ref[b, j], full_hi_ref[b, j], hi_ref[b, j]
 
@@ -358,7 +347,7 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
             def step(i, carry):
                 dk, dv = carry
                 queries = pl.ds(i * st.block_q, st.block_q)
-                q = _halves(q_ref, b, queries, h) if st.stacked else q_ref[b, queries, h, :]
+                q = q_ref[b, queries, h, :]
                 do = do_ref[b, queries, h, :]
                 scores = _times(*_scores(q, k, st, slope, i * st.block_q, k_first))
                 p = jnp.exp2(scores - (lse_ref[b, h, queries] * LOG2E)[:, None])
@@ -366,26 +355,22 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
                     p = jnp.where(_visible(seg_ref[b, queries], k_seg, i * st.block_q, k_first, st.half), p, 0.0)
                 dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
                 ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None])
-                if st.stacked:
-                    return tuple(part + _dot(ds.astype(do.dtype), q_part, ((0,), (0,)))
-                                 for part, q_part in zip(dk, q)), dv
                 return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv
             return step
 
         return three_loops(*ranges, body, carry)
 
-    zeros = lambda like: jnp.zeros(like.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, group, head_step, (tuple(map(zeros, k)) if st.stacked else zeros(k), zeros(v)))
+    zeros = jnp.zeros(k.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, group, head_step, (zeros, zeros))
+    dk = dk * st.scale
     if st.stacked:  # the k and v slots of the stacked gradient, RoPE's backward applied to k's
         [dy_ref] = out_refs
-        keys, half = pl.ds(k_first, st.block_k), dy_ref.shape[-1] // 2
-        first, second = _rope_backward(dk[0] * st.scale, dk[1] * st.scale, cos_ref[...], sin_ref[...])
-        dy_ref[b, keys, 1, kv_head, pl.ds(0, half)] = first.astype(dy_ref.dtype)
-        dy_ref[b, keys, 1, kv_head, pl.ds(half, half)] = second.astype(dy_ref.dtype)
+        keys = pl.ds(k_first, st.block_k)
+        dy_ref[b, keys, 1, kv_head, :] = _rope_backward(dk, cos_ref[...], sin_ref[...], k.dtype).astype(dy_ref.dtype)
         dy_ref[b, keys, 2, kv_head, :] = dv.astype(dy_ref.dtype)
     else:
         dk_ref, dv_ref = out_refs
-        dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
+        dk_ref[...] = dk.astype(dk_ref.dtype)
         dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
@@ -435,8 +420,8 @@ def _forward(q, k, v, seg, slopes, st: _Static):
 
 
 def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
-    """(dq, dk, dv); with st.stacked (v the stacked projection, cos and sin [batch, seq, head_dim / 2] RoPE tables)
-    the stacked projection's gradient instead, RoPE's backward applied to its q and k slots."""
+    """(dq, dk, dv); with st.stacked (v the stacked projection, cos and sin [batch, seq, head_dim] RoPE tables, each
+    half's twice) the stacked projection's gradient instead, RoPE's backward applied to its q and k slots."""
     st = st.for_backward()  # its own tiles: the block ranges below are recomputed for them
     batch, seq, heads, head_dim = q.shape
     kv_heads = k.shape[2]
@@ -446,8 +431,7 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=No
     ranges = block_ranges(seg, window, st.block_q, st.block_k)
     q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
     row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
-    half = head_dim // 2
-    table = lambda block: None if cos is None else pl.BlockSpec((None, block, half), lambda b, h, i: (b, i, 0))
+    table = lambda block: None if cos is None else pl.BlockSpec((None, block, head_dim), lambda b, h, i: (b, i, 0))
     if st.stacked:  # the dq kernel writes the q slot of the stacked gradient; the dk/dv kernel the other two
         dq_block = pl.BlockSpec((None, st.block_q, None, None, head_dim), lambda b, h, i: (b, i, 0, h, 0))
         dq_shape = jax.ShapeDtypeStruct(v.shape, q.dtype)
@@ -469,7 +453,7 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=No
     # The visibility rule is symmetric, so the query-block ranges of a key block are the same functions transposed.
     k_ranges = block_ranges(seg, window, st.block_k, st.block_q)
     k_block = pl.BlockSpec((None, st.block_k, None, head_dim), lambda b, g, j: (b, j, g, 0))
-    k_table = None if cos is None else pl.BlockSpec((None, st.block_k, half), lambda b, g, j: (b, j, 0))
+    k_table = None if cos is None else pl.BlockSpec((None, st.block_k, head_dim), lambda b, g, j: (b, j, 0))
     operands = (*k_ranges, seg, slopes, k, v, q, do, lse, delta, cos, sin)
     if st.stacked:
         v_block = pl.BlockSpec((None, st.block_k, None, None, head_dim), lambda b, g, j: (b, j, 2, g, 0))
@@ -528,7 +512,8 @@ def _flash_rope_attention_fwd(y, cos, sin, seg, slopes, st: _Static):
 
 def _flash_rope_attention_bwd(st: _Static, residuals, do):
     q, k, y, cos, sin, seg, slopes, out, lse = residuals
-    dy = _backward(q, k, y, seg, slopes, out, lse, do, st, cos=cos, sin=sin)
+    both_halves = lambda table: jnp.concatenate([table, table], axis=-1)
+    dy = _backward(q, k, y, seg, slopes, out, lse, do, st, cos=both_halves(cos), sin=both_halves(sin))
     # The tables are functions of integer positions: nothing to train.
     return dy, None, None, None, jnp.zeros_like(slopes)
 
