@@ -21,7 +21,7 @@
 #   train_kernels  bench.train_bench --gpu: the modernbert-base step (32 rows of 1024) with everything new
 #              (attention on the stacked q/k/v, the norm kernel) against everything as it was, then each alone;
 #              bertjax only (the second lease measured transformers: 200.2 ms). Deviceless counts: the norm
-#              kernel 8.5 GB a step less, the stacked q/k/v 9.1 GB less; all rows include the dq kernel's delta
+#              kernel 8.5 GB a step less, the stacked q/k/v 7.0 GB less; all rows include the dq kernel's delta
 #              (1.1 GB less; the step was 76.2 ms before it)
 #   memory     bench.train_bench --gpu-max-batch at 8192: transformers from its last answer (9), then bertjax from
 #              24 (the deviceless compile's answer is 25), JAX preallocating one region of 95% of the card

@@ -161,8 +161,9 @@ class _Static:
     num_warps: int
     num_stages: int
     alibi: bool = False  # add -slope_h * |i - j| (slopes: an operand, one per query head, padded to a power of 2)
-    # v is slot 2 of the stacked projection [batch, seq, 3, heads, head_dim], and the backward writes that stack's
-    # gradient whole, RoPE's backward applied to q's and k's (pallas_gpu_rope_attention).
+    # q, k and v are slots 0, 1 and 2 of one stacked array [batch, seq, 3, heads, head_dim] (q and k rotated), and
+    # the backward writes the stacked projection's gradient whole, RoPE's backward applied to q's and k's
+    # (pallas_gpu_rope_attention).
     stacked: bool = False
     backward: _Static | None = None  # the dq and dk/dv kernels' settings where they differ from these
 
@@ -227,9 +228,16 @@ def _rope_backward(grad, cos, sin, dtype):
     return grad * cos + _dot((grad * sin).astype(dtype), swap)
 
 
-def _v_block(v_ref, b, keys, kv_head, st: _Static):
-    """One key block of v: from its own array, or slot 2 of the stacked projection."""
-    return v_ref[b, keys, 2, kv_head, :] if st.stacked else v_ref[b, keys, kv_head, :]
+def _rows_of(ref, slot: int, b, rows, head, st: _Static):
+    """Rows of one head of q, k or v (slot 0, 1, 2): from its own array, or its slot of the stacked one."""
+    return ref[b, rows, slot, head, :] if st.stacked else ref[b, rows, head, :]
+
+
+def _head_block(st: _Static, rows: int, head_dim: int, slot: int):
+    """BlockSpec of one (batch, rows, head) block of q, k or v, over grid (b, head, row block)."""
+    if st.stacked:
+        return pl.BlockSpec((None, rows, None, None, head_dim), lambda b, h, i: (b, i, slot, h, 0))
+    return pl.BlockSpec((None, rows, None, head_dim), lambda b, h, i: (b, i, h, 0))
 
 
 def online_softmax_step(acc, m, l, s, v, factor: float = 1.0):
@@ -277,8 +285,8 @@ def _forward_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_re
         def step(j, carry):
             acc, m, l = carry
             keys = pl.ds(j * st.block_k, st.block_k)
-            k = k_ref[b, keys, kv_head, :]
-            v = _v_block(v_ref, b, keys, kv_head, st)
+            k = _rows_of(k_ref, 1, b, keys, kv_head, st)
+            v = _rows_of(v_ref, 2, b, keys, kv_head, st)
             s, factor = _scores(q, k, st, slope, q_first, j * st.block_k)
             if masked:
                 # -inf, not MASK_VALUE: s is scaled inside the step, and MASK_VALUE * factor would rise above the
@@ -313,8 +321,8 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_
     def body(masked):
         def step(j, dq):
             keys = pl.ds(j * st.block_k, st.block_k)
-            k = k_ref[b, keys, kv_head, :]
-            v = _v_block(v_ref, b, keys, kv_head, st)
+            k = _rows_of(k_ref, 1, b, keys, kv_head, st)
+            v = _rows_of(v_ref, 2, b, keys, kv_head, st)
             p = jnp.exp2(_times(*_scores(q, k, st, slope, q_first, j * st.block_k)) - lse2[:, None])
             if masked:
                 p = jnp.where(_visible(q_seg, seg_ref[b, keys], q_first, j * st.block_k, st.half), p, 0.0)
@@ -347,7 +355,7 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
             def step(i, carry):
                 dk, dv = carry
                 queries = pl.ds(i * st.block_q, st.block_q)
-                q = q_ref[b, queries, h, :]
+                q = _rows_of(q_ref, 0, b, queries, h, st)
                 do = do_ref[b, queries, h, :]
                 scores = _times(*_scores(q, k, st, slope, i * st.block_q, k_first))
                 p = jnp.exp2(scores - (lse_ref[b, h, queries] * LOG2E)[:, None])
@@ -401,18 +409,29 @@ def _whole():
     return pl.no_block_spec
 
 
+def _heads_shape(q, k, st: _Static):
+    """(batch, seq, heads, head_dim) of q and the kv heads, from their own arrays or the stacked one."""
+    if st.stacked:
+        batch, seq, _, heads, head_dim = q.shape
+        return (batch, seq, heads, head_dim), heads
+    return q.shape, k.shape[2]
+
+
 def _forward(q, k, v, seg, slopes, st: _Static):
-    batch, seq, heads, head_dim = q.shape
-    group = heads // k.shape[2]
+    """(out, lse); q, k and v their own arrays, or (st.stacked) each the stacked one."""
+    (batch, seq, heads, head_dim), kv_heads = _heads_shape(q, k, st)
+    group = heads // kv_heads
     ranges = block_ranges(seg, None if st.half is None else 2 * st.half, st.block_q, st.block_k)
-    q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
+    q_block = _head_block(st, st.block_q, head_dim, 0)
+    out_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
     row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
     return pl.pallas_call(
         functools.partial(_forward_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
         in_specs=[_whole()] * 6 + [q_block, _whole(), _whole()],
-        out_specs=[q_block, row_block],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
+        out_specs=[out_block, row_block],
+        out_shape=[jax.ShapeDtypeStruct((batch, seq, heads, head_dim), q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_forward",
@@ -420,29 +439,30 @@ def _forward(q, k, v, seg, slopes, st: _Static):
 
 
 def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
-    """(dq, dk, dv); with st.stacked (v the stacked projection, cos and sin [batch, seq, head_dim] RoPE tables, each
-    half's twice) the stacked projection's gradient instead, RoPE's backward applied to its q and k slots."""
+    """(dq, dk, dv); with st.stacked (q, k and v each the stacked array, cos and sin [batch, seq, head_dim] RoPE
+    tables, each half's twice) the stacked projection's gradient instead, RoPE's backward applied to its q and k
+    slots."""
     st = st.for_backward()  # its own tiles: the block ranges below are recomputed for them
-    batch, seq, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
+    (batch, seq, heads, head_dim), kv_heads = _heads_shape(q, k, st)
     group = heads // kv_heads
     window = None if st.half is None else 2 * st.half
 
     ranges = block_ranges(seg, window, st.block_q, st.block_k)
-    q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
+    q_block = pl.BlockSpec((None, st.block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))  # do, out
     row_block = pl.BlockSpec((None, None, st.block_q), lambda b, h, i: (b, h, i))
     table = lambda block: None if cos is None else pl.BlockSpec((None, block, head_dim), lambda b, h, i: (b, i, 0))
     if st.stacked:  # the dq kernel writes the q slot of the stacked gradient; the dk/dv kernel the other two
-        dq_block = pl.BlockSpec((None, st.block_q, None, None, head_dim), lambda b, h, i: (b, i, 0, h, 0))
-        dq_shape = jax.ShapeDtypeStruct(v.shape, q.dtype)
+        dq_block = _head_block(st, st.block_q, head_dim, 0)
+        dq_shape = jax.ShapeDtypeStruct(v.shape, v.dtype)
     else:
         dq_block, dq_shape = q_block, jax.ShapeDtypeStruct(q.shape, q.dtype)
     # The dq kernel also writes delta (the softmax backward's row term) for the dk/dv kernel.
     dq, delta = pl.pallas_call(
         functools.partial(_dq_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
-        in_specs=[_whole()] * 6 + [q_block, q_block, q_block, row_block, None if dlse is None else row_block,
-                                   _whole(), _whole(), table(st.block_q), table(st.block_q)],
+        in_specs=[_whole()] * 6 + [_head_block(st, st.block_q, head_dim, 0), q_block, q_block, row_block,
+                                   None if dlse is None else row_block, _whole(), _whole(), table(st.block_q),
+                                   table(st.block_q)],
         out_specs=[dq_block, row_block],
         out_shape=[dq_shape, jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
         compiler_params=_compiler_params(st),
@@ -452,17 +472,15 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=No
 
     # The visibility rule is symmetric, so the query-block ranges of a key block are the same functions transposed.
     k_ranges = block_ranges(seg, window, st.block_k, st.block_q)
-    k_block = pl.BlockSpec((None, st.block_k, None, head_dim), lambda b, g, j: (b, j, g, 0))
+    k_block, v_block = _head_block(st, st.block_k, head_dim, 1), _head_block(st, st.block_k, head_dim, 2)
     k_table = None if cos is None else pl.BlockSpec((None, st.block_k, head_dim), lambda b, g, j: (b, j, 0))
     operands = (*k_ranges, seg, slopes, k, v, q, do, lse, delta, cos, sin)
     if st.stacked:
-        v_block = pl.BlockSpec((None, st.block_k, None, None, head_dim), lambda b, g, j: (b, j, 2, g, 0))
         # The dq kernel's output comes in and goes out as one buffer, this kernel filling its k and v slots.
         extra = dict(out_specs=_whole(), out_shape=dq_shape, input_output_aliases={len(operands): 0})
         operands = (*operands, dq)
     else:
-        v_block = k_block
-        extra = dict(out_specs=[k_block, k_block],
+        extra = dict(out_specs=[k_block, v_block],
                      out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)])
         operands = (*operands, None)
     grads = pl.pallas_call(
@@ -504,16 +522,18 @@ def _flash_rope_attention(y, cos, sin, seg, slopes, st: _Static):
 
 
 def _flash_rope_attention_fwd(y, cos, sin, seg, slopes, st: _Static):
-    # q and k rotated by XLA (one fusion each, reading their slots of y); v read by the kernels from y itself.
-    q, k = rotate(y[:, :, 0], cos, sin), rotate(y[:, :, 1], cos, sin)
-    out, lse = _forward(q, k, y, seg, slopes, st)
-    return out, (q, k, y, cos, sin, seg, slopes, out, lse)
+    # One XLA fusion rotates q and k into a stack with v: the kernels read all three from it, and it is all the
+    # backward keeps of them (as much as the split path keeps: rotated q and k, and v).
+    rotated = jnp.stack([rotate(y[:, :, 0], cos, sin), rotate(y[:, :, 1], cos, sin), y[:, :, 2]], axis=2)
+    out, lse = _forward(rotated, rotated, rotated, seg, slopes, st)
+    return out, (rotated, cos, sin, seg, slopes, out, lse)
 
 
 def _flash_rope_attention_bwd(st: _Static, residuals, do):
-    q, k, y, cos, sin, seg, slopes, out, lse = residuals
+    rotated, cos, sin, seg, slopes, out, lse = residuals
     both_halves = lambda table: jnp.concatenate([table, table], axis=-1)
-    dy = _backward(q, k, y, seg, slopes, out, lse, do, st, cos=both_halves(cos), sin=both_halves(sin))
+    dy = _backward(rotated, rotated, rotated, seg, slopes, out, lse, do, st, cos=both_halves(cos),
+                   sin=both_halves(sin))
     # The tables are functions of integer positions: nothing to train.
     return dy, None, None, None, jnp.zeros_like(slopes)
 
