@@ -34,7 +34,8 @@ if os.environ["JAX_PLATFORMS"] == "cpu":  # the GPU kernel tests run on cuda, wi
 SLOW_FILES_FIRST = ("test_notebooks.py", "test_robust_checkpoints.py", "test_finetune_run.py",
                     "test_train_sharding.py", "test_train_objective_runs.py", "test_xlnet_objective.py",
                     "test_usability_reshard.py", "test_hf_task_heads.py", "test_inference.py", "test_tpu_aot.py",
-                    "test_embedder_loss.py", "test_attention_kernels.py", "test_pallas_gpu_export.py")
+                    "test_embedder_loss.py", "test_attention_kernels.py", "test_pallas_gpu_export.py",
+                    "test_norm_kernels.py")
 
 
 def pytest_collection_modifyitems(config, items):

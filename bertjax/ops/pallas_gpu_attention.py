@@ -585,6 +585,13 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     return per_device_attention(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
 
 
+def _default_launch(padded_head_dim: int) -> tuple[int, int]:
+    """(num_warps, num_stages) by padded head_dim (DEFAULT_NUM_STAGES_*: measured on an H100 up to 64)."""
+    if padded_head_dim <= 64:
+        return 4, DEFAULT_NUM_STAGES_UP_TO_64
+    return 8, DEFAULT_NUM_STAGES_WIDER
+
+
 def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_window, scale, interpret, global_slots,
                block_q, block_k, num_warps, num_stages, backward_block_q, backward_block_k, backward_num_warps,
                backward_num_stages):
@@ -602,8 +609,7 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
         return jnp.pad(x, widths) if seq_axis_pad or dim_pad else x
 
     tail, extra_dim = padded_seq - seq, padded_dim - head_dim
-    default_warps = 4 if padded_dim <= 64 else 8
-    default_stages = DEFAULT_NUM_STAGES_UP_TO_64 if padded_dim <= 64 else DEFAULT_NUM_STAGES_WIDER
+    default_warps, default_stages = _default_launch(padded_dim)
     st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
                  block_k=block_k, interpret=bool(interpret), num_warps=num_warps or default_warps,
                  num_stages=num_stages or default_stages, alibi=alibi_slopes is not None)
@@ -632,12 +638,13 @@ def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, loca
     """attention(rope(q), rope(k), v) of a stacked projection qkv [batch, seq, 3, heads, head_dim] (q, k, v in that
     order; head_dim a power of two >= 16; no ALiBi, GQA or global tokens), differentiated to qkv as a whole.
 
-    The same kernels as `pallas_gpu_attention`, with the stacked projection's memory traffic cut: they read v from
-    qkv (no copy of it), and the backward's dq and dk/dv kernels write qkv's gradient themselves, RoPE's backward
-    applied as they store (one product with a signed permutation per program): XLA otherwise rotates dq and dk
-    back and concatenates them with dv into that gradient, reading and writing it all once more (310 MB a layer of
-    modernbert-base's step at 32 x 1024, 3.5 ms of it on an H100: docs/benchmarks.md). Under a mesh the kernels
-    run per device as `pallas_gpu_attention`'s do.
+    The same kernels as `pallas_gpu_attention`, with the stacked projection's memory traffic cut: one XLA fusion
+    rotates q and k into a stack with v, which the kernels read (no separate copies of q, k and v), and the
+    backward's dq and dk/dv kernels write qkv's gradient themselves, RoPE's backward applied as they store (one
+    product with a signed permutation per program): XLA otherwise rotates dq and dk back and concatenates them with
+    dv into that gradient, reading and writing it all once more (310 MB a layer of modernbert-base's step at
+    32 x 1024, 3.5 ms of it on an H100: docs/benchmarks.md). Under a mesh the kernels run per device as
+    `pallas_gpu_attention`'s do.
     """
     batch, seq, three, heads, head_dim = qkv.shape
     if three != 3 or head_dim < 16 or head_dim & (head_dim - 1):
@@ -653,10 +660,10 @@ def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, loca
         tail = -(-seq // widest) * widest - seq
         pad = lambda x: jnp.pad(x, [(0, 0), (0, tail)] + [(0, 0)] * (x.ndim - 2)) if tail else x
         cos, sin = rope_tables(positions, head_dim, theta)
+        default_warps, default_stages = _default_launch(head_dim)
         st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
-                     block_k=block_k, interpret=bool(interpret), num_warps=num_warps or (4 if head_dim <= 64 else 8),
-                     num_stages=num_stages or (DEFAULT_NUM_STAGES_UP_TO_64 if head_dim <= 64
-                                               else DEFAULT_NUM_STAGES_WIDER), stacked=True)
+                     block_k=block_k, interpret=bool(interpret), num_warps=num_warps or default_warps,
+                     num_stages=num_stages or default_stages, stacked=True)
         qkv = pad(qkv)
         check_offsets_fit("pallas_gpu_rope_attention", interpret, qkv=qkv)
         slopes = jnp.zeros((max(16, pl.next_power_of_2(qkv.shape[3])),), jnp.float32)
