@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
     kind = devices[0].device_kind
     print(f"{config.model.preset}, objective {objective.name} ({count_params(state.params) / 1e6:.1f}M trainable "
-          f"parameters, {model_config.dtype} compute, attention {model_config.attention_implementation}, norm "
+          f"parameters, {model_config.dtype} compute, attention {model_config.attention_implementation}"
+          f"{' on the stacked q/k/v' if model_config.attention_fused_qkv else ''}, norm "
           f"{model_config.norm_implementation}, remat "
           f"{config.model.remat_policy}) on {args.topology}: {len(devices)} x {kind}, mesh {dict(mesh.shape)}")
     hbm = next((gib for prefix, gib in HBM_GIB.items() if args.topology.startswith(prefix + ":")), None)
