@@ -11,13 +11,13 @@ call and an explicit choice that cannot serve it fails before tracing anything.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+from bertjax.ops.lazy import load_function
 from bertjax.ops.masks import global_slots
 from bertjax.ops.rope import apply_rope
 
@@ -98,8 +98,7 @@ def resolve_implementation(implementation: str, features: frozenset[str] = froze
 
 
 def _load(name: str) -> Callable:
-    module_name, function_name = IMPLEMENTATIONS[name].path.split(":")
-    return getattr(importlib.import_module(module_name), function_name)
+    return load_function(IMPLEMENTATIONS[name].path)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
@@ -190,9 +189,7 @@ def rope_attention(qkv: jax.Array, positions: jax.Array, theta: float, *, segmen
         if segment_ids.shape != (batch, seq) or positions.shape != (batch, seq):
             raise ValueError(f"segment_ids and positions must be [batch={batch}, seq={seq}], got "
                              f"{segment_ids.shape} and {positions.shape}")
-        module_name, function_name = STACKED_ROPE_IMPLEMENTATIONS[name].split(":")
-        fn = getattr(importlib.import_module(module_name), function_name)
-        return fn(qkv, positions, theta, segment_ids=jnp.asarray(segment_ids).astype(jnp.int32),
+        return load_function(STACKED_ROPE_IMPLEMENTATIONS[name])(qkv, positions, theta, segment_ids=jnp.asarray(segment_ids).astype(jnp.int32),
                   local_window=local_window, scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
                   interpret=interpret)
     # split, not indexed: the backward concatenates instead of padding and adding (as `project` splits)

@@ -16,12 +16,12 @@ The relative terms are gathered from [batch, heads, seq, 2 * span] products (q .
 from __future__ import annotations
 
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.ops.lazy import load_function
 from bertjax.ops.masks import attention_mask
 
 
@@ -141,10 +141,7 @@ def resolve_implementation(implementation: str, seq: int, block_size: int, platf
 
 def _load(name: str):
     fn = IMPLEMENTATIONS[name]
-    if isinstance(fn, str):
-        module_name, function_name = fn.split(":")
-        fn = getattr(importlib.import_module(module_name), function_name)
-    return fn
+    return load_function(fn) if isinstance(fn, str) else fn
 
 
 def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: int, buckets: int, max_position: int,

@@ -19,10 +19,11 @@ pre-norm stack's residual stream inside each later layer's backward (tests/test_
 from __future__ import annotations
 
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
+
+from bertjax.ops.lazy import load_function
 
 
 def _statistics(x: jax.Array, epsilon: float, centered: bool) -> tuple[jax.Array, jax.Array]:
@@ -89,11 +90,6 @@ IMPLEMENTATIONS = {
 }
 
 
-def check_implementation(name: str, where: str = "norm implementation") -> None:
-    if name not in IMPLEMENTATIONS:
-        raise ValueError(f"{where} {name!r} is unknown; known: {sorted(IMPLEMENTATIONS)}")
-
-
 def add_normalize(x: jax.Array, delta: jax.Array | None, scale: jax.Array, bias: jax.Array | None, *,
                   epsilon: float, centered: bool, dtype, implementation: str = "xla",
                   interpret: bool = False) -> tuple[jax.Array, jax.Array]:
@@ -103,7 +99,6 @@ def add_normalize(x: jax.Array, delta: jax.Array | None, scale: jax.Array, bias:
     kernel read the stream once and write it once each way. `implementation` is a key of IMPLEMENTATIONS;
     `interpret` runs a Pallas one in interpret mode (CPU tests).
     """
-    check_implementation(implementation)
-    module_name, function_name = IMPLEMENTATIONS[implementation].split(":")
-    fn = getattr(importlib.import_module(module_name), function_name)
-    return fn(x, delta, scale, bias, epsilon=epsilon, centered=centered, dtype=dtype, interpret=interpret)
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"norm implementation {implementation!r} is unknown; known: {sorted(IMPLEMENTATIONS)}")
+    return load_function(IMPLEMENTATIONS[implementation])(x, delta, scale, bias, epsilon=epsilon, centered=centered, dtype=dtype, interpret=interpret)

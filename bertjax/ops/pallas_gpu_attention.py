@@ -568,11 +568,8 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     replicate the Triton call, gathering q, k and v onto every GPU."""
     backward_block_q = block_q if backward_block_q is None else backward_block_q
     backward_block_k = block_k if backward_block_k is None else backward_block_k
-    for name, size in (("block_q", block_q), ("block_k", block_k), ("backward_block_q", backward_block_q),
-                       ("backward_block_k", backward_block_k)):
-        # Triton's tensors are powers of two and its dots at least 16 on a side (interpret mode enforces neither).
-        if size < 16 or size & (size - 1):
-            raise ValueError(f"pallas_gpu_attention: {name} must be a power of two >= 16, got {size}")
+    _check_tiles("pallas_gpu_attention", block_q=block_q, block_k=block_k, backward_block_q=backward_block_q,
+                 backward_block_k=backward_block_k)
     tiles = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
                  backward_block_q=backward_block_q, backward_block_k=backward_block_k,
                  backward_num_warps=backward_num_warps if backward_num_warps is not None else num_warps,
@@ -583,6 +580,13 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
                           interpret=interpret, global_slots=global_slots, **tiles)
 
     return per_device_attention(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
+
+
+def _check_tiles(where: str, **sizes) -> None:
+    # Triton's tensors are powers of two and its dots at least 16 on a side (interpret mode enforces neither).
+    for name, size in sizes.items():
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{where}: {name} must be a power of two >= 16, got {size}")
 
 
 def _default_launch(padded_head_dim: int) -> tuple[int, int]:
@@ -650,9 +654,7 @@ def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, loca
     if three != 3 or head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"pallas_gpu_rope_attention: qkv must be [batch, seq, 3, heads, head_dim] with head_dim a "
                          f"power of two >= 16, got {qkv.shape}")
-    for name, size in (("block_q", block_q), ("block_k", block_k)):
-        if size < 16 or size & (size - 1):
-            raise ValueError(f"pallas_gpu_rope_attention: {name} must be a power of two >= 16, got {size}")
+    _check_tiles("pallas_gpu_rope_attention", block_q=block_q, block_k=block_k)
 
     def kernel(qkv, positions, segment_ids):  # one device's shard of batch (and heads)
         batch, seq = segment_ids.shape

@@ -117,9 +117,7 @@ def _backward_kernel(s_ref, g_ref, gs_ref, mean_ref, rstd_ref, scale_ref, ds_ref
         correction = x_hat * (jnp.sum(g_scaled * x_hat, axis=1, keepdims=True) / features)
         if st.centered:
             correction = correction + jnp.sum(g_scaled, axis=1, keepdims=True) / features
-        ds = rstd * (g_scaled - correction)
-        if gs_ref is not None:
-            ds = ds + _load(gs_ref, rows, cols, mask)
+        ds = rstd * (g_scaled - correction) + _load(gs_ref, rows, cols, mask)
         _store(ds_ref, rows, cols, mask, ds)
         dscale, dbias = sums
         return dscale + jnp.sum(g * x_hat, axis=0), dbias + jnp.sum(g, axis=0)
@@ -203,11 +201,12 @@ def _add_norm_backward(st: _Static, residuals, cotangents):
     has_bias = bias is not None
 
     def kernel(s, gy, gs, mean, rstd, scale):
-        ds, dscale, dbias = _backward(_rows(s), _rows(gy), None if gs is None else _rows(gs), mean.reshape(-1),
-                                      rstd.reshape(-1), scale, has_bias, st)
+        ds, dscale, dbias = _backward(_rows(s), _rows(gy), _rows(gs), mean.reshape(-1), rstd.reshape(-1), scale,
+                                      has_bias, st)
         return ds.reshape(s.shape), dscale, dbias
 
-    # A zero cotangent on s (post-norm: only y goes on) is still an array here; the kernel adds it.
+    # custom_vjp hands a zero cotangent on s (post-norm: only y goes on) as an array of zeros; the kernel adds it
+    # like any other (one [rows, features] read that post-norm models pay for nothing).
     ds, dscale, dbias = _per_device(kernel, (s, gy, gs, mean, rstd, scale), s.shape[0] if s.ndim > 1 else 1)
     features = s.shape[-1]
     dscale = jnp.sum(dscale, axis=0)[:features].astype(scale.dtype)
