@@ -9,12 +9,15 @@ and what ptxas (shipped in the `triton` package) reports per kernel: registers p
                                       [--block-q 64] [--block-k 64] [--num-warps N] [--num-stages 2]
                                       [--backward-block-q N] [--backward-block-k N] [--backward-num-warps N]
                                       [--backward-num-stages N]   # dq and dk/dv; default: the forward's
+                                      [--dkv-block-q N] [--dkv-block-k N] [--dkv-num-warps N]
+                                      [--dkv-num-stages N]        # dk/dv alone; default: --backward-*
     python -m bench.pallas_gpu_static --kernel deberta [--dtype ...] [--seq 512] [--block-size 32] [--num-warps N]
                                       [--num-stages 2] [--band-part 16] [--backward-block 16]
         # DeBERTa-v3-base's disentangled attention (pallas_gpu_disentangled: 12 heads x 64, 256 buckets, span
         # 256, max_position 512): forward, dq and dk/dv with their tile sides; --band-part,
         # --backward-block, --backward-tile-area override the module's BAND_PART, BACKWARD_BLOCK, BACKWARD_TILE_AREA
-    python -m bench.pallas_gpu_static --stacked [--layer ...] [--num-stages 3]   # attention on the stacked q/k/v
+    python -m bench.pallas_gpu_static --stacked [--layer ...] [--num-stages 3] [--backward-* / --dkv-* N]
+        # attention on the stacked q/k/v
     python -m bench.pallas_gpu_static --kernel norm [--features 768] [--dtype ...] [--block-rows N] [--num-warps N]
         # the residual add + norm kernels (pallas_gpu_norm), forward and backward, LayerNorm without bias as
         # ModernBERT's: a memory-bound kernel wants enough resident programs and no spills
@@ -179,7 +182,7 @@ def loop_bodies(ptx: str, min_exponentials: int = 16) -> list[collections.Counte
 
 def attention_gradient(layer: str, block_q: int, block_k: int, num_warps, num_stages: int, **backward):
     """Forward and backward of one attention call: lowering it yields all three kernels. `backward`: the
-    backward_* settings of pallas_gpu_attention."""
+    backward_* and dkv_* settings of pallas_gpu_attention."""
     kernel = functools.partial(pallas_gpu_attention, block_q=block_q, block_k=block_k, num_warps=num_warps,
                                num_stages=num_stages, **backward)
 
@@ -191,7 +194,7 @@ def attention_gradient(layer: str, block_q: int, block_k: int, num_warps, num_st
     return jax.grad(loss, argnums=(0, 1, 2))
 
 
-def stacked_gradient(layer: str, block_q: int, block_k: int, num_warps, num_stages: int):
+def stacked_gradient(layer: str, block_q: int, block_k: int, num_warps, num_stages: int, **backward):
     """Like attention_gradient, for attention on the stacked q/k/v projection (pallas_gpu_rope_attention): the same
     three kernels reading v from the stack, the backward's two writing its gradient with RoPE's backward."""
     from bertjax.ops.pallas_gpu_attention import pallas_gpu_rope_attention
@@ -200,7 +203,7 @@ def stacked_gradient(layer: str, block_q: int, block_k: int, num_warps, num_stag
         out = pallas_gpu_rope_attention(qkv, positions, 10_000.0, segment_ids=segment_ids,
                                         local_window=None if layer == "global" else 128, scale=0.125,
                                         block_q=block_q, block_k=block_k, num_warps=num_warps,
-                                        num_stages=num_stages)
+                                        num_stages=num_stages, **backward)
         return jnp.sum(out.astype(jnp.float32) ** 2)
 
     return jax.grad(loss)
@@ -318,6 +321,7 @@ def main(argv=None) -> None:
     parser.add_argument("--num-stages", type=int, default=2)
     for name in ("block-q", "block-k", "num-warps", "num-stages"):
         parser.add_argument(f"--backward-{name}", type=int, default=None, help="dq and dk/dv; default: the library's")
+        parser.add_argument(f"--dkv-{name}", type=int, default=None, help="dk/dv alone; default: --backward-*'s")
     deberta = parser.add_argument_group("--kernel deberta")
     deberta.add_argument("--seq", type=int, default=512)
     deberta.add_argument("--block-size", type=int, default=32, help="the forward's tile side (pallas_gpu_disentangled)")
@@ -334,19 +338,17 @@ def main(argv=None) -> None:
         return deberta_main(args)
     if args.kernel == "norm":
         return norm_main(args)
-    backward = {f"backward_{name}": getattr(args, f"backward_{name}")
+    backward = {f"{prefix}_{name}": getattr(args, f"{prefix}_{name}") for prefix in ("backward", "dkv")
                 for name in ("block_q", "block_k", "num_warps", "num_stages")
-                if getattr(args, f"backward_{name}") is not None}
+                if getattr(args, f"{prefix}_{name}") is not None}
 
     dtype = jnp.dtype(args.dtype)
     q = jax.ShapeDtypeStruct((2, 1024, 4, args.head_dim), dtype)
     rows = jax.ShapeDtypeStruct((2, 1024), jnp.int32)
     if args.stacked:
-        if backward:
-            raise SystemExit("--stacked takes the forward's tiles for the backward (no --backward-* settings)")
         kernels = triton_ir(stacked_gradient(args.layer, args.block_q, args.block_k, args.num_warps,
-                                             args.num_stages), jax.ShapeDtypeStruct((2, 1024, 3, 4, args.head_dim),
-                                                                                    dtype), rows, rows)
+                                             args.num_stages, **backward),
+                            jax.ShapeDtypeStruct((2, 1024, 3, 4, args.head_dim), dtype), rows, rows)
     else:
         kernels = triton_ir(attention_gradient(args.layer, args.block_q, args.block_k, args.num_warps,
                                                args.num_stages, **backward), q, q, q, rows)
@@ -364,10 +366,11 @@ def main(argv=None) -> None:
         row, compiled[name] = resource_row(name, text, warps, stages)
         print(row)
     window = None if args.layer == "global" else 128
-    backward_tiles = (backward.get("backward_block_q", args.block_q), backward.get("backward_block_k", args.block_k))
+    dq_tiles = (backward.get("backward_block_q", args.block_q), backward.get("backward_block_k", args.block_k))
+    dkv_tiles = (backward.get("dkv_block_q", dq_tiles[0]), backward.get("dkv_block_k", dq_tiles[1]))
     print(f"\n# pairs scored over one 1024-token document (dense: {1024 * 1024:,}): forward "
-          f"{scored_pairs(window, 1024, args.block_q, args.block_k):,}, dq and dk/dv each "
-          f"{scored_pairs(window, 1024, *backward_tiles):,}")
+          f"{scored_pairs(window, 1024, args.block_q, args.block_k):,}, dq {scored_pairs(window, 1024, *dq_tiles):,}, "
+          f"dk/dv {scored_pairs(window, 1024, *dkv_tiles):,}")
     print("\n# PTX instructions per thread per tile")
     print("| kernel | loop | instructions | ex2 | fma | mul | selp | setp |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")

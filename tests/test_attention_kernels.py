@@ -116,12 +116,15 @@ def test_pallas_gpu_rejects_bad_block_size():
 
 
 @pytest.mark.parametrize("tiles", [dict(block_q=16, block_k=32, backward_block_q=32, backward_block_k=16),
-                                   dict(block_q=16, block_k=16, backward_block_q=32, backward_block_k=64)],
-                         ids=["transposed", "backward_larger"])
+                                   dict(block_q=16, block_k=16, backward_block_q=32, backward_block_k=64),
+                                   dict(block_q=16, block_k=16, backward_block_q=32, backward_block_k=16,
+                                        dkv_block_q=16, dkv_block_k=32, dkv_num_warps=8)],
+                         ids=["transposed", "backward_larger", "each_backward_kernel_holds_32"])
 def test_pallas_gpu_backward_tiles_differ_from_the_forward(tiles):
     """The backward kernels recompute their block ranges for their own tiles and reuse the forward's per-row
     log-sum-exp; the sequence (45) pads to the largest tile (64 in the second case: padding only the forward's 16
-    would leave a partial backward block). Packed segments, a local window, GQA."""
+    would leave a partial backward block). In the third, dq holds 32 queries and steps through 16 keys while dk/dv
+    holds 32 keys and steps through 16 queries. Packed segments, a local window, GQA."""
     seq, heads, kv_heads, head_dim, window, dtype = 45, 4, 2, 16, 20, jnp.float32
     q, k, v, seg, cotangent, wild = make_inputs(seq, heads, kv_heads, head_dim, dtype)
     scale = 1 / np.sqrt(head_dim)
@@ -140,10 +143,30 @@ def test_pallas_gpu_backward_tiles_differ_from_the_forward(tiles):
 
 def test_pallas_gpu_rejects_bad_backward_block_size():
     q, k, v, seg, _, _ = make_inputs(21, 2, 1, 8, jnp.float32)
-    for name, size in (("backward_block_q", 48), ("backward_block_k", 8)):
+    for name, size in (("backward_block_q", 48), ("backward_block_k", 8), ("dkv_block_k", 24)):
         with pytest.raises(ValueError, match=f"{name} must be a power of two >= 16, got {size}"):
             pallas_gpu_attention(q, k, v, segment_ids=seg, local_window=None, scale=1.0, interpret=True,
                                  **{name: size})
+    with pytest.raises(TypeError, match=r"unknown tile argument\(s\) \['dk_block_q'\]"):
+        pallas_gpu_attention(q, k, v, segment_ids=seg, local_window=None, scale=1.0, interpret=True, dk_block_q=32)
+
+
+def test_pallas_gpu_tiles_inherit_forward_then_backward():
+    """Unset backward_* take the forward's values and unset dkv_* the backward_* ones; the kernels' statics carry
+    only what differs."""
+    from bertjax.ops.pallas_gpu_attention import _resolve_tiles, _statics
+
+    tiles = _resolve_tiles("t", dict(block_k=32, num_warps=8, backward_block_q=128, dkv_num_stages=2))
+    assert tiles == dict(block_q=64, block_k=32, num_warps=8, num_stages=None,
+                         backward_block_q=128, backward_block_k=32, backward_num_warps=8, backward_num_stages=None,
+                         dkv_block_q=128, dkv_block_k=32, dkv_num_warps=8, dkv_num_stages=2)
+    st = _statics(tiles, 64, scale=1.0, half=None, interpret=True)
+    dq, dkv = st.backward_kernels()
+    assert (st.block_q, st.block_k, st.num_warps, st.num_stages) == (64, 32, 8, 3)  # 3 stages: head_dim 64
+    assert (dq.block_q, dq.block_k, dq.num_stages) == (128, 32, 3)
+    assert (dkv.block_q, dkv.block_k, dkv.num_stages) == (128, 32, 2)
+    same = _statics(_resolve_tiles("t", {}), 64, scale=1.0, half=None, interpret=True)
+    assert same.dq is None and same.dkv is None and same.backward_kernels() == (same, same)
 
 
 def visited_key_blocks(seq: int, window: int | None, segment_ids=None, block: int = 64) -> int:

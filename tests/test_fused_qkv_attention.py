@@ -35,8 +35,12 @@ def split_reference(qkv, positions, segments, window):
     return ops.attention(q, k, v, segment_ids=segments, local_window=window, implementation="xla")
 
 
-@pytest.mark.parametrize("window", [None, 32], ids=["global", "local32"])
-def test_stacked_kernels_match_split_attention_and_its_gradient(window):
+@pytest.mark.parametrize("window, tiles", [(None, {}), (32, {}),
+                                           (32, dict(backward_block_q=32, dkv_block_k=32, dkv_block_q=16))],
+                         ids=["global", "local32", "local32_own_backward_tiles"])
+def test_stacked_kernels_match_split_attention_and_its_gradient(window, tiles):
+    """Third case: dq holds 32 queries and steps through 16 keys, dk/dv holds 32 keys and steps through 16 queries
+    (both write slots of the one gradient buffer); the sequence pads to 128."""
     from bertjax.ops.pallas_gpu_attention import pallas_gpu_rope_attention
 
     qkv, positions, segments, weight = packed_inputs()
@@ -46,7 +50,7 @@ def test_stacked_kernels_match_split_attention_and_its_gradient(window):
 
     kernel = lambda qkv: pallas_gpu_rope_attention(qkv, positions, 10_000.0, segment_ids=segments,
                                                    local_window=window, scale=16 ** -0.5, interpret=True,
-                                                   block_q=16, block_k=16)
+                                                   **{"block_q": 16, "block_k": 16, **tiles})
     (_, want), want_grad = jax.value_and_grad(loss(lambda y: split_reference(y, positions, segments, window)),
                                               has_aux=True)(qkv)
     (_, got), grad = jax.value_and_grad(loss(kernel), has_aux=True)(qkv)

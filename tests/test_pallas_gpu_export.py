@@ -208,6 +208,26 @@ def test_backward_settings_reach_only_the_backward_kernels():
         assert 0 < static.ptxas_resources(compiled.asm["ptx"])["registers"] <= 255, name
 
 
+def test_dkv_settings_reach_only_the_dkv_kernel():
+    """dkv_* launch the dk/dv kernel alone, on transposed tiles: dq holds 128 queries and steps through 32 keys
+    ([128, 32] scores), dk/dv holds 128 keys and steps through 32 queries ([128, 32] transposed scores, no
+    [32, 128] tile), each kernel with its own warps; with `triton` importable, both compile for sm_90 within an
+    H100 block's shared memory."""
+    tiles = dict(backward_block_q=128, backward_block_k=32, dkv_block_q=32, dkv_block_k=128, dkv_num_warps=8)
+    q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    program = static.attention_gradient("global", 64, 64, 4, 3, **tiles)
+    kernels = {name: (text, warps, stages) for name, text, warps, stages in
+               triton_ir(program, q, q, q, jax.ShapeDtypeStruct((1, 256), jnp.int32))}
+    assert [(name, kernels[name][1:]) for name in (FORWARD, DQ, DKV)] == [(FORWARD, (4, 3)), (DQ, (4, 3)),
+                                                                         (DKV, (8, 3))]
+    for name in (DQ, DKV):
+        assert "tensor<128x32xf32" in kernels[name][0] and "tensor<32x128xf32" not in kernels[name][0], name
+    pytest.importorskip("triton")
+    for name in (DQ, DKV):
+        compiled = static.compile_for_sm90(name, *kernels[name])
+        assert compiled.metadata.shared <= H100_SHARED_BYTES, (name, compiled.metadata.shared)
+
+
 @pytest.mark.parametrize("head_dim, warps_and_stages", [(64, (4, 3)), (128, (8, 2))])
 def test_default_pipelining_depth_follows_the_head_dim(head_dim, warps_and_stages):
     """Left unset, num_stages is 3 up to head_dim 64 (what the H100 sweep of 2026-11-26 chose) and 2 above it (not

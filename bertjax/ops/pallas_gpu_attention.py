@@ -7,14 +7,18 @@ bidirectional window), so this file implements FlashAttention-2 with three kerne
   blocks through an online softmax, saving the log-sum-exp for the backward pass;
 - dq: same grid, streams key blocks again and accumulates dq;
 - dk/dv: grid (batch, kv_heads, key blocks); streams the query blocks of every query head sharing that kv head, so
-  GQA never repeats k or v in memory and dk/dv need no cross-program reduction.
+  GQA never repeats k or v in memory and dk/dv need no cross-program reduction. It works on transposed tiles
+  ([keys, queries]: s^T = k q^T), so that every product's rows are the keys it holds and p^T and ds^T feed the
+  next products as they are, where [queries, keys] tiles would be transposed on chip (through shared memory)
+  before dv += p^T dO and dk += ds^T q.
 
-The backward kernels may tile and launch differently from the forward (`backward_block_q`, ...): the forward's
-log-sum-exp is per query row, so any tiling can reuse it, and the kernels' needs differ: a forward program holds one
-float32 accumulator [block_q, head_dim], a dk/dv program two ([block_k, head_dim] each) plus its k and v tiles,
-which is what pushes dk/dv to the register limit first. By default the backward still uses the forward's
-settings: compiled for sm_90, no other backward tiling removed dk/dv's spills (head_dim 128) without scoring more
-pairs or leaving wgmma (docs/benchmarks.md, "Backward tiles: registers and spills").
+Each kernel may tile and launch differently (`backward_block_q`, ... for dq, `dkv_block_q`, ... for dk/dv): the
+forward's log-sum-exp is per query row, so any tiling can reuse it, and the kernels' needs differ: a forward or dq
+program holds one float32 accumulator [block_q, head_dim], a dk/dv program two ([block_k, head_dim] each) plus its
+k and v tiles, which is what pushes dk/dv to the register limit first. Each program wants its held rows many (the
+products' M side) and its streamed ones few, and dq holds queries where dk/dv holds keys, so one tiling cannot suit
+both. By default every kernel still uses the forward's settings: which others run faster is for a GPU to time
+(docs/benchmarks.md, "Backward tiles: registers and spills").
 
 Softmax in base 2: scores are scaled by scale * log2(e) and exponentiated with exp2, which is one multi-function
 unit instruction on NVIDIA GPUs, where exp (float32) lowers to libdevice's accurate expf, several instructions per
@@ -165,10 +169,12 @@ class _Static:
     # the backward writes the stacked projection's gradient whole, RoPE's backward applied to q's and k's
     # (pallas_gpu_rope_attention).
     stacked: bool = False
-    backward: _Static | None = None  # the dq and dk/dv kernels' settings where they differ from these
+    dq: _Static | None = None  # the dq kernel's settings where they differ from these
+    dkv: _Static | None = None  # the dk/dv kernel's settings where they differ from the dq kernel's
 
-    def for_backward(self) -> _Static:
-        return self.backward or self
+    def backward_kernels(self) -> tuple[_Static, _Static]:
+        dq = self.dq or self
+        return dq, self.dkv or dq
 
 
 def _visible(q_seg, k_seg, q_first, k_first, half):
@@ -357,13 +363,13 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
                 queries = pl.ds(i * st.block_q, st.block_q)
                 q = _rows_of(q_ref, 0, b, queries, h, st)
                 do = do_ref[b, queries, h, :]
-                scores = _times(*_scores(q, k, st, slope, i * st.block_q, k_first))
-                p = jnp.exp2(scores - (lse_ref[b, h, queries] * LOG2E)[:, None])
+                scores = _times(*_scores(k, q, st, slope, k_first, i * st.block_q))
+                p = jnp.exp2(scores - (lse_ref[b, h, queries] * LOG2E)[None, :])
                 if masked:
-                    p = jnp.where(_visible(seg_ref[b, queries], k_seg, i * st.block_q, k_first, st.half), p, 0.0)
-                dv = dv + _dot(p.astype(do.dtype), do, ((0,), (0,)))
-                ds = p * (_dot(do, v, ((1,), (1,))) - delta_ref[b, h, queries][:, None])
-                return dk + _dot(ds.astype(q.dtype), q, ((0,), (0,))), dv
+                    p = jnp.where(_visible(k_seg, seg_ref[b, queries], k_first, i * st.block_q, st.half), p, 0.0)
+                dv = dv + _dot(p.astype(do.dtype), do)
+                ds = p * (_dot(v, do, ((1,), (1,))) - delta_ref[b, h, queries][None, :])
+                return dk + _dot(ds.astype(q.dtype), q), dv
             return step
 
         return three_loops(*ranges, body, carry)
@@ -442,7 +448,8 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=No
     """(dq, dk, dv); with st.stacked (q, k and v each the stacked array, cos and sin [batch, seq, head_dim] RoPE
     tables, each half's twice) the stacked projection's gradient instead, RoPE's backward applied to its q and k
     slots."""
-    st = st.for_backward()  # its own tiles: the block ranges below are recomputed for them
+    # Each backward kernel has its own tiles: the block ranges below are recomputed for them.
+    st, dkv_st = st.backward_kernels()
     (batch, seq, heads, head_dim), kv_heads = _heads_shape(q, k, st)
     group = heads // kv_heads
     window = None if st.half is None else 2 * st.half
@@ -471,6 +478,7 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=No
     )(*ranges, seg, slopes, q, do, out, lse, dlse, k, v, cos, sin)
 
     # The visibility rule is symmetric, so the query-block ranges of a key block are the same functions transposed.
+    st = dkv_st
     k_ranges = block_ranges(seg, window, st.block_k, st.block_q)
     k_block, v_block = _head_block(st, st.block_k, head_dim, 1), _head_block(st, st.block_k, head_dim, 2)
     k_table = None if cos is None else pl.BlockSpec((None, st.block_k, head_dim), lambda b, g, j: (b, j, 0))
@@ -554,32 +562,47 @@ def _with_global_tokens(q, k, v, seg, slopes, glob, global_slots, st: _Static, h
 
 
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                         global_tokens=None, global_slots=None, block_q: int = DEFAULT_BLOCK_Q,
-                         block_k: int = DEFAULT_BLOCK_K, num_warps: int | None = None, num_stages: int | None = None,
-                         backward_block_q: int | None = None, backward_block_k: int | None = None,
-                         backward_num_warps: int | None = None, backward_num_stages: int | None = None):
+                         global_tokens=None, global_slots=None, **tiles):
     """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`.
 
-    block_q, block_k, num_warps (None: 4 up to head_dim 64, else 8) and num_stages (None: 3 up to head_dim 64,
-    else 2) set the forward kernel; the backward_* arguments set the dq and dk/dv kernels, None meaning the
-    forward's value.
+    tiles (`TILE_ARGUMENTS`, each None or left out for its default) set each kernel's tiles and launch:
+    block_q, block_k (default 64 x 64), num_warps (4 up to head_dim 64, else 8) and num_stages (3 up to head_dim 64,
+    else 2) the forward's; backward_block_q, ... the dq kernel's and, unless dkv_block_q, ... say otherwise, the
+    dk/dv kernel's, each defaulting to the forward's value. block_q always counts query rows and block_k key rows:
+    a dq program holds block_q queries and steps through keys block_k at a time, a dk/dv program holds block_k keys
+    and steps through queries.
 
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
-    backward_block_q = block_q if backward_block_q is None else backward_block_q
-    backward_block_k = block_k if backward_block_k is None else backward_block_k
-    _check_tiles("pallas_gpu_attention", block_q=block_q, block_k=block_k, backward_block_q=backward_block_q,
-                 backward_block_k=backward_block_k)
-    tiles = dict(block_q=block_q, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
-                 backward_block_q=backward_block_q, backward_block_k=backward_block_k,
-                 backward_num_warps=backward_num_warps if backward_num_warps is not None else num_warps,
-                 backward_num_stages=backward_num_stages if backward_num_stages is not None else num_stages)
+    tiles = _resolve_tiles("pallas_gpu_attention", tiles)
 
     def kernel(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch (and heads)
         return _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, local_window=local_window, scale=scale,
-                          interpret=interpret, global_slots=global_slots, **tiles)
+                          interpret=interpret, global_slots=global_slots, tiles=tiles)
 
     return per_device_attention(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
+
+
+# The tile and launch settings of the three kernels: the forward's, the dq kernel's (backward_*) and the dk/dv
+# kernel's (dkv_*).
+_SETTINGS = ("block_q", "block_k", "num_warps", "num_stages")
+TILE_ARGUMENTS = tuple(prefix + name for prefix in ("", "backward_", "dkv_") for name in _SETTINGS)
+
+
+def _resolve_tiles(where: str, tiles: dict) -> dict:
+    """Every TILE_ARGUMENTS entry, each unset backward_* taking the forward's value and each unset dkv_* the
+    backward_* one; block sizes checked. num_warps / num_stages may stay None: `_statics` picks them by head_dim."""
+    unknown = sorted(set(tiles) - set(TILE_ARGUMENTS))
+    if unknown:
+        raise TypeError(f"{where}: unknown tile argument(s) {unknown}; expected some of {list(TILE_ARGUMENTS)}")
+    defaults = dict(block_q=DEFAULT_BLOCK_Q, block_k=DEFAULT_BLOCK_K)
+    resolved = {name: defaults.get(name) if tiles.get(name) is None else tiles[name] for name in _SETTINGS}
+    for prefix, inherit in (("backward_", ""), ("dkv_", "backward_")):
+        for name in _SETTINGS:
+            value = tiles.get(prefix + name)
+            resolved[prefix + name] = resolved[inherit + name] if value is None else value
+    _check_tiles(where, **{name: resolved[name] for name in TILE_ARGUMENTS if name.endswith(("block_q", "block_k"))})
+    return resolved
 
 
 def _check_tiles(where: str, **sizes) -> None:
@@ -596,14 +619,31 @@ def _default_launch(padded_head_dim: int) -> tuple[int, int]:
     return 8, DEFAULT_NUM_STAGES_WIDER
 
 
+def _statics(tiles: dict, padded_head_dim: int, **fixed) -> _Static:
+    """The forward's _Static from resolved tiles, carrying the dq and dk/dv kernels' where they differ. fixed: the
+    fields every kernel shares (scale, half, interpret, alibi, stacked)."""
+    default_warps, default_stages = _default_launch(padded_head_dim)
+
+    def kernel(prefix: str) -> _Static:
+        return _Static(block_q=tiles[prefix + "block_q"], block_k=tiles[prefix + "block_k"],
+                       num_warps=tiles[prefix + "num_warps"] or default_warps,
+                       num_stages=tiles[prefix + "num_stages"] or default_stages, **fixed)
+
+    forward, dq, dkv = kernel(""), kernel("backward_"), kernel("dkv_")
+    return dataclasses.replace(forward, dq=None if dq == forward else dq, dkv=None if dkv == dq else dkv)
+
+
+def _padded_seq(seq: int, tiles: dict) -> int:
+    # Every tile size is a power of two, so the largest is a multiple of all of them: every kernel's blocks divide
+    # the padded sequence.
+    widest = max(tiles[name] for name in TILE_ARGUMENTS if name.endswith(("block_q", "block_k")))
+    return -(-seq // widest) * widest
+
+
 def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_window, scale, interpret, global_slots,
-               block_q, block_k, num_warps, num_stages, backward_block_q, backward_block_k, backward_num_warps,
-               backward_num_stages):
+               tiles):
     batch, seq, heads, head_dim = q.shape
-    # Every tile size is a power of two, so the largest is a multiple of all of them: forward and backward blocks
-    # both divide the padded sequence.
-    widest = max(block_q, block_k, backward_block_q, backward_block_k)
-    padded_seq = -(-seq // widest) * widest
+    padded_seq = _padded_seq(seq, tiles)
     padded_dim = max(16, pl.next_power_of_2(head_dim))
 
     def pad(x, seq_axis_pad, dim_pad):
@@ -613,15 +653,8 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
         return jnp.pad(x, widths) if seq_axis_pad or dim_pad else x
 
     tail, extra_dim = padded_seq - seq, padded_dim - head_dim
-    default_warps, default_stages = _default_launch(padded_dim)
-    st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
-                 block_k=block_k, interpret=bool(interpret), num_warps=num_warps or default_warps,
-                 num_stages=num_stages or default_stages, alibi=alibi_slopes is not None)
-    backward = dataclasses.replace(st, block_q=backward_block_q, block_k=backward_block_k,
-                                   num_warps=backward_num_warps or default_warps,
-                                   num_stages=backward_num_stages or default_stages)
-    if backward != st:
-        st = dataclasses.replace(st, backward=backward)
+    st = _statics(tiles, padded_dim, scale=float(scale), half=None if local_window is None else local_window // 2,
+                  interpret=bool(interpret), alibi=alibi_slopes is not None)
     # One slope per query head, padded to a power of two (>= 16) so the kernels load it as one vector.
     slopes = jnp.zeros((max(16, pl.next_power_of_2(heads)),), jnp.float32)
     if alibi_slopes is not None:
@@ -637,8 +670,7 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
 
 
 def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, local_window, scale, interpret=False,
-                              block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K,
-                              num_warps: int | None = None, num_stages: int | None = None):
+                              **tiles):
     """attention(rope(q), rope(k), v) of a stacked projection qkv [batch, seq, 3, heads, head_dim] (q, k, v in that
     order; head_dim a power of two >= 16; no ALiBi, GQA or global tokens), differentiated to qkv as a whole.
 
@@ -648,24 +680,21 @@ def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, loca
     product with a signed permutation per program): XLA otherwise rotates dq and dk back and concatenates them with
     dv into that gradient, reading and writing it all once more (310 MB a layer of modernbert-base's step at
     32 x 1024, 3.5 ms of it on an H100: docs/benchmarks.md). Under a mesh the kernels run per device as
-    `pallas_gpu_attention`'s do.
+    `pallas_gpu_attention`'s do, and tiles set them as there.
     """
     batch, seq, three, heads, head_dim = qkv.shape
     if three != 3 or head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"pallas_gpu_rope_attention: qkv must be [batch, seq, 3, heads, head_dim] with head_dim a "
                          f"power of two >= 16, got {qkv.shape}")
-    _check_tiles("pallas_gpu_rope_attention", block_q=block_q, block_k=block_k)
+    tiles = _resolve_tiles("pallas_gpu_rope_attention", tiles)
 
     def kernel(qkv, positions, segment_ids):  # one device's shard of batch (and heads)
         batch, seq = segment_ids.shape
-        widest = max(block_q, block_k)
-        tail = -(-seq // widest) * widest - seq
+        tail = _padded_seq(seq, tiles) - seq
         pad = lambda x: jnp.pad(x, [(0, 0), (0, tail)] + [(0, 0)] * (x.ndim - 2)) if tail else x
         cos, sin = rope_tables(positions, head_dim, theta)
-        default_warps, default_stages = _default_launch(head_dim)
-        st = _Static(scale=float(scale), half=None if local_window is None else local_window // 2, block_q=block_q,
-                     block_k=block_k, interpret=bool(interpret), num_warps=num_warps or default_warps,
-                     num_stages=num_stages or default_stages, stacked=True)
+        st = _statics(tiles, head_dim, scale=float(scale), half=None if local_window is None else local_window // 2,
+                      interpret=bool(interpret), stacked=True)
         qkv = pad(qkv)
         check_offsets_fit("pallas_gpu_rope_attention", interpret, qkv=qkv)
         slopes = jnp.zeros((max(16, pl.next_power_of_2(qkv.shape[3])),), jnp.float32)
