@@ -7,10 +7,11 @@
 For each sequence length, both layer kinds of ModernBERT (global, and local with the window), a global layer over
 a row packed with --packed-docs equal documents (segment ids; block skipping should make it cheaper than one
 document of the same length), and both passes (forward; forward + backward through `jax.vjp`) are compiled and
-timed. `--tune` times `pallas_gpu`'s forward, then its backward kernels, at every combination of TUNING's tiles,
-warps and pipeline stages instead, on the global and local layers, and prints the fastest of each as keyword
-arguments of `pallas_gpu_attention` (the library's defaults are in bertjax/ops/pallas_gpu_attention.py); off a
-GPU it runs the kernels in interpret mode, to check the sweep, not to time it. Memory is the compiled program's
+timed. `--tune` times each of `pallas_gpu`'s kernels (forward, dq, dk/dv; `--tune-passes`) at every combination
+of TUNING's tiles, warps and pipeline stages instead, on the global and local layers, and prints the fastest of each
+as keyword arguments of `pallas_gpu_attention` (the library's defaults are in bertjax/ops/pallas_gpu_attention.py),
+then the backward with the fastest dq and dk/dv together; off a GPU it runs the kernels in interpret mode, to check
+the sweep, not to time it. Memory is the compiled program's
 temporary buffer size (`memory_analysis().temp_size_in_bytes`: what the attention itself needs beyond inputs and
 outputs); on GPU the device's peak bytes in use are printed as well. A program whose temporaries exceed --max-gib
 is compiled (to report its size) but not run. Ratios are relative to the dense `xla` reference of the same row:
@@ -52,8 +53,19 @@ REFERENCE = "xla"
 # tensor-core rate as bfloat16 on Hopper.
 MOSAIC_GPU = "mosaic_gpu_f16"
 INPUT_DTYPES = {MOSAIC_GPU: jnp.float16}
-# --tune: pallas_gpu kernel parameters tried (every combination).
-TUNING = {"block_q": (64, 128), "block_k": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3)}
+# --tune: each pallas_gpu kernel's parameters tried (every combination, the library's defaults first), by pass:
+# the forward's, the dq kernel's (backward_*) and the dk/dv kernel's (dkv_*). block_q counts query rows and block_k
+# key rows in all three; a dq program holds block_q queries and a dk/dv program block_k keys, so each backward
+# kernel's sweep holds 64 or 128 rows and streams the others 32 to 128 at a time.
+TUNING = {
+    "forward": {"block_q": (64, 128), "block_k": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3)},
+    "dq": {"backward_block_q": (64, 128), "backward_block_k": (32, 64, 128), "backward_num_warps": (4, 8),
+           "backward_num_stages": (2, 3)},
+    "dkv": {"dkv_block_k": (64, 128), "dkv_block_q": (32, 64, 128), "dkv_num_warps": (4, 8),
+            "dkv_num_stages": (2, 3)},
+}
+TUNE_PREFIX = {"forward": "", "dq": "backward_", "dkv": "dkv_"}
+KERNEL_SETTINGS = ("block_q", "block_k", "num_warps", "num_stages")
 
 
 def attention_fn(name: str, window: int | None, scale: float, packed: bool = False) -> Callable | None:
@@ -188,6 +200,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tune", action="store_true", help="GPU: sweep pallas_gpu's kernel parameters")
     parser.add_argument("--tune-layers", nargs="+", choices=["global", "local"], default=["global", "local"],
                         help="--tune: the layers to sweep, in this order")
+    parser.add_argument("--tune-passes", nargs="+", choices=list(TUNING), default=list(TUNING),
+                        help="--tune: the kernels to sweep, in this order")
     parser.add_argument("--tune-docs", type=int, default=1,
                         help="--tune: documents packed per row (bench.train_bench --gpu packs 4 per row of 1024)")
     args = parser.parse_args(argv)
@@ -231,12 +245,14 @@ def main(argv=None) -> None:
 
 
 def tune(args, dtype) -> None:
-    """pallas_gpu's forward, then its backward, at every TUNING combination, for each --seqs length and each
-    --tune-layers layer (rows of --batch x --tune-docs packed documents). The forward is timed alone; the backward
-    (dq and dk/dv kernels, `backward_*` arguments) as forward + backward with the forward at the library's defaults,
-    less that forward's time. The fastest of each group is
-    printed as soon as the group is done, as the keyword arguments to give `pallas_gpu_attention`."""
-    from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
+    """Each --tune-passes kernel at every TUNING combination, for each --seqs length and each --tune-layers layer
+    (rows of --batch x --tune-docs packed documents). The forward is timed alone. A backward kernel is timed as
+    forward + backward, less the default forward's time, with the other backward kernel pinned to the library's
+    defaults, so the differences between its rows are its own. The fastest of each group is printed as soon as the
+    group is done, as the keyword arguments to give `pallas_gpu_attention`; after both backward sweeps, the backward
+    with the fastest of each, against the defaults'."""
+    from bertjax.ops.pallas_gpu_attention import (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K, default_launch,
+                                                  pallas_gpu_attention)
 
     interpret = jax.default_backend() != "gpu"
     if interpret:
@@ -246,6 +262,9 @@ def tune(args, dtype) -> None:
     print("| seq | layer | pass | block_q | block_k | num_warps | num_stages | time (ms) |")
     print("|---:|---|---|---:|---:|---:|---:|---:|")
     shape_of = lambda seq: (args.batch, seq, args.heads, args.head_dim)
+    defaults = dict(zip(KERNEL_SETTINGS, (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K,
+                                          *default_launch(max(16, 1 << (args.head_dim - 1).bit_length())))))
+    pinned = {"dq": {"dkv_" + name: value for name, value in defaults.items()}, "dkv": {}, "forward": {}}
 
     def timed(seq, window, passes, options):
         def fn(q, k, v, segment_ids):
@@ -256,26 +275,74 @@ def tune(args, dtype) -> None:
                     args.max_gib * 2**30, documents=args.tune_docs, fn=fn)
         return r["seconds"] if r["status"] == "ok" else r["status"]
 
+    def candidates(kernel):
+        """[(options, whether they are the library's defaults)], the defaults first."""
+        names = list(TUNING[kernel])
+        default = tuple(defaults[name.removeprefix(TUNE_PREFIX[kernel])] for name in names)
+        every = sorted(itertools.product(*TUNING[kernel].values()), key=lambda values: values != default)
+        return [(dict(zip(names, values)), values == default) for values in every]
+
+    cudnn = {}  # (seq, window) -> cuDNN's forward + backward seconds, or why there are none
+
+    def summarize(seq, window, layer, default_forward, best):
+        """Once both backward kernels are swept: the backward with the fastest of each against the defaults'
+        (once); and forward + backward with every kernel's fastest so far against cuDNN's on a GPU (global layers
+        of one document: cuDNN has no window or segments here), the issue's >= 0.7x."""
+        backward = {**best["dq"][1], **best["dkv"][1]}
+        options = {**best["forward"][1], **backward} if "forward" in best else backward
+        if "backward" not in best:
+            seconds = best["backward"] = timed(seq, window, "forward+backward", backward)
+            if isinstance(seconds, float) and isinstance(default_forward, float):
+                against = f" (the defaults' {best['default'] * 1e3:.3f} ms)" if "default" in best else ""
+                print(f"# backward with the fastest dq and dk/dv at seq {seq}, {layer}: "
+                      f"{(seconds - default_forward) * 1e3:.3f} ms{against} with {backward}", flush=True)
+        if interpret or window is not None or args.tune_docs != 1:
+            return
+        if (seq, window) not in cudnn:
+            r = measure("cudnn", None, "forward+backward", shape_of(seq), dtype, args.repeats, args.min_seconds,
+                        args.max_gib * 2**30)
+            cudnn[seq, window] = r["seconds"] if r["status"] == "ok" else r["status"]
+        seconds = timed(seq, window, "forward+backward", options) if "forward" in best else best["backward"]
+        if isinstance(seconds, float) and isinstance(cudnn[seq, window], float):
+            print(f"# forward+backward at seq {seq}, {layer}, with {options}: {seconds * 1e3:.3f} ms, cuDNN's "
+                  f"{cudnn[seq, window] * 1e3:.3f} ms: {cudnn[seq, window] / seconds:.2f}x cuDNN's speed (target "
+                  f">= 0.7x)", flush=True)
+        else:
+            print(f"# forward+backward against cuDNN at seq {seq}: pallas_gpu {seconds}, cuDNN {cudnn[seq, window]}",
+                  flush=True)
+
     try:
         windows = [None if layer == "global" else args.window for layer in args.tune_layers]
         for seq, window in itertools.product(args.seqs, windows):
             layer = "global" if window is None else f"local {window}"
             default_forward = timed(seq, window, "forward", {})
-            for passes, prefix in (("forward", ""), ("backward", "backward_")):
-                best = None
-                for values in itertools.product(*TUNING.values()):
-                    options = {prefix + name: value for name, value in zip(TUNING, values)}
-                    seconds = timed(seq, window, "forward" if passes == "forward" else "forward+backward", options)
-                    if isinstance(seconds, float) and passes == "backward":
-                        seconds = (seconds - default_forward if isinstance(default_forward, float)
-                                   else "failed: no default forward to subtract")
+            # kernel -> (seconds, options), its fastest; "default": the defaults' backward; "backward": the
+            # forward (default) + backward with the fastest dq and dk/dv
+            best = {}
+            for kernel in args.tune_passes:
+                fastest = None
+                for options, is_default in candidates(kernel):
+                    if kernel == "forward":
+                        seconds = timed(seq, window, "forward", options)
+                    else:
+                        seconds = timed(seq, window, "forward+backward", {**options, **pinned[kernel]})
+                        if isinstance(seconds, float):
+                            seconds = (seconds - default_forward if isinstance(default_forward, float)
+                                       else "failed: no default forward to subtract")
                     shown = f"{seconds * 1e3:.3f}" if isinstance(seconds, float) else seconds
-                    print(f"| {seq} | {layer} | {passes} | {' | '.join(map(str, values))} | {shown} |", flush=True)
-                    if isinstance(seconds, float) and (best is None or seconds < best[0]):
-                        best = (seconds, options)
-                if best is not None:
-                    print(f"# fastest {passes} at seq {seq}, {layer}: {best[0] * 1e3:.3f} ms with {best[1]}",
+                    values = [options.get(TUNE_PREFIX[kernel] + name, "") for name in KERNEL_SETTINGS]
+                    print(f"| {seq} | {layer} | {kernel} | {' | '.join(map(str, values))} | {shown} |", flush=True)
+                    if isinstance(seconds, float):
+                        if fastest is None or seconds < fastest[0]:
+                            fastest = (seconds, options)
+                        if kernel != "forward" and is_default:  # the library's defaults, both backward kernels
+                            best["default"] = seconds
+                if fastest is not None:
+                    print(f"# fastest {kernel} at seq {seq}, {layer}: {fastest[0] * 1e3:.3f} ms with {fastest[1]}",
                           flush=True)
+                    best[kernel] = fastest
+                if {"dq", "dkv"} <= best.keys():
+                    summarize(seq, window, layer, default_forward, best)
     except KeyboardInterrupt:  # launch/gpu_session.sh's time cap: the groups above are complete
         print("# interrupted", flush=True)
 

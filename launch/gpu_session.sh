@@ -4,7 +4,7 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9.5 minutes
-#   launch/gpu_session.sh inference:130 tune_train:110  # call 2, at once while warm, with what is left (~250 s)
+#   launch/gpu_session.sh inference:120 tune:130  # call 2, at once while warm, with what is left (~250 s)
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -33,8 +33,11 @@
 #              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048; with JAX's own
 #              Mosaic GPU FlashAttention (float16, global layers only) as the mark for a Hopper port
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
-#   tune       bench.attention_bench --tune: pallas_gpu's global forward and backward tiles, warps and stages at
-#              16384, where forward+backward is 0.68x cuDNN (0.7x wanted); 8192 was swept on both leases
+#   tune       bench.attention_bench --tune: pallas_gpu's tiles, warps and stages at 16384 (global), where
+#              forward+backward is 0.68x cuDNN (0.7x wanted): the dq kernel's, then the dk/dv kernel's (each its own
+#              since this lease: dq holding 128 queries and dk/dv 128 keys is now one setting), the backward with the
+#              fastest of both and forward+backward against cuDNN's, then the forward's (8192 was swept on both
+#              leases) and forward+backward against cuDNN's again
 #   tune_train the same sweep at the train step's attention shape (32 rows of 1024, 4 documents each), local layers
 #              first: the step's 22 attention layers took 11.1 ms of its 76.2. There a query tile visits 3 key tiles
 #              (local) or 4 (global, its 256-token document), so each program is short and its fixed work (loading
@@ -52,7 +55,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A CAP=([env]=20 [check]=100 [norm]=40 [train_kernels]=180 [train]=190 [attention]=60 [inference]=130
-                [memory]=220 [tune]=110 [tune_train]=140 [profile]=50)
+                [memory]=220 [tune]=130 [tune_train]=140 [profile]=50)
 MAIN_PLAN=(env check norm train_kernels memory)  # caps sum to 560 s: call 1 with timeout_s 590
 
 DRY_RUN=0
@@ -172,12 +175,13 @@ for item in "${STAGES[@]}"; do
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
       ;;
     tune)
-      run tune "$cap" python3 -m bench.attention_bench --tune --seqs 16384 --tune-layers global --repeats 3 \
-        --min-seconds 0.1
+      # ~50 timings before the first cuDNN comparison (each a compile and 3 x 0.1 s), the forward's 24 after
+      run tune "$cap" python3 -m bench.attention_bench --tune --seqs 16384 --tune-layers global \
+        --tune-passes dq dkv forward --repeats 3 --min-seconds 0.1
       ;;
     tune_train)
       run tune_train "$cap" python3 -m bench.attention_bench --tune --seqs 1024 --batch 32 --tune-docs 4 \
-        --tune-layers local global --repeats 3 --min-seconds 0.1
+        --tune-layers local global --tune-passes dq dkv forward --repeats 3 --min-seconds 0.1
       ;;
     profile)
       run profile "$cap" python3 -m bench.profile_step --preset modernbert-base --batch 32 --seq 1024 \

@@ -35,8 +35,9 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
     return commands
 
 
-@pytest.mark.parametrize("stages", [(), ("inference", "tune_train"), ("train", "attention", "profile", "tune")],
-                         ids=["main plan", "second call", "second call after a change"])
+@pytest.mark.parametrize("stages", [(), ("inference", "tune"), ("tune_train",),
+                                    ("train", "attention", "profile", "tune")],
+                         ids=["main plan", "second call", "train-shape sweep", "second call after a change"])
 def test_every_planned_command_parses(stages):
     result = dry_run(*stages)
     assert result.returncode == 0, result.stderr
@@ -208,26 +209,90 @@ def test_transformers_weights_come_from_an_xla_attention_model(monkeypatch):
     chex.assert_trees_all_equal_shapes_and_dtypes(params, expected)
 
 
-def test_tune_sweeps_forward_then_backward_tiles(monkeypatch, capsys):
-    """--tune off a GPU (interpret mode, tiny shapes): every combination is run for the forward and, through the
-    `backward_*` arguments, for the backward, layers in the order asked, rows packed as asked; the fastest of each
-    group is printed as pallas_gpu_attention's keyword arguments."""
+def test_tune_sweeps_each_kernel_then_the_fastest_backward(monkeypatch, capsys):
+    """--tune off a GPU (interpret mode, tiny shapes): every combination is run for the forward, the dq kernel
+    (`backward_*`, dk/dv pinned to the defaults) and the dk/dv kernel (`dkv_*`), defaults first, layers in the order
+    asked, rows packed as asked; the fastest of each group is printed as pallas_gpu_attention's keyword arguments,
+    then the backward with the fastest of both."""
     import bench.attention_bench as attention_bench
 
-    monkeypatch.setattr(attention_bench, "TUNING", {"block_q": (16,), "block_k": (16, 32), "num_warps": (4,),
-                                                    "num_stages": (2,)})
+    monkeypatch.setattr(attention_bench, "TUNING", {
+        "forward": {"block_q": (16,), "block_k": (16, 32), "num_warps": (4,), "num_stages": (2,)},
+        "dq": {"backward_block_q": (32, 64), "backward_block_k": (16,), "backward_num_warps": (4,),
+               "backward_num_stages": (3,)},
+        "dkv": {"dkv_block_k": (16, 64), "dkv_block_q": (64,), "dkv_num_warps": (4,), "dkv_num_stages": (3,)}})
+    calls = []
+    real = attention_bench.measure
+    monkeypatch.setattr(attention_bench, "measure", lambda *a, fn, **kw: calls.append(fn) or real(*a, fn=fn, **kw))
     args = attention_bench.parse_args(["--tune", "--seqs", "64", "--window", "32", "--heads", "2", "--head-dim", "16",
                                        "--batch", "2", "--repeats", "1", "--min-seconds", "0", "--max-gib", "1",
                                        "--tune-layers", "local", "global", "--tune-docs", "2"])
+    assert args.tune_passes == ["forward", "dq", "dkv"]
     attention_bench.tune(args, attention_bench.jnp.float32)
     out = capsys.readouterr().out
     assert "# batch 2, 2 document(s) per row, heads 2, head_dim 16" in out
     rows = [line for line in out.splitlines() if line.startswith("| 64 |")]
-    assert len(rows) == 2 * 2 * 2  # layers x passes x combinations
-    assert [row.split("|")[2].strip() for row in rows[::4]] == ["local 32", "global"]
+    assert len(rows) == 2 * 3 * 2  # layers x passes x combinations
+    assert [row.split("|")[2].strip() for row in rows[::6]] == ["local 32", "global"]
+    # Table columns are the kernel's own (block_q, block_k, warps, stages); dk/dv's default (64 x 64) comes first.
+    cells = lambda row: [cell.strip() for cell in row.split("|")[3:8]]
+    assert [cells(row) for row in rows[:6]] == [
+        ["forward", "16", "16", "4", "2"], ["forward", "16", "32", "4", "2"], ["dq", "32", "16", "4", "3"],
+        ["dq", "64", "16", "4", "3"], ["dkv", "64", "64", "4", "3"], ["dkv", "64", "16", "4", "3"]]
     # all timed (a backward is fwd+bwd less the default forward: on a loaded CPU in interpret mode, maybe < 0)
     assert all(isinstance(float(line.split("|")[-2]), float) for line in rows), rows
     for layer in ("global", "local 32"):
-        assert f"# fastest forward at seq 64, {layer}: " in out
-        assert f"# fastest backward at seq 64, {layer}: " in out
-    assert "'backward_block_q': 16" in out and "{'block_q': 16" in out
+        for kernel in ("forward", "dq", "dkv"):
+            assert f"# fastest {kernel} at seq 64, {layer}: " in out
+        assert f"# backward with the fastest dq and dk/dv at seq 64, {layer}: " in out
+    assert "'backward_block_q': " in out and "'dkv_block_k': " in out and "{'block_q': 16" in out
+    assert "the defaults' " in out
+    assert len(calls) == 2 * (1 + 3 * 2 + 1)  # per layer: default forward, the sweeps, the fastest backward
+
+
+def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
+    """The sweep's arithmetic, with a fake GPU whose kernel times are functions of the tiles: a backward kernel's
+    row is forward + backward less the default forward, dq is swept with dk/dv pinned to the defaults, and the
+    summary times the fastest of each against the defaults and cuDNN (fake times, so exact)."""
+    import bench.attention_bench as attention_bench
+    import bertjax.ops.pallas_gpu_attention as kernels
+
+    monkeypatch.setattr(attention_bench.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention_bench, "TUNING", {
+        "forward": {"block_q": (64, 128), "block_k": (64,), "num_warps": (4,), "num_stages": (3,)},
+        "dq": {"backward_block_q": (64, 128), "backward_block_k": (64,), "backward_num_warps": (4,),
+               "backward_num_stages": (3,)},
+        "dkv": {"dkv_block_k": (64, 128), "dkv_block_q": (64,), "dkv_num_warps": (4,), "dkv_num_stages": (3,)}})
+    monkeypatch.setattr(kernels, "pallas_gpu_attention",
+                        lambda *a, **kw: {k: v for k, v in kw.items() if k in kernels.TILE_ARGUMENTS})
+    seen = []
+
+    def fake_measure(name, window, passes, *rest, fn=None, **kw):
+        if name == "cudnn":
+            return {"status": "ok", "seconds": 7.0}
+        options = fn(None, None, None, None)
+        seen.append((passes, options))
+        tiles = kernels._resolve_tiles("fake", options)
+        forward = 2.0 if tiles["block_q"] == 128 else 3.0
+        dq = 2.0 if tiles["backward_block_q"] == 128 else 3.0
+        dkv = 3.0 if tiles["dkv_block_k"] == 128 else 4.0
+        return {"status": "ok", "seconds": forward + (dq + dkv if passes == "forward+backward" else 0.0)}
+
+    monkeypatch.setattr(attention_bench, "measure", fake_measure)
+    args = attention_bench.parse_args(["--tune", "--seqs", "16384", "--tune-layers", "global",
+                                       "--tune-passes", "dq", "dkv", "forward"])
+    attention_bench.tune(args, attention_bench.jnp.bfloat16)
+    out = capsys.readouterr().out
+    # dq's rows pin dk/dv to the defaults (64 x 64, 4 warps, 3 stages at head_dim 64): 3 + 3 + 4 - 3 = 7 ms.
+    assert seen[1] == ("forward+backward", dict(backward_block_q=64, backward_block_k=64, backward_num_warps=4,
+                                                backward_num_stages=3, dkv_block_q=64, dkv_block_k=64,
+                                                dkv_num_warps=4, dkv_num_stages=3))
+    assert "| 16384 | global | dq | 64 | 64 | 4 | 3 | 7000.000 |" in out
+    assert "| 16384 | global | dq | 128 | 64 | 4 | 3 | 6000.000 |" in out
+    assert "| 16384 | global | dkv | 64 | 128 | 4 | 3 | 6000.000 |" in out
+    assert ("# backward with the fastest dq and dk/dv at seq 16384, global: 5000.000 ms (the defaults' 7000.000 ms)"
+            in out)
+    # Before the forward sweep: default forward 3 + 5 = 8 ms against cuDNN's 7; after it, 2 + 5.
+    assert "8000.000 ms, cuDNN's 7000.000 ms: 0.88x cuDNN's speed (target >= 0.7x)" in out
+    assert "7000.000 ms, cuDNN's 7000.000 ms: 1.00x cuDNN's speed (target >= 0.7x)" in out
+    assert out.count("# backward with the fastest") == 1

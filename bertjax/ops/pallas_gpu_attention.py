@@ -612,7 +612,7 @@ def _check_tiles(where: str, **sizes) -> None:
             raise ValueError(f"{where}: {name} must be a power of two >= 16, got {size}")
 
 
-def _default_launch(padded_head_dim: int) -> tuple[int, int]:
+def default_launch(padded_head_dim: int) -> tuple[int, int]:
     """(num_warps, num_stages) by padded head_dim (DEFAULT_NUM_STAGES_*: measured on an H100 up to 64)."""
     if padded_head_dim <= 64:
         return 4, DEFAULT_NUM_STAGES_UP_TO_64
@@ -622,7 +622,7 @@ def _default_launch(padded_head_dim: int) -> tuple[int, int]:
 def _statics(tiles: dict, padded_head_dim: int, **fixed) -> _Static:
     """The forward's _Static from resolved tiles, carrying the dq and dk/dv kernels' where they differ. fixed: the
     fields every kernel shares (scale, half, interpret, alibi, stacked)."""
-    default_warps, default_stages = _default_launch(padded_head_dim)
+    default_warps, default_stages = default_launch(padded_head_dim)
 
     def kernel(prefix: str) -> _Static:
         return _Static(block_q=tiles[prefix + "block_q"], block_k=tiles[prefix + "block_k"],
