@@ -65,8 +65,9 @@ LOG2E = float(np.log2(np.e))  # scores times LOG2E: exp(x) = exp2(x * LOG2E)
 LN2 = float(np.log(2.0))
 # Shared memory per program, compiled for sm_90 by triton 3.9 from the kernels' Triton IR (window 128, bytes at
 # num_stages 2 / 3; tests/test_pallas_gpu_export.py), against the H100's 227 KB (232,448 B) per block:
-#   64 x 64 (default), the largest of forward / dq / dk/dv: bf16 d64 49,408 / 66,048, d128 98,560 / 131,584;
-#     f32 d64 82,176 / 115,200, d128 147,712 / 213,504: every case fits, at either stage count.
+#   64 x 64 (default), the largest of forward / dq / dk/dv (dk/dv, on transposed tiles since 2026-11-27): bf16
+#     d64 50,176 / 67,584, d128 99,328 / 133,120; f32 d64 82,688 / 116,224, d128 148,224 / 214,528: every case
+#     fits, at either stage count.
 #   128 x 128: bf16 d64 99,840 / 134,144, d128 197,120 / 263,168 (dq; fits at num_stages 2 only);
 #     f32 d128 328,192 (dq) already at num_stages 2: does not fit. 128 x 64 and 64 x 128: f32 d128 fit only at 2.
 # Hence 64 x 64: safe for both dtypes up to head_dim 128; larger tiles are for bfloat16, with num_stages 2
@@ -308,7 +309,7 @@ def _forward_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_re
 
 
 def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_ref, do_ref, o_ref, lse_ref,
-               dlse_ref, k_ref, v_ref, cos_ref, sin_ref, dq_ref, delta_ref, *, st: _Static, group: int):
+               dlse_ref, k_ref, v_ref, cos_ref, sin_ref, dq_ref, delta_ref, lse2_ref, *, st: _Static, group: int):
     b, h, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     kv_head = lax.div(h, group)
     q_first = i * st.block_q
@@ -320,7 +321,10 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_
     if dlse_ref is not None:
         delta = delta - dlse_ref[...]
     delta_ref[...] = delta
+    # The log-sum-exp in log2 units, for the dk/dv kernel too: it reads each query block's once per key block,
+    # along its tiles' columns, where a thread holds many entries (16 of 64 at 64 x 64, against 2 of a row).
     lse2 = lse_ref[...] * LOG2E
+    lse2_ref[...] = lse2
     q_seg = seg_ref[b, pl.ds(q_first, st.block_q)]
     slope = _alibi_slope(slopes_ref, h) if st.alibi else None
 
@@ -343,7 +347,7 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
-def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse_ref,
+def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse2_ref,
                 delta_ref, cos_ref, sin_ref, dy_in_ref, *out_refs, st: _Static, group: int):
     """out_refs: dk and dv; or, stacked, the stacked gradient the dq kernel began (dy_in_ref is the same buffer)."""
     del dy_in_ref
@@ -364,7 +368,7 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
                 q = _rows_of(q_ref, 0, b, queries, h, st)
                 do = do_ref[b, queries, h, :]
                 scores = _times(*_scores(k, q, st, slope, k_first, i * st.block_q))
-                p = jnp.exp2(scores - (lse_ref[b, h, queries] * LOG2E)[None, :])
+                p = jnp.exp2(scores - lse2_ref[b, h, queries][None, :])
                 if masked:
                     p = jnp.where(_visible(k_seg, seg_ref[b, queries], k_first, i * st.block_q, st.half), p, 0.0)
                 dv = dv + _dot(p.astype(do.dtype), do)
@@ -463,15 +467,16 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=No
         dq_shape = jax.ShapeDtypeStruct(v.shape, v.dtype)
     else:
         dq_block, dq_shape = q_block, jax.ShapeDtypeStruct(q.shape, q.dtype)
-    # The dq kernel also writes delta (the softmax backward's row term) for the dk/dv kernel.
-    dq, delta = pl.pallas_call(
+    # The dq kernel also writes delta (the softmax backward's row term) and the log-sum-exp in log2 units for the
+    # dk/dv kernel.
+    dq, delta, lse2 = pl.pallas_call(
         functools.partial(_dq_kernel, st=st, group=group),
         grid=(batch, heads, seq // st.block_q),
         in_specs=[_whole()] * 6 + [_head_block(st, st.block_q, head_dim, 0), q_block, q_block, row_block,
                                    None if dlse is None else row_block, _whole(), _whole(), table(st.block_q),
                                    table(st.block_q)],
-        out_specs=[dq_block, row_block],
-        out_shape=[dq_shape, jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)],
+        out_specs=[dq_block, row_block, row_block],
+        out_shape=[dq_shape, *[jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)] * 2],
         compiler_params=_compiler_params(st),
         interpret=st.interpret,
         name="bertjax_flash_dq",
@@ -482,7 +487,7 @@ def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=No
     k_ranges = block_ranges(seg, window, st.block_k, st.block_q)
     k_block, v_block = _head_block(st, st.block_k, head_dim, 1), _head_block(st, st.block_k, head_dim, 2)
     k_table = None if cos is None else pl.BlockSpec((None, st.block_k, head_dim), lambda b, g, j: (b, j, 0))
-    operands = (*k_ranges, seg, slopes, k, v, q, do, lse, delta, cos, sin)
+    operands = (*k_ranges, seg, slopes, k, v, q, do, lse2, delta, cos, sin)
     if st.stacked:
         # The dq kernel's output comes in and goes out as one buffer, this kernel filling its k and v slots.
         extra = dict(out_specs=_whole(), out_shape=dq_shape, input_output_aliases={len(operands): 0})
