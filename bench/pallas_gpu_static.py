@@ -21,6 +21,9 @@ and what ptxas (shipped in the `triton` package) reports per kernel: registers p
     python -m bench.pallas_gpu_static --kernel norm [--features 768] [--dtype ...] [--block-rows N] [--num-warps N]
         # the residual add + norm kernels (pallas_gpu_norm), forward and backward, LayerNorm without bias as
         # ModernBERT's: a memory-bound kernel wants enough resident programs and no spills
+    python -m bench.pallas_gpu_static --kernel glu [--features 1152] [--dtype ...] [--activation gelu]
+                                      [--block-rows 32] [--block-cols 128] [--num-warps 4]
+        # the gated MLP's act(a) * b kernels (pallas_gpu_glu), forward and backward, modernbert-base's width
 
 A thread has at most 255 registers; a kernel at that limit with a stack frame or spills keeps part of its state in
 local memory (L1, else DRAM) instead.
@@ -301,6 +304,30 @@ def norm_main(args) -> None:
         print(resource_row(name, text, warps, stages)[0], flush=True)
 
 
+def glu_main(args) -> None:
+    from bertjax.ops import pallas_gpu_glu
+
+    dtype = jnp.dtype(args.dtype)
+    features = args.features if args.features is not None else 1152
+    tiles = dict(block_rows=args.block_rows or pallas_gpu_glu.DEFAULT_BLOCK_ROWS,
+                 block_cols=args.block_cols or pallas_gpu_glu.DEFAULT_BLOCK_COLS, num_warps=args.num_warps or 4)
+
+    def loss(y):
+        return jnp.sum(pallas_gpu_glu.glu(y, args.activation, **tiles).astype(jnp.float32))
+
+    # value_and_grad: the backward needs none of the forward's output, so a gradient alone would drop the forward.
+    kernels = triton_ir(jax.value_and_grad(loss), jax.ShapeDtypeStruct((32 * 1024, 2, features), dtype))
+    if kernels is None:
+        raise SystemExit(f"jax {jax.__version__}: the lowered program carries no Triton IR to compile here")
+    print(f"# pallas_gpu_glu, {args.activation}, 32,768 rows x 2 x {features} features, {args.dtype}, {tiles}; "
+          f"triton for sm_90")
+    print("| kernel | warps | stages | shared memory (B) | registers | stack (B) | spill stores / loads (B) | "
+          "wgmma / mma.sync | blocks / SM |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, text, warps, stages in kernels:
+        print(resource_row(name, text, warps, stages)[0], flush=True)
+
+
 def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> int:
     """(query, key) pairs a kernel tiled block_q x block_k scores over one document of `seq` tokens: visited tiles
     times tile area (key_block_ranges). Larger tiles skip less of a window's edge; the dk/dv kernel visits the same
@@ -311,7 +338,7 @@ def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> in
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kernel", choices=["flash", "deberta", "norm"], default="flash")
+    parser.add_argument("--kernel", choices=["flash", "deberta", "norm", "glu"], default="flash")
     parser.add_argument("--layer", choices=["global", "local"], default="global")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--head-dim", type=int, default=64)
@@ -331,13 +358,20 @@ def main(argv=None) -> None:
     parser.add_argument("--stacked", action="store_true",
                         help="attention on the stacked q/k/v projection (pallas_gpu_rope_attention)")
     norm = parser.add_argument_group("--kernel norm")
-    norm.add_argument("--features", type=int, default=768)
+    norm.add_argument("--features", type=int, default=None, help="default 768 (norm), 1152 (glu)")
     norm.add_argument("--block-rows", type=int, default=None, help="rows a program holds (default: the library's)")
+    glu = parser.add_argument_group("--kernel glu (and --features, --block-rows)")
+    glu.add_argument("--activation", default="gelu", help="a bertjax.ops.activations name")
+    glu.add_argument("--block-cols", type=int, default=None, help="features a program holds (default: the library's)")
     args = parser.parse_args(argv)
     if args.kernel == "deberta":
         return deberta_main(args)
     if args.kernel == "norm":
+        if args.features is None:
+            args.features = 768
         return norm_main(args)
+    if args.kernel == "glu":
+        return glu_main(args)
     backward = {f"{prefix}_{name}": getattr(args, f"{prefix}_{name}") for prefix in ("backward", "dkv")
                 for name in ("block_q", "block_k", "num_warps", "num_stages")
                 if getattr(args, f"{prefix}_{name}") is not None}

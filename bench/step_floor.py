@@ -5,6 +5,7 @@ matrix products, and the bytes its other kernels move, per kernel of the program
     python -m bench.step_floor --topology h100 --batch 4 --seq 8192
     python -m bench.step_floor --topology h100 --norm pallas_gpu    # the residual add + norm kernel in every norm
     python -m bench.step_floor --topology h100 --fused-qkv          # attention on the stacked q/k/v projection
+    python -m bench.step_floor --topology h100 --glu pallas_gpu     # the gated MLP's act(a) * b kernel
     python -m bench.step_floor                                      # this machine's backend (a GPU host, or CPU)
 
 `--topology` compiles without the GPU (bertjax/gpu_aot.py; needs JAX's CUDA plugin); without it the step is
@@ -13,7 +14,7 @@ outputs, so they are a range: a kernel writes its outputs at least once, and rea
 a fusion only slices (through bitcasts), as RoPE and the split of q, k and v slice the fused projection's output,
 counts as the slices it reads. Products' FLOPs are 2 x output elements x contracted size of every
 dot in a fusion; the Pallas kernels are listed by their bytes (attention's FLOPs depend on the segments; the norm
-kernel's bytes count every row it reads and writes, as the other kernels').
+and GLU kernels' bytes count every row they read and write, as the other kernels').
 Times are at --bandwidth and --matmul-rate (defaults: what the device tool's H100s measured, 3.0 TB/s counting
 bytes read plus written, 798 TFLOP/s bf16), and the largest memory-bound kernels are grouped by the model code
 that made them (the HLO's op names, layers merged).
@@ -32,7 +33,8 @@ DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16"
 _ARRAY = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
 _COMPUTATION = re.compile(r"^(ENTRY )?%(\S+) \(.*\) -> .* \{$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][\w-]*)\((.*)$")
-NORM_KERNEL = "bertjax_add_norm"  # the names of bertjax/ops/pallas_gpu_norm.py's kernels begin so
+# Pallas kernels other than attention, by how their names begin (bertjax/ops/pallas_gpu_norm.py, pallas_gpu_glu.py).
+PALLAS_KINDS = {"bertjax_add_norm": "norm", "bertjax_glu": "GLU"}
 KERNEL_OPS = ("fusion", "custom-call", "copy", "dot", "convolution", "all-reduce", "all-gather", "reduce-scatter",
               "sort", "scatter", "gather", "reduce", "transpose", "concatenate", "dynamic-update-slice")
 
@@ -204,8 +206,8 @@ def kernels_of(text: str) -> list[Kernel]:
         if callee:
             flops += dot_flops(computations, callee)
         pallas = "xla.gpu.triton" in instruction.rest or "tpu_custom_call" in instruction.rest
-        kind = ("norm" if pallas and NORM_KERNEL in instruction.rest else "attention" if pallas
-                else "matmul" if flops else "other")
+        kind = ("matmul" if flops else "other") if not pallas else next(
+            (kind for prefix, kind in PALLAS_KINDS.items() if prefix in instruction.rest), "attention")
         op_name = re.search(r'op_name="([^"]*)"', instruction.rest)
         source = instruction.op
         if op_name:  # "jit(step)/transpose(jvp(Model))/.../layers_3/mlp/mul" -> "backward .../layers_N/mlp/mul"
@@ -221,22 +223,23 @@ def summary(kernels: list[Kernel], bandwidth: float, matmul_rate: float, top: in
     matmul = [k for k in kernels if k.kind == "matmul"]
     other = [k for k in kernels if k.kind == "other"]
     attention = [k for k in kernels if k.kind == "attention"]
-    norms = [k for k in kernels if k.kind == "norm"]
+    pallas = {kind: [k for k in kernels if k.kind == kind] for kind in PALLAS_KINDS.values()}
+    pallas = {kind: found for kind, found in pallas.items() if found}
     flops = sum(k.flops for k in matmul)
     writes, moved = sum(k.writes for k in other), sum(k.writes + k.reads for k in other)
     ms = lambda seconds: f"{seconds * 1e3:.1f} ms"
     lines = [f"kernels: {len(kernels)} ({len(matmul)} with matrix products, {len(attention)} Pallas attention, "
-             + (f"{len(norms)} Pallas norm, " if norms else "") + f"{len(other)} other)",
+             + "".join(f"{len(found)} Pallas {kind}, " for kind, found in pallas.items()) + f"{len(other)} other)",
              f"matrix products: {flops / 1e12:.2f} TFLOP, {ms(flops / matmul_rate)} at {matmul_rate / 1e12:.0f} "
              "TFLOP/s",
              f"other kernels: write {writes / 1e9:.1f} GB, read and write at most {moved / 1e9:.1f} GB: "
              f"{ms(writes / bandwidth)} to {ms(moved / bandwidth)} at {bandwidth / 1e12:.1f} TB/s",
              f"Pallas attention kernels: read and write at most "
              f"{sum(k.writes + k.reads for k in attention) / 1e9:.1f} GB",
-             *([f"Pallas norm kernels: write {sum(k.writes for k in norms) / 1e9:.1f} GB, read and write at most "
-                f"{sum(k.writes + k.reads for k in norms) / 1e9:.1f} GB: "
-                f"{ms(sum(k.writes + k.reads for k in norms) / bandwidth)} at {bandwidth / 1e12:.1f} TB/s"]
-               if norms else []),
+             *(f"Pallas {kind} kernels: write {sum(k.writes for k in found) / 1e9:.1f} GB, read and write at most "
+               f"{sum(k.writes + k.reads for k in found) / 1e9:.1f} GB: "
+               f"{ms(sum(k.writes + k.reads for k in found) / bandwidth)} at {bandwidth / 1e12:.1f} TB/s"
+               for kind, found in pallas.items()),
              f"largest other kernels by the code that made them (at most, {bandwidth / 1e12:.1f} TB/s):"]
     by_source = collections.Counter()
     for kernel in other:
@@ -256,6 +259,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--norm", default="xla", choices=["xla", "pallas_gpu"], help="the norm implementation")
     parser.add_argument("--fused-qkv", action="store_true",
                         help="attention on the stacked q/k/v projection (EncoderConfig.attention_fused_qkv)")
+    parser.add_argument("--glu", default="xla", choices=["xla", "pallas_gpu"],
+                        help="the gated MLP's implementation (EncoderConfig.glu_implementation)")
     parser.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s, read plus written")
     parser.add_argument("--matmul-rate", type=float, default=7.98e14, help="FLOP/s of the matrix products")
     parser.add_argument("--hlo-out", default=None, help="also write the optimized HLO here")
@@ -295,8 +300,8 @@ def main(argv=None) -> None:
         from bertjax import gpu_aot
 
         devices, platform = gpu_aot.gpu_devices(args.topology), "gpu"
-    case = Case("floor", gpu_config(args.seq, norm=args.norm, fused_qkv=args.fused_qkv), batch=args.batch, seq_len=args.seq,
-                documents_per_row=args.documents_per_row, remat_policy=args.remat)
+    case = Case("floor", gpu_config(args.seq, norm=args.norm, fused_qkv=args.fused_qkv, glu=args.glu),
+                batch=args.batch, seq_len=args.seq, documents_per_row=args.documents_per_row, remat_policy=args.remat)
     setup = setup_run(case.run_config(2), vocab_size=case.config.vocab_size, pad_id=case.config.pad_token_id,
                       devices=devices, attention_platform=platform, compile_only=devices is not None)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
@@ -313,7 +318,7 @@ def main(argv=None) -> None:
     print(f"# modernbert-base train step, {args.batch} x {args.seq}, {args.documents_per_row} documents per row, "
           f"remat {args.remat}, compiled for {target} (jax {jax.__version__}); attention {setup.model_config.attention_implementation}"
           f"{' on the stacked q/k/v' if setup.model_config.attention_fused_qkv else ''}, norm "
-          f"{setup.model_config.norm_implementation}")
+          f"{setup.model_config.norm_implementation}, GLU {setup.model_config.glu_implementation}")
     print(summary(kernels_of(text), args.bandwidth, args.matmul_rate))
 
 

@@ -8,6 +8,7 @@
     python -m bench.train_bench --gpu --gpu-batch 16 32 --attention pallas_gpu xla   # a sweep, one table
     python -m bench.train_bench --gpu --gpu-batch 32 --norm xla pallas_gpu   # XLA's norms against the norm kernel
     python -m bench.train_bench --gpu --gpu-batch 32 --fused-qkv on off --norm pallas_gpu xla --no-transformers
+    python -m bench.train_bench --gpu --gpu-batch 32 --fused-qkv on off --norm pallas_gpu xla --glu pallas_gpu xla
     python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192        # the largest batch that trains;
     python -m bench.train_bench --gpu-max-batch transformers --gpu-seq 8192   # one framework per process
     python -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --topology h100   # no GPU: by compiled memory
@@ -287,8 +288,9 @@ def transformers_attentions() -> list[str]:
     return ["sdpa"] + (["flash_attention_2"] if transformers.utils.is_flash_attn_2_available() else [])
 
 
-def gpu_config(seq_len: int, attention: str = "auto", norm: str = "xla", fused_qkv: bool = False):
-    kernels = dict(attention_implementation=attention, norm_implementation=norm, attention_fused_qkv=fused_qkv)
+def gpu_config(seq_len: int, attention: str = "auto", norm: str = "xla", fused_qkv: bool = False, glu: str = "xla"):
+    kernels = dict(attention_implementation=attention, norm_implementation=norm, attention_fused_qkv=fused_qkv,
+                   glu_implementation=glu)
     if DRY_RUN:  # same family and dtype, a model that compiles in seconds
         return get_config("modernbert-base", dtype="bfloat16", max_position_embeddings=max(seq_len, 128),
                           hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, local_window=32,
@@ -325,8 +327,8 @@ def measure_bertjax(case: Case, steps: int, peak: float) -> dict | None:
 
 def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
             norms: tuple[str, ...] = ("xla",), with_transformers: bool = True,
-            fused_qkv: tuple[bool, ...] = (False,)) -> list[dict]:
-    """For each batch size: bertjax with each attention and norm implementation, stacked q/k/v or not, on packed rows
+            fused_qkv: tuple[bool, ...] = (False,), glus: tuple[str, ...] = ("xla",)) -> list[dict]:
+    """For each batch size: bertjax with each attention, norm and GLU implementation, stacked q/k/v or not, on packed rows
     (4 documents per row, as pretraining feeds it), then each on one document per row, and transformers (each attention it has) on
     those same one-document rows and initial weights. The first implementation's packed rows and transformers come
     first, so a run stopped at its time cap (SIGINT) still has the comparison; it then prints what it measured."""
@@ -338,14 +340,18 @@ def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
     rows, best = [], None
     try:
         for batch in batches:
+            choices = list(itertools.product(attentions, fused_qkv, norms, glus))
             packed = [Case(f"modernbert-base bf16, {attention}" + (", stacked qkv" if fused else "")
-                           + ("" if norm == "xla" else f", {norm} norm"),
-                           gpu_config(seq_len, attention, norm, fused), batch=batch, seq_len=seq_len,
+                           + ("" if norm == "xla" else f", {norm} norm") + ("" if glu == "xla" else f", {glu} GLU"),
+                           gpu_config(seq_len, attention, norm, fused, glu), batch=batch, seq_len=seq_len,
                            documents_per_row=4)
-                      for attention, fused, norm in itertools.product(attentions, fused_qkv, norms)]
-            # The first and the last combination first (`--fused-qkv on off --norm pallas_gpu xla`: everything new
-            # against everything as it was), so a stage stopped at its cap still has that comparison.
-            packed = packed[:1] + packed[-1:] + packed[1:-1] if len(packed) > 2 else packed
+                      for attention, fused, norm, glu in choices]
+            # The first and the last combination first (`--fused-qkv on off --norm pallas_gpu xla --glu pallas_gpu
+            # xla`: everything new against everything as it was), so a stage stopped at its cap still has that
+            # comparison; then the others by how many choices they share with the first (each new thing alone).
+            if len(packed) > 2:
+                shared = lambda i: sum(a == b for a, b in zip(choices[i], choices[0]))
+                packed = [packed[0], packed[-1]] + [packed[i] for i in sorted(range(1, len(packed) - 1), key=shared)]
             cases = packed + [dataclasses.replace(case, name=f"{case.name}, 1 doc/row", documents_per_row=1)
                               for case in packed]
             ours = [row for row in [measure_bertjax(cases[0], steps, peak)] if row]
@@ -444,7 +450,7 @@ def memory_probe(framework: str, attempt, release):
 
 
 def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: int = 1, fraction: float = 0.95,
-                       limit: int = 4096, norm: str = "xla") -> list[dict]:
+                       limit: int = 4096, norm: str = "xla", glu: str = "xla") -> list[dict]:
     """Without a GPU: the largest batch of modernbert-base rows whose train step, compiled for `topology` (XLA's
     deviceless GPU compilation, bertjax/gpu_aot.py), needs at most `fraction` of the card's memory by XLA's buffer
     assignment (arguments + outputs - aliased + temporaries). A prediction for `--gpu-max-batch bertjax` on the
@@ -455,7 +461,7 @@ def compiled_max_batch(seq_len: int, remat_policy: str, topology: str, start: in
 
     devices = gpu_aot.gpu_devices(topology)
     budget = fraction * gpu_aot.device_memory_gib(topology) * 2**30
-    config = gpu_config(seq_len, norm=norm)
+    config = gpu_config(seq_len, norm=norm, glu=glu)
 
     def fits(batch: int) -> bool:
         case = Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1, remat_policy=remat_policy)
@@ -488,14 +494,14 @@ def describe_memory(analysis, device) -> str:
 
 
 def run_gpu_max_batch(framework: str, seq_len: int, remat_policy: str, start: int = 1, limit: int = 4096,
-                      near: bool = False, norm: str = "xla") -> list[dict]:
+                      near: bool = False, norm: str = "xla", glu: str = "xla") -> list[dict]:
     """The largest batch of modernbert-base rows of `seq_len` tokens whose training step runs on this GPU, for one
     framework (run each in its own process: neither hands its freed memory back to the other). Each try runs two
     steps. `near`: `start` is a prediction (`compiled_max_batch`'s, made without a GPU), so the search steps 1, 2,
     4, ... away from it."""
     import gc
 
-    config = gpu_config(seq_len, norm=norm)
+    config = gpu_config(seq_len, norm=norm, glu=glu)
     case = lambda batch: Case("max batch", config, batch=batch, seq_len=seq_len, documents_per_row=1,
                               remat_policy=remat_policy)
     if framework == "bertjax":
@@ -583,6 +589,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--norm", nargs="+", default=["xla"], choices=["xla", "pallas_gpu"],
                         help="GPU: bertjax norm implementations to time (pallas_gpu: the residual add + norm "
                         "kernel), each with each --attention; --gpu-max-batch bertjax takes one")
+    parser.add_argument("--glu", nargs="+", default=["xla"], choices=["xla", "pallas_gpu"],
+                        help="GPU: bertjax gated-MLP implementations to time (pallas_gpu: the act(a) * b kernel), each "
+                        "with each --attention and --norm; --gpu-max-batch bertjax takes one")
     parser.add_argument("--fused-qkv", nargs="+", default=["off"], choices=["on", "off"],
                         help="GPU: attention on the stacked q/k/v projection (EncoderConfig.attention_fused_qkv) "
                         "on, off or both, each with each --attention and --norm")
@@ -602,8 +611,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.dry_run and not (args.gpu or args.gpu_max_batch):
         parser.error("--dry-run checks the GPU paths on CPU: give --gpu or --gpu-max-batch too")
-    if args.gpu_max_batch and len(args.norm) > 1:
-        parser.error("--gpu-max-batch searches one model: give one --norm")
+    if args.gpu_max_batch and (len(args.norm) > 1 or len(args.glu) > 1):
+        parser.error("--gpu-max-batch searches one model: give one --norm and one --glu")
     if args.topology and (args.gpu_max_batch != "bertjax" or args.dry_run):
         parser.error("--topology goes with --gpu-max-batch bertjax alone (it compiles for that GPU, runs nothing)")
     if min(args.gpu_batch + [args.gpu_seq, args.start_batch, args.steps or 1]) <= 0:
@@ -624,14 +633,16 @@ def main(argv=None) -> None:
         raise SystemExit("--gpu / --gpu-max-batch: JAX sees no GPU here (jax.default_backend() is "
                          f"{jax.default_backend()!r}); run it on a GPU host")
     if args.topology:
-        rows = compiled_max_batch(args.gpu_seq, args.remat, args.topology, args.start_batch, norm=args.norm[0])
+        rows = compiled_max_batch(args.gpu_seq, args.remat, args.topology, args.start_batch, norm=args.norm[0],
+                                  glu=args.glu[0])
     elif args.gpu_max_batch:
         rows = run_gpu_max_batch(args.gpu_max_batch, args.gpu_seq, args.remat, args.start_batch,
-                                 limit=4 if args.dry_run else 4096, near=args.near, norm=args.norm[0])
+                                 limit=4 if args.dry_run else 4096, near=args.near, norm=args.norm[0],
+                                 glu=args.glu[0])
     elif args.gpu:
         rows = run_gpu(args.steps or 20, args.gpu_batch, args.gpu_seq, args.attention, tuple(args.norm),
                        with_transformers=not args.no_transformers,
-                       fused_qkv=tuple(choice == "on" for choice in args.fused_qkv))
+                       fused_qkv=tuple(choice == "on" for choice in args.fused_qkv), glus=tuple(args.glu))
     elif args.electra:
         rows = run_electra(args.steps or 5)
     else:

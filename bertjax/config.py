@@ -16,6 +16,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 NormPlacement = Literal["post", "pre"]
 # Keys of bertjax.ops.normalize.IMPLEMENTATIONS (tests/test_norm_kernels.py checks they agree).
 NormImplementation = Literal["xla", "pallas_gpu"]
+GluImplementation = Literal["xla", "pallas_gpu"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "tanh"]
 MlpKind = Literal["dense", "glu"]
 PositionKind = Literal["learned", "sinusoidal", "rope", "alibi", "none"]  # "alibi": MosaicBERT (no table)
@@ -275,6 +276,11 @@ class EncoderConfig:
     mlp_bias: bool = True
     activation: Activation = "gelu"  # "gelu" is the exact erf GELU, as Hugging Face's "gelu".
     mlp: MlpKind = "dense"  # "glu": act(x W0) * (x W1) -> GeGLU with gelu, SwiGLU with silu.
+    # How a gated MLP's act(a) * b runs (bertjax.ops.glu); never changes the math. "pallas_gpu": bertjax's Triton
+    # kernel that reads the stacked up-projection once each way (GPU only; interpret mode elsewhere with
+    # glu_interpret).
+    glu_implementation: GluImplementation = "xla"
+    glu_interpret: bool = False
 
     # Attention pattern: layer i is global if i % global_attention_every == 0, else local.
     global_attention_every: int = 1
@@ -405,6 +411,9 @@ class EncoderConfig:
             raise ValueError("EncoderConfig.attention_fused_qkv needs position_embedding='rope', "
                              "attention_kind='standard' and no grouped-query attention (num_kv_heads == num_heads): "
                              "it keeps q, k and v one stacked projection through RoPE into attention")
+        if self.glu_implementation != "xla" and self.mlp != "glu":
+            raise ValueError(f"EncoderConfig.glu_implementation={self.glu_implementation!r} needs mlp='glu' (it runs "
+                             f"a gated MLP's act(a) * b), got mlp={self.mlp!r}")
         if not self.family:
             raise ValueError("EncoderConfig.family must name a Hugging Face model_type, e.g. 'bert'")
         if self.position_embedding == "sinusoidal" and self.hidden_size != self.embed_dim:

@@ -9,7 +9,8 @@ And the inference runner (bertjax/inference/runner.py) over 4 devices with a tin
 DeBERTa's disentangled kernel (pallas_gpu_disentangled.py) data-parallel, gradients to the position tables included;
 and the residual add + norm kernel (pallas_gpu_norm.py) data-parallel, gradients to the scale and bias included;
 and attention on the stacked q/k/v projection (pallas_gpu_rope_attention) under the train rules (batch over data,
-heads over tensor), its gradient the stack's.
+heads over tensor), its gradient the stack's; and the gated MLP's kernel (pallas_gpu_glu.py) under the train rules
+(batch over data, features over tensor).
 """
 
 from __future__ import annotations
@@ -185,6 +186,31 @@ def run_stacked_rope_case(results):
     results["stacked_rope_data2_tensor2"] = {"max_error": max(errors), "collectives": collectives(compiled)}
 
 
+def run_glu_case(results):
+    from bertjax.ops.glu import glu
+
+    rng = np.random.default_rng(5)
+    y = rng.standard_normal((BATCH, SEQ, 2, 48)).astype(np.float32)
+
+    def program():
+        def loss(y):
+            out = glu(y, "gelu", implementation="pallas_gpu", interpret=True)
+            return jnp.sum(out ** 2), out
+        return jax.value_and_grad(loss, has_aux=True)
+
+    (_, reference), reference_grad = jax.jit(program())(y)
+    train = jax.make_mesh((2, 1, 2), mesh_lib.MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+    sharding = NamedSharding(train, P(("data", "fsdp"), None, None, "tensor"))
+    rules = __import__("flax.linen", fromlist=["x"]).logical_axis_rules(mesh_lib.LOGICAL_AXIS_RULES)
+    with jax.set_mesh(train), rules:
+        fn = jax.jit(program(), in_shardings=(sharding,))
+        (_, out), grad = fn(jax.device_put(y, sharding))
+        compiled = fn.lower(jax.device_put(y, sharding)).compile().as_text()
+    errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in ((out, reference),
+                                                                                (grad, reference_grad))]
+    results["glu_data2_tensor2"] = {"max_error": max(errors), "collectives": collectives(compiled)}
+
+
 def main():
     assert jax.device_count() == 4, jax.devices()
     results = {}
@@ -198,6 +224,7 @@ def main():
     run_disentangled_case(results)
     run_norm_case(results)
     run_stacked_rope_case(results)
+    run_glu_case(results)
     print(json.dumps(results))
 
 

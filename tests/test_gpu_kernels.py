@@ -1,5 +1,5 @@
 """The Pallas GPU kernels compiled by Triton on a real GPU, at model sizes, against the dense XLA reference (and the
-norm kernel against XLA's norm).
+norm and GLU kernels against XLA's).
 
 Skipped without a GPU (CI has none). The interpret-mode tests (test_attention_kernels.py, test_attention_features.py,
 test_deberta_pallas_gpu.py) check the kernels' logic on CPU with tiny tiles; this file checks what only a GPU can:
@@ -85,6 +85,30 @@ def test_norm_kernel_matches_xla_forward_and_gradients(dtype):
     for name, got, ref in zip(("dx", "ddelta", "dscale", "dbias"), grads, want_grads):
         errors[name] = relative_error(got, ref, everything if got.ndim == 2 else slice(None))
     assert max(errors.values()) < BOUND[dtype], errors
+
+
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
+def test_glu_kernel_matches_xla_forward_and_gradient(activation):
+    """The gated MLP's kernel (pallas_gpu_glu) at ModernBERT-base's width (1,152, 9 tiles across) with a row count
+    that ends mid-tile, bf16, against XLA's GLU in float32 on the same inputs; the gradient of a random linear
+    function of the output. Early in the file: the kernel is new."""
+    from bertjax.ops.glu import glu
+
+    rng = np.random.default_rng(6)
+    rows, features = 4099, 1152
+    y = jnp.asarray(3 * rng.standard_normal((rows, 2, features)), jnp.bfloat16)
+    g = jnp.asarray(rng.standard_normal((rows, features)), jnp.float32)
+
+    def value_and_grad(implementation, y):
+        loss = lambda y: (jnp.sum(glu(y, activation, implementation=implementation).astype(jnp.float32) * g),
+                          glu(y, activation, implementation=implementation))
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(y)
+
+    (_, out), grad = value_and_grad("pallas_gpu", y)
+    (_, want), want_grad = value_and_grad("xla", y.astype(jnp.float32))
+    everything = np.ones((rows,), bool)
+    errors = {"h": relative_error(out, want, everything), "dy": relative_error(grad, want_grad, everything)}
+    assert max(errors.values()) < BOUND[jnp.bfloat16], errors
 
 
 @pytest.mark.parametrize("window", [None, 128], ids=["global", "local128"])

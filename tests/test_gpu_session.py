@@ -140,6 +140,22 @@ def test_the_gpu_comparison_without_transformers_times_packed_rows_first(monkeyp
     assert "best bertjax: " in out and "transformers" not in out.split("best bertjax: ")[1]
 
 
+def test_with_three_kernel_choices_each_new_kernel_alone_comes_third(monkeypatch):
+    """--fused-qkv on off --norm pallas_gpu xla --glu pallas_gpu xla: everything new, everything as it was, then
+    each new kernel alone, then the pairs (cases recorded, not run)."""
+    import bench.train_bench as train_bench
+
+    names = []
+    monkeypatch.setattr(train_bench, "DRY_RUN", True)
+    monkeypatch.setattr(train_bench, "measure_bertjax", lambda case, steps, peak: names.append(case.name))
+    train_bench.run_gpu(steps=1, batches=[2], seq_len=64, attentions=["auto"], with_transformers=False,
+                        fused_qkv=(True, False), norms=("pallas_gpu", "xla"), glus=("pallas_gpu", "xla"))
+    base = "modernbert-base bf16, auto"
+    assert names[:5] == [f"{base}, stacked qkv, pallas_gpu norm, pallas_gpu GLU", base, f"{base}, stacked qkv",
+                         f"{base}, pallas_gpu norm", f"{base}, pallas_gpu GLU"]
+    assert len(names) == 16 and names[8:] == [f"{name}, 1 doc/row" for name in names[:8]]
+
+
 def test_a_case_that_fails_costs_its_row_not_the_stage(monkeypatch, capsys):
     """A kernel that fails to compile or run on the card (the norm kernel's first lease) is reported in one line and
     the comparison goes on with the next case."""

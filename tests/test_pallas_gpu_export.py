@@ -228,6 +228,23 @@ def test_dkv_settings_reach_only_the_dkv_kernel():
         assert compiled.metadata.shared <= H100_SHARED_BYTES, (name, compiled.metadata.shared)
 
 
+def test_glu_kernels_compile_for_sm90_without_spills():
+    """The gated MLP's kernels at modernbert-base's width, their default tiles: one forward and one backward Triton
+    kernel, and with `triton` importable, each compiles for sm_90 within 255 registers and no stack (37 / 72 with
+    triton 3.9)."""
+    from bertjax.ops import pallas_gpu_glu
+
+    def loss(y):
+        return jnp.sum(pallas_gpu_glu.glu(y, "gelu").astype(jnp.float32))
+
+    kernels = triton_ir(jax.value_and_grad(loss), jax.ShapeDtypeStruct((4096, 2, 1152), jnp.bfloat16))
+    assert [name for name, *_ in kernels] == ["bertjax_glu_forward", "bertjax_glu_backward"]
+    pytest.importorskip("triton")
+    for name, text, warps, stages in kernels:
+        resources = static.ptxas_resources(static.compile_for_sm90(name, text, warps, stages).asm["ptx"])
+        assert resources["registers"] <= 255 and resources["stack"] == 0, (name, resources)
+
+
 @pytest.mark.parametrize("head_dim, warps_and_stages", [(64, (4, 3)), (128, (8, 2))])
 def test_default_pipelining_depth_follows_the_head_dim(head_dim, warps_and_stages):
     """Left unset, num_stages is 3 up to head_dim 64 (what the H100 sweep of 2026-11-26 chose) and 2 above it (not
@@ -306,7 +323,8 @@ def test_under_a_mesh_interpret_mode_matches_and_gathers_nothing():
     and q/k/v gradients equal the unsharded call and the compiled program gathers nothing (the loss's sum is the
     only all-reduce). The inference runner over 4 devices, DeBERTa's disentangled kernel (gradients to the
     position tables too), the residual add + norm kernel (its scale's and bias's partial sums are added across
-    devices by the one all-reduce) and attention on the stacked q/k/v projection (batch and heads split), likewise."""
+    devices by the one all-reduce), attention on the stacked q/k/v projection (batch and heads split) and the gated
+    MLP's kernel (batch and features split), likewise."""
     import json
     import os
     import subprocess
@@ -320,7 +338,7 @@ def test_under_a_mesh_interpret_mode_matches_and_gathers_nothing():
     assert result.returncode == 0, result.stderr[-3000:]
     cases = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(cases) == {"data4", "data2_tensor2", "runner_data4", "disentangled_data4", "norm_data4",
-                          "stacked_rope_data2_tensor2"}
+                          "stacked_rope_data2_tensor2", "glu_data2_tensor2"}
     # The inference runner traces under its mesh: its pallas_gpu model has no collective at all.
     runner = cases.pop("runner_data4")
     assert runner["max_error"] < 1e-5 and runner["collectives"] == [], runner

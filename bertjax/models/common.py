@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import flax.linen as nn
@@ -10,17 +9,11 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.config import EncoderConfig
+from bertjax.ops.activations import ACTIVATIONS  # noqa: F401 (models take it from here)
 from bertjax.ops.normalize import add_normalize
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
-ACTIVATIONS = {
-    "gelu": functools.partial(nn.gelu, approximate=False),  # Hugging Face "gelu" is the exact erf form.
-    "gelu_tanh": functools.partial(nn.gelu, approximate=True),
-    "relu": nn.relu,
-    "silu": nn.silu,
-    "tanh": jnp.tanh,
-}
 
 
 def compute_dtype(config: EncoderConfig):

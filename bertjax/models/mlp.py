@@ -7,6 +7,7 @@ import jax
 
 from bertjax.config import EncoderConfig
 from bertjax.models.common import ACTIVATIONS, compute_dtype, dense, dense_weights, project
+from bertjax.ops.glu import glu
 
 
 class Mlp(nn.Module):
@@ -18,9 +19,9 @@ class Mlp(nn.Module):
         act = ACTIVATIONS[cfg.activation]
         up = lambda name: dense_weights(cfg, x.shape[-1], cfg.intermediate_size, ("embed", "mlp"),
                                         use_bias=cfg.mlp_bias, name=name)()
-        if cfg.mlp == "glu":
-            activated, gate = project(x, [up("wi_0"), up("wi_1")], 1, compute_dtype(cfg))  # wi_1: the linear gate
-            h = act(activated) * gate
+        if cfg.mlp == "glu":  # wi_0 activated, wi_1 the linear gate: one stacked [..., 2, intermediate] projection
+            stacked = project(x, [up("wi_0"), up("wi_1")], 1, compute_dtype(cfg), stacked=True)
+            h = glu(stacked, cfg.activation, implementation=cfg.glu_implementation, interpret=cfg.glu_interpret)
         else:
             h = act(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), use_bias=cfg.mlp_bias, name="wi")(x))
         h = nn.with_logical_constraint(h, ("activation_batch", "activation_length", "activation_mlp"))

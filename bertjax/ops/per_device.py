@@ -24,20 +24,24 @@ ROWS = ("batch", None)  # [batch, seq]
 HEADS = ("heads",)  # per-head constants (ALiBi slopes)
 
 
-def per_device(kernel: Callable, operands: tuple, roles: tuple, out_roles: tuple, *, batch: int, heads: int):
+def per_device(kernel: Callable, operands: tuple, roles: tuple, out_roles: tuple, *, batch: int, heads: int,
+               mlp: int = 1):
     """`kernel(*operands)` on each device's shard of batch (and heads) under the active mesh, or directly without one.
 
-    roles: per operand, one role per dimension ("batch", "heads" or None); an operand may be None (absent, no
+    roles: per operand, one role per dimension ("batch", "heads", "mlp" or None); an operand may be None (absent, no
     spec). out_roles: the same for the output. `heads` is the smallest head count among the operands (the kv
-    heads under GQA): axes that split it split every larger multiple too, so GQA groups stay whole. Static
-    settings travel in the kernel's closure.
+    heads under GQA): axes that split it split every larger multiple too, so GQA groups stay whole. `mlp`: the
+    size of the "mlp" dimensions (a gated MLP's features), split as "activation_mlp" maps. Static settings travel
+    in the kernel's closure.
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return kernel(*operands)
     batch_axes = mesh_axes(mesh, "activation_batch", batch, default=mesh.axis_names)
     head_axes = mesh_axes(mesh, "activation_heads", heads, default=(), taken=batch_axes or ())
-    spec = lambda dims: P(*(batch_axes if d == "batch" else head_axes if d == "heads" else None for d in dims))
+    mlp_axes = mesh_axes(mesh, "activation_mlp", mlp, default=(), taken=batch_axes or ())
+    by_role = {"batch": batch_axes, "heads": head_axes, "mlp": mlp_axes}
+    spec = lambda dims: P(*(by_role.get(d) for d in dims))
     in_specs = tuple(None if x is None else spec(r) for x, r in zip(operands, roles))
     return jax.shard_map(kernel, mesh=mesh, in_specs=in_specs, out_specs=spec(out_roles),
                          check_vma=False)(*operands)
