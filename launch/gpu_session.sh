@@ -14,15 +14,16 @@
 # plan:
 #   env        GPU, driver and package versions; what JAX sees
 #   check      tests/test_gpu_kernels.py: the Triton-compiled kernels (attention split and stacked, DeBERTa's,
-#              the norm) against XLA at model sizes, first: three kernel paths are new since the second lease (the
-#              export tests compile the same kernels for sm_90 in CI)
+#              the norm, the GLU) against XLA at model sizes, first: four kernel paths are new since the second
+#              lease (the export tests compile the same kernels for sm_90 in CI)
 #   norm       bench.norm_bench --tune: the residual add + norm kernel (pallas_gpu_norm) against XLA's fusions at
 #              the train step's shape, and its block_rows x num_warps
 #   train_kernels  bench.train_bench --gpu: the modernbert-base step (32 rows of 1024) with everything new
-#              (attention on the stacked q/k/v, the norm kernel) against everything as it was, then each alone;
-#              bertjax only (the second lease measured transformers: 200.2 ms). Deviceless counts: the norm
-#              kernel 8.5 GB a step less, the stacked q/k/v 7.0 GB less; all rows include the dq kernel's delta
-#              (1.1 GB less; the step was 76.2 ms before it)
+#              (attention on the stacked q/k/v, the norm kernel, the GLU kernel) against everything as it was,
+#              then each alone, then the pairs; bertjax only (the second lease measured transformers: 200.2 ms).
+#              Deviceless counts: the norm kernel 8.5 GB a step less, the stacked q/k/v 7.0 GB less, the GLU
+#              kernel 3.3 GB less; all rows include the dq kernel's delta (1.1 GB less; the step was 76.2 ms
+#              before it) and the dk/dv kernel's transposed tiles
 #   memory     bench.train_bench --gpu-max-batch at 8192: transformers from its last answer (9), then bertjax from
 #              24 (the deviceless compile's answer is 25), JAX preallocating one region of 95% of the card
 # and, in call 2:
@@ -150,7 +151,7 @@ for item in "${STAGES[@]}"; do
       # Packed rows of every combination first (everything new, everything as it was, then each alone), then one
       # document per row, if the cap leaves time.
       run train_kernels "$cap" python3 -m bench.train_bench --gpu --gpu-batch 32 --attention auto \
-        --fused-qkv on off --norm pallas_gpu xla --no-transformers --steps 10
+        --fused-qkv on off --norm pallas_gpu xla --glu pallas_gpu xla --no-transformers --steps 10
       ;;
     attention)
       run attention "$cap" python3 -m bench.attention_bench --seqs 16384 8192 512 2048 \
