@@ -2,7 +2,7 @@
 
     python -m bench.attention_bench [--seqs 512 2048 8192] [--window 128] [--heads 12] [--head-dim 64]
                                     [--batch 1] [--dtype float32|bfloat16] [--max-gib 4] [--packed-docs 16]
-    python -m bench.attention_bench --tune --seqs 8192      # GPU: pallas_gpu tiles, warps and stages
+    python -m bench.attention_bench --tune --seqs 8192 [--tune-passes forward dq dkv]  # GPU: each kernel's tiles
 
 For each sequence length, both layer kinds of ModernBERT (global, and local with the window), a global layer over
 a row packed with --packed-docs equal documents (segment ids; block skipping should make it cheaper than one

@@ -292,11 +292,16 @@ def norm_main(args) -> None:
                              block_rows=args.block_rows, num_warps=args.num_warps)
         return jnp.sum(s.astype(jnp.float32)) + jnp.sum(y.astype(jnp.float32))
 
-    kernels = triton_ir(jax.grad(loss, argnums=(0, 1, 2)), x, x, scale)
+    print_resources(triton_ir(jax.grad(loss, argnums=(0, 1, 2)), x, x, scale),
+                    f"# pallas_gpu_norm, 32,768 rows x {args.features} features, {args.dtype}, block_rows "
+                    f"{args.block_rows or 'default'}; triton for sm_90")
+
+
+def print_resources(kernels, title: str) -> None:
+    """A memory-bound kernel's table: shared memory, registers, spills and resident programs per kernel."""
     if kernels is None:
         raise SystemExit(f"jax {jax.__version__}: the lowered program carries no Triton IR to compile here")
-    print(f"# pallas_gpu_norm, 32,768 rows x {args.features} features, {args.dtype}, block_rows "
-          f"{args.block_rows or 'default'}; triton for sm_90")
+    print(title)
     print("| kernel | warps | stages | shared memory (B) | registers | stack (B) | spill stores / loads (B) | "
           "wgmma / mma.sync | blocks / SM |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -316,16 +321,9 @@ def glu_main(args) -> None:
         return jnp.sum(pallas_gpu_glu.glu(y, args.activation, **tiles).astype(jnp.float32))
 
     # value_and_grad: the backward needs none of the forward's output, so a gradient alone would drop the forward.
-    kernels = triton_ir(jax.value_and_grad(loss), jax.ShapeDtypeStruct((32 * 1024, 2, features), dtype))
-    if kernels is None:
-        raise SystemExit(f"jax {jax.__version__}: the lowered program carries no Triton IR to compile here")
-    print(f"# pallas_gpu_glu, {args.activation}, 32,768 rows x 2 x {features} features, {args.dtype}, {tiles}; "
-          f"triton for sm_90")
-    print("| kernel | warps | stages | shared memory (B) | registers | stack (B) | spill stores / loads (B) | "
-          "wgmma / mma.sync | blocks / SM |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, text, warps, stages in kernels:
-        print(resource_row(name, text, warps, stages)[0], flush=True)
+    print_resources(triton_ir(jax.value_and_grad(loss), jax.ShapeDtypeStruct((32 * 1024, 2, features), dtype)),
+                    f"# pallas_gpu_glu, {args.activation}, 32,768 rows x 2 x {features} features, {args.dtype}, "
+                    f"{tiles}; triton for sm_90")
 
 
 def scored_pairs(window: int | None, seq: int, block_q: int, block_k: int) -> int:

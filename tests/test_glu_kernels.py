@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_helpers import assert_same_loss_and_gradients
 
 from bertjax.config import GluImplementation, get_config
-from bertjax.models import EncoderForMaskedLM, init_params
 from bertjax.ops import glu as glu_lib
 from bertjax.ops.activations import ACTIVATIONS
 from bertjax.ops.pallas_gpu_glu import RULES
@@ -101,23 +101,5 @@ def test_kernel_rejects_tiles_that_are_not_powers_of_two():
 def test_models_match_with_the_kernel_in_every_mlp(preset):
     """GeGLU (ModernBERT) and SwiGLU (EuroBERT, no biases, grouped-query attention): the MLM loss and every
     parameter's gradient agree with XLA's GLU."""
-    config = get_config(preset)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1, config.vocab_size, (2, 24)).astype(np.int32)
-    segments = np.stack([np.r_[np.ones(15), np.full(6, 2), np.zeros(3)], np.ones(24)]).astype(np.int32)
-    params = init_params(EncoderForMaskedLM(config), jax.random.key(0))
-
-    def loss_and_grads(implementation):
-        model = EncoderForMaskedLM(config.replace(glu_implementation=implementation, glu_interpret=True))
-
-        def loss(p):
-            logits = model.apply({"params": p}, ids, segment_ids=segments).logits.astype(jnp.float32)
-            return jnp.mean(jnp.where(segments[..., None] > 0, jax.nn.log_softmax(logits), 0.0))
-
-        return jax.jit(jax.value_and_grad(loss))(params)
-
-    loss_xla, grads_xla = loss_and_grads("xla")
-    loss_kernel, grads_kernel = loss_and_grads("pallas_gpu")
-    np.testing.assert_allclose(loss_kernel, loss_xla, rtol=1e-6)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads_kernel), jax.tree.leaves(grads_xla)):
-        np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+    assert_same_loss_and_gradients(get_config(preset, glu_implementation="xla", glu_interpret=True),
+                                   glu_implementation="pallas_gpu")

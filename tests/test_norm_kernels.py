@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_helpers import assert_same_loss_and_gradients
 
 from bertjax.config import NormImplementation, get_config
-from bertjax.models import EncoderForMaskedLM, init_params
 from bertjax.ops import normalize as normalize_lib
 from bertjax.ops.pallas_gpu_norm import add_normalize as kernel_add_normalize
 
@@ -93,27 +93,8 @@ def test_models_match_with_the_kernel_in_every_norm(preset):
     """Pre-norm (ModernBERT: the MLP output handed to the next layer's norm, a final norm; EuroBERT: the same with
     RMSNorm) and post-norm (BERT: norms with bias after each residual add): the MLM loss and every parameter's
     gradient agree with XLA's norms. (Every other family's tiny preset agreed to 4e-9 when checked by hand.)"""
-    config = get_config(preset)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1, config.vocab_size, (2, 24)).astype(np.int32)
-    segments = np.stack([np.r_[np.ones(15), np.full(6, 2), np.zeros(3)], np.ones(24)]).astype(np.int32)
-    params = init_params(EncoderForMaskedLM(config), jax.random.key(0))
-
-    def loss_and_grads(implementation):
-        model = EncoderForMaskedLM(config.replace(norm_implementation=implementation, norm_interpret=True))
-
-        def loss(p):
-            logits = model.apply({"params": p}, ids, segment_ids=segments).logits.astype(jnp.float32)
-            return jnp.mean(jnp.where(segments[..., None] > 0, jax.nn.log_softmax(logits), 0.0))
-
-        return jax.jit(jax.value_and_grad(loss))(params)
-
-    loss_xla, grads_xla = loss_and_grads("xla")
-    loss_kernel, grads_kernel = loss_and_grads("pallas_gpu")
-    np.testing.assert_allclose(loss_kernel, loss_xla, rtol=1e-6)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads_kernel), jax.tree.leaves(grads_xla)):
-        np.testing.assert_allclose(a, b, atol=2e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
-
+    assert_same_loss_and_gradients(get_config(preset, norm_implementation="xla", norm_interpret=True),
+                                   norm_implementation="pallas_gpu")
 
 
 def test_the_gpu_benchmark_runs_its_path_on_cpu(capsys):
