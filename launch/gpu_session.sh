@@ -176,7 +176,7 @@ for item in "${STAGES[@]}"; do
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
       ;;
     tune)
-      # ~50 timings before the first cuDNN comparison (each a compile and 3 x 0.1 s), the forward's 24 after
+      # ~38 timings before the first cuDNN comparison (each a compile and 3 x 0.1 s), the forward's 18 after
       run tune "$cap" python3 -m bench.attention_bench --tune --seqs 16384 --tune-layers global \
         --tune-passes dq dkv forward --repeats 3 --min-seconds 0.1
       ;;

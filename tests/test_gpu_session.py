@@ -267,7 +267,8 @@ def test_tune_sweeps_each_kernel_then_the_fastest_backward(monkeypatch, capsys):
 
 def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
     """The sweep's arithmetic, with a fake GPU whose kernel times are functions of the tiles: a backward kernel's
-    row is forward + backward less the default forward, dq is swept with dk/dv pinned to the defaults, and the
+    row is forward + backward less the default forward, dq is swept with dk/dv pinned to the defaults (and without
+    more warpgroups than its held rows fill), and the
     summary times the fastest of each against the defaults and cuDNN; the defaults are swept first whatever
     TUNING's order (fake times, so exact)."""
     import bench.attention_bench as attention_bench
@@ -276,7 +277,7 @@ def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
     monkeypatch.setattr(attention_bench.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(attention_bench, "TUNING", {
         "forward": {"block_q": (64, 128), "block_k": (64,), "num_warps": (4,), "num_stages": (3,)},
-        "dq": {"backward_block_q": (64, 128), "backward_block_k": (64,), "backward_num_warps": (4,),
+        "dq": {"backward_block_q": (64, 128), "backward_block_k": (64,), "backward_num_warps": (4, 8),
                "backward_num_stages": (3,)},
         "dkv": {"dkv_block_k": (128, 64), "dkv_block_q": (64,), "dkv_num_warps": (4,), "dkv_num_stages": (3,)}})
     monkeypatch.setattr(kernels, "pallas_gpu_attention",
@@ -305,6 +306,8 @@ def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
                                                 dkv_num_warps=4, dkv_num_stages=3))
     assert "| 16384 | global | dq | 64 | 64 | 4 | 3 | 7000.000 |" in out
     assert "| 16384 | global | dq | 128 | 64 | 4 | 3 | 6000.000 |" in out
+    # 8 warps on 64 held rows (two warpgroups, rows for one) are left out; on 128 they are swept.
+    assert "| dq | 64 | 64 | 8 |" not in out and "| 16384 | global | dq | 128 | 64 | 8 | 3 | 6000.000 |" in out
     # The defaults first whatever TUNING's order: dk/dv's 64 x 64 row before its 128-key one.
     assert out.index("| 16384 | global | dkv | 64 | 64 | 4 | 3 | 7000.000 |") < out.index(
         "| 16384 | global | dkv | 64 | 128 | 4 | 3 | 6000.000 |")
