@@ -35,9 +35,9 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
     return commands
 
 
-@pytest.mark.parametrize("stages", [(), ("inference", "tune"), ("tune_train",),
+@pytest.mark.parametrize("stages", [(), ("inference", "tune"), ("tune_train", "tune_wide"),
                                     ("train", "attention", "profile", "tune")],
-                         ids=["main plan", "second call", "train-shape sweep", "second call after a change"])
+                         ids=["main plan", "second call", "other sweeps", "second call after a change"])
 def test_every_planned_command_parses(stages):
     result = dry_run(*stages)
     assert result.returncode == 0, result.stderr
