@@ -130,12 +130,12 @@ def test_deviceless_products_are_cublas_as_the_cards_autotuner_chose():
 
 
 @needs_plugin
-def test_norm_kernel_and_stacked_attention_compile_into_a_two_gpu_train_step_per_device():
-    """The tiny pretraining config with every norm in the residual add + norm kernel (pallas_gpu_norm) and attention
-    on the stacked q/k/v projection (pallas_gpu_rope_attention), compiled for two H100s: each norm is one Triton
-    call each way, each layer's attention its three (forward, dq, dk/dv, the last writing into the buffer the dq
-    kernel began), all run on each GPU's rows (nothing gathered, as XLA would to replicate a Triton call outside a
-    shard_map)."""
+def test_norm_glu_and_stacked_attention_kernels_compile_into_a_two_gpu_train_step_per_device():
+    """The tiny pretraining config with every norm in the residual add + norm kernel (pallas_gpu_norm), every MLP's
+    GeGLU in the GLU kernel (pallas_gpu_glu) and attention on the stacked q/k/v projection
+    (pallas_gpu_rope_attention), compiled for two H100s: each norm and each GLU is one Triton call each way, each
+    layer's attention its three (forward, dq, dk/dv, the last writing into the buffer the dq kernel began), all run
+    on each GPU's rows (nothing gathered, as XLA would to replicate a Triton call outside a shard_map)."""
     pytest.importorskip("grain")  # bertjax.data's batch shapes
     import jax
 
@@ -145,6 +145,7 @@ def test_norm_kernel_and_stacked_attention_compile_into_a_two_gpu_train_step_per
     from bertjax.train.setup import setup_run
 
     config = load_run_config("configs/pretrain/tiny.yaml", ["model.overrides.norm_implementation=pallas_gpu",
+                                                            "model.overrides.glu_implementation=pallas_gpu",
                                                             "model.overrides.attention_fused_qkv=true"])
     setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0,
                       devices=gpu_aot.gpu_devices("h100:2"), attention_platform="gpu", compile_only=True)
@@ -160,6 +161,7 @@ def test_norm_kernel_and_stacked_attention_compile_into_a_two_gpu_train_step_per
     assert model.norm_implementation == "pallas_gpu" and model.norm_placement == "pre" and model.attention_fused_qkv
     assert text.count('name = "bertjax_add_norm_forward"') == norms
     assert text.count('name = "bertjax_add_norm_backward"') == norms
-    for kernel in ("bertjax_flash_forward", "bertjax_flash_dq", "bertjax_flash_dkv"):
+    for kernel in ("bertjax_flash_forward", "bertjax_flash_dq", "bertjax_flash_dkv", "bertjax_glu_forward",
+                   "bertjax_glu_backward"):
         assert text.count(f'name = "{kernel}"') == model.num_layers, kernel
     assert "all-gather" not in text

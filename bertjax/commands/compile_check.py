@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{config.model.preset}, objective {objective.name} ({count_params(state.params) / 1e6:.1f}M trainable "
           f"parameters, {model_config.dtype} compute, attention {model_config.attention_implementation}"
           f"{' on the stacked q/k/v' if model_config.attention_fused_qkv else ''}, norm "
-          f"{model_config.norm_implementation}, remat "
+          f"{model_config.norm_implementation}, GLU {model_config.glu_implementation}, remat "
           f"{config.model.remat_policy}) on {args.topology}: {len(devices)} x {kind}, mesh {dict(mesh.shape)}")
     hbm = next((gib for prefix, gib in HBM_GIB.items() if args.topology.startswith(prefix + ":")), None)
     if on_gpu:  # what JAX's allocator may take of the card, not the card
