@@ -316,7 +316,8 @@ def main(argv=None) -> None:
             f.write(text)
     target = args.topology or jax.devices()[0].device_kind
     print(f"# modernbert-base train step, {args.batch} x {args.seq}, {args.documents_per_row} documents per row, "
-          f"remat {args.remat}, compiled for {target} (jax {jax.__version__}); attention {setup.model_config.attention_implementation}"
+          f"remat {args.remat}, compiled for {target} (jax {jax.__version__}); attention "
+          f"{setup.model_config.attention_implementation}"
           f"{' on the stacked q/k/v' if setup.model_config.attention_fused_qkv else ''}, norm "
           f"{setup.model_config.norm_implementation}, GLU {setup.model_config.glu_implementation}")
     print(summary(kernels_of(text), args.bandwidth, args.matmul_rate))

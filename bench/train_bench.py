@@ -328,8 +328,9 @@ def measure_bertjax(case: Case, steps: int, peak: float) -> dict | None:
 def run_gpu(steps: int, batches: list[int], seq_len: int, attentions: list[str],
             norms: tuple[str, ...] = ("xla",), with_transformers: bool = True,
             fused_qkv: tuple[bool, ...] = (False,), glus: tuple[str, ...] = ("xla",)) -> list[dict]:
-    """For each batch size: bertjax with each attention, norm and GLU implementation, stacked q/k/v or not, on packed rows
-    (4 documents per row, as pretraining feeds it), then each on one document per row, and transformers (each attention it has) on
+    """For each batch size: bertjax with each attention, norm and GLU implementation, stacked q/k/v or not, on
+    packed rows (4 documents per row, as pretraining feeds it), then each on one document per row, and transformers
+    (each attention it has) on
     those same one-document rows and initial weights. The first implementation's packed rows and transformers come
     first, so a run stopped at its time cap (SIGINT) still has the comparison; it then prints what it measured."""
     peak = flops_lib.peak_flops_per_device()

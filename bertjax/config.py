@@ -16,6 +16,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 NormPlacement = Literal["post", "pre"]
 # Keys of bertjax.ops.normalize.IMPLEMENTATIONS (tests/test_norm_kernels.py checks they agree).
 NormImplementation = Literal["xla", "pallas_gpu"]
+# Keys of bertjax.ops.glu.IMPLEMENTATIONS (tests/test_glu_kernels.py checks they agree).
 GluImplementation = Literal["xla", "pallas_gpu"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "tanh"]
 MlpKind = Literal["dense", "glu"]

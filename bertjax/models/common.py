@@ -15,7 +15,6 @@ from bertjax.ops.normalize import add_normalize
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
-
 def compute_dtype(config: EncoderConfig):
     return DTYPES[config.dtype]
 

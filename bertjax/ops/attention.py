@@ -189,7 +189,8 @@ def rope_attention(qkv: jax.Array, positions: jax.Array, theta: float, *, segmen
         if segment_ids.shape != (batch, seq) or positions.shape != (batch, seq):
             raise ValueError(f"segment_ids and positions must be [batch={batch}, seq={seq}], got "
                              f"{segment_ids.shape} and {positions.shape}")
-        return load_function(STACKED_ROPE_IMPLEMENTATIONS[name])(qkv, positions, theta, segment_ids=jnp.asarray(segment_ids).astype(jnp.int32),
+        fn = load_function(STACKED_ROPE_IMPLEMENTATIONS[name])
+        return fn(qkv, positions, theta, segment_ids=jnp.asarray(segment_ids).astype(jnp.int32),
                   local_window=local_window, scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
                   interpret=interpret)
     # split, not indexed: the backward concatenates instead of padding and adding (as `project` splits)

@@ -101,4 +101,5 @@ def add_normalize(x: jax.Array, delta: jax.Array | None, scale: jax.Array, bias:
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"norm implementation {implementation!r} is unknown; known: {sorted(IMPLEMENTATIONS)}")
-    return load_function(IMPLEMENTATIONS[implementation])(x, delta, scale, bias, epsilon=epsilon, centered=centered, dtype=dtype, interpret=interpret)
+    fn = load_function(IMPLEMENTATIONS[implementation])
+    return fn(x, delta, scale, bias, epsilon=epsilon, centered=centered, dtype=dtype, interpret=interpret)
