@@ -56,6 +56,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.global_tokens import attention_with_lse, merge_global_tokens
+from bertjax.ops.lazy import load_function
 from bertjax.ops.per_device import QKV, ROWS, per_device, per_device_attention
 from bertjax.ops.rope import rope_tables, rotate
 
@@ -172,6 +173,7 @@ class _Static:
     stacked: bool = False
     dq: _Static | None = None  # the dq kernel's settings where they differ from these
     dkv: _Static | None = None  # the dk/dv kernel's settings where they differ from the dq kernel's
+    forward_kernel: str = "triton"  # a FORWARD_KERNELS name; the backward kernels are Triton's either way
 
     def backward_kernels(self) -> tuple[_Static, _Static]:
         dq = self.dq or self
@@ -429,6 +431,10 @@ def _heads_shape(q, k, st: _Static):
 
 def _forward(q, k, v, seg, slopes, st: _Static):
     """(out, lse); q, k and v their own arrays, or (st.stacked) each the stacked one."""
+    return load_function(FORWARD_KERNELS[st.forward_kernel])(q, k, v, seg, slopes, st)
+
+
+def _triton_forward(q, k, v, seg, slopes, st: _Static):
     (batch, seq, heads, head_dim), kv_heads = _heads_shape(q, k, st)
     group = heads // kv_heads
     ranges = block_ranges(seg, None if st.half is None else 2 * st.half, st.block_q, st.block_k)
@@ -446,6 +452,14 @@ def _forward(q, k, v, seg, slopes, st: _Static):
         interpret=st.interpret,
         name="bertjax_flash_forward",
     )(*ranges, seg, slopes, q, k, v)
+
+
+# The forward kernels ("module:function" taking (q, k, v, seg, slopes, st) -> (out, natural lse [batch, heads, seq])):
+# the backward reads their residuals alike. The Mosaic GPU one is imported only when asked for.
+FORWARD_KERNELS = {
+    "triton": "bertjax.ops.pallas_gpu_attention:_triton_forward",
+    "mosaic": "bertjax.ops.mosaic_gpu_attention:forward",
+}
 
 
 def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
@@ -567,7 +581,7 @@ def _with_global_tokens(q, k, v, seg, slopes, glob, global_slots, st: _Static, h
 
 
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                         global_tokens=None, global_slots=None, **tiles):
+                         global_tokens=None, global_slots=None, forward_kernel: str = "triton", **tiles):
     """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`.
 
     tiles (`TILE_ARGUMENTS`, each None or left out for its default) set each kernel's tiles and launch:
@@ -577,13 +591,21 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     a dq program holds block_q queries and steps through keys block_k at a time, a dk/dv program holds block_k keys
     and steps through queries.
 
+    forward_kernel (a FORWARD_KERNELS name): "triton", or "mosaic" for the Pallas Mosaic GPU forward
+    (mosaic_gpu_attention.py: bfloat16 or float16, block_q 64, no ALiBi), whose residuals the same backward reads.
+
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
+    if forward_kernel not in FORWARD_KERNELS:
+        raise ValueError(f"pallas_gpu_attention: forward_kernel must be one of {sorted(FORWARD_KERNELS)}, got "
+                         f"{forward_kernel!r}")
+    launch = {name: tiles.get(name) for name in ("num_warps", "num_stages")}  # as asked, before defaults
     tiles = _resolve_tiles("pallas_gpu_attention", tiles)
 
     def kernel(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch (and heads)
         return _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, local_window=local_window, scale=scale,
-                          interpret=interpret, global_slots=global_slots, tiles=tiles)
+                          interpret=interpret, global_slots=global_slots, tiles=tiles,
+                          forward_kernel=forward_kernel, launch=launch)
 
     return per_device_attention(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
 
@@ -646,10 +668,15 @@ def _padded_seq(seq: int, tiles: dict) -> int:
 
 
 def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_window, scale, interpret, global_slots,
-               tiles):
+               tiles, forward_kernel="triton", launch=None):
     batch, seq, heads, head_dim = q.shape
     padded_seq = _padded_seq(seq, tiles)
-    padded_dim = max(16, pl.next_power_of_2(head_dim))
+    # wgmma reads 128-byte swizzled rows: the Mosaic forward pads head_dim to at least 64 (of 16-bit elements).
+    padded_dim = max(64 if forward_kernel == "mosaic" else 16, pl.next_power_of_2(head_dim))
+    if forward_kernel == "mosaic":
+        from bertjax.ops.mosaic_gpu_attention import check_supported
+        check_supported("pallas_gpu_attention", dtype=q.dtype, padded_head_dim=padded_dim, alibi=alibi_slopes is not None,
+                        block_q=tiles["block_q"], block_k=tiles["block_k"], **(launch or {}))
 
     def pad(x, seq_axis_pad, dim_pad):
         widths = [(0, 0), (0, seq_axis_pad)] + [(0, 0)] * (x.ndim - 2)
@@ -659,7 +686,7 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
 
     tail, extra_dim = padded_seq - seq, padded_dim - head_dim
     st = _statics(tiles, padded_dim, scale=float(scale), half=None if local_window is None else local_window // 2,
-                  interpret=bool(interpret), alibi=alibi_slopes is not None)
+                  interpret=bool(interpret), alibi=alibi_slopes is not None, forward_kernel=forward_kernel)
     # One slope per query head, padded to a power of two (>= 16) so the kernels load it as one vector.
     slopes = jnp.zeros((max(16, pl.next_power_of_2(heads)),), jnp.float32)
     if alibi_slopes is not None:

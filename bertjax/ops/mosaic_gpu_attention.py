@@ -1,0 +1,222 @@
+"""The flash forward of `pallas_gpu_attention` in Pallas Mosaic GPU (Hopper: TMA copies and wgmma), for sm_90.
+
+JAX 0.11 deprecates the Pallas Triton backend in favour of Mosaic GPU, and Triton's lowering is where bertjax's
+kernels fall short of cuDNN (docs/benchmarks.md). This kernel computes what the Triton forward computes, with the
+same contract (out, natural log-sum-exp [batch, heads, seq]), so the Triton dq and dk/dv kernels take its
+residuals as they are; `pallas_gpu_attention(..., forward_kernel="mosaic")` and the registry's
+"pallas_gpu_mosaic" select it.
+
+What differs from the Triton forward is how the tiles move:
+- one warpgroup (128 threads) per program holds 64 query rows: wgmma's M is 64 per warpgroup;
+- the program copies its query tile and then its key and value tiles into shared memory with the Tensor Memory
+  Accelerator, `num_stages` tiles ahead of the one it multiplies (a ring of slots, one barrier per slot), so the
+  copies of later tiles overlap the products and softmax of this one; a slot is refilled once the products that
+  read it have returned;
+- q k^T and p v are wgmma products; p goes in from registers, never through shared memory.
+
+The block ranges, masks and base-2 online softmax are the Triton kernel's (pallas_gpu_attention.py): the loop
+visits only [lo, hi), and only the tiles outside [full_lo, full_hi) compute a mask. Each loop step adds its p v
+to the running output as a fresh product (wgmma into an accumulator that starts empty) rather than accumulating in
+place, because JAX's Mosaic GPU interpret mode, which the CPU tests run, cannot run an accumulator initialised from
+registers (`pl.run_state`); the add is [64, head_dim] per tile against the tile's 64 x block_k exponentials.
+
+Limits (each a clear error, `check_supported`): 16-bit inputs (wgmma reads bfloat16 or float16 tiles), head_dim
+padded to 64, 128 or 256 (a 128-byte swizzled row holds 64 of them; at 256 the float32 accumulator alone is 128
+registers a thread), block_q 64, block_k a multiple of 64 up to 256, shared memory within an H100's, no ALiBi.
+The stacked q/k/v path (`pallas_gpu_rope_attention`) keeps the Triton forward.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from bertjax.ops.pallas_gpu_attention import (LN2, LOG2E, MASK_VALUE, block_ranges, default_launch,
+                                              pallas_gpu_attention, three_loops)
+
+BLOCK_Q = 64  # wgmma's M for one warpgroup
+SWIZZLE_BYTES = 128
+SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
+H100_SHARED_MEMORY_BYTES = 232_448  # per block, as pallas_gpu_attention.py's table
+
+
+def shared_memory_bytes(dtype, padded_head_dim: int, block_k: int, num_stages: int) -> int:
+    """Shared memory one program allocates on a GPU: the query tile, num_stages key and value tiles, the output
+    tile and the log-sum-exp row (barriers aside)."""
+    tile = jnp.dtype(dtype).itemsize * padded_head_dim
+    return tile * (2 * BLOCK_Q + 2 * num_stages * block_k) + 4 * BLOCK_Q
+
+
+def check_supported(where: str, *, dtype, padded_head_dim: int, alibi: bool, block_q: int, block_k: int,
+                    num_warps: int | None = None, num_stages: int | None = None) -> None:
+    """Raise ValueError naming what this kernel cannot compute (num_warps / num_stages None: the defaults)."""
+    if jnp.dtype(dtype) not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
+        raise ValueError(f"{where}: the Mosaic GPU forward multiplies bfloat16 or float16 tiles, got "
+                         f"{jnp.dtype(dtype)} (forward_kernel='triton' takes float32)")
+    if padded_head_dim % 64 or padded_head_dim > 256:
+        raise ValueError(f"{where}: the Mosaic GPU forward needs head_dim padded to a multiple of 64 up to 256, got "
+                         f"{padded_head_dim}")
+    if block_q != BLOCK_Q:
+        raise ValueError(f"{where}: the Mosaic GPU forward holds {BLOCK_Q} query rows per program (one warpgroup's "
+                         f"wgmma), got block_q {block_q}")
+    if block_k % 64 or block_k > 256:
+        raise ValueError(f"{where}: the Mosaic GPU forward's block_k must be 64, 128, 192 or 256, got {block_k}")
+    if num_warps not in (None, 4):
+        raise ValueError(f"{where}: the Mosaic GPU forward runs one warpgroup (num_warps 4), got {num_warps}")
+    if num_stages is not None and num_stages < 1:
+        raise ValueError(f"{where}: num_stages must be at least 1, got {num_stages}")
+    if alibi:
+        raise ValueError(f"{where}: the Mosaic GPU forward has no ALiBi bias; use forward_kernel='triton'")
+    stages = num_stages or default_launch(padded_head_dim)[1]
+    needed = shared_memory_bytes(dtype, padded_head_dim, block_k, stages)
+    if needed > H100_SHARED_MEMORY_BYTES:
+        raise ValueError(f"{where}: the Mosaic GPU forward's tiles need {needed:,} B of shared memory at block_k "
+                         f"{block_k}, head_dim {padded_head_dim} and num_stages {stages}, more than an H100's "
+                         f"{H100_SHARED_MEMORY_BYTES:,} B per block: fewer stages or a smaller block_k")
+
+
+def _tile_transforms(dtype):
+    """Shared-memory layout wgmma reads: 8-row tiles of one 128-byte swizzle width."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    columns = SWIZZLE_BYTES // jnp.dtype(dtype).itemsize
+    return plgpu.TilingTransform((8, columns)), plgpu.SwizzleTransform(SWIZZLE_BYTES)
+
+
+def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
+            q_smem, k_smem, v_smem, o_smem, lse_smem, q_barrier, k_barriers, v_barriers, p_smem=None, *, scale: float,
+            half: int | None, block_k: int, num_stages: int, group: int):
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    h, i, b = lax.axis_index("heads"), lax.axis_index("q_blocks"), lax.axis_index("batch")
+    kv_head = lax.div(h, jnp.int32(group))
+    q_first = i * BLOCK_Q
+    lo, full_lo, full_hi, hi = lo_ref[b, i], full_lo_ref[b, i], full_hi_ref[b, i], hi_ref[b, i]
+    rows = plgpu.Layout.WGMMA.reduce(1)  # one value per query row of a [64, n] wgmma tile
+    columns = plgpu.Layout.WGMMA.reduce(0)  # one value per key column
+
+    plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q_first, BLOCK_Q), h], q_smem, q_barrier)
+
+    def fetch(j, slot):  # key block j into a ring slot
+        keys = pl.ds(j * block_k, block_k)
+        plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_smem.at[slot], k_barriers.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_smem.at[slot], v_barriers.at[slot])
+
+    for step in range(num_stages):
+        pl.when(lo + step < hi)(functools.partial(fetch, lo + step, step))
+    q_seg = plgpu.load(seg_ref.at[b, pl.ds(q_first, BLOCK_Q)], layout=rows, optimized=False)
+    plgpu.barrier_wait(q_barrier)
+    factor = scale * LOG2E
+
+    def body(masked: bool):
+        def step(j, carry):
+            acc, m, l = carry
+            slot = lax.rem(j - lo, jnp.int32(num_stages))
+            plgpu.barrier_wait(k_barriers.at[slot])
+
+            def scores(acc_ref):
+                plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
+                return acc_ref[...]
+
+            s = pl.run_scoped(scores, plgpu.ACC((BLOCK_Q, block_k), jnp.float32))
+            if masked:
+                k_seg = plgpu.load(seg_ref.at[b, pl.ds(j * block_k, block_k)], layout=columns, optimized=False)
+                shape = (BLOCK_Q, block_k)
+                q_ids = lax.broadcast_in_dim(q_seg, shape, [0])
+                visible = (q_ids == lax.broadcast_in_dim(k_seg, shape, [1])) & (q_ids != 0)
+                if half is not None:
+                    q_pos = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + q_first
+                    k_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + j * block_k
+                    visible = visible & (jnp.abs(q_pos - k_pos) <= half)
+                s = jnp.where(visible, s, -jnp.inf)
+            # The Triton kernel's online softmax step (online_softmax_step), on wgmma tiles: the row max is taken
+            # before scaling and the scaling folded into the exponent.
+            m_new = jnp.maximum(m, s.max(axis=1) * factor)
+            m_safe = jnp.where(m_new > 0.5 * MASK_VALUE, m_new, 0.0)
+            p = jnp.exp2(s * factor - lax.broadcast_in_dim(m_safe, s.shape, [0]))
+            alpha = jnp.exp2(m - m_safe)
+            plgpu.barrier_wait(v_barriers.at[slot])
+
+            def values(acc_ref):
+                probabilities = p.astype(v_smem.dtype)
+                if p_smem is not None:  # interpret mode: its wgmma reads both operands from shared memory
+                    p_smem[...] = probabilities
+                    plgpu.commit_smem()
+                    probabilities = p_smem
+                plgpu.wgmma(acc_ref, probabilities, v_smem.at[slot])
+                return acc_ref[...]
+
+            pv = pl.run_scoped(values, plgpu.ACC((BLOCK_Q, acc.shape[1]), jnp.float32))
+            # Both products have returned, so the slot's tiles are read: refill it num_stages blocks ahead.
+            pl.when(j + num_stages < hi)(functools.partial(fetch, j + num_stages, slot))
+            acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
+            return acc, m_new, l * alpha + p.sum(axis=1)
+        return step
+
+    head_dim = q_smem.shape[1]
+    init = (plgpu.layout_cast(jnp.zeros((BLOCK_Q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+            plgpu.layout_cast(jnp.full((BLOCK_Q,), MASK_VALUE, jnp.float32), rows),
+            plgpu.layout_cast(jnp.zeros((BLOCK_Q,), jnp.float32), rows))
+    acc, m, l = three_loops(lo, full_lo, full_hi, hi, body, init)
+
+    # finish_softmax's rule: a row with no visible key (padding) gets output 0 and log-sum-exp 0.
+    empty = l == 0.0
+    safe_l = jnp.where(empty, 1.0, l)
+    o_smem[...] = (acc / lax.broadcast_in_dim(safe_l, acc.shape, [0])).astype(o_smem.dtype)
+    lse_smem[...] = jnp.where(empty, 0.0, m * LN2 + jnp.log(safe_l))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[b, pl.ds(q_first, BLOCK_Q), h])
+    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[b, h, pl.ds(q_first, BLOCK_Q)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _interpret_params():
+    """JAX's Mosaic GPU interpret mode (JAX >= 0.11): the kernel's copies, barriers and wgmma simulated on CPU."""
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+    except ImportError as error:  # pragma: no cover - depends on the installed JAX
+        raise NotImplementedError(f"Mosaic GPU interpret mode needs JAX >= 0.11 (this is {jax.__version__})") from error
+    return InterpretGPUParams()
+
+
+def mosaic_forward(q, k, v, seg, *, scale: float, half: int | None, block_k: int, num_stages: int,
+                   interpret: bool):
+    """(out [batch, seq, heads, head_dim], lse float32 [batch, heads, seq]) of q [batch, seq, heads, head_dim] and
+    k, v [batch, seq, kv_heads, head_dim]; seq a multiple of 64 and block_k, segment ids padded alike."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    batch, seq, heads, head_dim = q.shape
+    group = heads // k.shape[2]
+    ranges = block_ranges(seg, None if half is None else 2 * half, BLOCK_Q, block_k)
+    transforms = _tile_transforms(q.dtype)
+    tile = lambda rows, *lead: plgpu.SMEM((*lead, rows, head_dim), q.dtype, transforms=transforms)
+    call = plgpu.kernel(
+        functools.partial(_kernel, scale=scale, half=half, block_k=block_k, num_stages=num_stages, group=group),
+        out_type=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)),
+        scratch_types=(tile(BLOCK_Q), tile(block_k, num_stages), tile(block_k, num_stages), tile(BLOCK_Q),
+                       plgpu.SMEM((BLOCK_Q,), jnp.float32), plgpu.Barrier(),
+                       plgpu.Barrier(num_barriers=num_stages), plgpu.Barrier(num_barriers=num_stages),
+                       # Interpret mode's wgmma cannot take p from registers; on a GPU it never leaves them.
+                       *([plgpu.SMEM((BLOCK_Q, block_k), q.dtype, transforms=transforms)] if interpret else [])),
+        grid=(heads, seq // BLOCK_Q, batch),
+        grid_names=("heads", "q_blocks", "batch"),
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=_interpret_params() if interpret else None,
+    )
+    return call(*ranges, seg, q, k, v)
+
+
+def forward(q, k, v, seg, slopes, st):
+    """pallas_gpu_attention's FORWARD_KERNELS entry: its _Static's scale, window, block_k and num_stages."""
+    del slopes  # ALiBi is refused before tracing (check_supported)
+    return mosaic_forward(q, k, v, seg, scale=st.scale, half=st.half, block_k=st.block_k, num_stages=st.num_stages,
+                          interpret=st.interpret)
+
+
+def pallas_gpu_mosaic_attention(q, k, v, **arguments):
+    """The registry's "pallas_gpu_mosaic": `pallas_gpu_attention` with this forward and Triton's backward."""
+    return pallas_gpu_attention(q, k, v, forward_kernel="mosaic", **arguments)

@@ -1,0 +1,131 @@
+"""The Pallas Mosaic GPU forward (bertjax/ops/mosaic_gpu_attention.py) on CPU, in JAX's Mosaic GPU interpret mode,
+which simulates its TMA copies, barriers and wgmma products: against the dense XLA reference and the Triton
+forward it replaces (the same output and log-sum-exp, so the Triton backward reads its residuals alike).
+
+Interpret mode runs these kernels from JAX 0.11 (the GPU machines' version; 0.10's cannot simulate a transposed
+shared-memory operand), so the numerical tests skip under older JAX; the refusals run everywhere. Compiling the
+kernel for an H100 is tests/test_gpu_aot.py's.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import ops
+from bertjax.ops import mosaic_gpu_attention as mosaic
+from bertjax.ops.pallas_gpu_attention import _Static, _triton_forward, pallas_gpu_attention
+from bertjax.ops.xla_attention import dense_attention
+
+needs_interpret = pytest.mark.skipif(
+    tuple(int(part) for part in jax.__version__.split(".")[:2]) < (0, 11),
+    reason=f"JAX's Mosaic GPU interpret mode runs these kernels from JAX 0.11 (this is {jax.__version__})")
+
+
+def inputs(seq=256, heads=4, kv_heads=2, head_dim=64, seed=0):
+    """bfloat16 q, k, v; row 0 packs documents of 100, 1 and 99 tokens then padding, row 1 is one document."""
+    rng = np.random.default_rng(seed)
+    q = jnp.asarray(rng.standard_normal((2, seq, heads, head_dim)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((2, seq, kv_heads, head_dim)), jnp.bfloat16) for _ in range(2))
+    segments = np.ones((2, seq), np.int32)
+    segments[0, 100], segments[0, 101:200], segments[0, 200:] = 2, 3, 0
+    return q, k, v, jnp.asarray(segments)
+
+
+def natural_lse(q, k, segments, window, scale):
+    """float32 numpy log-sum-exp [batch, heads, seq] of the visible scores (0 where a row sees nothing)."""
+    q, k = np.asarray(q, np.float32), np.asarray(k, np.float32)
+    k = np.repeat(k, q.shape[2] // k.shape[2], axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    seg = np.asarray(segments)
+    visible = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] != 0)
+    if window is not None:
+        pos = np.arange(seg.shape[1])
+        visible &= np.abs(pos[:, None] - pos[None, :]) <= window // 2
+    s = np.where(visible[:, None], s, -np.inf)
+    top = np.max(s, axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    total = np.sum(np.exp(s - safe), axis=-1)
+    return np.where(total > 0, np.log(np.where(total > 0, total, 1.0)) + safe[..., 0], 0.0)
+
+
+@needs_interpret
+@pytest.mark.parametrize("window, block_k, num_stages", [(None, 64, 2), (64, 64, 3), (None, 128, 2)])
+def test_forward_matches_dense_attention_and_its_log_sum_exp(window, block_k, num_stages):
+    """Packed documents (one of a single token), padding, GQA 2, several key blocks with block skipping; bfloat16
+    inputs against float32 dense attention on the same (rounded) inputs: 2e-2 on outputs of size ~1, 1e-3 relative
+    on the log-sum-exp."""
+    q, k, v, segments = inputs()
+    out, lse = jax.jit(lambda q, k, v, s: mosaic.mosaic_forward(
+        q, k, v, s, scale=0.125, half=None if window is None else window // 2, block_k=block_k,
+        num_stages=num_stages, interpret=True))(q, k, v, segments)
+    want = dense_attention(*(x.astype(jnp.float32) for x in (q, k, v)), segment_ids=segments,
+                           local_window=window, scale=0.125)
+    real = np.asarray(segments) != 0
+    np.testing.assert_allclose(np.asarray(out, np.float32)[real], np.asarray(want)[real], atol=2e-2)
+    assert not np.asarray(out, np.float32)[~real].any()  # padding rows: zeros, as the Triton forward writes
+    np.testing.assert_allclose(np.asarray(lse), natural_lse(q, k, segments, window, 0.125), rtol=1e-3, atol=1e-3)
+
+
+@needs_interpret
+def test_forward_gives_the_triton_forwards_residuals():
+    """Same _Static, same inputs: the Mosaic and Triton forwards agree on output and log-sum-exp, which is all the
+    backward reads from a forward."""
+    q, k, v, segments = inputs(heads=2, kv_heads=1)
+    st = _Static(scale=0.125, half=48, block_q=64, block_k=64, interpret=True, num_warps=4, num_stages=2)
+    slopes = jnp.zeros((16,), jnp.float32)
+    out_m, lse_m = jax.jit(lambda *a: mosaic.forward(*a, st))(q, k, v, segments, slopes)
+    out_t, lse_t = jax.jit(lambda *a: _triton_forward(*a, st))(q, k, v, segments, slopes)
+    np.testing.assert_allclose(np.asarray(out_m, np.float32), np.asarray(out_t, np.float32), atol=1e-2)
+    np.testing.assert_allclose(np.asarray(lse_m), np.asarray(lse_t), rtol=1e-4, atol=1e-4)
+
+
+@needs_interpret
+def test_registry_name_runs_forward_and_gradients_like_pallas_gpu():
+    """"pallas_gpu_mosaic" through the attention entry point: a head_dim of 32 (padded to 64), a sequence of 200
+    (padded to 256), a window with global tokens (merged through the forward's log-sum-exp); outputs and dq/dk/dv
+    against pallas_gpu's Triton forward with the same backward."""
+    q, k, v, segments = inputs(seq=200, head_dim=32)
+    glob = np.zeros((2, 200), bool)
+    glob[0, [5, 150]] = glob[1, 120] = True
+    real = np.asarray(segments) != 0
+
+    def run(implementation):
+        def loss(q, k, v):
+            out = ops.attention(q, k, v, segment_ids=segments, local_window=64, implementation=implementation,
+                                global_tokens=glob, max_global_tokens=2, interpret=True)
+            return jnp.sum(jnp.where(real[..., None, None], out.astype(jnp.float32), 0.0) ** 2), out
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+    (_, out), grads = run("pallas_gpu_mosaic")
+    (_, want), want_grads = run("pallas_gpu")
+    np.testing.assert_allclose(np.asarray(out, np.float32)[real], np.asarray(want, np.float32)[real], atol=1e-2)
+    for got, expected in zip(grads, want_grads):
+        got, expected = np.asarray(got, np.float32), np.asarray(expected, np.float32)
+        np.testing.assert_allclose(got, expected, atol=2e-2 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(dtype=jnp.float32), "bfloat16 or float16"),
+    (dict(block_q=128), "64 query rows"),
+    (dict(block_k=96), "block_k must be 64, 128"),
+    (dict(num_warps=8), "one warpgroup"),
+    (dict(alibi=True), "no ALiBi"),
+    (dict(padded_head_dim=256, block_k=256, num_stages=3), "of shared memory"),
+])
+def test_what_the_kernel_cannot_compute_is_refused_by_name(arguments, message):
+    supported = dict(dtype=jnp.bfloat16, padded_head_dim=64, alibi=False, block_q=64, block_k=64)
+    mosaic.check_supported("here", **supported)  # the defaults are fine
+    with pytest.raises(ValueError, match=message):
+        mosaic.check_supported("here", **{**supported, **arguments})
+
+
+def test_refusals_come_before_tracing_through_the_public_functions():
+    x = jnp.zeros((1, 64, 2, 64), jnp.float32)
+    segments = jnp.ones((1, 64), jnp.int32)
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        ops.attention(x, x, x, segment_ids=segments, implementation="pallas_gpu_mosaic", interpret=True)
+    with pytest.raises(ValueError, match="forward_kernel must be one of"):
+        pallas_gpu_attention(x, x, x, segment_ids=segments, local_window=None, scale=1.0, forward_kernel="cuda")
+    with pytest.raises(ValueError, match="does not support alibi"):
+        ops.attention(x, x, x, implementation="pallas_gpu_mosaic", alibi_slopes=np.ones(2, np.float32))
