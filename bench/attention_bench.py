@@ -42,7 +42,7 @@ from bertjax import ops
 
 IMPLEMENTATIONS_BY_BACKEND = {
     "cpu": ["xla", "xla_blockwise", "xla_auto"],
-    "gpu": ["xla", "xla_blockwise", "pallas_gpu", "cudnn"],
+    "gpu": ["xla", "xla_blockwise", "pallas_gpu", "pallas_gpu_mosaic", "cudnn"],
     "tpu": ["xla", "xla_blockwise", "pallas_tpu"],
 }
 REFERENCE = "xla"
@@ -407,6 +407,13 @@ def gpu_targets(results, window: int, packed_docs: int) -> list[str]:
             if packed is not None:
                 check(f"seq {seq} {passes}: {packed_docs} packed documents faster than one", glob / packed, 1,
                       strict=True)
+            for layer_window, layer in ((None, "global"), (window, f"local {window}")):
+                ours, triton = (seconds(seq, layer_window, 1, passes, name) for name in ("pallas_gpu_mosaic",
+                                                                                        "pallas_gpu"))
+                if ours is not None and triton is not None:  # bertjax's Mosaic GPU forward: no target of its own
+                    against = f", {cudnn / ours:.2f}x cuDNN's" if cudnn is not None and layer_window is None else ""
+                    lines.append(f"# seq {seq} {passes} {layer}: pallas_gpu_mosaic runs {triton / ours:.2f}x "
+                                 f"pallas_gpu's speed{against}")
             mosaic = seconds(seq, None, 1, passes, MOSAIC_GPU)
             if mosaic is not None:  # a mark for a Mosaic GPU port, not a target
                 against = f", {cudnn / mosaic:.2f}x cuDNN's" if cudnn is not None else ""

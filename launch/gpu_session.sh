@@ -4,7 +4,7 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9.5 minutes
-#   launch/gpu_session.sh inference:120 tune:130  # call 2, at once while warm, with what is left (~250 s)
+#   launch/gpu_session.sh inference:110 mosaic:50 tune:100  # call 2, at once while warm, with what is left (~260 s)
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -33,6 +33,9 @@
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 16384 first (the one length whose
 #              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048; with JAX's own
 #              Mosaic GPU FlashAttention (float16, global layers only) as the mark for a Hopper port
+#   mosaic     bench.attention_bench: the Mosaic GPU forward (pallas_gpu_mosaic: TMA + wgmma, Triton's backward)
+#              against pallas_gpu's Triton forward and cuDNN at 16384 and 1024; compiled here without a GPU, never
+#              timed (bench.mosaic_gpu_static: 257 PTX instructions a fully visible tile, Triton's 325)
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
 #   tune       bench.attention_bench --tune: pallas_gpu's tiles, warps and stages at 16384 (global), where
 #              forward+backward is 0.68x cuDNN (0.7x wanted): the dq kernel's, then the dk/dv kernel's (each its own
@@ -59,7 +62,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A CAP=([env]=20 [check]=100 [norm]=40 [train_kernels]=180 [train]=190 [attention]=60 [inference]=130
-                [memory]=220 [tune]=130 [tune_train]=140 [tune_wide]=120 [profile]=50)
+                [memory]=220 [tune]=130 [tune_train]=140 [tune_wide]=120 [profile]=50 [mosaic]=60)
 MAIN_PLAN=(env check norm train_kernels memory)  # caps sum to 560 s: call 1 with timeout_s 590
 
 DRY_RUN=0
@@ -177,6 +180,12 @@ for item in "${STAGES[@]}"; do
       # (bench/train_bench.py now does, and prints what each try needs against what the card holds).
       # Stepping 1, 2, 4, ... from there.
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
+      ;;
+    mosaic)
+      # The Mosaic GPU forward (pallas_gpu_mosaic, never timed) beside the Triton one and cuDNN: global, local 128 and
+      # packed rows at 16384 and the train step's 1024 (its forward+backward is the same Triton backward).
+      run mosaic "$cap" python3 -m bench.attention_bench --seqs 16384 1024 --implementations pallas_gpu_mosaic \
+        pallas_gpu cudnn --max-gib 8 --repeats 3 --min-seconds 0.1
       ;;
     tune)
       # ~38 timings before the first cuDNN comparison (each a compile and 3 x 0.1 s), the forward's 18 after

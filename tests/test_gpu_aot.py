@@ -165,3 +165,32 @@ def test_norm_glu_and_stacked_attention_kernels_compile_into_a_two_gpu_train_ste
                    "bertjax_glu_backward"):
         assert text.count(f'name = "{kernel}"') == model.num_layers, kernel
     assert "all-gather" not in text
+
+
+@needs_plugin
+def test_mosaic_forward_compiles_into_a_two_gpu_train_step_with_the_triton_backward():
+    """attention_implementation pallas_gpu_mosaic in the tiny pretraining config at bfloat16 (head_dim 32, padded to
+    64 for wgmma), compiled for two H100s: each layer's attention is one Mosaic GPU call forward and the Triton dq
+    and dk/dv kernels backward, on each GPU's rows."""
+    pytest.importorskip("grain")  # bertjax.data's batch shapes
+    import jax
+
+    from bertjax.data import batch_sharding, batch_spec
+    from bertjax.train import mesh as mesh_lib
+    from bertjax.train.run_config import load_run_config
+    from bertjax.train.setup import setup_run
+
+    config = load_run_config("configs/pretrain/tiny.yaml", ["model.overrides.attention_implementation=pallas_gpu_mosaic",
+                                                            "model.overrides.dtype=bfloat16"])
+    setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0,
+                      devices=gpu_aot.gpu_devices("h100:2"), attention_platform="gpu", compile_only=True)
+    phase = setup.phases[0]
+    batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
+             for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
+    lowered = setup.steps_for(phase)[0].lower(setup.abstract_state(), setup.frozen, batch)
+    text = gpu_aot.compile_lowered(lowered).as_text()
+    layers = setup.model_config.num_layers
+    assert text.count('custom_call_target="mosaic_gpu') == layers
+    assert 'name = "bertjax_flash_forward"' not in text
+    assert text.count('name = "bertjax_flash_dq"') == text.count('name = "bertjax_flash_dkv"') == layers
+    assert "all-gather" not in text

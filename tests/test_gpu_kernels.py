@@ -153,6 +153,21 @@ def test_stacked_qkv_attention_matches_dense_forward_and_gradient(window):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_pallas_gpu_matches_dense_forward_and_gradients(case):
+    assert_matches_dense(case, "pallas_gpu")
+
+
+# The Mosaic GPU forward (bfloat16, no ALiBi; sm_90 and later) with the same Triton backward.
+MOSAIC_CASES = [case for case in CASES if case[7] == jnp.bfloat16 and not case[8]]
+
+
+@pytest.mark.parametrize("case", MOSAIC_CASES, ids=[c[0] for c in MOSAIC_CASES])
+def test_pallas_gpu_mosaic_matches_dense_forward_and_gradients(case):
+    if float(jax.devices()[0].compute_capability) < 9.0:
+        pytest.skip("the Mosaic GPU forward uses Hopper's TMA and wgmma")
+    assert_matches_dense(case, "pallas_gpu_mosaic")
+
+
+def assert_matches_dense(case, implementation: str):
     _, batch, seq, heads, kv_heads, dim, window, dtype, alibi, glob = case
     rng = np.random.default_rng(abs(hash(case[0])) % 2**32)
     q = jnp.asarray(rng.standard_normal((batch, seq, heads, dim)), dtype)
@@ -173,7 +188,7 @@ def test_pallas_gpu_matches_dense_forward_and_gradients(case):
             return jnp.sum(out.astype(jnp.float32) * weight), out
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
-    (_, out), grads = value_and_grads("pallas_gpu", q, k, v)
+    (_, out), grads = value_and_grads(implementation, q, k, v)
     with jax.default_matmul_precision("highest"):
         (_, want), want_grads = value_and_grads("xla", *(x.astype(jnp.float32) for x in (q, k, v)))
     assert out.dtype == dtype

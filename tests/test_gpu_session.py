@@ -35,7 +35,7 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
     return commands
 
 
-@pytest.mark.parametrize("stages", [(), ("inference", "tune"), ("tune_train", "tune_wide"),
+@pytest.mark.parametrize("stages", [(), ("inference", "mosaic", "tune"), ("tune_train", "tune_wide"),
                                     ("train", "attention", "profile", "tune")],
                          ids=["main plan", "second call", "other sweeps", "second call after a change"])
 def test_every_planned_command_parses(stages):
