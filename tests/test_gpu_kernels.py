@@ -156,14 +156,14 @@ def test_pallas_gpu_matches_dense_forward_and_gradients(case):
     assert_matches_dense(case, "pallas_gpu")
 
 
-# The Mosaic GPU forward (bfloat16, no ALiBi; sm_90 and later) with the same Triton backward.
+# The Mosaic GPU kernels (bfloat16, no ALiBi; sm_90 and later): forward, dq and dk/dv.
 MOSAIC_CASES = [case for case in CASES if case[7] == jnp.bfloat16 and not case[8]]
 
 
 @pytest.mark.parametrize("case", MOSAIC_CASES, ids=[c[0] for c in MOSAIC_CASES])
 def test_pallas_gpu_mosaic_matches_dense_forward_and_gradients(case):
     if float(jax.devices()[0].compute_capability) < 9.0:
-        pytest.skip("the Mosaic GPU forward uses Hopper's TMA and wgmma")
+        pytest.skip("the Mosaic GPU kernels use Hopper's TMA and wgmma")
     assert_matches_dense(case, "pallas_gpu_mosaic")
 
 

@@ -1,6 +1,7 @@
-"""The Pallas Mosaic GPU forward (bertjax/ops/mosaic_gpu_attention.py) on CPU, in JAX's Mosaic GPU interpret mode,
-which simulates its TMA copies, barriers and wgmma products: against the dense XLA reference and the Triton
-forward it replaces (the same output and log-sum-exp, so the Triton backward reads its residuals alike).
+"""The Pallas Mosaic GPU kernels (bertjax/ops/mosaic_gpu_attention.py: forward; mosaic_gpu_attention_backward.py: dq
+and dk/dv) on CPU, in JAX's Mosaic GPU interpret mode, which simulates their TMA copies, barriers and wgmma
+products: against the dense XLA reference (outputs, numpy's log-sum-exp, gradients) and the Triton kernels they
+stand in for (the same residuals and gradients, so either backward reads either forward's).
 
 Interpret mode runs these kernels from JAX 0.11 (the GPU machines' version; 0.10's cannot simulate a transposed
 shared-memory operand), so the numerical tests skip under older JAX; the refusals run everywhere. Compiling the
@@ -14,7 +15,8 @@ import pytest
 
 from bertjax import ops
 from bertjax.ops import mosaic_gpu_attention as mosaic
-from bertjax.ops.pallas_gpu_attention import _Static, _triton_forward, pallas_gpu_attention
+from bertjax.ops.mosaic_gpu_attention_backward import backward as mosaic_backward
+from bertjax.ops.pallas_gpu_attention import _Static, _triton_backward, _triton_forward, pallas_gpu_attention
 from bertjax.ops.xla_attention import dense_attention
 
 needs_interpret = pytest.mark.skipif(
@@ -80,11 +82,65 @@ def test_forward_gives_the_triton_forwards_residuals():
     np.testing.assert_allclose(np.asarray(lse_m), np.asarray(lse_t), rtol=1e-4, atol=1e-4)
 
 
+def relative_error(got, want) -> float:
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@needs_interpret
+@pytest.mark.parametrize("window, dq_block, dkv_block, num_stages", [(None, 64, 64, 2), (64, 128, 64, 3),
+                                                                     (None, 64, 128, 2)])
+def test_backward_matches_dense_gradients(window, dq_block, dkv_block, num_stages):
+    """dq, dk and dv from the Mosaic kernels (on the Mosaic forward's residuals) against the vjp of float32 dense
+    attention on the same bfloat16 inputs, with GQA 2 (the dk/dv kernel walks both query heads of its kv head):
+    relative Frobenius error under 5e-3 (bfloat16 rounding of p and ds lands near 2.4e-3; a 2% error in one
+    gradient fails it)."""
+    q, k, v, segments = inputs()
+    real = np.asarray(segments) != 0
+    do = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape) * real[..., None, None], jnp.bfloat16)
+    st = _Static(scale=0.125, half=None if window is None else window // 2, block_q=64, block_k=64, interpret=True,
+                 num_warps=4, num_stages=num_stages,
+                 dq=_Static(scale=0.125, half=None if window is None else window // 2, block_q=64, block_k=dq_block,
+                            interpret=True, num_warps=4, num_stages=num_stages),
+                 dkv=_Static(scale=0.125, half=None if window is None else window // 2, block_q=dkv_block, block_k=64,
+                             interpret=True, num_warps=4, num_stages=num_stages))
+    slopes = jnp.zeros((16,), jnp.float32)
+
+    @jax.jit
+    def grads(q, k, v, segments, do):
+        out, lse = mosaic.forward(q, k, v, segments, slopes, st)
+        return mosaic_backward(q, k, v, segments, slopes, out, lse, do, st)
+
+    got = grads(q, k, v, segments, do)
+    _, vjp = jax.vjp(lambda q, k, v: dense_attention(q, k, v, segment_ids=segments, local_window=window, scale=0.125),
+                     *(x.astype(jnp.float32) for x in (q, k, v)))
+    errors = {name: relative_error(g, w) for name, g, w in zip("qkv", got, vjp(do.astype(jnp.float32)))}
+    assert max(errors.values()) < 5e-3, errors
+
+
+@needs_interpret
+def test_backward_gives_the_triton_backwards_gradients_with_a_log_sum_exp_cotangent():
+    """Same residuals, same _Static, a log-sum-exp cotangent (what the global-token merge sends back): the Mosaic and
+    Triton backward kernels agree to 1e-4 relative (measured: 7e-6 and below; both round p and ds to bfloat16 the
+    same way)."""
+    q, k, v, segments = inputs(heads=2, kv_heads=1)
+    rng = np.random.default_rng(2)
+    do = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16)
+    dlse = jnp.asarray(rng.standard_normal((2, 2, 256)), jnp.float32)
+    st = _Static(scale=0.125, half=48, block_q=64, block_k=64, interpret=True, num_warps=4, num_stages=2)
+    slopes = jnp.zeros((16,), jnp.float32)
+    out, lse = jax.jit(lambda *a: _triton_forward(*a, st))(q, k, v, segments, slopes)
+    got = jax.jit(lambda *a: mosaic_backward(*a, st, dlse=dlse))(q, k, v, segments, slopes, out, lse, do)
+    want = jax.jit(lambda *a: _triton_backward(*a, st, dlse=dlse))(q, k, v, segments, slopes, out, lse, do)
+    errors = {name: relative_error(g, w) for name, g, w in zip("qkv", got, want)}
+    assert max(errors.values()) < 1e-4, errors
+
+
 @needs_interpret
 def test_registry_name_runs_forward_and_gradients_like_pallas_gpu():
-    """"pallas_gpu_mosaic" through the attention entry point: a head_dim of 32 (padded to 64), a sequence of 200
-    (padded to 256), a window with global tokens (merged through the forward's log-sum-exp); outputs and dq/dk/dv
-    against pallas_gpu's Triton forward with the same backward."""
+    """"pallas_gpu_mosaic" (every kernel Mosaic GPU) through the attention entry point: a head_dim of 32 (padded to
+    64), a sequence of 200 (padded to 256), a window with global tokens (merged through the forward's log-sum-exp,
+    whose cotangent the backward takes); outputs and dq/dk/dv against pallas_gpu's Triton kernels."""
     q, k, v, segments = inputs(seq=200, head_dim=32)
     glob = np.zeros((2, 200), bool)
     glob[0, [5, 150]] = glob[1, 120] = True
@@ -105,19 +161,22 @@ def test_registry_name_runs_forward_and_gradients_like_pallas_gpu():
         np.testing.assert_allclose(got, expected, atol=2e-2 * np.abs(expected).max())
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (dict(dtype=jnp.float32), "bfloat16 or float16"),
-    (dict(block_q=128), "64 query rows"),
-    (dict(block_k=96), "block_k must be 64, 128"),
-    (dict(num_warps=8), "one warpgroup"),
-    (dict(alibi=True), "no ALiBi"),
-    (dict(padded_head_dim=256, block_k=256, num_stages=3), "of shared memory"),
+@pytest.mark.parametrize("kernel, arguments, message", [
+    ("forward", dict(dtype=jnp.float32), "forward multiplies bfloat16 or float16"),
+    ("forward", dict(held=128), "holds 64 rows .* got block_q 128"),
+    ("dq", dict(held=128), "holds 64 rows .* got backward_block_q 128"),
+    ("dkv", dict(held=128), "holds 64 rows .* got dkv_block_k 128"),
+    ("dkv", dict(block=96), "dkv_block_q must be 64, 128"),
+    ("dq", dict(num_warps=8), "one warpgroup \\(backward_num_warps 4\\)"),
+    ("forward", dict(alibi=True), "no ALiBi"),
+    ("forward", dict(padded_head_dim=256, block=256, num_stages=3), "of shared memory"),
+    ("dkv", dict(padded_head_dim=128, block=128, num_stages=3), "dk/dv kernel's tiles need 262,208 B"),
 ])
-def test_what_the_kernel_cannot_compute_is_refused_by_name(arguments, message):
-    supported = dict(dtype=jnp.bfloat16, padded_head_dim=64, alibi=False, block_q=64, block_k=64)
-    mosaic.check_supported("here", **supported)  # the defaults are fine
+def test_what_the_kernels_cannot_compute_is_refused_by_name(kernel, arguments, message):
+    supported = dict(dtype=jnp.bfloat16, padded_head_dim=64, alibi=False, held=64, block=64)
+    mosaic.check_supported("here", kernel, **supported)  # the defaults are fine
     with pytest.raises(ValueError, match=message):
-        mosaic.check_supported("here", **{**supported, **arguments})
+        mosaic.check_supported("here", kernel, **{**supported, **arguments})
 
 
 def test_refusals_come_before_tracing_through_the_public_functions():
@@ -127,5 +186,10 @@ def test_refusals_come_before_tracing_through_the_public_functions():
         ops.attention(x, x, x, segment_ids=segments, implementation="pallas_gpu_mosaic", interpret=True)
     with pytest.raises(ValueError, match="forward_kernel must be one of"):
         pallas_gpu_attention(x, x, x, segment_ids=segments, local_window=None, scale=1.0, forward_kernel="cuda")
+    with pytest.raises(ValueError, match="backward_kernel must be one of"):
+        pallas_gpu_attention(x, x, x, segment_ids=segments, local_window=None, scale=1.0, backward_kernel="cuda")
+    with pytest.raises(ValueError, match="got dkv_block_k 128"):
+        pallas_gpu_attention(x.astype(jnp.bfloat16), x, x, segment_ids=segments, local_window=None, scale=1.0,
+                             backward_kernel="mosaic", dkv_block_k=128)
     with pytest.raises(ValueError, match="does not support alibi"):
         ops.attention(x, x, x, implementation="pallas_gpu_mosaic", alibi_slopes=np.ones(2, np.float32))

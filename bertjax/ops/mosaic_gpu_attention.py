@@ -45,43 +45,80 @@ H100_SHARED_MEMORY_BYTES = 232_448  # per block, as pallas_gpu_attention.py's ta
 REDUCTION_SCRATCH_BYTES = 2048  # plgpu.CompilerParams' reduction_scratch_bytes default
 
 
-def shared_memory_bytes(dtype, padded_head_dim: int, block_k: int, num_stages: int) -> int:
-    """Shared memory one program allocates on a GPU, as Mosaic GPU counts it (jax 0.11.2; its resource dump gives
-    232,504 B at head_dim 128, block_k 128, 3 stages, and this agrees): the query and output tiles, num_stages key
-    and value tiles, the log-sum-exp row (each buffer aligned to 1 KB for the swizzle), Mosaic GPU's 2 KB of
-    reduction scratch and 8 B per barrier."""
+# Per kernel: the 64-row tiles a program holds in shared memory (forward: q and the output; dq: q, dO and dq; dk/dv:
+# k, v, dk and dv), the float32 rows it keeps there (the forward's log-sum-exp), whether it reduces along rows
+# (the forward's max and sum, for which Mosaic GPU adds its reduction scratch) and its barriers beyond the ring's.
+HELD_TILES = {"forward": 2, "dq": 3, "dkv": 4}
+SHARED_ROWS = {"forward": 1, "dq": 0, "dkv": 0}
+REDUCES = {"forward": True, "dq": False, "dkv": False}
+HELD_BARRIERS = {"forward": 1, "dq": 2, "dkv": 2}
+# Each kernel's (held rows, streamed rows) among pallas_gpu_attention's resolved tiles: a dq program holds queries
+# and streams keys, a dk/dv program holds keys and streams queries.
+TILES = {"forward": ("block_q", "block_k"), "dq": ("backward_block_q", "backward_block_k"),
+         "dkv": ("dkv_block_k", "dkv_block_q")}
+LAUNCH_PREFIX = {"forward": "", "dq": "backward_", "dkv": "dkv_"}
+
+
+def shared_memory_bytes(kernel: str, dtype, padded_head_dim: int, block: int, num_stages: int) -> int:
+    """Shared memory one program of `kernel` allocates on a GPU besides its barriers, as Mosaic GPU's resource dump
+    gives it (jax 0.11.2, every setting bench.mosaic_gpu_static compiles): the held tiles, num_stages streamed pairs
+    of [block, head_dim] tiles, any float32 rows (aligned to 1 KB, the swizzle's alignment) and, for a kernel that
+    reduces along rows, Mosaic GPU's 2 KB of reduction scratch."""
     tile = jnp.dtype(dtype).itemsize * padded_head_dim
     aligned = lambda size: -(-size // 1024) * 1024
-    return (tile * (2 * BLOCK_Q + 2 * num_stages * block_k) + aligned(4 * BLOCK_Q) + REDUCTION_SCRATCH_BYTES
-            + 8 * (1 + 2 * num_stages))
+    return (tile * (HELD_TILES[kernel] * BLOCK_Q + 2 * num_stages * block)
+            + SHARED_ROWS[kernel] * aligned(4 * BLOCK_Q) + REDUCES[kernel] * REDUCTION_SCRATCH_BYTES)
 
 
-def check_supported(where: str, *, dtype, padded_head_dim: int, alibi: bool, block_q: int, block_k: int,
+def barrier_bytes(kernel: str, num_stages: int) -> int:
+    """8 B per barrier: Mosaic GPU checks the limit against shared_memory_bytes plus these (its error at the forward's
+    head_dim 128, block 128, 3 stages: 232,504 B)."""
+    return 8 * (HELD_BARRIERS[kernel] + 2 * num_stages)
+
+
+def check_supported(where: str, kernel: str, *, dtype, padded_head_dim: int, alibi: bool, held: int, block: int,
                     num_warps: int | None = None, num_stages: int | None = None) -> None:
-    """Raise ValueError naming what this kernel cannot compute (num_warps / num_stages None: the defaults)."""
+    """Raise ValueError naming what one Mosaic GPU kernel ("forward", "dq" or "dkv") cannot compute. held / block:
+    the rows a program holds and streams; num_warps / num_stages None: the defaults."""
+    name = {"forward": "forward", "dq": "dq kernel", "dkv": "dk/dv kernel"}[kernel]
     if jnp.dtype(dtype) not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
-        raise ValueError(f"{where}: the Mosaic GPU forward multiplies bfloat16 or float16 tiles, got "
-                         f"{jnp.dtype(dtype)} (forward_kernel='triton' takes float32)")
+        raise ValueError(f"{where}: the Mosaic GPU {name} multiplies bfloat16 or float16 tiles, got "
+                         f"{jnp.dtype(dtype)} (the Triton kernels take float32)")
     if padded_head_dim % 64 or padded_head_dim > 256:
-        raise ValueError(f"{where}: the Mosaic GPU forward needs head_dim padded to a multiple of 64 up to 256, got "
+        raise ValueError(f"{where}: the Mosaic GPU {name} needs head_dim padded to a multiple of 64 up to 256, got "
                          f"{padded_head_dim}")
-    if block_q != BLOCK_Q:
-        raise ValueError(f"{where}: the Mosaic GPU forward holds {BLOCK_Q} query rows per program (one warpgroup's "
-                         f"wgmma), got block_q {block_q}")
-    if block_k % 64 or block_k > 256:
-        raise ValueError(f"{where}: the Mosaic GPU forward's block_k must be 64, 128, 192 or 256, got {block_k}")
+    held_name, block_name = (LAUNCH_PREFIX[kernel] + "block_" + side for side in ("q", "k"))
+    if kernel == "dkv":
+        held_name, block_name = block_name, held_name
+    if held != BLOCK_Q:
+        raise ValueError(f"{where}: a Mosaic GPU {name} program holds {BLOCK_Q} rows (one warpgroup's wgmma), got "
+                         f"{held_name} {held}")
+    if block % 64 or block > 256:
+        raise ValueError(f"{where}: the Mosaic GPU {name}'s {block_name} must be 64, 128, 192 or 256, got {block}")
     if num_warps not in (None, 4):
-        raise ValueError(f"{where}: the Mosaic GPU forward runs one warpgroup (num_warps 4), got {num_warps}")
+        raise ValueError(f"{where}: the Mosaic GPU {name} runs one warpgroup ({LAUNCH_PREFIX[kernel]}num_warps 4), "
+                         f"got {num_warps}")
     if num_stages is not None and num_stages < 1:
-        raise ValueError(f"{where}: num_stages must be at least 1, got {num_stages}")
+        raise ValueError(f"{where}: {LAUNCH_PREFIX[kernel]}num_stages must be at least 1, got {num_stages}")
     if alibi:
-        raise ValueError(f"{where}: the Mosaic GPU forward has no ALiBi bias; use forward_kernel='triton'")
+        raise ValueError(f"{where}: the Mosaic GPU kernels have no ALiBi bias; use the Triton ones")
     stages = num_stages or default_launch(padded_head_dim)[1]
-    needed = shared_memory_bytes(dtype, padded_head_dim, block_k, stages)
+    needed = shared_memory_bytes(kernel, dtype, padded_head_dim, block, stages) + barrier_bytes(kernel, stages)
     if needed > H100_SHARED_MEMORY_BYTES:
-        raise ValueError(f"{where}: the Mosaic GPU forward's tiles need {needed:,} B of shared memory at block_k "
-                         f"{block_k}, head_dim {padded_head_dim} and num_stages {stages}, more than an H100's "
-                         f"{H100_SHARED_MEMORY_BYTES:,} B per block: fewer stages or a smaller block_k")
+        raise ValueError(f"{where}: the Mosaic GPU {name}'s tiles need {needed:,} B of shared memory at {block_name} "
+                         f"{block}, head_dim {padded_head_dim} and {stages} stages, more than an H100's "
+                         f"{H100_SHARED_MEMORY_BYTES:,} B per block: fewer stages or a smaller {block_name}")
+
+
+def check_kernels(where: str, kernels, *, dtype, padded_head_dim: int, alibi: bool, tiles: dict, asked: dict) -> None:
+    """check_supported for each of kernels (names in TILES) at pallas_gpu_attention's resolved tiles; asked: the
+    num_warps / num_stages arguments as given (None where left to the defaults)."""
+    for kernel in kernels:
+        held, block = (tiles[name] for name in TILES[kernel])
+        prefix = LAUNCH_PREFIX[kernel]
+        check_supported(where, kernel, dtype=dtype, padded_head_dim=padded_head_dim, alibi=alibi, held=held,
+                        block=block, num_warps=asked.get(prefix + "num_warps"),
+                        num_stages=asked.get(prefix + "num_stages"))
 
 
 def _tile_transforms(dtype):
@@ -90,6 +127,46 @@ def _tile_transforms(dtype):
 
     columns = SWIZZLE_BYTES // jnp.dtype(dtype).itemsize
     return plgpu.TilingTransform((8, columns)), plgpu.SwizzleTransform(SWIZZLE_BYTES)
+
+
+def product(a, b, shape: tuple[int, int], staging=None):
+    """a @ b on the tensor cores (wgmma), float32 [shape]: a a shared-memory tile or a 16-bit array in registers,
+    b a shared-memory tile (`.T` of one for a transposed operand). staging: for a register operand in interpret
+    mode, whose wgmma reads both operands from shared memory, the shared-memory tile it goes through; else None."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    if staging is not None:
+        staging[...] = a
+        plgpu.commit_smem()
+        a = staging
+
+    def run(acc_ref):
+        plgpu.wgmma(acc_ref, a, b)
+        return acc_ref[...]
+
+    return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def tile_visible(row_seg, column_seg, row_first, column_first, half: int | None, shape: tuple[int, int]):
+    """The [rows, columns] mask of one wgmma tile (pallas_gpu_attention's `_visible` on either side of the
+    transposition): same non-padding segment and, for local attention, within the window. row_seg / column_seg:
+    segment ids in the tile's row / column layouts."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    rows = lax.broadcast_in_dim(row_seg, shape, [0])
+    visible = (rows == lax.broadcast_in_dim(column_seg, shape, [1])) & (rows != 0)
+    if half is not None:
+        row_pos = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + row_first
+        column_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + column_first
+        visible = visible & (jnp.abs(row_pos - column_pos) <= half)
+    return visible
+
+
+def tile_layouts():
+    """(rows, columns): the layouts of one value per row and per column of a [64, n] wgmma tile."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
 
 
 def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
@@ -101,8 +178,7 @@ def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, q_ref, k_ref, v_r
     kv_head = lax.div(h, jnp.int32(group))
     q_first = i * BLOCK_Q
     lo, full_lo, full_hi, hi = lo_ref[b, i], full_lo_ref[b, i], full_hi_ref[b, i], hi_ref[b, i]
-    rows = plgpu.Layout.WGMMA.reduce(1)  # one value per query row of a [64, n] wgmma tile
-    columns = plgpu.Layout.WGMMA.reduce(0)  # one value per key column
+    rows, columns = tile_layouts()
 
     plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q_first, BLOCK_Q), h], q_smem, q_barrier)
 
@@ -123,20 +199,10 @@ def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, q_ref, k_ref, v_r
             slot = lax.rem(j - lo, jnp.int32(num_stages))
             plgpu.barrier_wait(k_barriers.at[slot])
 
-            def scores(acc_ref):
-                plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].T)
-                return acc_ref[...]
-
-            s = pl.run_scoped(scores, plgpu.ACC((BLOCK_Q, block_k), jnp.float32))
+            s = product(q_smem, k_smem.at[slot].T, (BLOCK_Q, block_k))
             if masked:
                 k_seg = plgpu.load(seg_ref.at[b, pl.ds(j * block_k, block_k)], layout=columns, optimized=False)
-                shape = (BLOCK_Q, block_k)
-                q_ids = lax.broadcast_in_dim(q_seg, shape, [0])
-                visible = (q_ids == lax.broadcast_in_dim(k_seg, shape, [1])) & (q_ids != 0)
-                if half is not None:
-                    q_pos = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + q_first
-                    k_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + j * block_k
-                    visible = visible & (jnp.abs(q_pos - k_pos) <= half)
+                visible = tile_visible(q_seg, k_seg, q_first, j * block_k, half, (BLOCK_Q, block_k))
                 s = jnp.where(visible, s, -jnp.inf)
             # The Triton kernel's online softmax step (online_softmax_step), on wgmma tiles: the row max is taken
             # before scaling and the scaling folded into the exponent.
@@ -146,16 +212,7 @@ def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, q_ref, k_ref, v_r
             alpha = jnp.exp2(m - m_safe)
             plgpu.barrier_wait(v_barriers.at[slot])
 
-            def values(acc_ref):
-                probabilities = p.astype(v_smem.dtype)
-                if p_smem is not None:  # interpret mode: its wgmma reads both operands from shared memory
-                    p_smem[...] = probabilities
-                    plgpu.commit_smem()
-                    probabilities = p_smem
-                plgpu.wgmma(acc_ref, probabilities, v_smem.at[slot])
-                return acc_ref[...]
-
-            pv = pl.run_scoped(values, plgpu.ACC((BLOCK_Q, acc.shape[1]), jnp.float32))
+            pv = product(p.astype(v_smem.dtype), v_smem.at[slot], (BLOCK_Q, acc.shape[1]), p_smem)
             # Both products have returned, so the slot's tiles are read: refill it num_stages blocks ahead.
             pl.when(j + num_stages < hi)(functools.partial(fetch, j + num_stages, slot))
             acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) + pv
@@ -217,11 +274,12 @@ def mosaic_forward(q, k, v, seg, *, scale: float, half: int | None, block_k: int
 
 def forward(q, k, v, seg, slopes, st):
     """pallas_gpu_attention's FORWARD_KERNELS entry: its _Static's scale, window, block_k and num_stages."""
-    del slopes  # ALiBi is refused before tracing (check_supported)
+    del slopes  # ALiBi is refused before tracing (check_kernels)
     return mosaic_forward(q, k, v, seg, scale=st.scale, half=st.half, block_k=st.block_k, num_stages=st.num_stages,
                           interpret=st.interpret)
 
 
 def pallas_gpu_mosaic_attention(q, k, v, **arguments):
-    """The registry's "pallas_gpu_mosaic": `pallas_gpu_attention` with this forward and Triton's backward."""
-    return pallas_gpu_attention(q, k, v, forward_kernel="mosaic", **arguments)
+    """The registry's "pallas_gpu_mosaic": `pallas_gpu_attention` with every kernel in Mosaic GPU (this forward,
+    mosaic_gpu_attention_backward's dq and dk/dv)."""
+    return pallas_gpu_attention(q, k, v, forward_kernel="mosaic", backward_kernel="mosaic", **arguments)

@@ -173,7 +173,8 @@ class _Static:
     stacked: bool = False
     dq: _Static | None = None  # the dq kernel's settings where they differ from these
     dkv: _Static | None = None  # the dk/dv kernel's settings where they differ from the dq kernel's
-    forward_kernel: str = "triton"  # a FORWARD_KERNELS name; the backward kernels are Triton's either way
+    forward_kernel: str = "triton"  # a FORWARD_KERNELS name
+    backward_kernel: str = "triton"  # a BACKWARD_KERNELS name (dq and dk/dv)
 
     def backward_kernels(self) -> tuple[_Static, _Static]:
         dq = self.dq or self
@@ -462,7 +463,19 @@ FORWARD_KERNELS = {
 }
 
 
+# The backward kernels ("module:function" taking _backward's arguments), each reading any forward's residuals.
+BACKWARD_KERNELS = {
+    "triton": "bertjax.ops.pallas_gpu_attention:_triton_backward",
+    "mosaic": "bertjax.ops.mosaic_gpu_attention_backward:backward",
+}
+
+
 def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
+    return load_function(BACKWARD_KERNELS[st.backward_kernel])(q, k, v, seg, slopes, out, lse, do, st, dlse=dlse,
+                                                                cos=cos, sin=sin)
+
+
+def _triton_backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
     """(dq, dk, dv); with st.stacked (q, k and v each the stacked array, cos and sin [batch, seq, head_dim] RoPE
     tables, each half's twice) the stacked projection's gradient instead, RoPE's backward applied to its q and k
     slots."""
@@ -581,7 +594,8 @@ def _with_global_tokens(q, k, v, seg, slopes, glob, global_slots, st: _Static, h
 
 
 def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret=False, alibi_slopes=None,
-                         global_tokens=None, global_slots=None, forward_kernel: str = "triton", **tiles):
+                         global_tokens=None, global_slots=None, forward_kernel: str = "triton",
+                         backward_kernel: str = "triton", **tiles):
     """Flash attention on GPU (or on CPU with interpret=True). Shapes and meaning as `bertjax.ops.attention`.
 
     tiles (`TILE_ARGUMENTS`, each None or left out for its default) set each kernel's tiles and launch:
@@ -591,21 +605,23 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
     a dq program holds block_q queries and steps through keys block_k at a time, a dk/dv program holds block_k keys
     and steps through queries.
 
-    forward_kernel (a FORWARD_KERNELS name): "triton", or "mosaic" for the Pallas Mosaic GPU forward
-    (mosaic_gpu_attention.py: bfloat16 or float16, block_q 64, no ALiBi), whose residuals the same backward reads.
+    forward_kernel (a FORWARD_KERNELS name) and backward_kernel (BACKWARD_KERNELS): "triton", or "mosaic" for the
+    Pallas Mosaic GPU kernels (mosaic_gpu_attention.py, mosaic_gpu_attention_backward.py: bfloat16 or float16, 64
+    held rows per program, no ALiBi); either backward reads either forward's residuals.
 
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
-    if forward_kernel not in FORWARD_KERNELS:
-        raise ValueError(f"pallas_gpu_attention: forward_kernel must be one of {sorted(FORWARD_KERNELS)}, got "
-                         f"{forward_kernel!r}")
-    launch = {name: tiles.get(name) for name in ("num_warps", "num_stages")}  # as asked, before defaults
+    for name, value, known in (("forward_kernel", forward_kernel, FORWARD_KERNELS),
+                               ("backward_kernel", backward_kernel, BACKWARD_KERNELS)):
+        if value not in known:
+            raise ValueError(f"pallas_gpu_attention: {name} must be one of {sorted(known)}, got {value!r}")
+    launch = {name: tiles.get(name) for name in TILE_ARGUMENTS if "num_" in name}  # as asked, before defaults
     tiles = _resolve_tiles("pallas_gpu_attention", tiles)
 
     def kernel(q, k, v, segment_ids, alibi_slopes, global_tokens):  # one device's shard of batch (and heads)
         return _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, local_window=local_window, scale=scale,
                           interpret=interpret, global_slots=global_slots, tiles=tiles,
-                          forward_kernel=forward_kernel, launch=launch)
+                          kernels=(forward_kernel, backward_kernel), launch=launch)
 
     return per_device_attention(kernel, q, k, v, segment_ids, alibi_slopes, global_tokens)
 
@@ -668,15 +684,18 @@ def _padded_seq(seq: int, tiles: dict) -> int:
 
 
 def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_window, scale, interpret, global_slots,
-               tiles, forward_kernel="triton", launch=None):
+               tiles, kernels=("triton", "triton"), launch=None):
     batch, seq, heads, head_dim = q.shape
     padded_seq = _padded_seq(seq, tiles)
-    # wgmma reads 128-byte swizzled rows: the Mosaic forward pads head_dim to at least 64 (of 16-bit elements).
-    padded_dim = max(64 if forward_kernel == "mosaic" else 16, pl.next_power_of_2(head_dim))
-    if forward_kernel == "mosaic":
-        from bertjax.ops.mosaic_gpu_attention import check_supported
-        check_supported("pallas_gpu_attention", dtype=q.dtype, padded_head_dim=padded_dim, alibi=alibi_slopes is not None,
-                        block_q=tiles["block_q"], block_k=tiles["block_k"], **(launch or {}))
+    forward_kernel, backward_kernel = kernels
+    mosaic = [name for name, kernel in (("forward", forward_kernel), ("dq", backward_kernel), ("dkv", backward_kernel))
+              if kernel == "mosaic"]
+    # wgmma reads 128-byte swizzled rows: the Mosaic kernels pad head_dim to at least 64 (of 16-bit elements).
+    padded_dim = max(64 if mosaic else 16, pl.next_power_of_2(head_dim))
+    if mosaic:
+        from bertjax.ops.mosaic_gpu_attention import check_kernels
+        check_kernels("pallas_gpu_attention", mosaic, dtype=q.dtype, padded_head_dim=padded_dim,
+                      alibi=alibi_slopes is not None, tiles=tiles, asked=launch or {})
 
     def pad(x, seq_axis_pad, dim_pad):
         widths = [(0, 0), (0, seq_axis_pad)] + [(0, 0)] * (x.ndim - 2)
@@ -686,7 +705,8 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
 
     tail, extra_dim = padded_seq - seq, padded_dim - head_dim
     st = _statics(tiles, padded_dim, scale=float(scale), half=None if local_window is None else local_window // 2,
-                  interpret=bool(interpret), alibi=alibi_slopes is not None, forward_kernel=forward_kernel)
+                  interpret=bool(interpret), alibi=alibi_slopes is not None, forward_kernel=forward_kernel,
+                  backward_kernel=backward_kernel)
     # One slope per query head, padded to a power of two (>= 16) so the kernels load it as one vector.
     slopes = jnp.zeros((max(16, pl.next_power_of_2(heads)),), jnp.float32)
     if alibi_slopes is not None:
