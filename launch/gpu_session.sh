@@ -33,9 +33,9 @@
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 16384 first (the one length whose
 #              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048; with JAX's own
 #              Mosaic GPU FlashAttention (float16, global layers only) as the mark for a Hopper port
-#   mosaic     bench.attention_bench: the Mosaic GPU forward (pallas_gpu_mosaic: TMA + wgmma, Triton's backward)
-#              against pallas_gpu's Triton forward and cuDNN at 16384 and 1024; compiled here without a GPU, never
-#              timed (bench.mosaic_gpu_static: 257 PTX instructions a fully visible tile, Triton's 325)
+#   mosaic     bench.attention_bench: bertjax's Mosaic GPU kernels (pallas_gpu_mosaic: TMA + wgmma forward, dq and
+#              dk/dv) against pallas_gpu's Triton ones and cuDNN at 16384 and 1024; compiled here without a GPU,
+#              never timed (bench.mosaic_gpu_static: 257 PTX instructions a fully visible forward tile, Triton's 325)
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
 #   tune       bench.attention_bench --tune: pallas_gpu's tiles, warps and stages at 16384 (global), where
 #              forward+backward is 0.68x cuDNN (0.7x wanted): the dq kernel's, then the dk/dv kernel's (each its own
@@ -182,8 +182,8 @@ for item in "${STAGES[@]}"; do
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
       ;;
     mosaic)
-      # The Mosaic GPU forward (pallas_gpu_mosaic, never timed) beside the Triton one and cuDNN: global, local 128 and
-      # packed rows at 16384 and the train step's 1024 (its forward+backward is the same Triton backward).
+      # The Mosaic GPU kernels (pallas_gpu_mosaic, never timed) beside the Triton ones and cuDNN: global, local 128
+      # and packed rows at 16384 and the train step's 1024.
       run mosaic "$cap" python3 -m bench.attention_bench --seqs 16384 1024 --implementations pallas_gpu_mosaic \
         pallas_gpu cudnn --max-gib 8 --repeats 3 --min-seconds 0.1
       ;;
