@@ -192,3 +192,20 @@ def test_mosaic_kernels_compile_into_a_two_gpu_train_step():
     assert text.count('custom_call_target="mosaic_gpu') == 3 * setup.model_config.num_layers
     assert "bertjax_flash" not in text
     assert "all-gather" not in text
+
+
+@needs_plugin
+def test_mosaic_static_report_reads_registers_and_shared_memory_from_mosaic_gpus_dumps():
+    """bench.mosaic_gpu_static compiles each Mosaic GPU kernel for sm_90a and reads ptxas's registers and spills and
+    Mosaic GPU's shared memory from its dumps: at the defaults (head_dim 64, 64-row tiles, 2 stages) no kernel
+    spills, and the shared memory equals what check_supported counts."""
+    import jax.numpy as jnp
+
+    from bench.mosaic_gpu_static import compile_kernel
+    from bertjax.ops.mosaic_gpu_attention import shared_memory_bytes
+
+    for kernel in ("forward", "dq", "dkv"):
+        found = compile_kernel(kernel, "global", 64, 64, 2)
+        assert 0 < found["registers"] <= 255 and found["spill_stores"] == found["spill_loads"] == 0, kernel
+        assert found["shared"] == shared_memory_bytes(kernel, jnp.bfloat16, 64, 64, 2), kernel
+        assert found["ptx"].count("wgmma.mma_async") > 0, kernel
