@@ -93,8 +93,8 @@ def main(argv=None) -> None:
 
     print(f"# Mosaic GPU kernels (bfloat16, 64 held rows, one warpgroup), jax {jax.__version__}, sm_90a; local: "
           f"window 128; shared memory as Mosaic GPU allocates it (and as bertjax's check counts it)")
-    print("| kernel | layer | head_dim | streamed | stages | registers | spill stores / loads (B) | shared memory (B) | "
-          "blocks / SM | loop: instructions, ex2, fma, selp (masked / unmasked / masked) |")
+    print("| kernel | layer | head_dim | streamed | stages | registers | spill stores / loads (B) | "
+          "shared memory (B) | blocks / SM | loop: instructions, ex2, fma, selp (masked / unmasked / masked) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for kernel, layer, head_dim, block, stages in itertools.product(args.kernels, args.layers, args.head_dims,
                                                                     args.blocks, args.stages):

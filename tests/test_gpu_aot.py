@@ -180,8 +180,8 @@ def test_mosaic_kernels_compile_into_a_two_gpu_train_step():
     from bertjax.train.run_config import load_run_config
     from bertjax.train.setup import setup_run
 
-    config = load_run_config("configs/pretrain/tiny.yaml", ["model.overrides.attention_implementation=pallas_gpu_mosaic",
-                                                            "model.overrides.dtype=bfloat16"])
+    overrides = ["model.overrides.attention_implementation=pallas_gpu_mosaic", "model.overrides.dtype=bfloat16"]
+    config = load_run_config("configs/pretrain/tiny.yaml", overrides)
     setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0,
                       devices=gpu_aot.gpu_devices("h100:2"), attention_platform="gpu", compile_only=True)
     phase = setup.phases[0]

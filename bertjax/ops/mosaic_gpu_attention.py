@@ -1,10 +1,12 @@
-"""The flash forward of `pallas_gpu_attention` in Pallas Mosaic GPU (Hopper: TMA copies and wgmma), for sm_90.
+"""The flash forward of `pallas_gpu_attention` in Pallas Mosaic GPU (Hopper: TMA copies and wgmma), for sm_90, and
+what the Mosaic GPU backward (mosaic_gpu_attention_backward.py) shares with it: the wgmma product, the tile mask,
+the limits and their checks.
 
 JAX 0.11 deprecates the Pallas Triton backend in favour of Mosaic GPU, and Triton's lowering is where bertjax's
 kernels fall short of cuDNN (docs/benchmarks.md). This kernel computes what the Triton forward computes, with the
-same contract (out, natural log-sum-exp [batch, heads, seq]), so the Triton dq and dk/dv kernels take its
-residuals as they are; `pallas_gpu_attention(..., forward_kernel="mosaic")` and the registry's
-"pallas_gpu_mosaic" select it.
+same contract (out, natural log-sum-exp [batch, heads, seq]), so either backward (Triton's or Mosaic GPU's) takes
+its residuals as they are; `pallas_gpu_attention(..., forward_kernel="mosaic")` selects it, and the registry's
+"pallas_gpu_mosaic" runs it with the Mosaic GPU backward.
 
 What differs from the Triton forward is how the tiles move:
 - one warpgroup (128 threads) per program holds 64 query rows: wgmma's M is 64 per warpgroup;
@@ -12,18 +14,21 @@ What differs from the Triton forward is how the tiles move:
   Accelerator, `num_stages` tiles ahead of the one it multiplies (a ring of slots, one barrier per slot), so the
   copies of later tiles overlap the products and softmax of this one; a slot is refilled once the products that
   read it have returned;
-- q k^T and p v are wgmma products; p goes in from registers, never through shared memory.
+- q k^T and p v are wgmma products; on a GPU p goes in from registers, never through shared memory.
 
 The block ranges, masks and base-2 online softmax are the Triton kernel's (pallas_gpu_attention.py): the loop
-visits only [lo, hi), and only the tiles outside [full_lo, full_hi) compute a mask. Each loop step adds its p v
-to the running output as a fresh product (wgmma into an accumulator that starts empty) rather than accumulating in
-place, because JAX's Mosaic GPU interpret mode, which the CPU tests run, cannot run an accumulator initialised from
-registers (`pl.run_state`); the add is [64, head_dim] per tile against the tile's 64 x block_k exponentials.
+visits only [lo, hi), and only the tiles outside [full_lo, full_hi) compute a mask.
+
+JAX's Mosaic GPU interpret mode, which the CPU tests run, cannot run a wgmma whose first operand is in registers,
+nor one that accumulates into registers initialised beforehand (`pl.run_state`). So under interpret=True a
+register operand goes through a shared-memory tile first (`product`'s staging), and on both paths each loop step
+adds its product to the running sum as a fresh accumulator: an add of [64, head_dim] per tile, against the tile's
+64 x block_k exponentials.
 
 Limits (each a clear error, `check_supported`): 16-bit inputs (wgmma reads bfloat16 or float16 tiles), head_dim
 padded to 64, 128 or 256 (a 128-byte swizzled row holds 64 of them; at 256 the float32 accumulator alone is 128
-registers a thread), block_q 64, block_k a multiple of 64 up to 256, shared memory within an H100's, no ALiBi.
-The stacked q/k/v path (`pallas_gpu_rope_attention`) keeps the Triton forward.
+registers a thread), 64 held rows, streamed tiles a multiple of 64 up to 256, shared memory within an H100's, no
+ALiBi. The stacked q/k/v path (`pallas_gpu_rope_attention`) keeps the Triton kernels.
 """
 
 from __future__ import annotations
@@ -121,7 +126,7 @@ def check_kernels(where: str, kernels, *, dtype, padded_head_dim: int, alibi: bo
                         num_stages=asked.get(prefix + "num_stages"))
 
 
-def _tile_transforms(dtype):
+def tile_transforms(dtype):
     """Shared-memory layout wgmma reads: 8-row tiles of one 128-byte swizzle width."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -236,7 +241,7 @@ def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, q_ref, k_ref, v_r
     plgpu.wait_smem_to_gmem(0)
 
 
-def _interpret_params():
+def interpret_params():
     """JAX's Mosaic GPU interpret mode (JAX >= 0.11): the kernel's copies, barriers and wgmma simulated on CPU."""
     try:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
@@ -254,7 +259,7 @@ def mosaic_forward(q, k, v, seg, *, scale: float, half: int | None, block_k: int
     batch, seq, heads, head_dim = q.shape
     group = heads // k.shape[2]
     ranges = block_ranges(seg, None if half is None else 2 * half, BLOCK_Q, block_k)
-    transforms = _tile_transforms(q.dtype)
+    transforms = tile_transforms(q.dtype)
     tile = lambda rows, *lead: plgpu.SMEM((*lead, rows, head_dim), q.dtype, transforms=transforms)
     call = plgpu.kernel(
         functools.partial(_kernel, scale=scale, half=half, block_k=block_k, num_stages=num_stages, group=group),
@@ -267,7 +272,7 @@ def mosaic_forward(q, k, v, seg, *, scale: float, half: int | None, block_k: int
         grid=(heads, seq // BLOCK_Q, batch),
         grid_names=("heads", "q_blocks", "batch"),
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=_interpret_params() if interpret else None,
+        interpret=interpret_params() if interpret else None,
     )
     return call(*ranges, seg, q, k, v)
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from bertjax.ops.mosaic_gpu_attention import (BLOCK_Q, _interpret_params, _tile_transforms, product, tile_layouts,
+from bertjax.ops.mosaic_gpu_attention import (BLOCK_Q, interpret_params, product, tile_layouts, tile_transforms,
                                               tile_visible)
 from bertjax.ops.pallas_gpu_attention import LOG2E, block_ranges, three_loops
 
@@ -160,7 +160,7 @@ def _call(kernel, operands, outputs, scratch, *, grid_heads: int, seq: int, batc
     return plgpu.kernel(kernel, out_type=outputs, scratch_types=scratch, grid=(grid_heads, seq // HELD, batch),
                         grid_names=("heads", "blocks", "batch"),
                         compiler_params=plgpu.CompilerParams(approx_math=True),
-                        interpret=_interpret_params() if interpret else None)(*operands)
+                        interpret=interpret_params() if interpret else None)(*operands)
 
 
 def mosaic_backward(q, k, v, seg, out, lse, do, dlse=None, *, scale: float, half: int | None, dq_block: int,
@@ -178,7 +178,7 @@ def mosaic_backward(q, k, v, seg, out, lse, do, dlse=None, *, scale: float, half
     if dlse is not None:
         delta = delta - dlse
     lse2 = lse * LOG2E
-    transforms = _tile_transforms(q.dtype)
+    transforms = tile_transforms(q.dtype)
     tile = lambda rows, *lead: plgpu.SMEM((*lead, rows, head_dim), q.dtype, transforms=transforms)
     staging = lambda block: plgpu.SMEM((HELD, block), q.dtype, transforms=transforms)
     common = dict(scale=scale, half=half, group=group)
