@@ -6,6 +6,7 @@ matrix products, and the bytes its other kernels move, per kernel of the program
     python -m bench.step_floor --topology h100 --norm pallas_gpu    # the residual add + norm kernel in every norm
     python -m bench.step_floor --topology h100 --fused-qkv          # attention on the stacked q/k/v projection
     python -m bench.step_floor --topology h100 --glu pallas_gpu     # the gated MLP's act(a) * b kernel
+    python -m bench.step_floor --topology h100 --attention pallas_gpu_mosaic  # attention in Mosaic GPU kernels
     python -m bench.step_floor                                      # this machine's backend (a GPU host, or CPU)
 
 `--topology` compiles without the GPU (bertjax/gpu_aot.py; needs JAX's CUDA plugin); without it the step is
@@ -35,6 +36,8 @@ _COMPUTATION = re.compile(r"^(ENTRY )?%(\S+) \(.*\) -> .* \{$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][\w-]*)\((.*)$")
 # Pallas kernels other than attention, by how their names begin (bertjax/ops/pallas_gpu_norm.py, pallas_gpu_glu.py).
 PALLAS_KINDS = {"bertjax_add_norm": "norm", "bertjax_glu": "GLU"}
+# Custom-call targets of Pallas kernels: Triton (GPU), Mosaic GPU (attention's pallas_gpu_mosaic), Mosaic (TPU).
+PALLAS_TARGETS = ("xla.gpu.triton", 'custom_call_target="mosaic_gpu', "tpu_custom_call")
 KERNEL_OPS = ("fusion", "custom-call", "copy", "dot", "convolution", "all-reduce", "all-gather", "reduce-scatter",
               "sort", "scatter", "gather", "reduce", "transpose", "concatenate", "dynamic-update-slice")
 
@@ -205,7 +208,7 @@ def kernels_of(text: str) -> list[Kernel]:
         callee = callee.lstrip("%") if callee else None
         if callee:
             flops += dot_flops(computations, callee)
-        pallas = "xla.gpu.triton" in instruction.rest or "tpu_custom_call" in instruction.rest
+        pallas = any(target in instruction.rest for target in PALLAS_TARGETS)
         kind = ("matmul" if flops else "other") if not pallas else next(
             (kind for prefix, kind in PALLAS_KINDS.items() if prefix in instruction.rest), "attention")
         op_name = re.search(r'op_name="([^"]*)"', instruction.rest)
@@ -256,6 +259,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--documents-per-row", type=int, default=4)
     parser.add_argument("--remat", default="none")
+    parser.add_argument("--attention", default="auto",
+                        help="the attention implementation (bertjax.ops.attention.IMPLEMENTATIONS, or auto)")
     parser.add_argument("--norm", default="xla", choices=["xla", "pallas_gpu"], help="the norm implementation")
     parser.add_argument("--fused-qkv", action="store_true",
                         help="attention on the stacked q/k/v projection (EncoderConfig.attention_fused_qkv)")
@@ -300,7 +305,8 @@ def main(argv=None) -> None:
         from bertjax import gpu_aot
 
         devices, platform = gpu_aot.gpu_devices(args.topology), "gpu"
-    case = Case("floor", gpu_config(args.seq, norm=args.norm, fused_qkv=args.fused_qkv, glu=args.glu),
+    case = Case("floor", gpu_config(args.seq, attention=args.attention, norm=args.norm, fused_qkv=args.fused_qkv,
+                                    glu=args.glu),
                 batch=args.batch, seq_len=args.seq, documents_per_row=args.documents_per_row, remat_policy=args.remat)
     setup = setup_run(case.run_config(2), vocab_size=case.config.vocab_size, pad_id=case.config.pad_token_id,
                       devices=devices, attention_platform=platform, compile_only=devices is not None)

@@ -72,6 +72,14 @@ def test_the_norm_kernel_is_counted_apart_from_attention():
     assert "Pallas norm kernels: write 0.0 GB" in text
 
 
+def test_mosaic_gpu_attention_calls_count_as_pallas_attention():
+    """pallas_gpu_mosaic's kernels are Mosaic GPU custom calls, counted as the Triton ones are."""
+    module = GPU_MODULE.replace('custom_call_target="__gpu$xla.gpu.triton"', 'custom_call_target="mosaic_gpu_v2"')
+    kernels = {k.name: k for k in kernels_of(module)}
+    assert kernels["attn"].kind == "attention" and kernels["attn"].writes == 8 * 64 * 2 + 8 * 4
+    assert "1 Pallas attention, 1 other" in summary(list(kernels.values()), bandwidth=1e9, matmul_rate=1e12)
+
+
 def test_profile_joins_measured_kernels_to_model_code_and_floors():
     """bench/profile_step.py's table by model code: trace events matched to the compiled kernels by their HLO op,
     summed per source beside the floor of the same kernels; anything else is counted as unmatched."""

@@ -50,13 +50,14 @@ H100_SHARED_MEMORY_BYTES = 232_448  # per block, as pallas_gpu_attention.py's ta
 REDUCTION_SCRATCH_BYTES = 2048  # plgpu.CompilerParams' reduction_scratch_bytes default
 
 
-# Per kernel: the 64-row tiles a program holds in shared memory (forward: q and the output; dq: q, dO and dq; dk/dv:
-# k, v, dk and dv), the float32 rows it keeps there (the forward's log-sum-exp), whether it reduces along rows
-# (the forward's max and sum, for which Mosaic GPU adds its reduction scratch) and its barriers beyond the ring's.
+# Per kernel: the 64-row tiles a program holds in shared memory (forward: q and the output; dq: q, dO and O, which
+# dq replaces at the end; dk/dv: k, v, dk and dv), the float32 rows it writes through shared memory (the forward's
+# log-sum-exp; the dq kernel's delta and log-sum-exp in log2 units), whether it reduces along rows (the forward's
+# max and sum, the dq kernel's delta: Mosaic GPU then adds its reduction scratch) and its barriers beyond the ring's.
 HELD_TILES = {"forward": 2, "dq": 3, "dkv": 4}
-SHARED_ROWS = {"forward": 1, "dq": 0, "dkv": 0}
-REDUCES = {"forward": True, "dq": False, "dkv": False}
-HELD_BARRIERS = {"forward": 1, "dq": 2, "dkv": 2}
+SHARED_ROWS = {"forward": 1, "dq": 2, "dkv": 0}
+REDUCES = {"forward": True, "dq": True, "dkv": False}
+HELD_BARRIERS = {"forward": 1, "dq": 3, "dkv": 2}
 # Each kernel's (held rows, streamed rows) among pallas_gpu_attention's resolved tiles: a dq program holds queries
 # and streams keys, a dk/dv program holds keys and streams queries.
 TILES = {"forward": ("block_q", "block_k"), "dq": ("backward_block_q", "backward_block_k"),

@@ -3,15 +3,16 @@ the Triton dq and dk/dv kernels' algorithm (pallas_gpu_attention.py) on one warp
 movement of the Mosaic GPU forward (mosaic_gpu_attention.py): the held tile copied in once, the streamed tiles
 through a ring of `num_stages` shared-memory slots, each refilled once the products reading it have returned.
 
-- dq: grid (heads, query blocks, batch); holds 64 queries and their dO, streams key and value blocks:
+- dq: grid (heads, query blocks, batch); holds 64 queries, their dO and O, streams key and value blocks:
   s = q k^T, p = exp2(s * scale * log2 e - lse2), dp = dO v^T, ds = p (dp - delta), dq += ds k.
 - dk/dv: grid (kv_heads, key blocks, batch); holds 64 keys and their values, streams the query and dO blocks of
   every query head sharing them (GQA without repeating k or v) on transposed tiles, so that every product's rows
   are the keys it holds: s^T = k q^T, p^T, dv += p^T dO, dp^T = v dO^T, ds^T = p^T (dp^T - delta), dk += ds^T q.
 
-delta (the softmax backward's row term, sum_d dO O, less a log-sum-exp cotangent) and lse2 (the log-sum-exp in
-log2 units) are one small XLA fusion before the kernels, which both read; the Triton dq kernel computes them
-itself, which a later version of these kernels may do too. Block ranges and masks are the forward's.
+As in the Triton kernels, the dq kernel also computes delta (the softmax backward's row term, sum_d dO O, less a
+log-sum-exp cotangent) and lse2 (the log-sum-exp in log2 units) and writes them for the dk/dv kernel: from a
+separate XLA fusion they cost the modernbert-base train step 2.3 GB more of memory traffic (bench.step_floor,
+deviceless). Block ranges and masks are the forward's.
 """
 
 from __future__ import annotations
@@ -30,11 +31,17 @@ from bertjax.ops.pallas_gpu_attention import LOG2E, block_ranges, three_loops
 HELD = BLOCK_Q  # rows a program holds in either kernel: wgmma's M for one warpgroup
 
 
-def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, lse2_ref, delta_ref, q_ref, do_ref, k_ref, v_ref,
-               dq_ref, q_smem, do_smem, k_smem, v_smem, dq_smem, held_barriers, k_barriers, v_barriers,
-               ds_smem=None, *, scale: float, half: int | None, block: int, num_stages: int, group: int):
+def _dq_kernel(*refs, scale: float, half: int | None, block: int, num_stages: int, group: int, has_dlse: bool,
+               staged: bool):
+    """refs: block ranges (4), segment ids, lse, [dlse,] q, dO, O, k, v; outputs dq, delta, lse2; scratch."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    refs = list(refs)
+    lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, lse_ref = refs[:6]
+    dlse_ref = refs.pop(6) if has_dlse else None
+    (q_ref, do_ref, o_ref, k_ref, v_ref, dq_ref, delta_ref, lse2_ref, q_smem, do_smem, k_smem, v_smem, dq_smem,
+     delta_smem, lse2_smem, held_barriers, k_barriers, v_barriers) = refs[6:24]
+    ds_smem = refs[24] if staged else None
     h, i, b = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
     kv_head = lax.div(h, jnp.int32(group))
     first = i * HELD
@@ -44,6 +51,8 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, lse2_ref, delt
 
     plgpu.copy_gmem_to_smem(q_ref.at[b, held, h], q_smem, held_barriers.at[0])
     plgpu.copy_gmem_to_smem(do_ref.at[b, held, h], do_smem, held_barriers.at[1])
+    # O passes through the tile dq is written from at the end: it is only needed for delta, before the loop.
+    plgpu.copy_gmem_to_smem(o_ref.at[b, held, h], dq_smem, held_barriers.at[2])
 
     def fetch(j, slot):  # key block j into a ring slot
         keys = pl.ds(j * block, block)
@@ -53,10 +62,23 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, lse2_ref, delt
     for step in range(num_stages):
         pl.when(lo + step < hi)(functools.partial(fetch, lo + step, step))
     q_seg = plgpu.load(seg_ref.at[b, held], layout=rows, optimized=False)
-    lse2 = plgpu.load(lse2_ref.at[b, h, held], layout=rows, optimized=False)
-    delta = plgpu.load(delta_ref.at[b, h, held], layout=rows, optimized=False)
-    plgpu.barrier_wait(held_barriers.at[0])
-    plgpu.barrier_wait(held_barriers.at[1])
+    # The log-sum-exp in log2 units and delta_i = sum_d dO_id O_id (less a log-sum-exp cotangent), the softmax
+    # backward's row term, as the Triton dq kernel computes them: from the dO tile this program holds anyway and the
+    # O tile, read once here where XLA would read dO and O again in a kernel of its own; the dk/dv kernel reads
+    # both along its tiles' columns.
+    lse2 = plgpu.load(lse_ref.at[b, h, held], layout=rows, optimized=False) * LOG2E
+    for barrier in range(3):
+        plgpu.barrier_wait(held_barriers.at[barrier])
+    wgmma = plgpu.Layout.WGMMA
+    delta = (plgpu.load(do_smem, layout=wgmma).astype(jnp.float32)
+             * plgpu.load(dq_smem, layout=wgmma).astype(jnp.float32)).sum(axis=1)
+    if dlse_ref is not None:
+        delta = delta - plgpu.load(dlse_ref.at[b, h, held], layout=rows, optimized=False)
+    delta_smem[...] = delta
+    lse2_smem[...] = lse2
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(delta_smem, delta_ref.at[b, h, held])
+    plgpu.copy_smem_to_gmem(lse2_smem, lse2_ref.at[b, h, held])
     shape = (HELD, block)
     factor = scale * LOG2E
 
@@ -79,7 +101,7 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, lse2_ref, delt
 
     zeros = plgpu.layout_cast(jnp.zeros((HELD, q_smem.shape[1]), jnp.float32), plgpu.Layout.WGMMA)
     dq = three_loops(lo, full_lo, full_hi, hi, body, zeros)
-    dq_smem[...] = (dq * scale).astype(dq_smem.dtype)
+    dq_smem[...] = (dq * scale).astype(dq_smem.dtype)  # O was read from this tile before the loop
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dq_smem, dq_ref.at[b, held, h])
     plgpu.wait_smem_to_gmem(0)
@@ -174,22 +196,22 @@ def mosaic_backward(q, k, v, seg, out, lse, do, dlse=None, *, scale: float, half
     kv_heads = k.shape[2]
     group = heads // kv_heads
     window = None if half is None else 2 * half
-    delta = jnp.einsum("bshd,bshd->bhs", do.astype(jnp.float32), out.astype(jnp.float32))
-    if dlse is not None:
-        delta = delta - dlse
-    lse2 = lse * LOG2E
     transforms = tile_transforms(q.dtype)
     tile = lambda rows, *lead: plgpu.SMEM((*lead, rows, head_dim), q.dtype, transforms=transforms)
     staging = lambda block: plgpu.SMEM((HELD, block), q.dtype, transforms=transforms)
     common = dict(scale=scale, half=half, group=group)
+    row = jax.ShapeDtypeStruct((batch, heads, seq), jnp.float32)
 
-    dq = _call(functools.partial(_dq_kernel, block=dq_block, num_stages=dq_stages, **common),
-               (*block_ranges(seg, window, HELD, dq_block), seg, lse2, delta, q, do, k, v),
-               jax.ShapeDtypeStruct(q.shape, q.dtype),
-               (tile(HELD), tile(HELD), tile(dq_block, dq_stages), tile(dq_block, dq_stages), tile(HELD),
-                plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=dq_stages),
-                plgpu.Barrier(num_barriers=dq_stages), *([staging(dq_block)] if interpret else [])),
-               grid_heads=heads, seq=seq, batch=batch, interpret=interpret)
+    dq, delta, lse2 = _call(
+        functools.partial(_dq_kernel, block=dq_block, num_stages=dq_stages, has_dlse=dlse is not None,
+                          staged=interpret, **common),
+        (*block_ranges(seg, window, HELD, dq_block), seg, lse, *([] if dlse is None else [dlse]), q, do, out, k, v),
+        (jax.ShapeDtypeStruct(q.shape, q.dtype), row, row),
+        (tile(HELD), tile(HELD), tile(dq_block, dq_stages), tile(dq_block, dq_stages), tile(HELD),
+         plgpu.SMEM((HELD,), jnp.float32), plgpu.SMEM((HELD,), jnp.float32), plgpu.Barrier(num_barriers=3),
+         plgpu.Barrier(num_barriers=dq_stages), plgpu.Barrier(num_barriers=dq_stages),
+         *([staging(dq_block)] if interpret else [])),
+        grid_heads=heads, seq=seq, batch=batch, interpret=interpret)
     # The visibility rule is symmetric: a key block's query-block ranges are the same function with the sides
     # swapped.
     dk, dv = _call(functools.partial(_dkv_kernel, block=dkv_block, num_stages=dkv_stages, **common),
