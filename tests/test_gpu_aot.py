@@ -129,13 +129,9 @@ def test_deviceless_products_are_cublas_as_the_cards_autotuner_chose():
 
 
 
-@needs_plugin
-def test_norm_glu_and_stacked_attention_kernels_compile_into_a_two_gpu_train_step_per_device():
-    """The tiny pretraining config with every norm in the residual add + norm kernel (pallas_gpu_norm), every MLP's
-    GeGLU in the GLU kernel (pallas_gpu_glu) and attention on the stacked q/k/v projection
-    (pallas_gpu_rope_attention), compiled for two H100s: each norm and each GLU is one Triton call each way, each
-    layer's attention its three (forward, dq, dk/dv, the last writing into the buffer the dq kernel began), all run
-    on each GPU's rows (nothing gathered, as XLA would to replicate a Triton call outside a shard_map)."""
+def compiled_two_gpu_tiny_step(*overrides: str):
+    """The optimized HLO of the tiny pretraining config's train step (with these run-config overrides) compiled for
+    two H100s, and its model config."""
     pytest.importorskip("grain")  # bertjax.data's batch shapes
     import jax
 
@@ -144,17 +140,26 @@ def test_norm_glu_and_stacked_attention_kernels_compile_into_a_two_gpu_train_ste
     from bertjax.train.run_config import load_run_config
     from bertjax.train.setup import setup_run
 
-    config = load_run_config("configs/pretrain/tiny.yaml", ["model.overrides.norm_implementation=pallas_gpu",
-                                                            "model.overrides.glu_implementation=pallas_gpu",
-                                                            "model.overrides.attention_fused_qkv=true"])
+    config = load_run_config("configs/pretrain/tiny.yaml", list(overrides))
     setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0,
                       devices=gpu_aot.gpu_devices("h100:2"), attention_platform="gpu", compile_only=True)
     phase = setup.phases[0]
     batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
              for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
     lowered = setup.steps_for(phase)[0].lower(setup.abstract_state(), setup.frozen, batch)
-    text = gpu_aot.compile_lowered(lowered).as_text()
-    model = setup.model_config
+    return gpu_aot.compile_lowered(lowered).as_text(), setup.model_config
+
+
+@needs_plugin
+def test_norm_glu_and_stacked_attention_kernels_compile_into_a_two_gpu_train_step_per_device():
+    """The tiny pretraining config with every norm in the residual add + norm kernel (pallas_gpu_norm), every MLP's
+    GeGLU in the GLU kernel (pallas_gpu_glu) and attention on the stacked q/k/v projection
+    (pallas_gpu_rope_attention), compiled for two H100s: each norm and each GLU is one Triton call each way, each
+    layer's attention its three (forward, dq, dk/dv, the last writing into the buffer the dq kernel began), all run
+    on each GPU's rows (nothing gathered, as XLA would to replicate a Triton call outside a shard_map)."""
+    text, model = compiled_two_gpu_tiny_step("model.overrides.norm_implementation=pallas_gpu",
+                                             "model.overrides.glu_implementation=pallas_gpu",
+                                             "model.overrides.attention_fused_qkv=true")
     # Per layer an attention and an MLP norm (ModernBERT's layer 0 has no attention norm), the embedding norm, the
     # final norm and the MLM head's.
     norms = 2 * model.num_layers - (0 if model.first_layer_attention_norm else 1) + 3
@@ -172,24 +177,9 @@ def test_mosaic_kernels_compile_into_a_two_gpu_train_step():
     """attention_implementation pallas_gpu_mosaic in the tiny pretraining config at bfloat16 (head_dim 32, padded to
     64 for wgmma), compiled for two H100s: each layer's attention is three Mosaic GPU calls (forward, dq, dk/dv) and
     no Triton one, on each GPU's rows."""
-    pytest.importorskip("grain")  # bertjax.data's batch shapes
-    import jax
-
-    from bertjax.data import batch_sharding, batch_spec
-    from bertjax.train import mesh as mesh_lib
-    from bertjax.train.run_config import load_run_config
-    from bertjax.train.setup import setup_run
-
-    overrides = ["model.overrides.attention_implementation=pallas_gpu_mosaic", "model.overrides.dtype=bfloat16"]
-    config = load_run_config("configs/pretrain/tiny.yaml", overrides)
-    setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0,
-                      devices=gpu_aot.gpu_devices("h100:2"), attention_platform="gpu", compile_only=True)
-    phase = setup.phases[0]
-    batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(setup.mesh, mesh_lib.BATCH_AXES))
-             for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
-    lowered = setup.steps_for(phase)[0].lower(setup.abstract_state(), setup.frozen, batch)
-    text = gpu_aot.compile_lowered(lowered).as_text()
-    assert text.count('custom_call_target="mosaic_gpu') == 3 * setup.model_config.num_layers
+    text, model = compiled_two_gpu_tiny_step("model.overrides.attention_implementation=pallas_gpu_mosaic",
+                                             "model.overrides.dtype=bfloat16")
+    assert text.count('custom_call_target="mosaic_gpu') == 3 * model.num_layers
     assert "bertjax_flash" not in text
     assert "all-gather" not in text
 

@@ -168,6 +168,22 @@ def tile_visible(row_seg, column_seg, row_first, column_first, half: int | None,
     return visible
 
 
+def key_value_ring(k_ref, v_ref, k_smem, v_smem, k_barriers, v_barriers, *, b, kv_head, block: int, lo, hi,
+                   num_stages: int):
+    """Start the ring of key and value tiles (blocks lo, lo + 1, ... into slots 0, 1, ...) of a program that visits
+    key blocks [lo, hi), and return fetch(j, slot), which copies block j into a slot once its tiles are read."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def fetch(j, slot):
+        keys = pl.ds(j * block, block)
+        plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_smem.at[slot], k_barriers.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_smem.at[slot], v_barriers.at[slot])
+
+    for step in range(num_stages):
+        pl.when(lo + step < hi)(functools.partial(fetch, lo + step, step))
+    return fetch
+
+
 def tile_layouts():
     """(rows, columns): the layouts of one value per row and per column of a [64, n] wgmma tile."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -188,13 +204,8 @@ def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, q_ref, k_ref, v_r
 
     plgpu.copy_gmem_to_smem(q_ref.at[b, pl.ds(q_first, BLOCK_Q), h], q_smem, q_barrier)
 
-    def fetch(j, slot):  # key block j into a ring slot
-        keys = pl.ds(j * block_k, block_k)
-        plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_smem.at[slot], k_barriers.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_smem.at[slot], v_barriers.at[slot])
-
-    for step in range(num_stages):
-        pl.when(lo + step < hi)(functools.partial(fetch, lo + step, step))
+    fetch = key_value_ring(k_ref, v_ref, k_smem, v_smem, k_barriers, v_barriers, b=b, kv_head=kv_head, block=block_k,
+                           lo=lo, hi=hi, num_stages=num_stages)
     q_seg = plgpu.load(seg_ref.at[b, pl.ds(q_first, BLOCK_Q)], layout=rows, optimized=False)
     plgpu.barrier_wait(q_barrier)
     factor = scale * LOG2E

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from bertjax.ops.mosaic_gpu_attention import (BLOCK_Q, interpret_params, product, tile_layouts, tile_transforms,
-                                              tile_visible)
+from bertjax.ops.mosaic_gpu_attention import (BLOCK_Q, interpret_params, key_value_ring, product, tile_layouts,
+                                              tile_transforms, tile_visible)
 from bertjax.ops.pallas_gpu_attention import LOG2E, block_ranges, three_loops
 
 HELD = BLOCK_Q  # rows a program holds in either kernel: wgmma's M for one warpgroup
@@ -54,13 +54,8 @@ def _dq_kernel(*refs, scale: float, half: int | None, block: int, num_stages: in
     # O passes through the tile dq is written from at the end: it is only needed for delta, before the loop.
     plgpu.copy_gmem_to_smem(o_ref.at[b, held, h], dq_smem, held_barriers.at[2])
 
-    def fetch(j, slot):  # key block j into a ring slot
-        keys = pl.ds(j * block, block)
-        plgpu.copy_gmem_to_smem(k_ref.at[b, keys, kv_head], k_smem.at[slot], k_barriers.at[slot])
-        plgpu.copy_gmem_to_smem(v_ref.at[b, keys, kv_head], v_smem.at[slot], v_barriers.at[slot])
-
-    for step in range(num_stages):
-        pl.when(lo + step < hi)(functools.partial(fetch, lo + step, step))
+    fetch = key_value_ring(k_ref, v_ref, k_smem, v_smem, k_barriers, v_barriers, b=b, kv_head=kv_head, block=block,
+                           lo=lo, hi=hi, num_stages=num_stages)
     q_seg = plgpu.load(seg_ref.at[b, held], layout=rows, optimized=False)
     # The log-sum-exp in log2 units and delta_i = sum_d dO_id O_id (less a log-sum-exp cotangent), the softmax
     # backward's row term, as the Triton dq kernel computes them: from the dO tile this program holds anyway and the
