@@ -4,7 +4,7 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9.5 minutes
-#   launch/gpu_session.sh inference:110 mosaic:50 tune:100  # call 2, at once while warm, with what is left (~260 s)
+#   launch/gpu_session.sh inference:110 mosaic:60 tune:90  # call 2, at once while warm, with what is left (~260 s)
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -182,8 +182,11 @@ for item in "${STAGES[@]}"; do
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
       ;;
     mosaic)
-      # The Mosaic GPU kernels (pallas_gpu_mosaic, never timed) beside the Triton ones and cuDNN: global, local 128
-      # and packed rows at 16384 and the train step's 1024.
+      # The Mosaic GPU kernels (pallas_gpu_mosaic, never run on a GPU) first against dense attention on the card
+      # (one case of tests/test_gpu_kernels.py: a timing of a kernel that fails it is not a result), then beside the
+      # Triton ones and cuDNN: global, local 128 and packed rows at 16384 and the train step's 1024.
+      run mosaic $((cap * 2 / 5)) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py \
+        -k "pallas_gpu_mosaic and global_bf16"
       run mosaic "$cap" python3 -m bench.attention_bench --seqs 16384 1024 --implementations pallas_gpu_mosaic \
         pallas_gpu cudnn --max-gib 8 --repeats 3 --min-seconds 0.1
       ;;
