@@ -4,7 +4,8 @@ products: against the dense XLA reference (outputs, numpy's log-sum-exp, gradien
 stand in for (the same residuals and gradients, so either backward reads either forward's).
 
 Interpret mode runs these kernels from JAX 0.11 (the GPU machines' version; 0.10's cannot simulate a transposed
-shared-memory operand), so the numerical tests skip under older JAX; the refusals run everywhere. Compiling the
+shared-memory operand), so the numerical tests skip under older JAX, CI's among them (JAX 0.11 needs Python 3.12);
+the refusals run everywhere. Compiling the
 kernel for an H100 is tests/test_gpu_aot.py's.
 """
 
