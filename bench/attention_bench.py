@@ -65,6 +65,13 @@ TUNING = {
             "dkv_num_stages": (2, 3)},
 }
 TUNE_PREFIX = {"forward": "", "dq": "backward_", "dkv": "dkv_"}
+# --tune --tune-kernels mosaic: the Mosaic GPU kernels' own parameters (pallas_gpu_mosaic; each program is one
+# warpgroup holding 64 rows, so only the streamed rows and the ring's depth are free).
+MOSAIC_TUNING = {
+    "forward": {"block_k": (64, 128), "num_stages": (2, 3, 4)},
+    "dq": {"backward_block_k": (64, 128), "backward_num_stages": (2, 3, 4)},
+    "dkv": {"dkv_block_q": (64, 128), "dkv_num_stages": (2, 3, 4)},
+}
 # The rows each kernel's program holds. Triton runs a Hopper tile product per warpgroup (4 warps) on 64 rows, so more
 # warpgroups than a tile's rows fill compute its scores once per warpgroup: at 64 rows with 8 warps the compiled
 # loops exponentiate every score twice (bench.pallas_gpu_static), and the second lease's sweep at 8192 measured the
@@ -207,6 +214,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="--tune: the layers to sweep, in this order")
     parser.add_argument("--tune-passes", nargs="+", choices=list(TUNING), default=list(TUNING),
                         help="--tune: the kernels to sweep, in this order")
+    parser.add_argument("--tune-kernels", choices=["triton", "mosaic"], default="triton",
+                        help="--tune: pallas_gpu's Triton kernels (TUNING) or its Mosaic GPU ones (MOSAIC_TUNING)")
     parser.add_argument("--tune-docs", type=int, default=1,
                         help="--tune: documents packed per row (bench.train_bench --gpu packs 4 per row of 1024)")
     args = parser.parse_args(argv)
@@ -262,19 +271,24 @@ def tune(args, dtype) -> None:
     interpret = jax.default_backend() != "gpu"
     if interpret:
         print("# no GPU: the kernels run in interpret mode; these times check the sweep, they are not kernel speeds")
+    mosaic = args.tune_kernels == "mosaic"
+    grid = MOSAIC_TUNING if mosaic else TUNING
+    kernels = dict(forward_kernel="mosaic", backward_kernel="mosaic") if mosaic else {}
     print(f"# batch {args.batch}, {args.tune_docs} document(s) per row, heads {args.heads}, head_dim {args.head_dim}, "
-          f"{jnp.dtype(dtype).name}")
+          f"{jnp.dtype(dtype).name}, {args.tune_kernels} kernels")
     print("| seq | layer | pass | block_q | block_k | num_warps | num_stages | time (ms) |")
     print("|---:|---|---|---:|---:|---:|---:|---:|")
     shape_of = lambda seq: (args.batch, seq, args.heads, args.head_dim)
     defaults = dict(zip(KERNEL_SETTINGS, (DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K,
                                           *default_launch(max(16, 1 << (args.head_dim - 1).bit_length())))))
+    if mosaic:  # one warpgroup whatever the head_dim: warps left to the kernels
+        defaults["num_warps"] = None
     pinned = {"dq": {"dkv_" + name: value for name, value in defaults.items()}, "dkv": {}, "forward": {}}
 
     def timed(seq, window, passes, options):
         def fn(q, k, v, segment_ids):
             return pallas_gpu_attention(q, k, v, segment_ids=segment_ids, local_window=window,
-                                        scale=1 / math.sqrt(args.head_dim), interpret=interpret, **options)
+                                        scale=1 / math.sqrt(args.head_dim), interpret=interpret, **kernels, **options)
 
         r = measure("pallas_gpu", window, passes, shape_of(seq), dtype, args.repeats, args.min_seconds,
                     args.max_gib * 2**30, documents=args.tune_docs, fn=fn)
@@ -283,13 +297,13 @@ def tune(args, dtype) -> None:
     def candidates(kernel):
         """[(options, whether they are the library's defaults)], the defaults first, without the settings that
         give a warpgroup no rows of its own (HELD_ROWS)."""
-        names = list(TUNING[kernel])
+        names = list(grid[kernel])
         default = tuple(defaults[name.removeprefix(TUNE_PREFIX[kernel])] for name in names)
-        every = sorted(itertools.product(*TUNING[kernel].values()), key=lambda values: values != default)
+        every = sorted(itertools.product(*grid[kernel].values()), key=lambda values: values != default)
         options = [dict(zip(names, values)) for values in every]
-        warps = TUNE_PREFIX[kernel] + "num_warps"
-        return [(o, values == default) for o, values in zip(options, every)
-                if o[warps] <= 4 or o[HELD_ROWS[kernel]] >= 16 * o[warps]]  # no warpgroup without rows of its own
+        warps, held = TUNE_PREFIX[kernel] + "num_warps", HELD_ROWS[kernel]
+        return [(o, values == default) for o, values in zip(options, every)  # no warpgroup without rows of its own
+                if o.get(warps, 4) <= 4 or o[held] >= 16 * o[warps]]  # the Mosaic grid has no warps to choose
 
     cudnn = {}  # (seq, window) -> cuDNN's forward + backward seconds, or why there are none
 

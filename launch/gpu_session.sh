@@ -42,6 +42,8 @@
 #              since this lease: dq holding 128 queries and dk/dv 128 keys is now one setting), the backward with the
 #              fastest of both and forward+backward against cuDNN's, then the forward's (8192 was swept on both
 #              leases) and forward+backward against cuDNN's again
+#   tune_mosaic the Mosaic GPU kernels' sweep (streamed rows 64 or 128, 2 to 4 stages each) at 16384, global, for
+#              a lease with time left after the mosaic stage
 #   tune_wide  the same sweep at head_dim 128 (eurobert-2.1b's heads; 16 of them at 4096), whose defaults put 8 warps
 #              on 64-row tiles: each tile's scores computed twice (docs/benchmarks.md); not a target, for a lease
 #              with time left
@@ -62,7 +64,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 declare -A CAP=([env]=20 [check]=100 [norm]=40 [train_kernels]=180 [train]=190 [attention]=60 [inference]=130
-                [memory]=220 [tune]=130 [tune_train]=140 [tune_wide]=120 [profile]=50 [mosaic]=60)
+                [memory]=220 [tune]=130 [tune_train]=140 [tune_wide]=120 [profile]=50 [mosaic]=60
+                [tune_mosaic]=90)
 MAIN_PLAN=(env check norm train_kernels memory)  # caps sum to 560 s: call 1 with timeout_s 590
 
 DRY_RUN=0
@@ -194,6 +197,10 @@ for item in "${STAGES[@]}"; do
       # ~38 timings before the first cuDNN comparison (each a compile and 3 x 0.1 s), the forward's 18 after
       run tune "$cap" python3 -m bench.attention_bench --tune --seqs 16384 --tune-layers global \
         --tune-passes dq dkv forward --repeats 3 --min-seconds 0.1
+      ;;
+    tune_mosaic)
+      run tune_mosaic "$cap" python3 -m bench.attention_bench --tune --tune-kernels mosaic --seqs 16384 \
+        --tune-layers global --tune-passes forward dq dkv --repeats 3 --min-seconds 0.1
       ;;
     tune_wide)
       run tune_wide "$cap" python3 -m bench.attention_bench --tune --seqs 4096 --heads 16 --head-dim 128 \

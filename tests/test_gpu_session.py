@@ -35,7 +35,7 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
     return commands
 
 
-@pytest.mark.parametrize("stages", [(), ("inference", "mosaic", "tune"), ("tune_train", "tune_wide"),
+@pytest.mark.parametrize("stages", [(), ("inference", "mosaic", "tune"), ("tune_train", "tune_wide", "tune_mosaic"),
                                     ("train", "attention", "profile", "tune")],
                          ids=["main plan", "second call", "other sweeps", "second call after a change"])
 def test_every_planned_command_parses(stages):
@@ -317,3 +317,37 @@ def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
     assert "8000.000 ms, cuDNN's 7000.000 ms: 0.88x cuDNN's speed (target >= 0.7x)" in out
     assert "7000.000 ms, cuDNN's 7000.000 ms: 1.00x cuDNN's speed (target >= 0.7x)" in out
     assert out.count("# backward with the fastest") == 1
+
+
+def test_tune_sweeps_the_mosaic_kernels_own_parameters(monkeypatch, capsys):
+    """--tune-kernels mosaic: every call selects the Mosaic GPU kernels, each kernel's rows sweep only its streamed
+    rows and stages (MOSAIC_TUNING, 6 each), defaults first, and no num_warps reaches the kernels (one warpgroup
+    whatever the head_dim; a pinned dk/dv at head_dim 128 would otherwise ask for 8 warps)."""
+    import bench.attention_bench as attention_bench
+    import bertjax.ops.pallas_gpu_attention as kernels
+
+    monkeypatch.setattr(attention_bench.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(kernels, "pallas_gpu_attention", lambda *a, **kw: kw)
+    seen = []
+
+    def fake_measure(name, window, passes, *rest, fn=None, **kw):
+        if name == "cudnn":
+            return {"status": "ok", "seconds": 7.0}
+        options = fn(None, None, None, None)
+        seen.append(options)
+        tiles = kernels._resolve_tiles("fake", {k: v for k, v in options.items() if k in kernels.TILE_ARGUMENTS})
+        return {"status": "ok", "seconds": 1.0 + tiles["block_k"] / 64 + (tiles["dkv_num_stages"] or 3) / 10
+                + (tiles["backward_block_k"] / 64 if passes == "forward+backward" else 0.0)}
+
+    monkeypatch.setattr(attention_bench, "measure", fake_measure)
+    args = attention_bench.parse_args(["--tune", "--tune-kernels", "mosaic", "--seqs", "4096", "--head-dim", "128",
+                                       "--tune-layers", "global", "--tune-passes", "forward", "dq", "dkv"])
+    attention_bench.tune(args, attention_bench.jnp.bfloat16)
+    out = capsys.readouterr().out
+    assert "mosaic kernels" in out
+    assert all(o["forward_kernel"] == o["backward_kernel"] == "mosaic" for o in seen)
+    assert not any(value for o in seen for name, value in o.items() if name.endswith("num_warps"))
+    rows = [line for line in out.splitlines() if line.startswith("| 4096 |")]
+    assert [row.split("|")[3].strip() for row in rows] == ["forward"] * 6 + ["dq"] * 6 + ["dkv"] * 6
+    assert "| 4096 | global | forward |  | 64 |  | 2 |" in rows[0]  # the defaults first (head_dim 128: 2 stages)
+    assert "# fastest forward at seq 4096, global: " in out and "'block_k': 64" in out
