@@ -65,10 +65,11 @@ TUNING = {
             "dkv_num_stages": (2, 3)},
 }
 TUNE_PREFIX = {"forward": "", "dq": "backward_", "dkv": "dkv_"}
-# --tune --tune-kernels mosaic: the Mosaic GPU kernels' own parameters (pallas_gpu_mosaic; each program is one
-# warpgroup holding 64 rows, so only the streamed rows and the ring's depth are free).
+# --tune --tune-kernels mosaic: the Mosaic GPU kernels' own parameters (pallas_gpu_mosaic): the streamed rows and the
+# ring's depth, and for the forward one warpgroup holding 64 queries or two holding 128 with a producer; the backward
+# kernels hold 64 rows (one warpgroup).
 MOSAIC_TUNING = {
-    "forward": {"block_k": (64, 128), "num_stages": (2, 3, 4)},
+    "forward": {"block_q": (64, 128), "block_k": (64, 128), "num_stages": (2, 3, 4)},
     "dq": {"backward_block_k": (64, 128), "backward_num_stages": (2, 3, 4)},
     "dkv": {"dkv_block_q": (64, 128), "dkv_num_stages": (2, 3, 4)},
 }
@@ -273,7 +274,9 @@ def tune(args, dtype) -> None:
         print("# no GPU: the kernels run in interpret mode; these times check the sweep, they are not kernel speeds")
     mosaic = args.tune_kernels == "mosaic"
     grid = MOSAIC_TUNING if mosaic else TUNING
-    kernels = dict(forward_kernel="mosaic", backward_kernel="mosaic") if mosaic else {}
+    # The backward kernels hold 64 rows whatever the forward's block_q (which their tiles would otherwise inherit).
+    kernels = dict(forward_kernel="mosaic", backward_kernel="mosaic", backward_block_q=64,
+                   dkv_block_k=64) if mosaic else {}
     print(f"# batch {args.batch}, {args.tune_docs} document(s) per row, heads {args.heads}, head_dim {args.head_dim}, "
           f"{jnp.dtype(dtype).name}, {args.tune_kernels} kernels")
     print("| seq | layer | pass | block_q | block_k | num_warps | num_stages | time (ms) |")
@@ -288,7 +291,8 @@ def tune(args, dtype) -> None:
     def timed(seq, window, passes, options):
         def fn(q, k, v, segment_ids):
             return pallas_gpu_attention(q, k, v, segment_ids=segment_ids, local_window=window,
-                                        scale=1 / math.sqrt(args.head_dim), interpret=interpret, **kernels, **options)
+                                        scale=1 / math.sqrt(args.head_dim), interpret=interpret,
+                                        **{**kernels, **options})
 
         r = measure("pallas_gpu", window, passes, shape_of(seq), dtype, args.repeats, args.min_seconds,
                     args.max_gib * 2**30, documents=args.tune_docs, fn=fn)

@@ -6,7 +6,7 @@ fused multiply-adds, selects), as bench.pallas_gpu_static reports them for the T
 
     pip install "jax[cuda13]"      # JAX's CUDA plugin: Mosaic GPU compiles with its ptxas, no GPU needed
     python -m bench.mosaic_gpu_static [--kernels forward dq dkv] [--layers global local] [--head-dims 64 128]
-                                      [--blocks 64 128] [--stages 2 3]
+                                      [--blocks 64 128] [--stages 2 3] [--forward-rows 64 128]
 
 Mosaic GPU writes what it compiled where MOSAIC_GPU_DUMP_TO points (PTX, the ptxas log, its resource count); this
 sets those variables for one compile at a time and reads the files back.
@@ -30,9 +30,11 @@ PTXAS = {"registers": re.compile(r"Used (\d+) registers"), "spill_stores": re.co
 SHARED = re.compile(r"smem_scratch_bytes=(\d+)")
 
 
-def compile_kernel(kernel: str, layer: str, head_dim: int, block: int, num_stages: int, seq: int = 1024) -> dict:
+def compile_kernel(kernel: str, layer: str, head_dim: int, block: int, num_stages: int, seq: int = 1024,
+                   held: int = 64) -> dict:
     """Compile one kernel ("forward", "dq" or "dkv") at one setting for an H100 and return what Mosaic GPU dumped:
-    registers, spills, shared memory, PTX. block: the rows the kernel streams at a time."""
+    registers, spills, shared memory, PTX. block: the rows the kernel streams at a time; held: the forward's
+    block_q (128: two consumer warpgroups and a producer)."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from bertjax import gpu_aot
@@ -46,7 +48,7 @@ def compile_kernel(kernel: str, layer: str, head_dim: int, block: int, num_stage
     half = None if layer == "global" else 64
     if kernel == "forward":
         fn = jax.jit(lambda q, k, v, s: mosaic_forward(q, k, v, s, scale=0.125, half=half, block_k=block,
-                                                       num_stages=num_stages, interpret=False))
+                                                       num_stages=num_stages, interpret=False, block_q=held))
         arguments = (array, array, array, segments)
     else:  # both backward kernels compile; the one asked for is picked from the dump by its held-tile count
         other = 64
@@ -88,30 +90,37 @@ def main(argv=None) -> None:
     parser.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--blocks", nargs="+", type=int, default=[64, 128], help="rows streamed at a time")
     parser.add_argument("--stages", nargs="+", type=int, default=[2, 3])
+    parser.add_argument("--forward-rows", nargs="+", type=int, default=[64, 128],
+                        help="the forward's held rows (block_q): 64 one warpgroup, 128 two and a producer")
     args = parser.parse_args(argv)
     from bertjax.ops.mosaic_gpu_attention import check_supported, shared_memory_bytes
 
     print(f"# Mosaic GPU kernels (bfloat16, 64 held rows, one warpgroup), jax {jax.__version__}, sm_90a; local: "
           f"window 128; shared memory as Mosaic GPU allocates it (and as bertjax's check counts it)")
-    print("| kernel | layer | head_dim | streamed | stages | registers | spill stores / loads (B) | "
+    print("| kernel | held | layer | head_dim | streamed | stages | registers | spill stores / loads (B) | "
           "shared memory (B) | blocks / SM | loop: instructions, ex2, fma, selp (masked / unmasked / masked) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    for kernel, layer, head_dim, block, stages in itertools.product(args.kernels, args.layers, args.head_dims,
-                                                                    args.blocks, args.stages):
-        setting = f"| {kernel} | {layer} | {head_dim} | {block} | {stages} |"
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    settings = [(kernel, held) for kernel in args.kernels for held in (args.forward_rows if kernel == "forward"
+                                                                       else [64])]
+    for (kernel, held), layer, head_dim, block, stages in itertools.product(settings, args.layers, args.head_dims,
+                                                                            args.blocks, args.stages):
+        setting = f"| {kernel} | {held} | {layer} | {head_dim} | {block} | {stages} |"
         try:
             check_supported("mosaic_gpu_static", kernel, dtype=jnp.bfloat16, padded_head_dim=head_dim, alibi=False,
-                            held=64, block=block, num_stages=stages)
+                            held=held, block=block, num_stages=stages)
         except ValueError as error:
             print(f"{setting} refused: {error} |||||")
             continue
-        found = compile_kernel(kernel, layer, head_dim, block, stages)
-        counted = shared_memory_bytes(kernel, jnp.bfloat16, head_dim, block, stages)
+        found = compile_kernel(kernel, layer, head_dim, block, stages, held=held)
+        counted = shared_memory_bytes(kernel, jnp.bfloat16, head_dim, block, stages, held)
         bodies = loop_bodies(found["ptx"])
         loops = " / ".join(f"{b['all']}, {b['ex2']}, {b['fma']}, {b['selp']}" for b in bodies)
+        # The two-warpgroup forward launches 3 warpgroups whose consumers raise their registers to 232 and whose
+        # producer lowers its own to 40 (setmaxnreg): the launch's count is ptxas's, the SM holds one program.
+        warps = 4 * (held // 64 + 1) if held > 64 else 4
         print(f"{setting} {found['registers']} | {found['spill_stores']} / {found['spill_loads']} | "
               f"{found['shared']:,}{'' if counted == found['shared'] else f' (counted {counted:,})'} | "
-              f"{blocks_per_sm(4, found['registers'], found['shared'])} | {loops} |")
+              f"{blocks_per_sm(warps, found['registers'], found['shared'])} | {loops} |")
 
 
 if __name__ == "__main__":

@@ -320,9 +320,9 @@ def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
 
 
 def test_tune_sweeps_the_mosaic_kernels_own_parameters(monkeypatch, capsys):
-    """--tune-kernels mosaic: every call selects the Mosaic GPU kernels, each kernel's rows sweep only its streamed
-    rows and stages (MOSAIC_TUNING, 6 each), defaults first, and no num_warps reaches the kernels (one warpgroup
-    whatever the head_dim; a pinned dk/dv at head_dim 128 would otherwise ask for 8 warps)."""
+    """--tune-kernels mosaic: every call selects the Mosaic GPU kernels, each kernel's rows sweep its own parameters
+    (MOSAIC_TUNING: the forward's held rows too), defaults first, and no num_warps reaches the kernels (one
+    warpgroup per 64 rows whatever the head_dim; a pinned dk/dv at head_dim 128 would otherwise ask for 8 warps)."""
     import bench.attention_bench as attention_bench
     import bertjax.ops.pallas_gpu_attention as kernels
 
@@ -348,6 +348,8 @@ def test_tune_sweeps_the_mosaic_kernels_own_parameters(monkeypatch, capsys):
     assert all(o["forward_kernel"] == o["backward_kernel"] == "mosaic" for o in seen)
     assert not any(value for o in seen for name, value in o.items() if name.endswith("num_warps"))
     rows = [line for line in out.splitlines() if line.startswith("| 4096 |")]
-    assert [row.split("|")[3].strip() for row in rows] == ["forward"] * 6 + ["dq"] * 6 + ["dkv"] * 6
-    assert "| 4096 | global | forward |  | 64 |  | 2 |" in rows[0]  # the defaults first (head_dim 128: 2 stages)
+    assert [row.split("|")[3].strip() for row in rows] == ["forward"] * 12 + ["dq"] * 6 + ["dkv"] * 6
+    assert "| 4096 | global | forward | 64 | 64 |  | 2 |" in rows[0]  # the defaults first (head_dim 128: 2 stages)
+    # The backward kernels keep 64 held rows when the forward's block_q is 128 (two warpgroups).
+    assert all(o["backward_block_q"] == o["dkv_block_k"] == 64 for o in seen)
     assert "# fastest forward at seq 4096, global: " in out and "'block_k': 64" in out

@@ -53,15 +53,17 @@ def natural_lse(q, k, segments, window, scale):
 
 
 @needs_interpret
-@pytest.mark.parametrize("window, block_k, num_stages", [(None, 64, 2), (64, 64, 3), (None, 128, 2)])
-def test_forward_matches_dense_attention_and_its_log_sum_exp(window, block_k, num_stages):
-    """Packed documents (one of a single token), padding, GQA 2, several key blocks with block skipping; bfloat16
-    inputs against float32 dense attention on the same (rounded) inputs: 2e-2 on outputs of size ~1, 1e-3 relative
-    on the log-sum-exp."""
+@pytest.mark.parametrize("window, block_q, block_k, num_stages", [(None, 64, 64, 2), (64, 64, 64, 3),
+                                                                  (None, 64, 128, 2), (None, 128, 64, 2),
+                                                                  (64, 128, 128, 3)])
+def test_forward_matches_dense_attention_and_its_log_sum_exp(window, block_q, block_k, num_stages):
+    """Packed documents (one of a single token), padding, GQA 2, several key blocks with block skipping, one
+    warpgroup (block_q 64) or two consumers and a producer (128); bfloat16 inputs against float32 dense attention
+    on the same (rounded) inputs: 2e-2 on outputs of size ~1, 1e-3 relative on the log-sum-exp."""
     q, k, v, segments = inputs()
     out, lse = jax.jit(lambda q, k, v, s: mosaic.mosaic_forward(
         q, k, v, s, scale=0.125, half=None if window is None else window // 2, block_k=block_k,
-        num_stages=num_stages, interpret=True))(q, k, v, segments)
+        num_stages=num_stages, interpret=True, block_q=block_q))(q, k, v, segments)
     want = dense_attention(*(x.astype(jnp.float32) for x in (q, k, v)), segment_ids=segments,
                            local_window=window, scale=0.125)
     real = np.asarray(segments) != 0
@@ -81,6 +83,19 @@ def test_forward_gives_the_triton_forwards_residuals():
     out_t, lse_t = jax.jit(lambda *a: _triton_forward(*a, st))(q, k, v, segments, slopes)
     np.testing.assert_allclose(np.asarray(out_m, np.float32), np.asarray(out_t, np.float32), atol=1e-2)
     np.testing.assert_allclose(np.asarray(lse_m), np.asarray(lse_t), rtol=1e-4, atol=1e-4)
+
+
+@needs_interpret
+def test_two_warpgroup_forward_gives_the_one_warpgroup_result_exactly():
+    """The two consumer warpgroups (block_q 128) compute each 64-row tile as the one-warpgroup kernel does, only
+    sharing the key and value tiles: the same output and log-sum-exp, bit for bit."""
+    q, k, v, segments = inputs()
+    run = jax.jit(lambda q, k, v, s, block_q: mosaic.mosaic_forward(
+        q, k, v, s, scale=0.125, half=32, block_k=64, num_stages=2, interpret=True, block_q=block_q),
+        static_argnums=4)
+    (out_2, lse_2), (out_1, lse_1) = run(q, k, v, segments, 128), run(q, k, v, segments, 64)
+    np.testing.assert_array_equal(np.asarray(out_2, np.float32), np.asarray(out_1, np.float32))
+    np.testing.assert_array_equal(np.asarray(lse_2), np.asarray(lse_1))
 
 
 def relative_error(got, want) -> float:
@@ -164,7 +179,7 @@ def test_registry_name_runs_forward_and_gradients_like_pallas_gpu():
 
 @pytest.mark.parametrize("kernel, arguments, message", [
     ("forward", dict(dtype=jnp.float32), "forward multiplies bfloat16 or float16"),
-    ("forward", dict(held=128), "holds 64 rows .* got block_q 128"),
+    ("forward", dict(held=256), "holds 64 or 128 rows .* got block_q 256"),
     ("dq", dict(held=128), "holds 64 rows .* got backward_block_q 128"),
     ("dkv", dict(held=128), "holds 64 rows .* got dkv_block_k 128"),
     ("dkv", dict(block=96), "dkv_block_q must be 64, 128"),
