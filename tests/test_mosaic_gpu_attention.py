@@ -209,3 +209,28 @@ def test_refusals_come_before_tracing_through_the_public_functions():
                              backward_kernel="mosaic", dkv_block_k=128)
     with pytest.raises(ValueError, match="does not support alibi"):
         ops.attention(x, x, x, implementation="pallas_gpu_mosaic", alibi_slopes=np.ones(2, np.float32))
+
+
+@needs_interpret
+def test_two_warpgroup_forward_with_the_mosaic_backward_through_pallas_gpu_attention():
+    """block_q 128 (two consumer warpgroups) for the forward with the backward kernels at their 64 held rows, GQA 2,
+    a window, 200 tokens (padded to 256): outputs and gradients match the Triton kernels'; without the backward
+    tiles the dq kernel would inherit 128 held rows, which is refused by name."""
+    q, k, v, segments = inputs(seq=200)
+    real = np.asarray(segments) != 0
+
+    def run(**options):
+        def loss(q, k, v):
+            out = pallas_gpu_attention(q, k, v, segment_ids=segments, local_window=64, scale=0.125, interpret=True,
+                                       **options)
+            return jnp.sum(jnp.where(real[..., None, None], out.astype(jnp.float32), 0.0) ** 2), out
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+
+    (_, out), grads = run(forward_kernel="mosaic", backward_kernel="mosaic", block_q=128, backward_block_q=64,
+                          dkv_block_k=64)
+    (_, want), want_grads = run()
+    np.testing.assert_allclose(np.asarray(out, np.float32)[real], np.asarray(want, np.float32)[real], atol=1e-2)
+    for got, expected in zip(grads, want_grads):
+        assert relative_error(got, expected) < 5e-3
+    with pytest.raises(ValueError, match="got backward_block_q 128"):
+        run(forward_kernel="mosaic", backward_kernel="mosaic", block_q=128)
