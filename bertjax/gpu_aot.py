@@ -25,7 +25,7 @@ import os
 import re
 
 # Hopper's per-SM and per-block limits (compute capability 9.0), the same for the H100 SXM and the H200.
-_HOPPER = dict(compute_major=9, compute_minor=0, sms=132, threads_per_block=1024, threads_per_sm=2048,
+HOPPER = dict(compute_major=9, compute_minor=0, sms=132, threads_per_block=1024, threads_per_sm=2048,
                shared_per_block=48 * 1024, shared_per_block_optin=232_448, shared_per_sm=233_472,
                registers_per_sm=65_536, registers_per_block=65_536, clock_ghz=1.98)
 TARGETS = {
@@ -62,7 +62,7 @@ def parse_topology(topology: str) -> tuple[str, int]:
 def target_config(name: str) -> str:
     """XLA's GpuTargetConfig (text proto) of one of TARGETS."""
     kind, memory, bandwidth, l2 = TARGETS[name]
-    h = _HOPPER
+    h = HOPPER
     return f"""
 gpu_device_info {{
   threads_per_block_limit: {h['threads_per_block']}

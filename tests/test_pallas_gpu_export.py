@@ -44,6 +44,14 @@ FORWARD, DQ, DKV = "bertjax_flash_forward", "bertjax_flash_dq", "bertjax_flash_d
 H100_SHARED_BYTES = 227 * 1024  # the most dynamic shared memory one block may opt into on sm_90
 
 
+def gradient_kernels(program, head_dim: int) -> dict:
+    """{kernel name: (Triton IR, warps, stages)} of a bench.pallas_gpu_static gradient program lowered for one row
+    of 256 tokens, 2 heads of head_dim, in bfloat16."""
+    q = jax.ShapeDtypeStruct((1, 256, 2, head_dim), jnp.bfloat16)
+    return {name: (text, warps, stages) for name, text, warps, stages in
+            triton_ir(program, q, q, q, jax.ShapeDtypeStruct((1, 256), jnp.int32))}
+
+
 def attention_inputs(dtype, head_dim: int, *, heads: int = 4, kv_heads: int = 4, seq: int = 256, batch: int = 2):
     q = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), dtype)
     kv = jax.ShapeDtypeStruct((batch, seq, kv_heads, head_dim), dtype)
@@ -192,10 +200,7 @@ def test_backward_settings_reach_only_the_backward_kernels():
     8 warps; docs/benchmarks.md, "Backward tiles"): with `triton` importable, dq and dk/dv compile for sm_90 within
     an H100 block's shared memory (bf16 131,328 and 148,992 B, triton 3.9) and ptxas reports their registers."""
     backward = dict(backward_block_q=128, backward_block_k=64, backward_num_warps=8, backward_num_stages=2)
-    q = jax.ShapeDtypeStruct((1, 256, 2, 128), jnp.bfloat16)
-    program = static.attention_gradient("local", 64, 64, 4, 2, **backward)
-    kernels = {name: (text, warps, stages) for name, text, warps, stages in
-               triton_ir(program, q, q, q, jax.ShapeDtypeStruct((1, 256), jnp.int32))}
+    kernels = gradient_kernels(static.attention_gradient("local", 64, 64, 4, 2, **backward), 128)
     assert [(name, kernels[name][1:]) for name in (FORWARD, DQ, DKV)] == [(FORWARD, (4, 2)), (DQ, (8, 2)),
                                                                          (DKV, (8, 2))]
     # A 128-row q tile of head_dim 128 exists only in the backward kernels (dq holds it, dk/dv streams it).
@@ -214,10 +219,7 @@ def test_dkv_settings_reach_only_the_dkv_kernel():
     [32, 128] tile), each kernel with its own warps; with `triton` importable, both compile for sm_90 within an
     H100 block's shared memory."""
     tiles = dict(backward_block_q=128, backward_block_k=32, dkv_block_q=32, dkv_block_k=128, dkv_num_warps=8)
-    q = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
-    program = static.attention_gradient("global", 64, 64, 4, 3, **tiles)
-    kernels = {name: (text, warps, stages) for name, text, warps, stages in
-               triton_ir(program, q, q, q, jax.ShapeDtypeStruct((1, 256), jnp.int32))}
+    kernels = gradient_kernels(static.attention_gradient("global", 64, 64, 4, 3, **tiles), 64)
     assert [(name, kernels[name][1:]) for name in (FORWARD, DQ, DKV)] == [(FORWARD, (4, 3)), (DQ, (4, 3)),
                                                                          (DKV, (8, 3))]
     for name in (DQ, DKV):
@@ -250,10 +252,7 @@ def test_default_pipelining_depth_follows_the_head_dim(head_dim, warps_and_stage
     """Left unset, num_stages is 3 up to head_dim 64 (what the H100 sweep of 2026-11-26 chose) and 2 above it (not
     timed on a GPU), for all three kernels; at head_dim 64 the 3-stage kernels compile for sm_90 within an H100
     block's shared memory (with `triton` importable)."""
-    q = jax.ShapeDtypeStruct((1, 256, 2, head_dim), jnp.bfloat16)
-    program = static.attention_gradient("global", 64, 64, None, None)
-    kernels = {name: (text, warps, stages) for name, text, warps, stages in
-               triton_ir(program, q, q, q, jax.ShapeDtypeStruct((1, 256), jnp.int32))}
+    kernels = gradient_kernels(static.attention_gradient("global", 64, 64, None, None), head_dim)
     assert {name: kernels[name][1:] for name in (FORWARD, DQ, DKV)} == dict.fromkeys((FORWARD, DQ, DKV),
                                                                                   warps_and_stages)
     if head_dim == 64:

@@ -29,8 +29,9 @@ adds its product to the running sum as a fresh accumulator: an add of [64, head_
 
 Limits (each a clear error, `check_supported`): 16-bit inputs (wgmma reads bfloat16 or float16 tiles), head_dim
 padded to 64, 128 or 256 (a 128-byte swizzled row holds 64 of them; at 256 the float32 accumulator alone is 128
-registers a thread), 64 held rows (128 for the forward's two-warpgroup layout), streamed tiles a multiple of 64
-up to 256, shared memory within an H100's, no ALiBi. The stacked q/k/v path (`pallas_gpu_rope_attention`) keeps the Triton kernels.
+registers a thread), 64 held rows (128 for the forward's two-warpgroup layout), streamed tiles of 64, 128 or
+256 rows, shared memory within an H100's, no ALiBi. The stacked q/k/v path (`pallas_gpu_rope_attention`) keeps
+the Triton kernels.
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from bertjax.gpu_aot import HOPPER
 from bertjax.ops.pallas_gpu_attention import (LN2, LOG2E, MASK_VALUE, block_ranges, default_launch,
                                               pallas_gpu_attention, three_loops)
 
 BLOCK_Q = 64  # wgmma's M for one warpgroup
 SWIZZLE_BYTES = 128
 SUPPORTED_DTYPES = (jnp.bfloat16, jnp.float16)
-H100_SHARED_MEMORY_BYTES = 232_448  # per block, as pallas_gpu_attention.py's table
+H100_SHARED_MEMORY_BYTES = HOPPER["shared_per_block_optin"]  # 232,448 B per block
 REDUCTION_SCRATCH_BYTES = 2048  # plgpu.CompilerParams' reduction_scratch_bytes default
 
 
@@ -107,8 +109,8 @@ def check_supported(where: str, kernel: str, *, dtype, padded_head_dim: int, ali
     if held not in allowed:
         raise ValueError(f"{where}: a Mosaic GPU {name} program holds {' or '.join(map(str, allowed))} rows (64 per "
                          f"warpgroup: wgmma's M), got {held_name} {held}")
-    if block % 64 or block > 256:
-        raise ValueError(f"{where}: the Mosaic GPU {name}'s {block_name} must be 64, 128, 192 or 256, got {block}")
+    if block not in (64, 128, 256):  # a multiple of 64 (the swizzled rows) and, as every tile, a power of two
+        raise ValueError(f"{where}: the Mosaic GPU {name}'s {block_name} must be 64, 128 or 256, got {block}")
     if num_warps not in (None, 4):
         raise ValueError(f"{where}: the Mosaic GPU {name} runs one warpgroup ({LAUNCH_PREFIX[kernel]}num_warps 4), "
                          f"got {num_warps}")

@@ -607,7 +607,8 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
 
     forward_kernel (a FORWARD_KERNELS name) and backward_kernel (BACKWARD_KERNELS): "triton", or "mosaic" for the
     Pallas Mosaic GPU kernels (mosaic_gpu_attention.py, mosaic_gpu_attention_backward.py: bfloat16 or float16, 64
-    held rows per program, no ALiBi); either backward reads either forward's residuals.
+    held rows per program or 128 for the forward's two-warpgroup layout, no ALiBi); either backward reads either
+    forward's residuals.
 
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
