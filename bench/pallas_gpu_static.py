@@ -18,6 +18,8 @@ and what ptxas (shipped in the `triton` package) reports per kernel: registers p
         # --backward-block, --backward-tile-area override the module's BAND_PART, BACKWARD_BLOCK, BACKWARD_TILE_AREA
     python -m bench.pallas_gpu_static --stacked [--layer ...] [--num-stages 3] [--backward-* / --dkv-* N]
         # attention on the stacked q/k/v
+    python -m bench.pallas_gpu_static --backward-kernel triton_atomic [--stacked] [--layer ...] [--dkv-* N]
+        # the one-pass backward (dq added with atomics) in place of dq and dk/dv
     python -m bench.pallas_gpu_static --kernel norm [--features 768] [--dtype ...] [--block-rows N] [--num-warps N]
         # the residual add + norm kernels (pallas_gpu_norm), forward and backward, LayerNorm without bias as
         # ModernBERT's: a memory-bound kernel wants enough resident programs and no spills
@@ -355,6 +357,9 @@ def main(argv=None) -> None:
     deberta.add_argument("--backward-tile-area", type=int, default=None, help="override BACKWARD_TILE_AREA")
     parser.add_argument("--stacked", action="store_true",
                         help="attention on the stacked q/k/v projection (pallas_gpu_rope_attention)")
+    parser.add_argument("--backward-kernel", choices=["triton", "triton_atomic"], default="triton",
+                        help="triton_atomic: the one-pass backward (pallas_gpu_attention_one_pass: dq by atomics, on "
+                             "the --dkv-* tiles) in place of dq and dk/dv")
     norm = parser.add_argument_group("--kernel norm")
     norm.add_argument("--features", type=int, default=None, help="default 768 (norm), 1152 (glu)")
     norm.add_argument("--block-rows", type=int, default=None, help="rows a program holds (default: the library's)")
@@ -373,6 +378,8 @@ def main(argv=None) -> None:
     backward = {f"{prefix}_{name}": getattr(args, f"{prefix}_{name}") for prefix in ("backward", "dkv")
                 for name in ("block_q", "block_k", "num_warps", "num_stages")
                 if getattr(args, f"{prefix}_{name}") is not None}
+    if args.backward_kernel != "triton":
+        backward["backward_kernel"] = args.backward_kernel
 
     dtype = jnp.dtype(args.dtype)
     q = jax.ShapeDtypeStruct((2, 1024, 4, args.head_dim), dtype)

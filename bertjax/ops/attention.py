@@ -56,6 +56,10 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     # pallas_gpu with its forward in Pallas Mosaic GPU (Hopper; bfloat16 / float16); "auto" does not pick it.
     "pallas_gpu_mosaic": Implementation("bertjax.ops.mosaic_gpu_attention:pallas_gpu_mosaic_attention",
                                         _ALL - {"alibi"}),
+    # pallas_gpu with its backward in one kernel, dq added with float atomics (not reproducible run to run);
+    # "auto" does not pick it.
+    "pallas_gpu_atomic": Implementation("bertjax.ops.pallas_gpu_attention_one_pass:pallas_gpu_atomic_attention",
+                                        _ALL),
 }
 
 # What "auto" prefers on each JAX platform, best first; the first that supports the call is used. A platform
@@ -168,6 +172,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
 # theta, *, segment_ids, local_window, scale, interpret).
 STACKED_ROPE_IMPLEMENTATIONS = {
     "pallas_gpu": "bertjax.ops.pallas_gpu_attention:pallas_gpu_rope_attention",
+    "pallas_gpu_atomic": "bertjax.ops.pallas_gpu_attention_one_pass:pallas_gpu_atomic_rope_attention",
 }
 
 

@@ -464,10 +464,17 @@ FORWARD_KERNELS = {
 
 
 # The backward kernels ("module:function" taking _backward's arguments), each reading any forward's residuals.
+# "triton_atomic" is one kernel adding dq across programs with float atomics: fewer products per tile, dq's rounding
+# not reproducible run to run (pallas_gpu_attention_one_pass.py).
 BACKWARD_KERNELS = {
     "triton": "bertjax.ops.pallas_gpu_attention:_triton_backward",
+    "triton_atomic": "bertjax.ops.pallas_gpu_attention_one_pass:backward",
     "mosaic": "bertjax.ops.mosaic_gpu_attention_backward:backward",
 }
+
+
+# The backward kernels with a stacked q/k/v path.
+STACKED_BACKWARD_KERNELS = ("triton", "triton_atomic")
 
 
 def _backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
@@ -607,8 +614,10 @@ def pallas_gpu_attention(q, k, v, *, segment_ids, local_window, scale, interpret
 
     forward_kernel (a FORWARD_KERNELS name) and backward_kernel (BACKWARD_KERNELS): "triton", or "mosaic" for the
     Pallas Mosaic GPU kernels (mosaic_gpu_attention.py, mosaic_gpu_attention_backward.py: bfloat16 or float16, 64
-    held rows per program or 128 for the forward's two-warpgroup layout, no ALiBi); either backward reads either
-    forward's residuals.
+    held rows per program or 128 for the forward's two-warpgroup layout, no ALiBi); every backward reads every
+    forward's residuals. backward_kernel "triton_atomic" is one Triton kernel on the dk/dv kernel's tiles (dkv_*)
+    that also adds dq across programs with float atomics (pallas_gpu_attention_one_pass.py): 5 tile products where
+    the two kernels take 7, and dq's rounding differs from run to run.
 
     Under a mesh (`jax.set_mesh`) the kernels run per device in a shard_map (per_device.py): XLA would otherwise
     replicate the Triton call, gathering q, k and v onto every GPU."""
@@ -723,7 +732,7 @@ def _attention(q, k, v, segment_ids, alibi_slopes, global_tokens, *, local_windo
 
 
 def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, local_window, scale, interpret=False,
-                              **tiles):
+                              backward_kernel: str = "triton", **tiles):
     """attention(rope(q), rope(k), v) of a stacked projection qkv [batch, seq, 3, heads, head_dim] (q, k, v in that
     order; head_dim a power of two >= 16; no ALiBi, GQA or global tokens), differentiated to qkv as a whole.
 
@@ -733,12 +742,16 @@ def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, loca
     product with a signed permutation per program): XLA otherwise rotates dq and dk back and concatenates them with
     dv into that gradient, reading and writing it all once more (310 MB a layer of modernbert-base's step at
     32 x 1024, 3.5 ms of it on an H100: docs/benchmarks.md). Under a mesh the kernels run per device as
-    `pallas_gpu_attention`'s do, and tiles set them as there.
+    `pallas_gpu_attention`'s do, and tiles set them as there; backward_kernel "triton" or "triton_atomic" as
+    there (the Mosaic GPU kernels have no stacked path).
     """
     batch, seq, three, heads, head_dim = qkv.shape
     if three != 3 or head_dim < 16 or head_dim & (head_dim - 1):
         raise ValueError(f"pallas_gpu_rope_attention: qkv must be [batch, seq, 3, heads, head_dim] with head_dim a "
                          f"power of two >= 16, got {qkv.shape}")
+    if backward_kernel not in STACKED_BACKWARD_KERNELS:
+        raise ValueError(f"pallas_gpu_rope_attention: backward_kernel must be one of {list(STACKED_BACKWARD_KERNELS)}, "
+                         f"got {backward_kernel!r}")
     tiles = _resolve_tiles("pallas_gpu_rope_attention", tiles)
 
     def kernel(qkv, positions, segment_ids):  # one device's shard of batch (and heads)
@@ -747,7 +760,7 @@ def pallas_gpu_rope_attention(qkv, positions, theta: float, *, segment_ids, loca
         pad = lambda x: jnp.pad(x, [(0, 0), (0, tail)] + [(0, 0)] * (x.ndim - 2)) if tail else x
         cos, sin = rope_tables(positions, head_dim, theta)
         st = _statics(tiles, head_dim, scale=float(scale), half=None if local_window is None else local_window // 2,
-                      interpret=bool(interpret), stacked=True)
+                      interpret=bool(interpret), stacked=True, backward_kernel=backward_kernel)
         qkv = pad(qkv)
         check_offsets_fit("pallas_gpu_rope_attention", interpret, qkv=qkv)
         slopes = jnp.zeros((max(16, pl.next_power_of_2(qkv.shape[3])),), jnp.float32)
