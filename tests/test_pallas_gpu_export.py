@@ -70,13 +70,13 @@ FEATURES = {
 }
 
 
-def attention_program(features: dict, grad: bool):
+def attention_program(features: dict, grad: bool, implementation: str = "pallas_gpu"):
     """f(q, k, v, segment_ids, global_mask): the attention output, or the gradient of a loss to q, k and v."""
     features = dict(features)
     use_global = features.pop("global_tokens", False)
 
     def forward(q, k, v, segment_ids, global_mask):
-        return ops.attention(q, k, v, segment_ids=segment_ids, implementation="pallas_gpu",
+        return ops.attention(q, k, v, segment_ids=segment_ids, implementation=implementation,
                              global_tokens=global_mask if use_global else None, **features)
 
     if not grad:
@@ -228,6 +228,32 @@ def test_dkv_settings_reach_only_the_dkv_kernel():
     for name in (DQ, DKV):
         compiled = static.compile_for_sm90(name, *kernels[name])
         assert compiled.metadata.shared <= H100_SHARED_BYTES, (name, compiled.metadata.shared)
+
+
+ONE_PASS = "bertjax_flash_backward_one_pass"
+
+
+@pytest.mark.parametrize("dtype, feature", [(jnp.bfloat16, "everything"), (jnp.float32, "everything"),
+                                            (jnp.bfloat16, "local128")], ids=["bf16", "f32", "bf16_local128"])
+def test_one_pass_backward_lowers_alone_and_compiles_to_relaxed_reductions(dtype, feature):
+    """"pallas_gpu_atomic": the forward and the one-pass backward, no dq or dk/dv kernel. With `triton` importable,
+    at head_dim 64 it compiles for sm_90 within an H100 block's shared memory, its dq sums as relaxed reductions:
+    pl_triton's atomic_add would be acquire-release, each wrapped by ptxas in a GPU-wide barrier and an L1
+    invalidation (bertjax/ops/triton_atomics.py). ModernBERT's layers (window 128 or global, no ALiBi) do not spill
+    (bf16: 246-250 registers, 83,968 B at 3 stages, triton 3.9); with ALiBi, GQA and global tokens together it
+    spills 40 B."""
+    program = attention_program(FEATURES[feature][1], grad=True, implementation="pallas_gpu_atomic")
+    kernels = triton_ir(program, *attention_inputs(dtype, 64, kv_heads=FEATURES[feature][0]))
+    assert sorted(name for name, *_ in kernels) == sorted([FORWARD, ONE_PASS])
+    pytest.importorskip("triton")
+    [(name, text, warps, stages)] = [kernel for kernel in kernels if kernel[0] == ONE_PASS]
+    compiled = static.compile_for_sm90(name, text, warps, stages)
+    ptx = compiled.asm["ptx"]
+    assert compiled.metadata.shared <= H100_SHARED_BYTES, compiled.metadata.shared
+    assert "red.global.gpu.relaxed.add" in ptx and "atom." not in ptx and "acq_rel" not in ptx
+    if dtype == jnp.bfloat16 and feature == "local128":
+        resources = static.ptxas_resources(ptx)
+        assert resources["registers"] <= 255 and resources["spill_stores"] == 0, resources
 
 
 def test_glu_kernels_compile_for_sm90_without_spills():

@@ -115,7 +115,7 @@ def backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=Non
     group = heads // kv_heads
     window = None if st.half is None else 2 * st.half
     # The softmax backward's row term and the log-sum-exp in log2 units, [batch, heads, seq] float32 each.
-    delta = jnp.einsum("bshd,bshd->bhs", do.astype(jnp.float32), out.astype(jnp.float32))
+    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
     if dlse is not None:
         delta = delta - dlse
     lse2 = lse * LOG2E
