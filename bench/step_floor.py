@@ -13,7 +13,8 @@ matrix products, and the bytes its other kernels move, per kernel of the program
 compiled for this machine's first device. Each kernel's bytes are counted from the shapes of its operands and
 outputs, so they are a range: a kernel writes its outputs at least once, and reads at most its operands; an operand
 a fusion only slices (through bitcasts), as RoPE and the split of q, k and v slice the fused projection's output,
-counts as the slices it reads. Products' FLOPs are 2 x output elements x contracted size of every
+counts as the slices it reads, and a fusion that updates a slice of an operand in place (a dynamic-update-slice
+root) writes that slice and reads nothing else of the operand. Products' FLOPs are 2 x output elements x contracted size of every
 dot in a fusion; the Pallas kernels are listed by their bytes (attention's FLOPs depend on the segments; the norm
 and GLU kernels' bytes count every row they read and write, as the other kernels').
 Times are at --bandwidth and --matmul-rate (defaults: what the device tool's H100s measured, 3.0 TB/s counting
@@ -173,18 +174,42 @@ def _sliced_bytes(value: Instruction, users: dict[str, list[Instruction]]) -> in
     return total
 
 
+def _parameters(body: list[Instruction]) -> dict[int, Instruction]:
+    return {int(i.rest.split(")")[0]): i for i in body if i.op == "parameter"}
+
+
+def in_place_update(computations: dict[str, list[Instruction]], callee: str | None) -> tuple[int, int] | None:
+    """(operand index, bytes written) of a fusion that updates one of its operands in place: its root is a
+    dynamic-update-slice of a parameter into an array of the parameter's own shape, which XLA emits writing only
+    the update into the operand's buffer (then the fusion's output). None for any other fusion."""
+    body = computations.get(callee, []) if callee else []
+    if not body or body[-1].op != "dynamic-update-slice":
+        return None
+    root = body[-1]
+    shapes = {i.name: i.shape for i in body}
+    target, update = root.operands[:2]
+    for index, parameter in _parameters(body).items():
+        if parameter.name == target and array_bytes(parameter.shape) == array_bytes(root.shape):
+            return index, array_bytes(shapes.get(update, ""))
+    return None
+
+
 def operand_reads(computations: dict[str, list[Instruction]], callee: str | None, operand_shapes: list[str]
                   ) -> int:
     """Bytes a kernel reads of its operands: each whole, but an operand the fused computation `callee` only slices
-    counts as those slices (at most the whole operand)."""
+    counts as those slices (at most the whole operand), and one it updates in place (`in_place_update`) as
+    nothing."""
     body = computations.get(callee, []) if callee else []
-    parameters = {int(i.rest.split(")")[0]): i for i in body if i.op == "parameter"}
+    parameters = _parameters(body)
     users: dict[str, list[Instruction]] = collections.defaultdict(list)
     for instruction in body:
         for name in instruction.operands:
             users[name].append(instruction)
+    updated = in_place_update(computations, callee)
     total = 0
     for index, shape in enumerate(operand_shapes):
+        if updated is not None and index == updated[0]:
+            continue
         whole = array_bytes(shape)
         sliced = _sliced_bytes(parameters[index], users) if index in parameters else None
         total += whole if sliced is None else min(sliced, whole)
@@ -216,8 +241,11 @@ def kernels_of(text: str) -> list[Kernel]:
         if op_name:  # "jit(step)/transpose(jvp(Model))/.../layers_3/mlp/mul" -> "backward .../layers_N/mlp/mul"
             path = re.sub(r"layers_\d+", "layers_N", op_name.group(1)).split("/")
             source = ("backward " if "transpose(" in op_name.group(1) else "") + "/".join(path[-3:])
-        reads = operand_reads(computations, callee if instruction.op == "fusion" else None,
-                              [shapes.get(name, "") for name in instruction.operands])
+        fused = callee if instruction.op == "fusion" else None
+        reads = operand_reads(computations, fused, [shapes.get(name, "") for name in instruction.operands])
+        updated = in_place_update(computations, fused)
+        if updated is not None:
+            written = updated[1]
         kernels.append(Kernel(instruction.name, kind, flops, written, reads, source))
     return kernels
 

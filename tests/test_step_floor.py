@@ -218,3 +218,28 @@ def test_profile_reads_accelerator_streams_and_not_libtpus_custom_device(tmp_pat
     assert names == ["host threads (no device process)"] and len(events) == 2
     events, names = device_events(trace("/host:CPU", "/device:CUSTOM:Megascale Trace", "/device:GPU:0"))
     assert names == ["/device:GPU:0"] and [e["name"] for e in events] == ["kernel_2"]
+
+
+IN_PLACE_MODULE = """HloModule in_place
+
+%update_slot (param_0: bf16[4,3,32], param_1: f32[4,1,32]) -> bf16[4,3,32] {
+  %param_0 = bf16[4,3,32]{2,1,0} parameter(0)
+  %param_1 = f32[4,1,32]{2,1,0} parameter(1)
+  %convert = bf16[4,1,32]{2,1,0} convert(%param_1)
+  %zero = s32[] constant(0)
+  ROOT %dynamic_update_slice = bf16[4,3,32]{2,1,0} dynamic-update-slice(%param_0, %convert, %zero, %zero, %zero)
+}
+
+ENTRY %main (stack: bf16[4,3,32], dq: f32[4,1,32]) -> bf16[4,3,32] {
+  %stack = bf16[4,3,32]{2,1,0} parameter(0)
+  %dq = f32[4,1,32]{2,1,0} parameter(1)
+  ROOT %slot = bf16[4,3,32]{2,1,0} fusion(%stack, %dq), kind=kLoop, calls=%update_slot
+}
+"""
+
+
+def test_a_fusion_updating_an_operand_in_place_moves_only_the_update():
+    """The one-pass attention backward stores dq into the q slot of the stacked gradient with a
+    dynamic-update-slice fusion, which XLA runs in place: it reads dq and writes one slot, not the whole stack."""
+    [kernel] = kernels_of(IN_PLACE_MODULE)
+    assert kernel.writes == 4 * 32 * 2 and kernel.reads == 4 * 32 * 4

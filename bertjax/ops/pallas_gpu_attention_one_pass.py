@@ -146,7 +146,9 @@ def backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=Non
     if not st.stacked:
         return (dq.astype(q.dtype), *grads)
     [dy] = grads
-    return dy.at[:, :, 0].set(_rope_backward_rows(dq, cos, sin).astype(dy.dtype))
+    # Written into the kernel's output in place (an `.at[].set` here lowers to a scatter that copies it whole).
+    dq_slot = _rope_backward_rows(dq, cos, sin).astype(dy.dtype)[:, :, None]
+    return lax.dynamic_update_slice(dy, dq_slot, (0,) * dy.ndim)
 
 
 def pallas_gpu_atomic_attention(q, k, v, **arguments):
