@@ -2,7 +2,7 @@
 
     python -m bench.attention_bench [--seqs 512 2048 8192] [--window 128] [--heads 12] [--head-dim 64]
                                     [--batch 1] [--dtype float32|bfloat16] [--max-gib 4] [--packed-docs 16]
-    python -m bench.attention_bench --tune --seqs 8192 [--tune-passes forward dq dkv]  # GPU: each kernel's tiles
+    python -m bench.attention_bench --tune --seqs 8192 [--tune-passes forward dq dkv atomic]  # GPU: kernels' tiles
 
 For each sequence length, both layer kinds of ModernBERT (global, and local with the window), a global layer over
 a row packed with --packed-docs equal documents (segment ids; block skipping should make it cheaper than one
@@ -10,7 +10,8 @@ document of the same length), and both passes (forward; forward + backward throu
 timed. `--tune` times each of `pallas_gpu`'s kernels (forward, dq, dk/dv; `--tune-passes`) at every combination
 of TUNING's tiles, warps and pipeline stages instead, on the global and local layers, and prints the fastest of each
 as keyword arguments of `pallas_gpu_attention` (the library's defaults are in bertjax/ops/pallas_gpu_attention.py),
-then the backward with the fastest dq and dk/dv together; off a GPU it runs the kernels in interpret mode, to check
+then the backward with the fastest dq and dk/dv together (`atomic`: the one-pass backward's tiles, and
+forward + backward with the fastest against cuDNN); off a GPU it runs the kernels in interpret mode, to check
 the sweep, not to time it. Memory is the compiled program's
 temporary buffer size (`memory_analysis().temp_size_in_bytes`: what the attention itself needs beyond inputs and
 outputs); on GPU the device's peak bytes in use are printed as well. A program whose temporaries exceed --max-gib
@@ -42,7 +43,7 @@ from bertjax import ops
 
 IMPLEMENTATIONS_BY_BACKEND = {
     "cpu": ["xla", "xla_blockwise", "xla_auto"],
-    "gpu": ["xla", "xla_blockwise", "pallas_gpu", "pallas_gpu_mosaic", "cudnn"],
+    "gpu": ["xla", "xla_blockwise", "pallas_gpu", "pallas_gpu_atomic", "pallas_gpu_mosaic", "cudnn"],
     "tpu": ["xla", "xla_blockwise", "pallas_tpu"],
 }
 REFERENCE = "xla"
@@ -63,8 +64,14 @@ TUNING = {
            "backward_num_stages": (2, 3)},
     "dkv": {"dkv_block_k": (64, 128), "dkv_block_q": (32, 64, 128), "dkv_num_warps": (4, 8),
             "dkv_num_stages": (2, 3)},
+    # the one-pass backward (backward_kernel="triton_atomic", pallas_gpu_attention_one_pass.py) on the dk/dv
+    # kernel's tiles, which it takes
+    "atomic": {"dkv_block_k": (64, 128), "dkv_block_q": (32, 64, 128), "dkv_num_warps": (4, 8),
+               "dkv_num_stages": (2, 3)},
 }
-TUNE_PREFIX = {"forward": "", "dq": "backward_", "dkv": "dkv_"}
+TUNE_PREFIX = {"forward": "", "dq": "backward_", "dkv": "dkv_", "atomic": "dkv_"}
+# Options every setting of a --tune pass carries besides its grid's.
+PASS_OPTIONS = {"atomic": {"backward_kernel": "triton_atomic"}}
 # --tune --tune-kernels mosaic: the Mosaic GPU kernels' own parameters (pallas_gpu_mosaic): the streamed rows and the
 # ring's depth, and for the forward one warpgroup holding 64 queries or two holding 128 with a producer; the backward
 # kernels hold 64 rows (one warpgroup).
@@ -77,7 +84,7 @@ MOSAIC_TUNING = {
 # warpgroups than a tile's rows fill compute its scores once per warpgroup: at 64 rows with 8 warps the compiled
 # loops exponentiate every score twice (bench.pallas_gpu_static), and the second lease's sweep at 8192 measured the
 # forward at 1.6-2.2x the time of the same tiles on 4 warps (docs/benchmarks.md). The sweep leaves them out.
-HELD_ROWS = {"forward": "block_q", "dq": "backward_block_q", "dkv": "dkv_block_k"}
+HELD_ROWS = {"forward": "block_q", "dq": "backward_block_q", "dkv": "dkv_block_k", "atomic": "dkv_block_k"}
 KERNEL_SETTINGS = ("block_q", "block_k", "num_warps", "num_stages")
 
 
@@ -210,16 +217,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-gib", type=float, default=4.0, help="do not run programs needing more temp memory")
     parser.add_argument("--packed-docs", type=int, default=16,
                         help="documents per row of the packed global layer (0: leave that layer out)")
+    parser.add_argument("--passes", nargs="+", choices=["forward", "forward+backward"],
+                        default=["forward", "forward+backward"], help="the passes timed (not --tune)")
     parser.add_argument("--tune", action="store_true", help="GPU: sweep pallas_gpu's kernel parameters")
     parser.add_argument("--tune-layers", nargs="+", choices=["global", "local"], default=["global", "local"],
                         help="--tune: the layers to sweep, in this order")
-    parser.add_argument("--tune-passes", nargs="+", choices=list(TUNING), default=list(TUNING),
-                        help="--tune: the kernels to sweep, in this order")
+    parser.add_argument("--tune-passes", nargs="+", choices=list(TUNING), default=["forward", "dq", "dkv"],
+                        help="--tune: the kernels to sweep, in this order (atomic: the one-pass backward, "
+                             "backward_kernel='triton_atomic')")
     parser.add_argument("--tune-kernels", choices=["triton", "mosaic"], default="triton",
                         help="--tune: pallas_gpu's Triton kernels (TUNING) or its Mosaic GPU ones (MOSAIC_TUNING)")
     parser.add_argument("--tune-docs", type=int, default=1,
                         help="--tune: documents packed per row (bench.train_bench --gpu packs 4 per row of 1024)")
     args = parser.parse_args(argv)
+    if args.tune_kernels == "mosaic" and not set(args.tune_passes) <= set(MOSAIC_TUNING):
+        parser.error(f"--tune-kernels mosaic sweeps {list(MOSAIC_TUNING)}, not {args.tune_passes}")
     if min(args.seqs + [args.window, args.heads, args.head_dim, args.batch, args.repeats, args.tune_docs]) <= 0:
         parser.error("--seqs, --window, --heads, --head-dim, --batch, --repeats and --tune-docs must be positive")
     return args
@@ -244,7 +256,7 @@ def main(argv=None) -> None:
     try:
         for seq in args.seqs:
             for window, documents in layers:
-                for passes in ("forward", "forward+backward"):
+                for passes in args.passes:
                     reference = None
                     for name in names:
                         r = measure(name, window, passes, (args.batch, seq, args.heads, args.head_dim), dtype,
@@ -286,7 +298,8 @@ def tune(args, dtype) -> None:
                                           *default_launch(max(16, 1 << (args.head_dim - 1).bit_length())))))
     if mosaic:  # one warpgroup whatever the head_dim: warps left to the kernels
         defaults["num_warps"] = None
-    pinned = {"dq": {"dkv_" + name: value for name, value in defaults.items()}, "dkv": {}, "forward": {}}
+    pinned = {"dq": {"dkv_" + name: value for name, value in defaults.items()}, "dkv": {}, "forward": {},
+              "atomic": {}}
 
     def timed(seq, window, passes, options):
         def fn(q, k, v, segment_ids):
@@ -304,7 +317,7 @@ def tune(args, dtype) -> None:
         names = list(grid[kernel])
         default = tuple(defaults[name.removeprefix(TUNE_PREFIX[kernel])] for name in names)
         every = sorted(itertools.product(*grid[kernel].values()), key=lambda values: values != default)
-        options = [dict(zip(names, values)) for values in every]
+        options = [{**dict(zip(names, values)), **PASS_OPTIONS.get(kernel, {})} for values in every]
         warps, held = TUNE_PREFIX[kernel] + "num_warps", HELD_ROWS[kernel]
         return [(o, values == default) for o, values in zip(options, every)  # no warpgroup without rows of its own
                 if o.get(warps, 4) <= 4 or o[held] >= 16 * o[warps]]  # the Mosaic grid has no warps to choose
@@ -323,13 +336,21 @@ def tune(args, dtype) -> None:
                 against = f" (the defaults' {best['default'] * 1e3:.3f} ms)" if "default" in best else ""
                 print(f"# backward with the fastest dq and dk/dv at seq {seq}, {layer}: "
                       f"{(seconds - default_forward) * 1e3:.3f} ms{against} with {backward}", flush=True)
+        against_cudnn(seq, window, layer, options,
+                      None if "forward" in best else best["backward"])
+
+    def against_cudnn(seq, window, layer, options, seconds=None):
+        """Forward + backward with `options` (timed here unless `seconds` is given) against cuDNN's at the same
+        shape, on a GPU, for global layers of one document (cuDNN has no window or segments here): the issue's
+        >= 0.7x."""
         if interpret or window is not None or args.tune_docs != 1:
             return
         if (seq, window) not in cudnn:
             r = measure("cudnn", None, "forward+backward", shape_of(seq), dtype, args.repeats, args.min_seconds,
                         args.max_gib * 2**30)
             cudnn[seq, window] = r["seconds"] if r["status"] == "ok" else r["status"]
-        seconds = timed(seq, window, "forward+backward", options) if "forward" in best else best["backward"]
+        if seconds is None:
+            seconds = timed(seq, window, "forward+backward", options)
         if isinstance(seconds, float) and isinstance(cudnn[seq, window], float):
             print(f"# forward+backward at seq {seq}, {layer}, with {options}: {seconds * 1e3:.3f} ms, cuDNN's "
                   f"{cudnn[seq, window] * 1e3:.3f} ms: {cudnn[seq, window] / seconds:.2f}x cuDNN's speed (target "
@@ -362,12 +383,14 @@ def tune(args, dtype) -> None:
                     if isinstance(seconds, float):
                         if fastest is None or seconds < fastest[0]:
                             fastest = (seconds, options)
-                        if kernel != "forward" and is_default:  # the library's defaults, both backward kernels
+                        if kernel in ("dq", "dkv") and is_default:  # the library's defaults, both backward kernels
                             best["default"] = seconds
                 if fastest is not None:
                     print(f"# fastest {kernel} at seq {seq}, {layer}: {fastest[0] * 1e3:.3f} ms with {fastest[1]}",
                           flush=True)
                     best[kernel] = fastest
+                    if kernel == "atomic":  # a whole backward on its own: forward + backward against cuDNN
+                        against_cudnn(seq, window, layer, {**best.get("forward", (None, {}))[1], **fastest[1]})
                 if {"dq", "dkv"} <= best.keys():
                     summarize(seq, window, layer, default_forward, best)
     except KeyboardInterrupt:  # launch/gpu_session.sh's time cap: the groups above are complete
@@ -426,11 +449,12 @@ def gpu_targets(results, window: int, packed_docs: int) -> list[str]:
                 check(f"seq {seq} {passes}: {packed_docs} packed documents faster than one", glob / packed, 1,
                       strict=True)
             for layer_window, layer in ((None, "global"), (window, f"local {window}")):
-                ours, triton = (seconds(seq, layer_window, 1, passes, name) for name in ("pallas_gpu_mosaic",
-                                                                                        "pallas_gpu"))
-                if ours is not None and triton is not None:  # bertjax's Mosaic GPU forward: no target of its own
+                for variant in ("pallas_gpu_atomic", "pallas_gpu_mosaic"):  # other kernels: no targets of their own
+                    ours, triton = (seconds(seq, layer_window, 1, passes, name) for name in (variant, "pallas_gpu"))
+                    if ours is None or triton is None:
+                        continue
                     against = f", {cudnn / ours:.2f}x cuDNN's" if cudnn is not None and layer_window is None else ""
-                    lines.append(f"# seq {seq} {passes} {layer}: pallas_gpu_mosaic runs {triton / ours:.2f}x "
+                    lines.append(f"# seq {seq} {passes} {layer}: {variant} runs {triton / ours:.2f}x "
                                  f"pallas_gpu's speed{against}")
             mosaic = seconds(seq, None, 1, passes, MOSAIC_GPU)
             if mosaic is not None:  # a mark for a Mosaic GPU port, not a target

@@ -4,7 +4,7 @@
 #
 #   launch/gpu_wheels.sh                     # first, on a machine with PyPI: wheels into .whl/
 #   launch/gpu_session.sh                    # call 1 (timeout_s 590, carry .whl): the main plan below, ~9.5 minutes
-#   launch/gpu_session.sh inference:110 mosaic:60 tune:90  # call 2, at once while warm, with what is left (~260 s)
+#   launch/gpu_session.sh inference:100 atomic:90 tune:70  # call 2, at once while warm, with what is left (~260 s)
 #   launch/gpu_session.sh --dry-run [STAGE[:SECONDS] ...]   # anywhere: print the plan and its time caps
 #
 # Each STAGE may carry a time cap in seconds (STAGE:SECONDS; default: CAP below). At its cap a stage gets SIGINT,
@@ -33,7 +33,12 @@
 #   attention  bench.attention_bench: pallas_gpu against cuDNN (and dense XLA), 16384 first (the one length whose
 #              forward+backward missed 0.7x cuDNN on the second lease), then 8192, 512, 2048; with JAX's own
 #              Mosaic GPU FlashAttention (float16, global layers only) as the mark for a Hopper port
-#   mosaic     bench.attention_bench: bertjax's Mosaic GPU kernels (pallas_gpu_mosaic: TMA + wgmma forward, dq and
+#   atomic     the one-pass backward (pallas_gpu_atomic: dq, dk and dv in one Triton kernel, dq added with relaxed
+#              atomics; 5 tile products a tile where the two kernels take 7): one kernel case on the card, then
+#              forward+backward beside the two-kernel backward and cuDNN at 16384 and 1024, then its tiles at 16384;
+#              compiled here without a GPU, never timed (bench.pallas_gpu_static --backward-kernel triton_atomic:
+#              551 PTX instructions a fully visible tile against dq's 319 and dk/dv's 457)
+#   mosaic     (for a lease with time left) bench.attention_bench: bertjax's Mosaic GPU kernels (pallas_gpu_mosaic: TMA + wgmma forward, dq and
 #              dk/dv) against pallas_gpu's Triton ones and cuDNN at 16384 and 1024; compiled here without a GPU,
 #              never timed (bench.mosaic_gpu_static: 257 PTX instructions a fully visible forward tile, Triton's 325)
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
@@ -65,7 +70,7 @@ cd "$(dirname "$0")/.."
 
 declare -A CAP=([env]=20 [check]=100 [norm]=40 [train_kernels]=180 [train]=190 [attention]=60 [inference]=130
                 [memory]=220 [tune]=130 [tune_train]=140 [tune_wide]=120 [profile]=50 [mosaic]=60
-                [tune_mosaic]=90)
+                [tune_mosaic]=90 [atomic]=90)
 MAIN_PLAN=(env check norm train_kernels memory)  # caps sum to 560 s: call 1 with timeout_s 590
 
 DRY_RUN=0
@@ -149,7 +154,7 @@ for item in "${STAGES[@]}"; do
       # first lease), and the card holds them all when none preallocates. The Mosaic GPU kernels' cases are the
       # mosaic stage's (call 2), which times them: here they would take time from the kernels call 1 times.
       run check "$cap" env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -p no:cacheprovider -n 4 \
-        tests/test_gpu_kernels.py -k "not pallas_gpu_mosaic"
+        tests/test_gpu_kernels.py -k "not pallas_gpu_mosaic and not pallas_gpu_atomic"
       ;;
     train)
       run train "$cap" python3 -m bench.train_bench --gpu --gpu-batch 32 --attention auto --steps 10
@@ -184,6 +189,20 @@ for item in "${STAGES[@]}"; do
       # (bench/train_bench.py now does, and prints what each try needs against what the card holds).
       # Stepping 1, 2, 4, ... from there.
       run memory "$cap" python3 -m bench.train_bench --gpu-max-batch bertjax --gpu-seq 8192 --start-batch 24 --near
+      ;;
+    atomic)
+      # The one-pass backward (pallas_gpu_atomic: dq by relaxed atomics, 5 tile products where the two kernels take
+      # 7; never run on a GPU) against dense attention on the card first (one case: each compiles for ~25 s), then
+      # forward+backward beside the two-kernel backward and cuDNN at 16384 (0.68x cuDNN's speed on the second
+      # lease) and the train step's 1024 (global and local 128), then its tiles at 16384 against cuDNN if the cap
+      # leaves time.
+      run atomic $((cap / 3)) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_kernels.py \
+        -k "pallas_gpu_atomic and global_bf16"
+      run atomic $((cap * 3 / 4)) python3 -m bench.attention_bench --seqs 16384 1024 --implementations \
+        pallas_gpu_atomic pallas_gpu cudnn --passes forward+backward --max-gib 8 --repeats 3 --min-seconds 0.1 \
+        --packed-docs 0
+      run atomic "$cap" python3 -m bench.attention_bench --tune --seqs 16384 --tune-layers global \
+        --tune-passes atomic --repeats 3 --min-seconds 0.1
       ;;
     mosaic)
       # The Mosaic GPU kernels (pallas_gpu_mosaic, never run on a GPU) first against dense attention on the card

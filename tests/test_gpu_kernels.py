@@ -156,6 +156,13 @@ def test_pallas_gpu_matches_dense_forward_and_gradients(case):
     assert_matches_dense(case, "pallas_gpu")
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_pallas_gpu_atomic_matches_dense_forward_and_gradients(case):
+    """The one-pass backward (dq added across programs with relaxed atomics) on the card: the atomics' sum and
+    their addressing at real lengths, which interpret mode runs one program at a time."""
+    assert_matches_dense(case, "pallas_gpu_atomic")
+
+
 # The Mosaic GPU kernels (bfloat16, no ALiBi; sm_90 and later): forward, dq and dk/dv.
 MOSAIC_CASES = [case for case in CASES if case[7] == jnp.bfloat16 and not case[8]]
 

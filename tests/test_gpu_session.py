@@ -35,7 +35,8 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
     return commands
 
 
-@pytest.mark.parametrize("stages", [(), ("inference", "mosaic", "tune"), ("tune_train", "tune_wide", "tune_mosaic"),
+@pytest.mark.parametrize("stages", [(), ("inference", "atomic", "tune"), ("mosaic", "tune_train", "tune_wide",
+                                                                        "tune_mosaic"),
                                     ("train", "attention", "profile", "tune")],
                          ids=["main plan", "second call", "other sweeps", "second call after a change"])
 def test_every_planned_command_parses(stages):
@@ -353,3 +354,45 @@ def test_tune_sweeps_the_mosaic_kernels_own_parameters(monkeypatch, capsys):
     # The backward kernels keep 64 held rows when the forward's block_q is 128 (two warpgroups).
     assert all(o["backward_block_q"] == o["dkv_block_k"] == 64 for o in seen)
     assert "# fastest forward at seq 4096, global: " in out and "'block_k': 64" in out
+
+
+def test_tune_sweeps_the_one_pass_backward_and_compares_it_with_cudnn(monkeypatch, capsys):
+    """--tune-passes atomic: every row selects the one-pass backward (backward_kernel="triton_atomic") on dk/dv's
+    tiles, nothing pinned; its row is forward + backward less the default forward; its fastest, with the fastest
+    forward when that sweep came first, is timed against cuDNN (fake GPU, fake times)."""
+    import bench.attention_bench as attention_bench
+    import bertjax.ops.pallas_gpu_attention as kernels
+
+    monkeypatch.setattr(attention_bench.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(attention_bench, "TUNING", {
+        **attention_bench.TUNING,
+        "forward": {"block_q": (64, 128), "block_k": (64,), "num_warps": (4,), "num_stages": (3,)},
+        "atomic": {"dkv_block_k": (64, 128), "dkv_block_q": (64,), "dkv_num_warps": (4,), "dkv_num_stages": (3,)}})
+    monkeypatch.setattr(kernels, "pallas_gpu_attention", lambda *a, **kw: kw)
+    seen = []
+
+    def fake_measure(name, window, passes, *rest, fn=None, **kw):
+        if name == "cudnn":
+            return {"status": "ok", "seconds": 7.0}
+        options = fn(None, None, None, None)
+        seen.append((passes, options))
+        tiles = kernels._resolve_tiles("fake", {k: v for k, v in options.items() if k in kernels.TILE_ARGUMENTS})
+        forward = 2.0 if tiles["block_q"] == 128 else 3.0
+        backward = (3.0 if tiles["dkv_block_k"] == 128 else 4.0) if options.get("backward_kernel") else 7.0
+        return {"status": "ok", "seconds": forward + (backward if passes == "forward+backward" else 0.0)}
+
+    monkeypatch.setattr(attention_bench, "measure", fake_measure)
+    args = attention_bench.parse_args(["--tune", "--seqs", "16384", "--tune-layers", "global",
+                                       "--tune-passes", "forward", "atomic"])
+    attention_bench.tune(args, attention_bench.jnp.bfloat16)
+    out = capsys.readouterr().out
+    atomic = [options for passes, options in seen if options.get("backward_kernel")]
+    assert atomic and all(o["backward_kernel"] == "triton_atomic" and not any(
+        k.startswith("backward_") and k != "backward_kernel" for k in o) for o in atomic)
+    assert "| 16384 | global | atomic | 64 | 64 | 4 | 3 | 4000.000 |" in out  # 3 + 4 - 3
+    assert "| 16384 | global | atomic | 64 | 128 | 4 | 3 | 3000.000 |" in out
+    assert "# fastest atomic at seq 16384, global: 3000.000 ms" in out
+    # the fastest forward (2 ms) with the fastest one-pass backward (3 ms) against cuDNN's 7 ms
+    assert "5000.000 ms, cuDNN's 7000.000 ms: 1.40x cuDNN's speed (target >= 0.7x)" in out
+    with pytest.raises(SystemExit):
+        attention_bench.parse_args(["--tune", "--tune-kernels", "mosaic", "--tune-passes", "atomic"])
