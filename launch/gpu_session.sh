@@ -38,6 +38,8 @@
 #              forward+backward beside the two-kernel backward and cuDNN at 16384 and 1024, then its tiles at 16384;
 #              compiled here without a GPU, never timed (bench.pallas_gpu_static --backward-kernel triton_atomic:
 #              551 PTX instructions a fully visible tile against dq's 319 and dk/dv's 457)
+#   train_atomic (for a lease with time left) the modernbert-base step with the one-pass backward against the two
+#              kernels, the other new kernels on in both
 #   mosaic     (for a lease with time left) bench.attention_bench: bertjax's Mosaic GPU kernels (pallas_gpu_mosaic: TMA + wgmma forward, dq and
 #              dk/dv) against pallas_gpu's Triton ones and cuDNN at 16384 and 1024; compiled here without a GPU,
 #              never timed (bench.mosaic_gpu_static: 257 PTX instructions a fully visible forward tile, Triton's 325)
@@ -70,7 +72,8 @@ cd "$(dirname "$0")/.."
 
 declare -A CAP=([env]=20 [check]=100 [norm]=40 [train_kernels]=180 [train]=190 [attention]=60 [inference]=130
                 [memory]=220 [tune]=130 [tune_train]=140 [tune_wide]=120 [profile]=50 [mosaic]=60
-                [tune_mosaic]=90 [atomic]=90)
+                [tune_mosaic]=90 [atomic]=90
+                [train_atomic]=120)
 MAIN_PLAN=(env check norm train_kernels memory)  # caps sum to 560 s: call 1 with timeout_s 590
 
 DRY_RUN=0
@@ -203,6 +206,13 @@ for item in "${STAGES[@]}"; do
         --packed-docs 0
       run atomic "$cap" python3 -m bench.attention_bench --tune --seqs 16384 --tune-layers global \
         --tune-passes atomic --repeats 3 --min-seconds 0.1
+      ;;
+    train_atomic)
+      # The modernbert-base step with the one-pass backward against the two kernels, every other new kernel on in
+      # both rows: fewer products, but XLA passes around it (delta, zeroing dq's float32 sum, storing it) that the
+      # deviceless count puts at 2-4 GB a step more traffic (docs/benchmarks.md).
+      run train_atomic "$cap" python3 -m bench.train_bench --gpu --gpu-batch 32 --attention pallas_gpu_atomic auto \
+        --fused-qkv on --norm pallas_gpu --glu pallas_gpu --no-transformers --steps 10
       ;;
     mosaic)
       # The Mosaic GPU kernels (pallas_gpu_mosaic, never run on a GPU) first against dense attention on the card

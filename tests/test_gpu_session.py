@@ -36,7 +36,7 @@ def planned_commands(output: str) -> list[tuple[str, int, list[str]]]:
 
 
 @pytest.mark.parametrize("stages", [(), ("inference", "atomic", "tune"), ("mosaic", "tune_train", "tune_wide",
-                                                                        "tune_mosaic"),
+                                                                        "tune_mosaic", "train_atomic"),
                                     ("train", "attention", "profile", "tune")],
                          ids=["main plan", "second call", "other sweeps", "second call after a change"])
 def test_every_planned_command_parses(stages):
