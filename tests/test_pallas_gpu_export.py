@@ -294,12 +294,13 @@ SHARDED_LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("implementation", ["pallas_gpu", "pallas_gpu_atomic"])
 @pytest.mark.parametrize("layout", SHARDED_LAYOUTS)
-def test_sharded_export_gives_each_triton_call_one_devices_shard(layout):
+def test_sharded_export_gives_each_triton_call_one_devices_shard(layout, implementation):
     """pallas_gpu under a mesh runs in a shard_map (bertjax/ops/per_device.py, as pallas_tpu): exported for 4 abstract
     H100s (no devices needed), every Triton call takes one device's shard of batch (8 rows) and heads (4 query, 2
     kv), so XLA has nothing to gather. Without the shard_map they took the whole batch and XLA's partitioner
-    all-gathered q, k and v onto every GPU."""
+    all-gathered q, k and v onto every GPU. The one-pass backward's float32 dq sum is one device's shard too."""
     import contextlib
 
     import flax.linen as nn
@@ -313,9 +314,11 @@ def test_sharded_export_gives_each_triton_call_one_devices_shard(layout):
     seg, glob = (jax.ShapeDtypeStruct((8, 256), dtype, sharding=rows) for dtype in (jnp.int32, jnp.bool_))
     with jax.sharding.use_abstract_mesh(mesh), (nn.logical_axis_rules(mesh_lib.LOGICAL_AXIS_RULES) if rules
                                                 else contextlib.nullcontext()):
-        exported = export_for_cuda(attention_program(FEATURES["everything"][1], grad=True), q, kv, kv, seg, glob)
+        exported = export_for_cuda(attention_program(FEATURES["everything"][1], grad=True, implementation=implementation),
+                                   q, kv, kv, seg, glob)
     assert exported.nr_devices == 4
-    assert triton_kernels(exported) == sorted([FORWARD, DQ, DKV])
+    assert triton_kernels(exported) == sorted([FORWARD, DQ, DKV] if implementation == "pallas_gpu"
+                                              else [FORWARD, ONE_PASS])
     batch, heads = (2, 4) if layout == "data4" else (4, 2)
     assert triton_operand_shapes(exported) == [(batch, 256, heads // 2, 64), (batch, 256, heads, 64)]
 
