@@ -43,6 +43,7 @@ from jax.experimental import pallas as pl
 from bertjax.ops.pallas_gpu_attention import (LOG2E, _alibi_slope, _compiler_params, _dot, _head_block, _heads_shape,
                                               _rope_backward, _rows_of, _scores, _Static, _times, _visible, _whole,
                                               block_ranges)
+from bertjax.ops.rope import rotate
 from bertjax.ops.triton_atomics import relaxed_atomic_add
 
 
@@ -98,15 +99,6 @@ def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref
         dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _rope_backward_rows(grad, cos, sin):
-    """RoPE's backward in XLA: grad [batch, seq, heads, head_dim] after RoPE, cos / sin [batch, seq, head_dim] (each
-    half's table twice); g cos + rot^T(g sin), rot^T(u) = [u2, -u1]."""
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-    u = grad * sin
-    half = grad.shape[-1] // 2
-    return grad * cos + jnp.concatenate([u[..., half:], -u[..., :half]], axis=-1)
-
-
 def backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
     """(dq, dk, dv), or (st.stacked) the stacked projection's gradient: BACKWARD_KERNELS["triton_atomic"], with
     `_triton_backward`'s arguments and results."""
@@ -147,7 +139,9 @@ def backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=Non
         return (dq.astype(q.dtype), *grads)
     [dy] = grads
     # Written into the kernel's output in place (an `.at[].set` here lowers to a scatter that copies it whole).
-    dq_slot = _rope_backward_rows(dq, cos, sin).astype(dy.dtype)[:, :, None]
+    # RoPE's backward is the inverse rotation (its angles negated); the tables here hold each half's twice.
+    half = head_dim // 2
+    dq_slot = rotate(dq, cos[..., :half], -sin[..., :half]).astype(dy.dtype)[:, :, None]
     return lax.dynamic_update_slice(dy, dq_slot, (0,) * dy.ndim)
 
 
