@@ -350,14 +350,50 @@ def _dq_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, q_
     dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
+def dkv_tile(k_refs, q_refs, b, h, i, st: _Static, slope, masked: bool, dk, dv, use_ds=None):
+    """One streamed query block i of head h in a dk/dv program on transposed tiles: (dk, dv) with its terms added.
+    k_refs: (k, v, k's segment ids, k_first) the program holds; q_refs: the q, dO, lse2, delta and segment-id refs.
+    use_ds(ds^T), if given, gets ds^T [block_k, block_q] in the inputs' dtype before dk's product (the one-pass
+    backward's dq: in that order its kernel needs ~10 registers fewer and does not spill in local layers)."""
+    k, v, k_seg, k_first = k_refs
+    q_ref, do_ref, lse2_ref, delta_ref, seg_ref = q_refs
+    queries = pl.ds(i * st.block_q, st.block_q)
+    q = _rows_of(q_ref, 0, b, queries, h, st)
+    do = do_ref[b, queries, h, :]
+    p = jnp.exp2(_times(*_scores(k, q, st, slope, k_first, i * st.block_q)) - lse2_ref[b, h, queries][None, :])
+    if masked:
+        p = jnp.where(_visible(k_seg, seg_ref[b, queries], k_first, i * st.block_q, st.half), p, 0.0)
+    dv = dv + _dot(p.astype(do.dtype), do)
+    ds = (p * (_dot(v, do, ((1,), (1,))) - delta_ref[b, h, queries][None, :])).astype(q.dtype)
+    if use_ds is not None:
+        use_ds(ds)
+    return dk + _dot(ds, q), dv
+
+
+def store_dkv(dk, dv, out_refs, cos_ref, sin_ref, b, kv_head, k_first, st: _Static) -> None:
+    """A dk/dv program's results (dk not yet scaled): into dk and dv, or the k and v slots of the stacked gradient
+    (one out_ref), RoPE's backward applied to k's."""
+    dk = dk * st.scale
+    if st.stacked:
+        [dy_ref] = out_refs
+        keys = pl.ds(k_first, st.block_k)
+        dy_ref[b, keys, 1, kv_head, :] = _rope_backward(dk, cos_ref[...], sin_ref[...], dy_ref.dtype).astype(
+            dy_ref.dtype)
+        dy_ref[b, keys, 2, kv_head, :] = dv.astype(dy_ref.dtype)
+    else:
+        dk_ref, dv_ref = out_refs
+        dk_ref[...] = dk.astype(dk_ref.dtype)
+        dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
 def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse2_ref,
                 delta_ref, cos_ref, sin_ref, dy_in_ref, *out_refs, st: _Static, group: int):
     """out_refs: dk and dv; or, stacked, the stacked gradient the dq kernel began (dy_in_ref is the same buffer)."""
     del dy_in_ref
     b, kv_head, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k_first = j * st.block_k
-    k, v = k_ref[...], v_ref[...]
-    k_seg = seg_ref[b, pl.ds(k_first, st.block_k)]
+    k_refs = (k_ref[...], v_ref[...], seg_ref[b, pl.ds(k_first, st.block_k)], k_first)
+    q_refs = (q_ref, do_ref, lse2_ref, delta_ref, seg_ref)
     ranges = lo_ref[b, j], full_lo_ref[b, j], full_hi_ref[b, j], hi_ref[b, j]
 
     def head_step(g, carry):
@@ -365,34 +401,13 @@ def _dkv_kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k
         slope = _alibi_slope(slopes_ref, h) if st.alibi else None
 
         def body(masked):
-            def step(i, carry):
-                dk, dv = carry
-                queries = pl.ds(i * st.block_q, st.block_q)
-                q = _rows_of(q_ref, 0, b, queries, h, st)
-                do = do_ref[b, queries, h, :]
-                scores = _times(*_scores(k, q, st, slope, k_first, i * st.block_q))
-                p = jnp.exp2(scores - lse2_ref[b, h, queries][None, :])
-                if masked:
-                    p = jnp.where(_visible(k_seg, seg_ref[b, queries], k_first, i * st.block_q, st.half), p, 0.0)
-                dv = dv + _dot(p.astype(do.dtype), do)
-                ds = p * (_dot(v, do, ((1,), (1,))) - delta_ref[b, h, queries][None, :])
-                return dk + _dot(ds.astype(q.dtype), q), dv
-            return step
+            return lambda i, carry: dkv_tile(k_refs, q_refs, b, h, i, st, slope, masked, *carry)
 
         return three_loops(*ranges, body, carry)
 
-    zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, group, head_step, (zeros, zeros))
-    dk = dk * st.scale
-    if st.stacked:  # the k and v slots of the stacked gradient, RoPE's backward applied to k's
-        [dy_ref] = out_refs
-        keys = pl.ds(k_first, st.block_k)
-        dy_ref[b, keys, 1, kv_head, :] = _rope_backward(dk, cos_ref[...], sin_ref[...], k.dtype).astype(dy_ref.dtype)
-        dy_ref[b, keys, 2, kv_head, :] = dv.astype(dy_ref.dtype)
-    else:
-        dk_ref, dv_ref = out_refs
-        dk_ref[...] = dk.astype(dk_ref.dtype)
-        dv_ref[...] = dv.astype(dv_ref.dtype)
+    zeros = jnp.zeros(k_refs[0].shape, jnp.float32)
+    store_dkv(*lax.fori_loop(0, group, head_step, (zeros, zeros)), out_refs, cos_ref, sin_ref, b, kv_head, k_first,
+              st)
 
 
 def check_offsets_fit(where: str, interpret: bool, **arrays) -> None:

@@ -41,21 +41,21 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.pallas_gpu_attention import (LOG2E, _alibi_slope, _compiler_params, _dot, _head_block, _heads_shape,
-                                              _rope_backward, _rows_of, _scores, _Static, _times, _visible, _whole,
-                                              block_ranges)
+                                              _Static, _whole, block_ranges, dkv_tile, store_dkv)
 from bertjax.ops.rope import rotate
 from bertjax.ops.triton_atomics import relaxed_atomic_add
 
 
 def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref, v_ref, q_ref, do_ref, lse2_ref,
             delta_ref, cos_ref, sin_ref, dq_in_ref, dq_ref, *out_refs, st: _Static, group: int):
-    """out_refs: dk and dv; or, stacked, the stacked gradient (its k and v slots written here). dq_ref (float32,
-    the same buffer as dq_in_ref, zeros on entry) collects dq / scale."""
+    """The dk/dv kernel's program (`dkv_tile`, `store_dkv`) adding each tile's dq into dq_ref. out_refs: dk and dv;
+    or, stacked, the stacked gradient (its k and v slots written here). dq_ref (float32, the same buffer as
+    dq_in_ref, zeros on entry) collects dq / scale."""
     del dq_in_ref
     b, kv_head, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     k_first = j * st.block_k
-    k, v = k_ref[...], v_ref[...]
-    k_seg = seg_ref[b, pl.ds(k_first, st.block_k)]
+    k_refs = (k_ref[...], v_ref[...], seg_ref[b, pl.ds(k_first, st.block_k)], k_first)
+    q_refs = (q_ref, do_ref, lse2_ref, delta_ref, seg_ref)
     lo, full_lo, full_hi, hi = lo_ref[b, j], full_lo_ref[b, j], full_hi_ref[b, j], hi_ref[b, j]
 
     def head_step(g, carry):
@@ -63,17 +63,11 @@ def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref
         slope = _alibi_slope(slopes_ref, h) if st.alibi else None
 
         def step(i, carry, masked):
-            dk, dv = carry
-            queries = pl.ds(i * st.block_q, st.block_q)
-            q = _rows_of(q_ref, 0, b, queries, h, st)
-            do = do_ref[b, queries, h, :]
-            p = jnp.exp2(_times(*_scores(k, q, st, slope, k_first, i * st.block_q)) - lse2_ref[b, h, queries][None, :])
-            if masked:
-                p = jnp.where(_visible(k_seg, seg_ref[b, queries], k_first, i * st.block_q, st.half), p, 0.0)
-            dv = dv + _dot(p.astype(do.dtype), do)
-            ds = (p * (_dot(v, do, ((1,), (1,))) - delta_ref[b, h, queries][None, :])).astype(q.dtype)
-            relaxed_atomic_add(dq_ref, (b, queries, h, slice(None)), _dot(ds, k, ((0,), (0,))))
-            return dk + _dot(ds, q), dv
+            def add_dq(ds):  # dq[queries] += (ds^T)^T k
+                relaxed_atomic_add(dq_ref, (b, pl.ds(i * st.block_q, st.block_q), h, slice(None)),
+                                   _dot(ds, k_refs[0], ((0,), (0,))))
+
+            return dkv_tile(k_refs, q_refs, b, h, i, st, slope, masked, *carry, use_ds=add_dq)
 
         masked_step = lambda i, carry: step(i, carry, True)
         carry = lax.fori_loop(lo, full_lo, masked_step, carry)
@@ -85,18 +79,9 @@ def _kernel(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, slopes_ref, k_ref
         carry = lax.fori_loop(0, count, staggered, carry)
         return lax.fori_loop(full_hi, hi, masked_step, carry)
 
-    zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, group, head_step, (zeros, zeros))
-    dk = dk * st.scale
-    if st.stacked:
-        [dy_ref] = out_refs
-        keys = pl.ds(k_first, st.block_k)
-        dy_ref[b, keys, 1, kv_head, :] = _rope_backward(dk, cos_ref[...], sin_ref[...], k.dtype).astype(dy_ref.dtype)
-        dy_ref[b, keys, 2, kv_head, :] = dv.astype(dy_ref.dtype)
-    else:
-        dk_ref, dv_ref = out_refs
-        dk_ref[...] = dk.astype(dk_ref.dtype)
-        dv_ref[...] = dv.astype(dv_ref.dtype)
+    zeros = jnp.zeros(k_refs[0].shape, jnp.float32)
+    store_dkv(*lax.fori_loop(0, group, head_step, (zeros, zeros)), out_refs, cos_ref, sin_ref, b, kv_head, k_first,
+              st)
 
 
 def backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=None, sin=None):
