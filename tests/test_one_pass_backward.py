@@ -112,3 +112,20 @@ def test_modernbert_trains_the_same_as_with_the_two_kernel_backward(fused_qkv):
     config = get_config("modernbert-tiny", attention_implementation="pallas_gpu", attention_interpret=True,
                         attention_fused_qkv=fused_qkv)
     assert_same_loss_and_gradients(config, attention_implementation="pallas_gpu_atomic")
+
+
+def test_a_jax_without_the_atomics_internals_gets_an_error_naming_the_way_out():
+    """The relaxed atomic add is built on JAX's Pallas Triton internals (bertjax/ops/triton_atomics.py): where they
+    moved, selecting it fails at import with an error saying what to use instead (a subprocess: the module is
+    imported once per process)."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("from jax._src.pallas.triton import lowering\n"
+              "del lowering._atomic_rmw\n"
+              "import bertjax.ops.triton_atomics\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr and "use attention_implementation 'pallas_gpu'" in result.stderr

@@ -17,20 +17,33 @@ sm_90 and looks for the barriers).
 
 from __future__ import annotations
 
-from jax._src import core as jax_core
-from jax._src import state, tree_util
-from jax._src.lib.triton import dialect as tt_dialect
-from jax._src.pallas.triton import lowering
-from jax._src.pallas.triton import primitives as triton_primitives
-from jax._src.state import discharge as state_discharge
-from jax._src.state import indexing
-from jax._src.state import primitives as state_primitives
+import jax
+
+try:
+    from jax._src import core as jax_core
+    from jax._src import state, tree_util
+    from jax._src.lib.triton import dialect as tt_dialect
+    from jax._src.pallas.triton import lowering
+    from jax._src.pallas.triton import primitives as triton_primitives
+    from jax._src.state import discharge as state_discharge
+    from jax._src.state import indexing
+    from jax._src.state import primitives as state_primitives
+
+    _ABSTRACT_EVAL, _DISCHARGE = triton_primitives._atomic_abstract_eval, triton_primitives._atomic_rmw_discharge_rule
+    _COMPUTE_POINTERS, _ENSURE_IR_VALUE = lowering._compute_pointers_from_indices, lowering._ensure_ir_value
+    _ATOMIC_RMW, _RELAXED, _FADD = lowering._atomic_rmw, tt_dialect.MemSemantic.RELAXED, tt_dialect.RMWOp.FADD
+    _ADD, _NDINDEXER, _TRANSFORM_TYPE = triton_primitives.AtomicOpType.ADD, indexing.NDIndexer, state.transform_type
+    _REF_AND_TRANSFORMS = state_primitives.get_ref_and_transforms
+except (ImportError, AttributeError) as error:  # a JAX whose Pallas Triton internals moved
+    raise ImportError(f"bertjax's relaxed atomic add (the one-pass attention backward, pallas_gpu_atomic) is built on "
+                      f"JAX's Pallas Triton internals as of jax 0.10-0.11, which jax {jax.__version__} does not have "
+                      f"({error}); use attention_implementation 'pallas_gpu'") from error
 
 relaxed_atomic_add_p = jax_core.Primitive("bertjax_relaxed_atomic_add")
 # Same parameters as JAX's atomic_rmw primitive, so its abstract evaluation (the dtypes an atomic add takes) and its
 # discharge rule (what interpret mode runs: a read, an add and a write) serve this one unchanged.
-relaxed_atomic_add_p.def_effectful_abstract_eval(triton_primitives._atomic_abstract_eval)
-state_discharge.register_discharge_rule(relaxed_atomic_add_p)(triton_primitives._atomic_rmw_discharge_rule)
+relaxed_atomic_add_p.def_effectful_abstract_eval(_ABSTRACT_EVAL)
+state_discharge.register_discharge_rule(relaxed_atomic_add_p)(_DISCHARGE)
 
 
 @lowering.register_lowering(relaxed_atomic_add_p)
@@ -40,21 +53,20 @@ def _relaxed_atomic_add_lowering(ctx, *args_flat, args_tree, atomic_type):
     ptr, indexers, value, mask = args_tree.unflatten(args_flat)
     *_, value_aval, mask_aval = args_tree.unflatten(ctx.avals_in)
     indexers = list(indexers)
-    if not indexers or not isinstance(indexers[-1], indexing.NDIndexer):
-        ref_aval = state.transform_type(indexers, ctx.avals_in[0])
-        indexers.append(indexing.NDIndexer.make_trivial_indexer(ref_aval.shape))
+    if not indexers or not isinstance(indexers[-1], _NDINDEXER):
+        ref_aval = _TRANSFORM_TYPE(indexers, ctx.avals_in[0])
+        indexers.append(_NDINDEXER.make_trivial_indexer(ref_aval.shape))
     if len(indexers) != 1:
         raise NotImplementedError("relaxed_atomic_add: one indexer only")
-    pointers = lowering._compute_pointers_from_indices(ptr, block_info, indexers[0])
-    value = lowering._ensure_ir_value(value, value_aval)
+    pointers = _COMPUTE_POINTERS(ptr, block_info, indexers[0])
+    value = _ENSURE_IR_VALUE(value, value_aval)
     if mask is not None:
-        mask = lowering._ensure_ir_value(mask, mask_aval)
-    return lowering._atomic_rmw(tt_dialect.RMWOp.FADD, pointers, value, mask=mask,
-                                semantic=tt_dialect.MemSemantic.RELAXED)
+        mask = _ENSURE_IR_VALUE(mask, mask_aval)
+    return _ATOMIC_RMW(_FADD, pointers, value, mask=mask, semantic=_RELAXED)
 
 
 def relaxed_atomic_add(ref, index, value) -> None:
     """ref[index] += value (float32), atomically and without ordering against the program's other memory accesses."""
-    ref, transforms = state_primitives.get_ref_and_transforms(ref, index, "relaxed_atomic_add")
+    ref, transforms = _REF_AND_TRANSFORMS(ref, index, "relaxed_atomic_add")
     args_flat, args_tree = tree_util.tree_flatten((ref, transforms, value, None))
-    relaxed_atomic_add_p.bind(*args_flat, args_tree=args_tree, atomic_type=triton_primitives.AtomicOpType.ADD)
+    relaxed_atomic_add_p.bind(*args_flat, args_tree=args_tree, atomic_type=_ADD)
