@@ -266,23 +266,15 @@ def test_tune_sweeps_each_kernel_then_the_fastest_backward(monkeypatch, capsys):
     assert len(calls) == 2 * (1 + 4 + 1)  # per layer: default forward, the sweeps, the fastest backward
 
 
-def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
-    """The sweep's arithmetic, with a fake GPU whose kernel times are functions of the tiles: a backward kernel's
-    row is forward + backward less the default forward, dq is swept with dk/dv pinned to the defaults (and without
-    more warpgroups than its held rows fill), and the
-    summary times the fastest of each against the defaults and cuDNN; the defaults are swept first whatever
-    TUNING's order (fake times, so exact)."""
+def fake_gpu_tune(monkeypatch, seconds) -> list:
+    """A fake GPU for `--tune`: pallas_gpu_attention returns its tile and kernel arguments, cuDNN takes 7 s and every
+    other timing seconds(passes, options, tiles); returns the list each timing's (passes, options) is appended to."""
     import bench.attention_bench as attention_bench
     import bertjax.ops.pallas_gpu_attention as kernels
 
     monkeypatch.setattr(attention_bench.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(attention_bench, "TUNING", {
-        "forward": {"block_q": (64, 128), "block_k": (64,), "num_warps": (4,), "num_stages": (3,)},
-        "dq": {"backward_block_q": (64, 128), "backward_block_k": (64,), "backward_num_warps": (4, 8),
-               "backward_num_stages": (3,)},
-        "dkv": {"dkv_block_k": (128, 64), "dkv_block_q": (64,), "dkv_num_warps": (4,), "dkv_num_stages": (3,)}})
-    monkeypatch.setattr(kernels, "pallas_gpu_attention",
-                        lambda *a, **kw: {k: v for k, v in kw.items() if k in kernels.TILE_ARGUMENTS})
+    monkeypatch.setattr(kernels, "pallas_gpu_attention", lambda *a, **kw: {  # its tiles and kernel choices
+        name: value for name, value in kw.items() if name in kernels.TILE_ARGUMENTS or name.endswith("_kernel")})
     seen = []
 
     def fake_measure(name, window, passes, *rest, fn=None, **kw):
@@ -290,13 +282,34 @@ def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
             return {"status": "ok", "seconds": 7.0}
         options = fn(None, None, None, None)
         seen.append((passes, options))
-        tiles = kernels._resolve_tiles("fake", options)
+        tiles = kernels._resolve_tiles("fake", {k: v for k, v in options.items() if k in kernels.TILE_ARGUMENTS})
+        return {"status": "ok", "seconds": seconds(passes, options, tiles)}
+
+    monkeypatch.setattr(attention_bench, "measure", fake_measure)
+    return seen
+
+
+def test_tune_summary_against_cudnn_on_a_gpu(monkeypatch, capsys):
+    """The sweep's arithmetic, with a fake GPU whose kernel times are functions of the tiles: a backward kernel's
+    row is forward + backward less the default forward, dq is swept with dk/dv pinned to the defaults (and without
+    more warpgroups than its held rows fill), and the
+    summary times the fastest of each against the defaults and cuDNN; the defaults are swept first whatever
+    TUNING's order (fake times, so exact)."""
+    import bench.attention_bench as attention_bench
+
+    monkeypatch.setattr(attention_bench, "TUNING", {
+        "forward": {"block_q": (64, 128), "block_k": (64,), "num_warps": (4,), "num_stages": (3,)},
+        "dq": {"backward_block_q": (64, 128), "backward_block_k": (64,), "backward_num_warps": (4, 8),
+               "backward_num_stages": (3,)},
+        "dkv": {"dkv_block_k": (128, 64), "dkv_block_q": (64,), "dkv_num_warps": (4,), "dkv_num_stages": (3,)}})
+
+    def seconds(passes, options, tiles):
         forward = 2.0 if tiles["block_q"] == 128 else 3.0
         dq = 2.0 if tiles["backward_block_q"] == 128 else 3.0
         dkv = 3.0 if tiles["dkv_block_k"] == 128 else 4.0
-        return {"status": "ok", "seconds": forward + (dq + dkv if passes == "forward+backward" else 0.0)}
+        return forward + (dq + dkv if passes == "forward+backward" else 0.0)
 
-    monkeypatch.setattr(attention_bench, "measure", fake_measure)
+    seen = fake_gpu_tune(monkeypatch, seconds)
     args = attention_bench.parse_args(["--tune", "--seqs", "16384", "--tune-layers", "global",
                                        "--tune-passes", "dq", "dkv", "forward"])
     attention_bench.tune(args, attention_bench.jnp.bfloat16)
@@ -325,27 +338,16 @@ def test_tune_sweeps_the_mosaic_kernels_own_parameters(monkeypatch, capsys):
     (MOSAIC_TUNING: the forward's held rows too), defaults first, and no num_warps reaches the kernels (one
     warpgroup per 64 rows whatever the head_dim; a pinned dk/dv at head_dim 128 would otherwise ask for 8 warps)."""
     import bench.attention_bench as attention_bench
-    import bertjax.ops.pallas_gpu_attention as kernels
 
-    monkeypatch.setattr(attention_bench.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(kernels, "pallas_gpu_attention", lambda *a, **kw: kw)
-    seen = []
-
-    def fake_measure(name, window, passes, *rest, fn=None, **kw):
-        if name == "cudnn":
-            return {"status": "ok", "seconds": 7.0}
-        options = fn(None, None, None, None)
-        seen.append(options)
-        tiles = kernels._resolve_tiles("fake", {k: v for k, v in options.items() if k in kernels.TILE_ARGUMENTS})
-        return {"status": "ok", "seconds": 1.0 + tiles["block_k"] / 64 + (tiles["dkv_num_stages"] or 3) / 10
-                + (tiles["backward_block_k"] / 64 if passes == "forward+backward" else 0.0)}
-
-    monkeypatch.setattr(attention_bench, "measure", fake_measure)
+    calls = fake_gpu_tune(monkeypatch, lambda passes, options, tiles: (
+        1.0 + tiles["block_k"] / 64 + (tiles["dkv_num_stages"] or 3) / 10
+        + (tiles["backward_block_k"] / 64 if passes == "forward+backward" else 0.0)))
     args = attention_bench.parse_args(["--tune", "--tune-kernels", "mosaic", "--seqs", "4096", "--head-dim", "128",
                                        "--tune-layers", "global", "--tune-passes", "forward", "dq", "dkv"])
     attention_bench.tune(args, attention_bench.jnp.bfloat16)
     out = capsys.readouterr().out
-    assert "mosaic kernels" in out
+    seen = [options for _, options in calls]
+    assert seen and "mosaic kernels" in out
     assert all(o["forward_kernel"] == o["backward_kernel"] == "mosaic" for o in seen)
     assert not any(value for o in seen for name, value in o.items() if name.endswith("num_warps"))
     rows = [line for line in out.splitlines() if line.startswith("| 4096 |")]
@@ -361,27 +363,18 @@ def test_tune_sweeps_the_one_pass_backward_and_compares_it_with_cudnn(monkeypatc
     tiles, nothing pinned; its row is forward + backward less the default forward; its fastest, with the fastest
     forward when that sweep came first, is timed against cuDNN (fake GPU, fake times)."""
     import bench.attention_bench as attention_bench
-    import bertjax.ops.pallas_gpu_attention as kernels
 
-    monkeypatch.setattr(attention_bench.jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(attention_bench, "TUNING", {
         **attention_bench.TUNING,
         "forward": {"block_q": (64, 128), "block_k": (64,), "num_warps": (4,), "num_stages": (3,)},
         "atomic": {"dkv_block_k": (64, 128), "dkv_block_q": (64,), "dkv_num_warps": (4,), "dkv_num_stages": (3,)}})
-    monkeypatch.setattr(kernels, "pallas_gpu_attention", lambda *a, **kw: kw)
-    seen = []
 
-    def fake_measure(name, window, passes, *rest, fn=None, **kw):
-        if name == "cudnn":
-            return {"status": "ok", "seconds": 7.0}
-        options = fn(None, None, None, None)
-        seen.append((passes, options))
-        tiles = kernels._resolve_tiles("fake", {k: v for k, v in options.items() if k in kernels.TILE_ARGUMENTS})
+    def seconds(passes, options, tiles):
         forward = 2.0 if tiles["block_q"] == 128 else 3.0
         backward = (3.0 if tiles["dkv_block_k"] == 128 else 4.0) if options.get("backward_kernel") else 7.0
-        return {"status": "ok", "seconds": forward + (backward if passes == "forward+backward" else 0.0)}
+        return forward + (backward if passes == "forward+backward" else 0.0)
 
-    monkeypatch.setattr(attention_bench, "measure", fake_measure)
+    seen = fake_gpu_tune(monkeypatch, seconds)
     args = attention_bench.parse_args(["--tune", "--seqs", "16384", "--tune-layers", "global",
                                        "--tune-passes", "forward", "atomic"])
     attention_bench.tune(args, attention_bench.jnp.bfloat16)
