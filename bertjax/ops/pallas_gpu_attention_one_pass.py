@@ -11,8 +11,9 @@ seq 16384), so the two products fewer are most of the difference between bertjax
 The price is that a query block's dq is summed over the programs of every key block that sees it, which run
 concurrently: each adds its [block_q, head_dim] part into one float32 buffer with atomic adds, in an order that
 changes from run to run, and so does dq's rounding (float32 sums of bf16 products: differences of a few float32
-ulps, then rounded to the inputs' dtype). dk and dv are computed as in the two-kernel backward, bit for bit. Hence
-opt-in: the default stays deterministic.
+ulps, then rounded to the inputs' dtype). dv is the two-kernel backward's, bit for bit; dk comes from the same
+products, with delta summed by XLA instead of the dq kernel (the same float32 row sum, perhaps in another order).
+Hence opt-in: the default stays deterministic.
 
 - grid (batch, kv_heads, key blocks), as the dk/dv kernel: holds block_k keys and their values, streams the query
   and dO blocks of every query head sharing them (GQA without repeating k or v), on transposed tiles
