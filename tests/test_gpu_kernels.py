@@ -111,11 +111,13 @@ def test_glu_kernel_matches_xla_forward_and_gradient(activation):
     assert max(errors.values()) < BOUND[jnp.bfloat16], errors
 
 
+@pytest.mark.parametrize("backward_kernel", ["triton", "triton_atomic"], ids=["pallas_gpu", "pallas_gpu_atomic"])
 @pytest.mark.parametrize("window", [None, 128], ids=["global", "local128"])
-def test_stacked_qkv_attention_matches_dense_forward_and_gradient(window):
+def test_stacked_qkv_attention_matches_dense_forward_and_gradient(window, backward_kernel):
     """Attention on the stacked q/k/v projection (pallas_gpu_rope_attention: v read from the stack, the stack's
-    gradient written by the dq and dk/dv kernels with RoPE's backward) at ModernBERT-base's heads in bfloat16,
-    packed documents with per-document positions, against RoPE and dense XLA attention in float32."""
+    gradient written by the dq and dk/dv kernels with RoPE's backward, or by the one-pass kernel and XLA) at
+    ModernBERT-base's heads in bfloat16, packed documents with per-document positions, against RoPE and dense XLA
+    attention in float32."""
     from bertjax.ops.pallas_gpu_attention import pallas_gpu_rope_attention
 
     rng = np.random.default_rng(7)
@@ -142,7 +144,8 @@ def test_stacked_qkv_attention_matches_dense_forward_and_gradient(window):
         return ops.attention(q, k, v, segment_ids=segments, local_window=window, implementation="xla")
 
     (_, out), grad = value_and_grad(lambda y: pallas_gpu_rope_attention(
-        y, positions, 10_000.0, segment_ids=segments, local_window=window, scale=dim ** -0.5), qkv)
+        y, positions, 10_000.0, segment_ids=segments, local_window=window, scale=dim ** -0.5,
+        backward_kernel=backward_kernel), qkv)
     with jax.default_matmul_precision("highest"):
         (_, want), want_grad = value_and_grad(split, qkv.astype(jnp.float32))
     errors = {"out": relative_error(out, want, real)}
