@@ -9,12 +9,12 @@ matrix products, and the bytes its other kernels move, per kernel of the program
     python -m bench.step_floor --topology h100 --attention pallas_gpu_mosaic  # attention in Mosaic GPU kernels
     python -m bench.step_floor                                      # this machine's backend (a GPU host, or CPU)
 
-`--topology` compiles without the GPU (bertjax/gpu_aot.py; needs JAX's CUDA plugin); without it the step is
-compiled for this machine's first device. Each kernel's bytes are counted from the shapes of its operands and
-outputs, so they are a range: a kernel writes its outputs at least once, and reads at most its operands; an operand
-a fusion only slices (through bitcasts), as RoPE and the split of q, k and v slice the fused projection's output,
-counts as the slices it reads, and a fusion that updates a slice of an operand in place (a dynamic-update-slice
-root) writes that slice and reads nothing else of the operand. Products' FLOPs are 2 x output elements x contracted size of every
+`--topology` compiles without the GPU (bertjax/gpu_aot.py; needs JAX's CUDA plugin); without it the step is compiled
+for this machine's first device. Each kernel's bytes are counted from the shapes of its operands and outputs, so
+they are a range: a kernel writes its outputs at least once, and reads at most its operands; an operand a fusion
+only slices (through bitcasts), as RoPE and the split of q, k and v slice the fused projection's output, counts as
+the slices it reads, and a fusion that updates a slice of an operand in place (a dynamic-update-slice root) writes
+that slice and reads nothing else of the operand. Products' FLOPs are 2 x output elements x contracted size of every
 dot in a fusion; the Pallas kernels are listed by their bytes (attention's FLOPs depend on the segments; the norm
 and GLU kernels' bytes count every row they read and write, as the other kernels').
 Times are at --bandwidth and --matmul-rate (defaults: what the device tool's H100s measured, 3.0 TB/s counting

@@ -26,8 +26,8 @@ import re
 
 # Hopper's per-SM and per-block limits (compute capability 9.0), the same for the H100 SXM and the H200.
 HOPPER = dict(compute_major=9, compute_minor=0, sms=132, threads_per_block=1024, threads_per_sm=2048,
-               shared_per_block=48 * 1024, shared_per_block_optin=232_448, shared_per_sm=233_472,
-               registers_per_sm=65_536, registers_per_block=65_536, clock_ghz=1.98)
+              shared_per_block=48 * 1024, shared_per_block_optin=232_448, shared_per_sm=233_472,
+              registers_per_sm=65_536, registers_per_block=65_536, clock_ghz=1.98)
 TARGETS = {
     # name: (device kind as CUDA reports it, device memory in bytes, memory bandwidth B/s, L2 bytes)
     "h100": ("NVIDIA H100 80GB HBM3", 81_559 * 2**20, 3_352_320_000_000, 50 * 2**20),

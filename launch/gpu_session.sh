@@ -40,9 +40,9 @@
 #              551 PTX instructions a fully visible tile against dq's 319 and dk/dv's 457)
 #   train_atomic (for a lease with time left) the modernbert-base step with the one-pass backward against the two
 #              kernels, the other new kernels on in both
-#   mosaic     (for a lease with time left) bench.attention_bench: bertjax's Mosaic GPU kernels (pallas_gpu_mosaic: TMA + wgmma forward, dq and
-#              dk/dv) against pallas_gpu's Triton ones and cuDNN at 16384 and 1024; compiled here without a GPU,
-#              never timed (bench.mosaic_gpu_static: 257 PTX instructions a fully visible forward tile, Triton's 325)
+#   mosaic     (for a lease with time left) bench.attention_bench: bertjax's Mosaic GPU kernels (pallas_gpu_mosaic:
+#              TMA + wgmma forward, dq and dk/dv) against pallas_gpu's Triton ones and cuDNN at 16384 and 1024;
+#              compiled here without a GPU, never timed (bench.mosaic_gpu_static: 257 PTX instructions a fully visible forward tile, Triton's 325)
 #   profile    bench.profile_step: where the modernbert-base step's GPU time goes (trace and HLO copied to $OUT)
 #   tune       bench.attention_bench --tune: pallas_gpu's tiles, warps and stages at 16384 (global), where
 #              forward+backward is 0.68x cuDNN (0.7x wanted): the dq kernel's, then the dk/dv kernel's (each its own
@@ -154,8 +154,9 @@ for item in "${STAGES[@]}"; do
       ;;
     check)
       # Four workers: the cases' time is Triton and XLA compiling on the CPU (2 of 6 cases in 75 s on one worker,
-      # first lease), and the card holds them all when none preallocates. The Mosaic GPU kernels' cases are the
-      # mosaic stage's (call 2), which times them: here they would take time from the kernels call 1 times.
+      # first lease), and the card holds them all when none preallocates. The one-pass backward's and the Mosaic GPU
+      # kernels' cases are the atomic and mosaic stages' (one case each, before they time them): here they would take
+      # time from the kernels call 1 times.
       run check "$cap" env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -p no:cacheprovider -n 4 \
         tests/test_gpu_kernels.py -k "not pallas_gpu_mosaic and not pallas_gpu_atomic"
       ;;

@@ -314,8 +314,8 @@ def test_sharded_export_gives_each_triton_call_one_devices_shard(layout, impleme
     seg, glob = (jax.ShapeDtypeStruct((8, 256), dtype, sharding=rows) for dtype in (jnp.int32, jnp.bool_))
     with jax.sharding.use_abstract_mesh(mesh), (nn.logical_axis_rules(mesh_lib.LOGICAL_AXIS_RULES) if rules
                                                 else contextlib.nullcontext()):
-        exported = export_for_cuda(attention_program(FEATURES["everything"][1], grad=True, implementation=implementation),
-                                   q, kv, kv, seg, glob)
+        program = attention_program(FEATURES["everything"][1], grad=True, implementation=implementation)
+        exported = export_for_cuda(program, q, kv, kv, seg, glob)
     assert exported.nr_devices == 4
     assert triton_kernels(exported) == sorted([FORWARD, DQ, DKV] if implementation == "pallas_gpu"
                                               else [FORWARD, ONE_PASS])

@@ -53,7 +53,8 @@ IMPLEMENTATIONS: dict[str, Implementation] = {
     # Splash attention; ALiBi and global tokens in bertjax's own Mosaic kernel (pallas_tpu_flash.py).
     "pallas_tpu": Implementation("bertjax.ops.pallas_tpu_attention:pallas_tpu_attention", _ALL),
     "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _ALL),
-    # pallas_gpu with its forward in Pallas Mosaic GPU (Hopper; bfloat16 / float16); "auto" does not pick it.
+    # pallas_gpu with its forward, dq and dk/dv kernels in Pallas Mosaic GPU (Hopper; bfloat16 / float16); "auto" does
+    # not pick it.
     "pallas_gpu_mosaic": Implementation("bertjax.ops.mosaic_gpu_attention:pallas_gpu_mosaic_attention",
                                         _ALL - {"alibi"}),
     # pallas_gpu with its backward in one kernel, dq added with float atomics (not reproducible run to run);

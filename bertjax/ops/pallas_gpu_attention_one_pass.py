@@ -42,7 +42,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from bertjax.ops.pallas_gpu_attention import (LOG2E, _alibi_slope, _compiler_params, _dot, _head_block, _heads_shape,
-                                              _Static, _whole, block_ranges, dkv_tile, store_dkv)
+                                              _Static, _whole, block_ranges, dkv_tile, pallas_gpu_attention,
+                                              pallas_gpu_rope_attention, store_dkv)
 from bertjax.ops.rope import rotate
 from bertjax.ops.triton_atomics import relaxed_atomic_add
 
@@ -133,13 +134,9 @@ def backward(q, k, v, seg, slopes, out, lse, do, st: _Static, dlse=None, cos=Non
 
 def pallas_gpu_atomic_attention(q, k, v, **arguments):
     """The registry's "pallas_gpu_atomic": `pallas_gpu_attention` with this backward."""
-    from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
-
     return pallas_gpu_attention(q, k, v, backward_kernel="triton_atomic", **arguments)
 
 
 def pallas_gpu_atomic_rope_attention(qkv, positions, theta: float, **arguments):
     """"pallas_gpu_atomic"'s stacked q/k/v path: `pallas_gpu_rope_attention` with this backward."""
-    from bertjax.ops.pallas_gpu_attention import pallas_gpu_rope_attention
-
     return pallas_gpu_rope_attention(qkv, positions, theta, backward_kernel="triton_atomic", **arguments)
