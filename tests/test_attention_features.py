@@ -162,11 +162,13 @@ def test_alibi_and_longformer_memory_grows_linearly_in_blockwise():
         assert block[1] / block[0] < 2.6, (window, block)
 
 
-@pytest.mark.parametrize("backward", [{}, dict(backward_block_q=32, backward_block_k=16)],
-                         ids=["forward_tiles", "own_backward_tiles"])
+@pytest.mark.parametrize("backward", [{}, dict(backward_block_q=32, backward_block_k=16),
+                                      dict(backward_kernel="triton_atomic")],
+                         ids=["forward_tiles", "own_backward_tiles", "one_pass_backward"])
 def test_pallas_gpu_alibi_and_global_tokens_match_dense_forward_and_gradients_in_interpret_mode(backward):
     """The kernel adds ALiBi per tile; global keys beyond the window join its softmax through the log-sum-exp, and
-    global queries get their own rows (both in XLA). The log-sum-exp path's backward takes its own tiles too."""
+    global queries get their own rows (both in XLA). The log-sum-exp path's backward takes its own tiles too, and
+    the one-pass backward (GQA: dq added per query head) takes the log-sum-exp cotangent into delta before it."""
     from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention
 
     q, k, v, segments, glob, slopes = feature_case()

@@ -1,8 +1,9 @@
 """pallas_gpu's one-pass backward (`backward_kernel="triton_atomic"`, the registry's "pallas_gpu_atomic";
-bertjax/ops/pallas_gpu_attention_one_pass.py), in interpret mode: against the dense XLA reference with every
-feature (tests/test_attention_kernels.py runs its five shape cases too), against the two-kernel backward it
-replaces (dk and dv the same numbers, dq within one rounding), on the stacked q/k/v path, and in a model. Its sm_90
-compile (relaxed atomics, no barriers) is tests/test_pallas_gpu_export.py's."""
+bertjax/ops/pallas_gpu_attention_one_pass.py), in interpret mode: against the two-kernel backward it replaces (dv the
+same numbers, dq and dk within one rounding), on the stacked q/k/v path, and in a model. Against the dense XLA
+reference: its five shape cases in tests/test_attention_kernels.py, ALiBi, GQA and global tokens in
+tests/test_attention_features.py. Its sm_90 compile (relaxed atomics, no barriers) is
+tests/test_pallas_gpu_export.py's."""
 
 from __future__ import annotations
 
@@ -18,28 +19,8 @@ from bertjax.config import get_config
 from bertjax.ops.attention import IMPLEMENTATIONS
 from bertjax.ops.pallas_gpu_attention import pallas_gpu_attention, pallas_gpu_rope_attention
 from kernel_helpers import assert_same_loss_and_gradients
-from test_attention_features import assert_matches_dense_with_gradients, feature_case
 from test_attention_kernels import forward_and_grads, make_inputs
 from test_fused_qkv_attention import packed_inputs, split_reference
-
-
-def test_alibi_gqa_and_global_tokens_match_dense_forward_and_gradients():
-    """ALiBi per tile, 4 query heads on 2 kv heads (dq atomically added per query head), and Longformer's global
-    tokens, whose log-sum-exp cotangent enters delta before the kernel."""
-    q, k, v, segments, glob, slopes = feature_case()
-    real = segments != 0
-
-    def kernel(q, k, v):
-        return pallas_gpu_attention(q, k, v, segment_ids=jnp.asarray(segments), local_window=8, scale=8 ** -0.5,
-                                    interpret=True, alibi_slopes=jnp.asarray(slopes),
-                                    global_tokens=jnp.asarray(glob & real), global_slots=2, block_q=16, block_k=16,
-                                    backward_kernel="triton_atomic")
-
-    def dense(q, k, v):
-        return ops.attention(q, k, v, segment_ids=segments, local_window=8, implementation="xla",
-                             alibi_slopes=slopes, global_tokens=glob)
-
-    assert_matches_dense_with_gradients(kernel, dense, q, k, v, real)
 
 
 @pytest.mark.parametrize("window", [None, 16], ids=["global", "local16"])
