@@ -250,7 +250,11 @@ def test_one_pass_backward_lowers_alone_and_compiles_to_relaxed_reductions(dtype
     compiled = static.compile_for_sm90(name, text, warps, stages)
     ptx = compiled.asm["ptx"]
     assert compiled.metadata.shared <= H100_SHARED_BYTES, compiled.metadata.shared
-    assert "red.global.gpu.relaxed.add" in ptx and "atom." not in ptx and "acq_rel" not in ptx
+    # triton 3.9 emits the sum as a reduction (red), 3.8 as an atomic whose unused result still takes registers
+    # (atom): either is relaxed, with no memory fence around it (wgmma's proxy fences are not about memory order).
+    atomics = set(re.findall(r"\b(?:red|atom)\.[a-z0-9.]+", ptx))
+    assert atomics and all(".gpu.relaxed.add." in op for op in atomics), atomics
+    assert not re.search(r"acq_rel|membar|fence\.(?:sc|acq_rel)", ptx)
     if dtype == jnp.bfloat16 and feature == "local128":
         resources = static.ptxas_resources(ptx)
         assert resources["registers"] <= 255 and resources["spill_stores"] == 0, resources

@@ -11,7 +11,7 @@ addition's result does not depend on which program adds first, only its rounding
 
 JAX exposes no ordering argument, so this is its own primitive: JAX's atomic's shape checks and interpret-mode
 rule (an add), and a Triton lowering that asks for relaxed ordering. It uses JAX's Pallas Triton internals
-(`jax._src.pallas.triton`), checked on jax 0.10.2 and 0.11.2 (tests/test_pallas_gpu_export.py compiles it for
+(`jax._src.pallas.triton`), checked on jax 0.10.2, 0.11.2 and 0.12.0 (tests/test_pallas_gpu_export.py compiles it for
 sm_90 and looks for the barriers).
 """
 
@@ -22,6 +22,7 @@ import jax
 try:
     from jax._src import core as jax_core
     from jax._src import state, tree_util
+    from jax._src.lib.mlir.dialects import arith as arith_dialect
     from jax._src.lib.triton import dialect as tt_dialect
     from jax._src.pallas.triton import lowering
     from jax._src.pallas.triton import primitives as triton_primitives
@@ -36,7 +37,7 @@ try:
     _REF_AND_TRANSFORMS = state_primitives.get_ref_and_transforms
 except (ImportError, AttributeError) as error:  # a JAX whose Pallas Triton internals moved
     raise ImportError(f"bertjax's relaxed atomic add (the one-pass attention backward, pallas_gpu_atomic) is built on "
-                      f"JAX's Pallas Triton internals as of jax 0.10-0.11, which jax {jax.__version__} does not have "
+                      f"JAX's Pallas Triton internals as of jax 0.10-0.12, which jax {jax.__version__} does not have "
                       f"({error}); use attention_implementation 'pallas_gpu'") from error
 
 relaxed_atomic_add_p = jax_core.Primitive("bertjax_relaxed_atomic_add")
@@ -59,9 +60,14 @@ def _relaxed_atomic_add_lowering(ctx, *args_flat, args_tree, atomic_type):
     if len(indexers) != 1:
         raise NotImplementedError("relaxed_atomic_add: one indexer only")
     pointers = _COMPUTE_POINTERS(ptr, block_info, indexers[0])
+    # jax >= 0.12 also returns which indices fall inside the array (a block overhanging its edge); 0.10-0.11 only the
+    # pointers, and their callers bound the block themselves.
+    pointers, in_bounds = pointers if isinstance(pointers, tuple) else (pointers, None)
     value = _ENSURE_IR_VALUE(value, value_aval)
     if mask is not None:
         mask = _ENSURE_IR_VALUE(mask, mask_aval)
+    if in_bounds is not None:
+        mask = in_bounds if mask is None else arith_dialect.andi(mask, in_bounds)
     return _ATOMIC_RMW(_FADD, pointers, value, mask=mask, semantic=_RELAXED)
 
 
