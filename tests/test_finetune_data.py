@@ -211,6 +211,23 @@ def test_demo_dataset_is_labelled_split_and_stable(tmp_path):
     assert (tmp_path / "a" / "train.jsonl").read_bytes() == (tmp_path / "b" / "train.jsonl").read_bytes()
 
 
+def test_demo_dataset_leaves_out_a_package_the_interpreter_lacks(tmp_path, monkeypatch, caplog):
+    """Some Linux distributions package tkinter apart: the dataset is written without that label, with a warning; with
+    fewer than two packages there is nothing to classify, an error naming what is there."""
+    from bertjax.finetune import demo_data
+    from bertjax.finetune.readers import read_rows
+
+    monkeypatch.setattr(demo_data, "PACKAGES", ("logging", "xml", "no_such_package"))
+    with caplog.at_level("WARNING", logger=demo_data.__name__):
+        demo_data.write_dataset(tmp_path)
+    assert "lacks ['no_such_package']: the dataset has 2 labels" in caplog.text
+    assert {r["label"] for r in read_rows(tmp_path / "train.jsonl")} == {"logging", "xml"}
+    monkeypatch.setattr(demo_data, "PACKAGES", ("logging", "no_such_package"))
+    with pytest.raises(RuntimeError, match=r"sources of \['logging'\] only: fewer than two"):
+        demo_data.write_dataset(tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Label spaces and losses of the tasks (no model needed).
 

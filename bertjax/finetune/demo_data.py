@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import logging
 import pathlib
 import sysconfig
 
 from bertjax.jsonl import write_json_objects
+
+log = logging.getLogger(__name__)
 
 PACKAGES = ("asyncio", "email", "logging", "xml", "tkinter")
 PER_LABEL = 250
@@ -32,9 +35,23 @@ def _first_paragraph(text: str) -> str:
     return " ".join(text.strip().split("\n\n")[0].split())
 
 
+def _package_root(package: str) -> pathlib.Path:
+    return pathlib.Path(sysconfig.get_paths()["stdlib"]) / package
+
+
+def available_packages() -> list[str]:
+    """The packages of PACKAGES whose sources this interpreter has (some Linux distributions package tkinter apart).
+    Fewer than two make no classification task: an error naming what is missing."""
+    found = [package for package in PACKAGES if any(_package_root(package).glob("*.py"))]
+    if len(found) < 2:
+        raise RuntimeError(f"the standard library at {sysconfig.get_paths()['stdlib']} has the sources of {found} "
+                           f"only: fewer than two of {list(PACKAGES)} to classify")
+    return found
+
+
 def package_docstrings(package: str) -> list[str]:
     """Class and function docstrings of one standard-library package, its own tests left out."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"]) / package
+    root = _package_root(package)
     texts: list[str] = []
     for path in sorted(root.rglob("*.py")):
         if any(part.startswith("test") for part in path.relative_to(root).parts):
@@ -58,17 +75,21 @@ def is_validation(text: str) -> bool:
 
 def write_dataset(out: str | pathlib.Path) -> dict[str, int]:
     """Write train.jsonl and validation.jsonl under `out`; returns the number of examples per split."""
-    out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    packages = available_packages()
+    if len(packages) < len(PACKAGES):
+        log.warning("this interpreter's standard library lacks %s: the dataset has %d labels",
+                    sorted(set(PACKAGES) - set(packages)), len(packages))
     splits: dict[str, list[dict]] = {"train": [], "validation": []}
     seen: set[str] = set()
-    for package in PACKAGES:
+    for package in packages:
         for text in package_docstrings(package):
             if text in seen:  # the same sentence in two packages would carry two labels
                 continue
             seen.add(text)
             split = "validation" if is_validation(text) else "train"
             splits[split].append({"text": text, "label": package})
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     for split, rows in splits.items():
         write_json_objects(out / f"{split}.jsonl", rows)
     return {split: len(rows) for split, rows in splits.items()}
@@ -78,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for train.jsonl and validation.jsonl")
     counts = write_dataset(parser.parse_args(argv).out)
-    print(f"{counts['train']} training and {counts['validation']} validation docstrings, labels {list(PACKAGES)}")
+    print(f"{counts['train']} training and {counts['validation']} validation docstrings, "
+          f"labels {available_packages()}")
 
 
 if __name__ == "__main__":
