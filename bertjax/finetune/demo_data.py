@@ -41,7 +41,7 @@ def _package_root(package: str) -> pathlib.Path:
 
 def available_packages() -> list[str]:
     """The packages of PACKAGES whose sources this interpreter has (some Linux distributions package tkinter apart).
-    Fewer than two make no classification task: an error naming what is missing."""
+    Fewer than two make no classification task: an error naming what there is."""
     found = [package for package in PACKAGES if any(_package_root(package).glob("*.py"))]
     if len(found) < 2:
         raise RuntimeError(f"the standard library at {sysconfig.get_paths()['stdlib']} has the sources of {found} "
