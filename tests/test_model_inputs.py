@@ -117,3 +117,126 @@ def test_out_of_range_token_type_ids_are_rejected(masked_lm):
     ids = jnp.asarray([[1, 2, 3]], jnp.int32)
     with pytest.raises(ValueError, match="token_type_ids must be in"):
         model.apply({"params": params}, ids, token_type_ids=jnp.asarray([[0, 1, 2]], jnp.int32))
+
+
+def checked_logits(model):
+    """bertjax.checked over model.apply, every input traced (as a user's jitted predict): fn(params, ids, kwargs)."""
+    return bertjax.checked(lambda p, ids, kw: model.apply({"params": p}, ids, **kw).logits)
+
+
+def jitted_logits(model):
+    """The same under a plain jax.jit, which checks nothing (and costs nothing): the values are unknown."""
+    return jax.jit(lambda p, ids, kw: model.apply({"params": p}, ids, **kw).logits)
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "roberta-tiny", "distilbert-tiny", "modernbert-tiny"])
+@pytest.mark.parametrize("bad", ["max", -1])
+def test_out_of_range_position_ids_are_rejected_eagerly_and_when_checked(preset, bad, masked_lm):
+    # A learned or sinusoidal table has max_position_embeddings rows: an id past it gathered NaN, -1 the last row.
+    # RoPE models refuse sequences longer than max_position_embeddings, so they refuse such position ids too.
+    model, params = masked_lm(preset)
+    limit = model.config.max_position_embeddings
+    ids = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
+    positions = np.array([[0, 1, limit if bad == "max" else bad, 3]], np.int32)
+    message = rf"position_ids must be in \[0, {limit}\) \(max_position_embeddings={limit}.*got min"
+    with pytest.raises(ValueError, match=message):
+        model.apply({"params": params}, ids, position_ids=positions)
+    with pytest.raises(ValueError, match=message):
+        checked_logits(model)(params, ids, {"position_ids": positions})
+    jitted_logits(model)(params, ids, {"position_ids": positions})  # unchecked: no error, whatever comes out
+
+
+@pytest.mark.parametrize("preset", ["bert-tiny", "roberta-tiny", "modernbert-tiny"])
+def test_the_last_position_row_is_accepted(preset, masked_lm):
+    # Given position ids index the table as they are (RoBERTa's position_offset is part of them, as in
+    # transformers), so the last row, max_position_embeddings - 1, is valid for every model.
+    model, params = masked_lm(preset)
+    ids = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
+    last = model.config.max_position_embeddings - 1
+    kwargs = {"position_ids": np.array([[model.config.position_offset, last - 2, last - 1, last]], np.int32)}
+    eager = model.apply({"params": params}, ids, **kwargs).logits
+    unchecked = jitted_logits(model)(params, ids, kwargs)
+    assert np.all(np.isfinite(np.asarray(eager)))
+    np.testing.assert_allclose(np.asarray(checked_logits(model)(params, ids, kwargs)), np.asarray(unchecked),
+                               atol=ATOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(eager), np.asarray(unchecked), atol=ATOL, rtol=0)
+
+
+def test_models_without_a_position_table_take_any_non_negative_position_ids(masked_lm):
+    # ALiBi runs any length, so positions past max_position_embeddings are fine; a negative one is still wrong.
+    model, params = masked_lm("mosaicbert-tiny")
+    ids = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
+    far = np.array([[0, 1, 2, 10 * model.config.max_position_embeddings]], np.int32)
+    assert np.all(np.isfinite(np.asarray(model.apply({"params": params}, ids, position_ids=far).logits)))
+    negative = np.array([[0, 1, -1, 3]], np.int32)
+    with pytest.raises(ValueError, match=r"position_ids must be >= 0; got min -1"):
+        model.apply({"params": params}, ids, position_ids=negative)
+    with pytest.raises(ValueError, match=r"position_ids must be >= 0; got min -1"):
+        checked_logits(model)(params, ids, {"position_ids": negative})
+
+
+@pytest.mark.parametrize("bad", ["seq", -1])
+def test_out_of_range_masked_positions_are_rejected_eagerly_and_when_checked(bad, masked_lm):
+    model, params = masked_lm("bert-tiny")
+    ids = jnp.asarray([[1, 2, 3, 4, 5, 6]], jnp.int32)
+    masked = np.array([[1, 6 if bad == "seq" else bad]], np.int32)
+    message = r"masked_positions must be in \[0, 6\).*got min"
+    with pytest.raises(ValueError, match=message):
+        model.apply({"params": params}, ids, masked_positions=masked)
+    with pytest.raises(ValueError, match=message):
+        checked_logits(model)(params, ids, {"masked_positions": masked})
+    jitted_logits(model)(params, ids, {"masked_positions": masked})  # unchecked: no error
+    pretraining = bertjax.EncoderForPreTraining(model.config)  # the other model taking masked_positions
+    pretraining_params = bertjax.init_params(pretraining, jax.random.key(0))
+    with pytest.raises(ValueError, match=message):
+        pretraining.apply({"params": pretraining_params}, ids, masked_positions=masked)
+
+
+def test_the_last_masked_position_and_padding_slots_are_accepted(masked_lm):
+    # bertjax.data pads masked_positions with 0 (and masked_weights 0), so 0 stays a valid slot.
+    model, params = masked_lm("bert-tiny")
+    ids = jnp.asarray([[1, 2, 3, 4, 5, 6]], jnp.int32)
+    kwargs = {"masked_positions": np.array([[2, 5, 0, 0]], np.int32)}
+    full = np.asarray(model.apply({"params": params}, ids).logits)
+    unchecked = jitted_logits(model)(params, ids, kwargs)
+    np.testing.assert_allclose(np.asarray(checked_logits(model)(params, ids, kwargs)), np.asarray(unchecked),
+                               atol=ATOL, rtol=0)
+    np.testing.assert_allclose(np.asarray(unchecked), full[:, [2, 5, 0, 0]], atol=ATOL, rtol=0)
+    none = {"masked_positions": np.zeros((1, 0), np.int32)}  # no predictions: nothing to check
+    assert checked_logits(model)(params, ids, none).shape == (1, 0, model.config.vocab_size)
+
+
+@pytest.mark.parametrize("name", ["input_ids", "token_type_ids", "position_ids", "masked_positions"])
+def test_int64_ids_past_int32_are_rejected_before_they_wrap(name, masked_lm):
+    # 2**32 + 1 would become 1 in a cast to int32 (jax's default), a valid id: the check reads the value as given.
+    model, params = masked_lm("bert-tiny")
+    ids = np.array([[1, 2, 3, 4]], np.int64)
+    kwargs = {}
+    if name == "input_ids":
+        ids[0, 2] = 2**32 + 1
+    else:
+        kwargs[name] = np.array([[0, 1, 2**32 + 1, 0]] if name != "masked_positions" else [[2**32 + 1]], np.int64)
+    what = "token ids" if name == "input_ids" else name
+    with pytest.raises(ValueError, match=rf"{what} must be in \[0, \d+\).*max {2**32 + 1}"):
+        model.apply({"params": params}, ids, **kwargs)
+
+
+@pytest.mark.parametrize("shape,message", [((1, 0), "input_ids has 0 tokens per row"),
+                                           ((0, 4), "input_ids is an empty batch")])
+def test_empty_inputs_are_an_input_error(shape, message, masked_lm):
+    model, params = masked_lm("bert-tiny")
+    ids = np.zeros(shape, np.int32)
+    with pytest.raises(ValueError, match=message):
+        model.apply({"params": params}, ids)
+    with pytest.raises(ValueError, match=message):  # shapes are static: the same error when traced
+        checked_logits(model)(params, jnp.asarray(ids), {})
+
+
+def test_multiple_choice_int64_ids_past_int32_are_rejected():
+    from bertjax.models.task_models import EncoderForMultipleChoice
+
+    model = EncoderForMultipleChoice(bertjax.get_config("bert-tiny"))
+    params = bertjax.init_params(model, jax.random.key(0))
+    ids = np.array([[[1, 2, 3], [1, 2, 2**32 + 1]]], np.int64)  # [batch, choices, seq]
+    with pytest.raises(ValueError, match=rf"token ids must be in \[0, 128\).*max {2**32 + 1}"):
+        model.apply({"params": params}, ids)

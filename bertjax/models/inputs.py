@@ -23,20 +23,34 @@ class EncoderInputs:
     global_tokens: jax.Array | None = None
 
 
+def position_limit(config: EncoderConfig) -> int | None:
+    """One past the largest position id the model takes; None when any non-negative position runs.
+
+    Learned and sinusoidal positions index a table of max_position_embeddings rows; RoPE models (and XLNet) are
+    held to the same bound as their sequence length. A model without absolute positions whose relative distances
+    clamp (DeBERTa-v3) represents any length, and ALiBi (MosaicBERT) has no position table: its bias is a function
+    of the distance, so any length runs."""
+    unbounded = (config.position_embedding == "none" and config.disentangled is not None
+                 or config.position_embedding == "alibi")
+    return None if unbounded else config.max_position_embeddings
+
+
 def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                    segment_ids=None, global_attention_mask=None) -> EncoderInputs:
-    input_ids = jnp.asarray(input_ids)
+    if not isinstance(input_ids, jax.Array):  # a list or numpy array: its values are checked before any cast, which
+        input_ids = np.asarray(input_ids)  # would wrap an int64 id of 2**32 + 5 to 5
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
     if not jnp.issubdtype(input_ids.dtype, jnp.integer):
         raise ValueError(f"input_ids must be integers, got {input_ids.dtype}")
     batch, seq = input_ids.shape
+    if batch == 0:
+        raise ValueError(f"input_ids is an empty batch (shape {input_ids.shape}): give at least one row")
+    if seq == 0:
+        raise ValueError(f"input_ids has 0 tokens per row (shape {input_ids.shape}): give at least one token")
     # Learned positions start at position_offset (RoBERTa: pad_token_id + 1), so the offset eats into the table.
-    # A model without absolute positions whose relative distances clamp (DeBERTa-v3) represents any length.
-    # ALiBi (MosaicBERT) has no position table: its bias is a function of the distance, so any length runs.
-    unbounded = (config.position_embedding == "none" and config.disentangled is not None
-                 or config.position_embedding == "alibi")
-    if not unbounded and seq + config.position_offset > config.max_position_embeddings:
+    limit = position_limit(config)
+    if limit is not None and seq + config.position_offset > limit:
         raise ValueError(f"input_ids: sequence length {seq} exceeds the model's max_position_embeddings "
                          f"({config.max_position_embeddings}, of which position_offset={config.position_offset} "
                          "are never used)")
@@ -46,6 +60,12 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
                         ("global_attention_mask", global_attention_mask)):
         if value is not None and jnp.shape(value) != (batch, seq):
             raise ValueError(f"{name} must have the shape of input_ids {(batch, seq)}, got {jnp.shape(value)}")
+    if position_ids is not None:
+        # Given ids index the position table as they are: RoBERTa's position_offset is part of them, as in
+        # transformers (its first token is position pad_token_id + 1).
+        offset = f"; position_offset={config.position_offset} is part of the ids" if config.position_offset else ""
+        check_ids(position_ids, limit, "position_ids", "" if limit is None else
+                  f" (max_position_embeddings={limit}{offset})")
     if segment_ids is None:
         segment_ids = jnp.ones((batch, seq), jnp.int32)
     documents = jnp.asarray(segment_ids, jnp.int32)
@@ -66,7 +86,7 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
         token_type_ids = jnp.zeros((batch, seq), jnp.int32)
     else:
         check_ids(token_type_ids, config.type_vocab_size, "token_type_ids")
-    return EncoderInputs(input_ids=input_ids.astype(jnp.int32), segment_ids=segment_ids,
+    return EncoderInputs(input_ids=jnp.asarray(input_ids, jnp.int32), segment_ids=segment_ids,
                          positions=jnp.asarray(position_ids, jnp.int32),
                          token_type_ids=None if token_type_ids is None else jnp.asarray(token_type_ids, jnp.int32),
                          global_tokens=global_tokens)
@@ -89,13 +109,22 @@ def present_token_positions(documents: jax.Array, present: jax.Array) -> jax.Arr
     return jnp.where(present == 1, counted - before - 1, 0)
 
 
-def check_ids(ids, size: int, what: str) -> None:
+def check_ids(ids, size: int | None, what: str, note: str = "") -> None:
     """Out-of-range ids would silently gather NaN rows inside jit; reject them whenever values are concrete, and
-    on the device when traced by `bertjax.checked` (a plain `jax.jit` cannot check them)."""
+    on the device when traced by `bertjax.checked` (a plain `jax.jit` cannot check them). The range is [0, size),
+    or every id >= 0 when size is None; `note` follows the range in the message.
+
+    Concrete values are checked as given (numpy int64 included), before any cast to int32 could wrap them."""
     if isinstance(ids, jax.core.Tracer):
         if checking_traced_values():
-            check_traced_ids(ids, size, what)
+            check_traced_ids(ids, size, what, note)
         return
     ids = np.asarray(ids)
-    if ids.size and (ids.min() < 0 or ids.max() >= size):
-        raise ValueError(f"{what} must be in [0, {size}); got min {ids.min()} and max {ids.max()}")
+    if not ids.size:
+        return
+    low, high = ids.min(), ids.max()
+    if size is None:
+        if low < 0:
+            raise ValueError(f"{what} must be >= 0{note}; got min {low}")
+    elif low < 0 or high >= size:
+        raise ValueError(f"{what} must be in [0, {size}){note}; got min {low} and max {high}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from bertjax.models.model import MODEL_CLASSES, _Backbone
@@ -140,7 +141,8 @@ class EncoderForMultipleChoice(_Backbone):
                  deterministic: bool = True, global_attention_mask=None) -> MultipleChoiceOutput:
         """Longformer: without a `global_attention_mask`, each choice's answer tokens (after the separator pair
         that follows the question) are global, as transformers' LongformerForMultipleChoice does."""
-        input_ids = jnp.asarray(input_ids)
+        if not isinstance(input_ids, jax.Array):  # as given: an int32 cast here would wrap an int64 id past the check
+            input_ids = np.asarray(input_ids)
         if global_attention_mask is None and self.config.longformer is not None:
             global_attention_mask = around_first_separator(input_ids, self.config.longformer.sep_token_id, False)
         if input_ids.ndim != 3:
