@@ -264,3 +264,94 @@ def test_early_stopping_stops_and_stays_stopped(files):
     records = read_metrics(workdir)
     again = finetune(*args, say=lambda _: None)  # rerunning a stopped run trains no further
     assert again.final_step == result.final_step and read_metrics(workdir) == records
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Examples longer than data.max_length: counted, and no tag the model never chose.
+
+POSITIONS = 64  # bert-tiny's max_position_embeddings: the most data.max_length may be
+
+
+def _token_model(path, labels):
+    """A randomly initialised token-classification transformers directory (labels from id2label) and its tokenizer."""
+    import jax
+
+    import bertjax
+    from bertjax.config import TaskConfig
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from bertjax.models import MODEL_CLASSES, init_params
+    from finetune_helpers import VOCAB
+
+    config = bertjax.get_config("bert-tiny", vocab_size=len(VOCAB), pad_token_id=0, dropout_rate=0.0,
+                                task=TaskConfig(num_labels=len(labels), labels=tuple(labels)))
+    model = MODEL_CLASSES["token_classification"](config)
+    bertjax.save_pretrained(str(path), model, init_params(model, jax.random.key(0)))
+    WordPieceTokenizer("\n".join(VOCAB)).save(path)
+    return path
+
+
+def test_token_predict_gives_unseen_words_null_tags_and_counts_cut_sentences(tmp_path, capsys):
+    """With data.max_length=8 (6 words): a 10-word sentence's last 4 words get tag and score null (the labels have
+    no "O" to make up), a whitespace word (no token) too; only the cut sentence is counted, in one warning line."""
+    from bertjax.cli import main
+
+    model = _token_model(tmp_path / "pos", ["NOUN", "VERB", "ADJ"])
+    rows = [{"tokens": NEUTRAL},  # 10 words: 6 fit
+            {"tokens": ["good", "  ", "day"]},  # a word of whitespace only: no token, no position
+            {"tokens": NEUTRAL[:6] + [" "]}]  # exactly full, then a word without tokens: not cut
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    said = []
+    records = predict(model, source, ["data.max_length=8"], say=said.append)
+    assert [r["tokens"] for r in records] == [r["tokens"] for r in rows]
+    first, second, third = records
+    assert all(tag in ("NOUN", "VERB", "ADJ") for tag in first["tags"][:6]) and first["tags"][6:] == [None] * 4
+    assert all(0 < score <= 1 for score in first["scores"][:6]) and first["scores"][6:] == [None] * 4
+    assert second["tags"][1] is None and second["scores"][1] is None and None not in second["tags"][::2]
+    assert third["tags"][6] is None and None not in third["tags"][:6]
+    assert said == [f"{source}: 1 of 3 examples are longer than data.max_length=8 tokens and were cut; their words "
+                    "past the cut were never seen by the model and have tag and score null; pass "
+                    f"data.max_length={POSITIONS} (the most the model takes) to see more of them"]
+
+    assert main(["predict", "--model", str(model), "--input", str(source), "--output", str(tmp_path / "out.jsonl"),
+                 "data.max_length=8"]) == 0
+    assert capsys.readouterr().err == f"warning: {said[0]}\n"
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert written == records  # null in the file, as JSON's null
+    predict(model, source, ["data.max_length=16"], say=said.append)
+    assert len(said) == 1  # everything fits: no warning
+
+
+def test_token_metrics_count_unseen_words_as_outside(files):
+    """Evaluation on a cut sentence: an entity past the cut is missed (recall 1/2), never matched by a made-up tag."""
+    from bertjax.data.tokenizers import load_tokenizer
+    from bertjax.finetune.tasks import Labels
+
+    task = task_class("token-classification")(config("token-classification", "data.max_length=8").data, None)
+    tags = ["B-POS"] + ["O"] * 7 + ["B-POS", "O"]
+    encoded = task.encode(load_tokenizer(files["model"]), [{"tokens": NEUTRAL, "tags": tags}], Labels(("O", "B-POS")),
+                          "rows", with_targets=True)
+    assert encoded.truncated == 1
+    logits = np.zeros((1, 8, 2), np.float32)
+    logits[0, :, 0] = 1.0  # "O" everywhere ...
+    logits[0, 1] = [0.0, 1.0]  # ... but "B-POS" on the first word's token (after [CLS])
+    outputs = {"logits": logits}
+    assert task.metrics(outputs, encoded, Labels(("O", "B-POS"))) == {"precision": 1.0, "recall": 0.5, "f1": 2 / 3}
+    assert task.predictions(outputs, encoded, Labels(("O", "B-POS")))[0]["tags"] == ["B-POS"] + ["O"] * 5 + [None] * 4
+
+
+def test_sequence_predict_counts_cut_examples(files, full_run):
+    """best/ keeps data.max_length=16: a 14-word text fits exactly (not counted), a 15-word one and a 10 + 10 word
+    pair are cut; with data.max_length=64 nothing is."""
+    workdir, _ = full_run
+    words = (NEUTRAL + POSITIVE) * 2
+    source = write_jsonl(files["root"] / "long.jsonl", [
+        {"text": " ".join(words[:14])}, {"text": " ".join(words[:15])}, {"text": "good day"},
+        {"text": " ".join(words[:10]), "text_pair": " ".join(words[:10])}])
+    said = []
+    records = predict(workdir / "best", source, say=said.append)
+    assert len(records) == 4 and all(r["label"] in ("positive", "negative") for r in records)
+    assert said == [f"{source}: 2 of 4 examples are longer than data.max_length=16 tokens and were cut; each is "
+                    "predicted from the tokens that fit (the longer text of a pair is cut first); pass "
+                    f"data.max_length={POSITIONS} (the most the model takes) to see more of them"]
+    predict(workdir / "best", source, ["data.max_length=64"], say=said.append)
+    assert len(said) == 1

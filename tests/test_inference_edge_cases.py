@@ -270,3 +270,105 @@ def test_predict_question_answering_on_a_short_model(tmp_path):
     assert run_cli("predict", "--model", tmp_path / "qa", "--input", tmp_path / "in.jsonl",
                    "--output", tmp_path / "out.jsonl") == 0
     json.loads((tmp_path / "out.jsonl").read_text().splitlines()[1], parse_constant=pytest.fail)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --output against --input: predict and embed share one check, made before the model loads.
+
+def test_predict_and_embed_refuse_an_output_that_is_the_input_under_any_name(tmp_path, capsys):
+    """The same path, a path spelled otherwise, a symbolic link and a hard link to the input are all refused, as
+    are a directory and a path below a file, before the model is read (it does not exist here); the input keeps its
+    bytes."""
+    import os
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a day"}\n{"text": "good"}\n')
+    before = source.read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(source.name)
+    os.link(source, tmp_path / "hard.jsonl")
+    missing_model = tmp_path / "no-model"
+    for output in (source, tmp_path / "sub" / ".." / "in.jsonl"):
+        assert run_cli("predict", "--model", missing_model, "--input", source, "--output", output) == 2
+        assert f"--output {output} is the --input file: writing the predictions would destroy it" in \
+            capsys.readouterr().err
+    for name in ("link.jsonl", "hard.jsonl"):
+        assert run_cli("predict", "--model", missing_model, "--input", source, "--output", tmp_path / name) == 2
+        assert f"is the --input file {source} under another name" in capsys.readouterr().err
+    assert run_cli("predict", "--model", missing_model, "--input", source, "--output", tmp_path) == 2
+    assert f"--output {tmp_path}: {tmp_path} is a directory; give the name of a file" in capsys.readouterr().err
+    assert run_cli("predict", "--model", missing_model, "--input", source, "--output", source / "out.jsonl") == 2
+    assert f"{source} is a file, not a directory" in capsys.readouterr().err
+    assert source.read_bytes() == before and (tmp_path / "hard.jsonl").read_bytes() == before
+
+    # embed: FILE.npy's description FILE.json hard-linked to the input.
+    os.link(source, tmp_path / "emb.json")
+    assert run_cli("embed", "--model", missing_model, "--input", source, "--output", tmp_path / "emb.npy") == 2
+    err = capsys.readouterr().err
+    assert f"would write their description to {tmp_path / 'emb.json'}, which is the --input file {source}" in err
+    assert source.read_bytes() == before and not (tmp_path / "emb.npy").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The embedding commands against a tokenizer larger than the model, and texts that are not strings.
+
+@pytest.fixture(scope="module")
+def small_vocab_model(tmp_path_factory):
+    """A tiny BERT directory (hidden 32) whose tokenizer has 2 tokens more than the model's embedding rows."""
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from finetune_helpers import VOCAB, tiny_model_dir
+
+    model = tiny_model_dir(tmp_path_factory.mktemp("small-vocab") / "model")
+    WordPieceTokenizer("\n".join(VOCAB + ["extra", "words"])).save(model)
+    return model, len(VOCAB)
+
+
+def test_embedding_commands_refuse_a_tokenizer_larger_than_the_model(small_vocab_model, tmp_path, capsys):
+    """embed, search and train-embedder refuse the directory when loading it, with the message predict and
+    finetune give (ids past the table would give NaN rows): nothing is written, and train-embedder makes no
+    workdir. A SentenceEncoder built with such a tokenizer is refused too."""
+    import re
+
+    from bertjax.embeddings import SentenceEncoder
+
+    model, vocab = small_vocab_model
+    expected = (f"{model}: the tokenizer has {vocab + 2} tokens but the model's vocab_size is {vocab}, so ids "
+                f"{vocab}..{vocab + 1} have no embedding")
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        load_sentence_encoder(model)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("good day\nextra words\n")
+    assert run_cli("embed", "--model", model, "--input", texts, "--output", tmp_path / "e.npy") == 2
+    assert expected in capsys.readouterr().err and not (tmp_path / "e.npy").exists()
+    corpus = tmp_path / "corpus.npy"
+    np.save(corpus, np.ones((2, 32), np.float32))
+    assert run_cli("search", "--model", model, "--corpus", corpus, "--query", "extra") == 2
+    assert expected in capsys.readouterr().err
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"anchor": f"good {i}", "positive": "extra words"}) + "\n" for i in range(8)))
+    assert run_cli("train-embedder", "--model", model, "--train", pairs, "--workdir", tmp_path / "w",
+                   "train.batch_size=4", "train.steps=1") == 2
+    assert expected in capsys.readouterr().err and not (tmp_path / "w").exists()
+
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from finetune_helpers import VOCAB, tiny_model_dir
+
+    good = load_sentence_encoder(tiny_model_dir(tmp_path / "good"))
+    with pytest.raises(ValueError, match=re.escape(f"SentenceEncoder: the tokenizer has {vocab + 2} tokens")):
+        good.replace(tokenizer=WordPieceTokenizer("\n".join(VOCAB + ["extra", "words"])))
+
+
+def test_a_text_that_is_not_a_string_is_named_by_its_index(tmp_path):
+    """SentenceEncoder.encode / tokenize and Embedder.embed name the first text that is not a string (the tokenizer
+    alone says "List elements must be str or bytes"), and all refuse one bare string."""
+    from finetune_helpers import tiny_model_dir
+
+    encoder = load_sentence_encoder(tiny_model_dir(tmp_path / "model"))
+    embedder = Embedder(encoder, dtype=None)
+    for call, name in ((encoder.encode, "encode"), (encoder.tokenize, "tokenize"), (embedder.embed, "embed")):
+        with pytest.raises(ValueError, match="^text 1 is a NoneType, not a string$"):
+            call(["good day", None])
+        with pytest.raises(ValueError, match="^text 0 is a int, not a string$"):
+            call(iter([3]))
+        with pytest.raises(TypeError, match=f"^{name} takes a list of texts, got one string; wrap it in a list$"):
+            call("good day")
+    assert encoder.encode(text for text in ["good day", ""]).shape == (2, encoder.dim)  # any iterable of strings

@@ -1,7 +1,8 @@
-"""Checks on a command's `--out` directory, made before anything is read or written."""
+"""Checks on a command's `--out` directory or `--output` file, made before anything is read or written."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -17,3 +18,35 @@ def check_output_dir(out: str | Path, *, reading: list[str | Path], overwrite: b
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise ValueError(f"--out {out} is not empty; pass --overwrite to write into it (files of the same names "
                          "are replaced), or give an empty or new directory")
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether `a` and `b` name one file: the same path spelled otherwise, a symbolic link to it, or a hard link of
+    it (the same inode, which no comparison of paths sees)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): one file only if both resolve to one path
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output_file(output: str | Path, input_path: str | Path | None, *, writes: str | Path | None = None,
+                      what: str = "the output") -> None:
+    """Refuse, before any work, an `--output` whose file (`writes`; default `output` itself) could not be written, or
+    would destroy the --input: an existing directory, a path below a file, or the input file under any name (the
+    same path, a symbolic link, a hard link). Found only when the results are written, the first two would throw the
+    work away and the last would replace the input with them (`predict` and `embed` share this check)."""
+    written = Path(output if writes is None else writes)
+    if written.is_dir():
+        raise ValueError(f"--output {output}: {written} is a directory; give the name of a file to write")
+    parent = next((p for p in written.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ValueError(f"--output {output}: {parent} is a file, not a directory, so {written} cannot be written")
+    if input_path is None or not same_file(written, input_path):
+        return
+    alias = "" if os.path.abspath(written) == os.path.abspath(input_path) else \
+        f" {input_path} under another name (a link to it, or its path spelled otherwise)"
+    if writes is None:
+        raise ValueError(f"--output {output} is the --input file{alias}: writing {what} would destroy it; choose "
+                         "another --output name")
+    raise ValueError(f"--output {output} would write {what} to {written}, which is the --input file{alias}; choose "
+                     "another --output name")

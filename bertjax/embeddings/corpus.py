@@ -10,8 +10,9 @@ U+FFFD (the count is reported), never a silently shorter output.
 Outputs (`write_embeddings`): FILE.npy (float32 [texts, dim], row i = text i) and FILE.json: the model directory,
 a fingerprint of the model's weights and settings, dim, count, normalisation, the prompt and the input (file and
 column), so `bertjax search` can check that queries are embedded by the same model and show the matching texts.
-`check_output_paths` refuses, before any work, an output that would overwrite the input or a FILE.json that an
-earlier `bertjax embed` did not write (a results.json beside results.npy is the user's, not ours to replace).
+`check_output_paths` refuses, before any work, an output that would overwrite the input (under any name: a link
+too) or a FILE.json that an earlier `bertjax embed` did not write (a results.json beside results.npy is the user's,
+not ours to replace).
 """
 
 from __future__ import annotations
@@ -118,16 +119,14 @@ def check_output_paths(npy: str | os.PathLike, input_path: str | os.PathLike | N
     """Refuse, before any work, an --output whose FILE.npy or FILE.json would destroy a file that is not an earlier
     `bertjax embed` output: the input itself, or an existing FILE.json of another kind (a results.json beside
     results.npy)."""
+    from bertjax.commands.output_dir import check_output_file  # the check `predict` makes of its --output too
+
     npy = Path(npy)
     if npy.suffix != ".npy":
         raise ValueError(f"--output {npy}: the embeddings are written as a .npy file; name it FILE.npy")
     described = description_path(npy)
-    if input_path is not None:
-        source = Path(input_path).resolve()
-        for written, what in ((npy, "the embeddings"), (described, "their description")):
-            if written.resolve() == source:
-                raise ValueError(f"--output {npy} would write {what} to {written}, which is the --input file; "
-                                 "choose another --output name")
+    check_output_file(npy, input_path, what="the embeddings")
+    check_output_file(npy, input_path, writes=described, what="their description")
     if described.exists() and not is_embeddings_description(described):
         raise ValueError(f"--output {npy} writes its description to {described}, which exists and was not written "
                          f"by bertjax embed; move {described} away or choose another --output name")

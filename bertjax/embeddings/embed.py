@@ -27,7 +27,7 @@ import numpy as np
 from bertjax.embeddings.encoder import SentenceEncoder
 from bertjax.inference.buckets import DEFAULT_LENGTHS, BucketConfig
 from bertjax.inference.pipeline import SequenceFormat, supports_packing, to_sequences
-from bertjax.inference.texts import TextInference, with_compute_dtype
+from bertjax.inference.texts import TextInference, text_list, with_compute_dtype
 
 
 @functools.lru_cache(maxsize=16)
@@ -133,12 +133,7 @@ class Embedder:
     def token_ids(self, texts: Iterable[str], prompt: str | None = None) -> list[np.ndarray]:
         """Token ids per text without [CLS]/[SEP]: prompt + text as sentence-transformers tokenizes them (also when
         chunking, which finds the prompt's tokens at the start of each). `texts`: any iterable of strings."""
-        if isinstance(texts, str):
-            raise TypeError("embed takes a list of texts, got one string; wrap it in a list")
-        texts = list(texts)  # once: a generator would be used up by the checks below
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+        texts = text_list(texts, "embed")  # once: a generator would be used up by the checks
         if prompt:
             texts = [prompt + text for text in texts]
         return [ids[1:-1] for ids in self.encoder.tokenize(texts, truncate=False)] if texts else []

@@ -25,6 +25,7 @@ import numpy as np
 from bertjax.embeddings.config import DenseConfig, PoolingConfig
 from bertjax.embeddings.model import EncoderForEmbedding
 from bertjax.embeddings.similarity import SIMILARITY_FUNCTIONS
+from bertjax.inference.texts import check_tokenizer_fits, text_list
 
 _MIN_PAD_LENGTH = 8  # `encode` pads rows to a power of two from here: few compiled shapes
 
@@ -62,6 +63,7 @@ class SentenceEncoder:
         if self.tokenizer is None:
             raise ValueError("SentenceEncoder needs a tokenizer (the model directory holds none)")
         config = self.model.config
+        check_tokenizer_fits(self.tokenizer, config, "SentenceEncoder")  # load_sentence_encoder names the directory
         limit = config.max_position_embeddings - config.position_offset
         if not 2 <= self.max_seq_length <= limit:
             raise ValueError(f"SentenceEncoder.max_seq_length must be in [2, {limit}] (the model's positions), "
@@ -144,8 +146,7 @@ class SentenceEncoder:
         """int32 token ids per text: [CLS] prompt + text [SEP], truncated to max_seq_length (the prompt is part of
         the text, as in sentence-transformers, so it counts against the length). `truncate=False` keeps every
         token (for callers that split long texts into chunks)."""
-        if isinstance(texts, str):
-            raise TypeError("tokenize takes a list of texts, got one string")
+        texts = text_list(texts, "tokenize")
         if prompt:
             texts = [prompt + text for text in texts]
         return self._ids(texts, truncate)
@@ -176,12 +177,11 @@ class SentenceEncoder:
         One text per row, rows sorted by length; lengths and row counts padded to powers of two (few compiled
         shapes). An empty text is embedded like any other ([CLS] [SEP]).
         """
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts, got one string; wrap it in a list")
+        texts = text_list(texts, "encode")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         text_prompt = self.resolve_prompt(prompt_name, prompt)
-        tokens = self.tokenize(list(texts), text_prompt)
+        tokens = self.tokenize(texts, text_prompt)
         prompt_length = self.prompt_length(text_prompt)
         out = np.zeros((len(tokens), self.dim), np.float32)
         order = np.argsort([-len(t) for t in tokens], kind="stable")

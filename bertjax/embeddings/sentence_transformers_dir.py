@@ -33,6 +33,7 @@ from bertjax.embeddings.config import DenseConfig, PoolingConfig
 from bertjax.embeddings.encoder import SentenceEncoder
 from bertjax.embeddings.similarity import SIMILARITY_FUNCTIONS
 from bertjax.embeddings.model import EncoderForEmbedding
+from bertjax.inference.texts import check_tokenizer_fits
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,8 @@ def _read_transformer(directory: Path, allow_pickle: bool):
         _expect(text.get("method_output_name", "last_hidden_state") == "last_hidden_state", config_path,
                 f"the text modality reads {text.get('method_output_name')!r}; bertjax pools last_hidden_state")
     model, params, tokenizer = load_model_dir(directory, allow_pickle=allow_pickle)
+    if tokenizer is not None:  # none: SentenceEncoder says so
+        check_tokenizer_fits(tokenizer, model.config, directory)
     return model, params, tokenizer, settings
 
 
@@ -311,6 +314,7 @@ def load_sentence_encoder(path: str | os.PathLike, *, dtype: str | None = None, 
     if tokenizer is None:
         raise FileNotFoundError(f"{root}: holds no tokenizer, which an embedding model needs (tokenizer.json, "
                                 "vocab.txt or a SentencePiece .model)")
+    check_tokenizer_fits(tokenizer, model.config, root)
     embedding_model = _embedding_model(model, pooling or PoolingConfig(), (), dtype)
     return SentenceEncoder(embedding_model, _backbone_params(params), tokenizer,
                            max_seq_length=_default_max_seq_length(model.config, root))

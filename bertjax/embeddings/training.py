@@ -287,12 +287,25 @@ def save_final_model(directory: Path, encoder, params) -> Any:
 # ---------------------------------------------------------------------------------------------------------------
 # The run.
 
-@workdir_lib.exclusive
 def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str | Path, train_file: str | Path,
                    validation_file: str | Path | None = None, *, stop_after: int | None = None,
                    on_log: Callable[[int, dict], bool | None] | None = None) -> EmbedderResult:
     """Train in `workdir`, resuming from its latest checkpoint. `stop_after` ends this invocation after that many
-    steps, as a kill would after a checkpoint (used to test resuming)."""
+    steps, as a kill would after a checkpoint (used to test resuming).
+
+    The model is loaded first, before the workdir is made or locked: a model that cannot be trained (a tokenizer
+    larger than its vocabulary, a data.max_length past its positions) is refused with nothing written."""
+    began = time.perf_counter()
+    encoder = load_encoder(model_dir, config)
+    return _train(config, workdir, model_dir, train_file, validation_file, encoder, began=began,
+                  stop_after=stop_after, on_log=on_log)
+
+
+@workdir_lib.exclusive
+def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_file: str | Path,
+           validation_file: str | Path | None, encoder, *, began: float, stop_after: int | None,
+           on_log: Callable[[int, dict], bool | None] | None) -> EmbedderResult:
+    """`train_embedder` with the loaded encoder, holding the workdir's lock."""
     from bertjax.finetune.trainer import boxed_initialiser, global_batch, place, transplant
     from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.distributed import PreemptionWatch
@@ -302,14 +315,12 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
     from bertjax.train.schedules import build_schedule
     from bertjax.train.state import abstract_state, count_params, create_train_state, state_shardings
 
-    began = time.perf_counter()
     workdir = Path(workdir)
     primary = jax.process_index() == 0
     identity = _identity(model_dir, train_file, validation_file)
     checkpointer, start = open_for_resume(config.checkpoint, workdir)
     check_rerun(workdir, config, identity, resumable=start is not None)
 
-    encoder = load_encoder(model_dir, config)
     pairs = read_pairs(train_file, config.data)
     validation = read_pairs(validation_file, config.data) if validation_file is not None else None
     mesh = mesh_lib.build_mesh(config.mesh)

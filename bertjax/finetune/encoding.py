@@ -79,7 +79,7 @@ def encode_words(tokenizer, words: Sequence[str], max_length: int, truncation: b
 
     Each word is tokenised on its own, so a word's pieces never merge with a neighbour's and a label belongs to
     exactly one first piece (transformers' `is_split_into_words` does the same). A word with no piece (only
-    whitespace) has no position; the words cut by truncation have none either, and the predictions say "O".
+    whitespace) has no position; the words cut by truncation have none either, and predict gives them a null tag.
     """
     # A space before each word makes byte-level BPE (RoBERTa) pick its word-initial pieces, as in running text
     # (transformers' add_prefix_space); WordPiece and SentencePiece encode " word" exactly as "word".

@@ -28,6 +28,7 @@ from bertjax.finetune.config import FinetuneConfig, save_finetune_config
 from bertjax.finetune.readers import read_rows
 from bertjax.finetune.tasks import Encoded, Labels, Task
 from bertjax.finetune.tasks.base import fit_max_length
+from bertjax.inference.texts import check_tokenizer_fits  # shared with predict and the embedding commands
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.run_config import ConfigError, OptimizerConfig, ScheduleConfig, to_dict
 
@@ -204,22 +205,6 @@ class TrainSpeed:
         cpu_rate = self.examples / self.cpu_seconds if self.cpu_seconds else None
         return {"train_examples_per_second": rate, "train_examples_per_cpu_second": cpu_rate,
                 "first_step_seconds": self.first_seconds}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The model directory's tokenizer against its model.
-
-def check_tokenizer_fits(tokenizer, model_config, model_dir) -> None:
-    """A tokenizer with more tokens than the model has embedding rows is the wrong tokenizer (or the embedding was
-    not resized after tokens were added): some text would become ids past the table, which a jitted gather turns
-    into NaN rows instead of an error. Refused before any data is read; an embedding larger than the tokenizer
-    (rows padded to a multiple of 64, as ModernBERT's) is fine."""
-    if tokenizer.vocab_size > model_config.vocab_size:
-        raise ValueError(
-            f"{model_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
-            f"{model_config.vocab_size}, so ids {model_config.vocab_size}..{tokenizer.vocab_size - 1} have no "
-            "embedding; use the tokenizer the model was trained with, or a model whose vocab_size is at least "
-            f"{tokenizer.vocab_size}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,35 @@ def model_max_length(config) -> int:
     return config.max_position_embeddings - config.position_offset
 
 
+def check_tokenizer_fits(tokenizer, model_config, where) -> None:
+    """A tokenizer with more tokens than the model has embedding rows is the wrong tokenizer (or the embedding was
+    not resized after tokens were added): some text would become ids past the table, which a jitted gather turns
+    into NaN rows instead of an error (and packing spreads a NaN row's attention to its neighbours). Every command
+    that tokenizes for a model (finetune, predict, embed, search, train-embedder) refuses it at load time, before
+    any data is read or any workdir made; `where` names the model (its directory). An embedding larger than the
+    tokenizer (rows padded to a multiple of 64, as ModernBERT's) is fine."""
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(
+            f"{where}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocab_size is "
+            f"{model_config.vocab_size}, so ids {model_config.vocab_size}..{tokenizer.vocab_size - 1} have no "
+            "embedding; use the tokenizer the model was trained with, or a model whose vocab_size is at least "
+            f"{tokenizer.vocab_size}")
+
+
+def text_list(texts: Iterable[str], caller: str) -> list[str]:
+    """`texts` as a list, every element checked to be a string: a None or a number would otherwise reach the
+    tokenizer, whose error ("List elements must be str or bytes") names neither the call nor the text. One string
+    is refused too: it is an iterable of characters, so it would silently embed each character. `caller` names
+    the function in the message ("encode", "embed")."""
+    if isinstance(texts, str):
+        raise TypeError(f"{caller} takes a list of texts, got one string; wrap it in a list")
+    texts = list(texts)  # once: a generator would be used up by the checks below
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+    return texts
+
+
 def with_compute_dtype(model, dtype: str | None):
     """The same module computing in `dtype` (e.g. "bfloat16"); parameters stay as they are (float32)."""
     if dtype is None or dtype == model.config.dtype:
@@ -86,12 +115,7 @@ class TextInference:
         return {batch.input_ids.shape for batch in batches}
 
     def tokenize(self, texts: Iterable[str]) -> list[np.ndarray]:
-        if isinstance(texts, str):
-            raise TypeError("TextInference takes a list of texts, got one string; wrap it in a list")
-        texts = list(texts)  # once: a generator would be used up by the checks below
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+        texts = text_list(texts, "TextInference")
         return list(self.tokenizer.encode_batch(texts)) if texts else []
 
     def run(self, params, texts: Iterable[str], segment_inputs: dict[str, np.ndarray] | None = None) -> Outputs:

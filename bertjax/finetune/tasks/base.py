@@ -24,12 +24,15 @@ class Encoded:
     """A split turned into arrays, plus what the metrics and predictions need to go back to examples.
 
     `arrays` all share their leading axis (rows: one per example, or per QA window); `examples` is the task's own
-    per-example record (gold labels, words, contexts), `notes` lines worth telling the user (skipped rows).
+    per-example record (gold labels, words, contexts), `notes` lines worth telling the user (skipped rows),
+    `truncated` how many examples were cut to data.max_length, so that part of them never reaches the model
+    (`bertjax predict` warns with the count; the task's `truncation_effect` says what it means for its records).
     """
 
     arrays: dict[str, np.ndarray]
     examples: list[Any]
     notes: list[str] = dataclasses.field(default_factory=list)
+    truncated: int = 0
 
     @property
     def rows(self) -> int:
@@ -60,6 +63,8 @@ class Task(abc.ABC):
     # How `bertjax predict` packs examples (bertjax/finetune/inference.py): "segments" (one output per packed
     # example), "tokens" (outputs per token, cut back per example) or None (one example per row, unpacked).
     prediction_unit: ClassVar[str | None] = None
+    # What data.truncation's cut means for the task's predictions (tasks that cut examples set it; see Encoded).
+    truncation_effect: ClassVar[str] = "each is predicted from the tokens that fit"
 
     def __init__(self, data_config, task_config):
         self.data = data_config

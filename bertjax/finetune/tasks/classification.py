@@ -19,11 +19,27 @@ from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, f
                                          softmax)
 
 
+def cut_examples(tokenizer, texts: list[str], pairs: list[str | None], segment_ids: np.ndarray,
+                 max_length: int) -> int:
+    """How many examples `encode_texts` cut to fit max_length (its rows `segment_ids`, unpacked). Only a full row
+    can hold a cut example (or one that fits exactly), so only those are tokenized again and measured."""
+    full = np.flatnonzero(segment_ids.sum(1) == max_length)
+    if not len(full):
+        return 0
+    firsts = tokenizer.encode_batch([texts[i] for i in full])
+    paired = [k for k, i in enumerate(full) if pairs[i] is not None]
+    seconds = dict(zip(paired, tokenizer.encode_batch([pairs[full[k]] for k in paired]) if paired else []))
+    template = tokenizer.special_template
+    lengths = [len(first) + len(seconds.get(k, ())) + template.specials(k in seconds) for k, first in enumerate(firsts)]
+    return sum(length > max_length for length in lengths)
+
+
 class SequenceClassification(Task):
     name = "sequence-classification"
     head = "sequence_classification"
     main_metric = "accuracy"  # regression: pearson
     prediction_unit = "segments"  # packed prediction: the head pools each packed example
+    truncation_effect = "each is predicted from the tokens that fit (the longer text of a pair is cut first)"
     defaults = {"train": {"learning_rate": 2e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
 
     def main_metric_for(self, labels: Labels) -> str:
@@ -76,8 +92,9 @@ class SequenceClassification(Task):
 
     def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
         self._columns(rows, source, with_targets)
-        arrays = encode_texts(tokenizer, *self._texts(rows, source), self.data.max_length, self.data.truncation,
-                              source)
+        texts, pairs = self._texts(rows, source)
+        arrays = encode_texts(tokenizer, texts, pairs, self.data.max_length, self.data.truncation, source)
+        truncated = cut_examples(tokenizer, texts, pairs, arrays["segment_ids"], self.data.max_length)
         gold = None
         if with_targets:
             values = self._label_values(rows, source)
@@ -92,7 +109,7 @@ class SequenceClassification(Task):
             arrays["labels"] = gold
         if self.data.packing:
             arrays = pack_rows(arrays, tokenizer.pad_id, training_order(len(rows)) if training else None)
-        return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold))
+        return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold), truncated=truncated)
 
     # Packed rows carry [rows, K] labels and weights; unpacked ones [rows].
     def model_kwargs(self, batch, type_vocab_size):
