@@ -120,3 +120,25 @@ def test_global_batch_over_the_local_mesh():
         to_global_batch(batch, mesh, batch_axes="fsdp")
     with pytest.raises(ValueError, match="disagree"):
         to_global_batch({"a": np.zeros((2, 1)), "b": np.zeros((4, 1))}, mesh)
+
+
+def test_prepare_names_the_file_it_cannot_use(tmp_path, capsys):
+    """An --out that is a file, a corrupt Parquet input and an empty input: one-line errors naming the file, and
+    nothing written (robustness audit, finding 12)."""
+    from bertjax.data.tokenizer_training import train_sentencepiece
+
+    train_sentencepiece(PARAGRAPHS[:200], tmp_path / "tok", vocab_size=500)
+    (tmp_path / "t.txt").write_text("A document.\n")
+    tokenizer = ["--tokenizer", str(tmp_path / "tok")]
+    assert main(["prepare", "--input", str(tmp_path / "t.txt"), *tokenizer, "--out", str(tmp_path / "t.txt")]) == 2
+    assert "t.txt' is a file, not a directory" in capsys.readouterr().err
+    assert (tmp_path / "t.txt").read_text() == "A document.\n"
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["prepare", "--input", str(tmp_path / "empty.txt"), *tokenizer, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"no documents in {tmp_path / 'empty.txt'}" in err and "no all" not in err
+    pytest.importorskip("pyarrow")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all" * 20)
+    assert main(["prepare", "--input", str(tmp_path / "junk.parquet"), *tokenizer, "--out", str(tmp_path / "o")]) == 2
+    assert f"Parquet file '{tmp_path / 'junk.parquet'}' is not readable as Parquet" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -60,7 +60,7 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown file type .*table.csv"):
         open_documents(str(tmp_path / "table.csv"))
     (tmp_path / "blank.txt").write_text("\n  \n")
-    with pytest.raises(ValueError, match="no all documents .*2 empty_document"):
+    with pytest.raises(ValueError, match="^no documents .*2 empty_document"):  # split "all": not "no all documents"
         open_documents(str(tmp_path / "blank.txt"), split="all")
     with pytest.raises(ValueError, match="split"):
         open_documents(str(tmp_path / "blank.txt"), split="test")

@@ -76,3 +76,47 @@ def test_rerun_names_each_changed_key_and_allows_what_leaves_the_weights_alone(t
         in message and len(message) < 400, message
     with pytest.raises(ConfigError, match="another train"):
         _check_workdir(tmp_path, held, {**identity, "train": "/other"})
+
+
+def test_negative_seed_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="train.seed must be >= 0, got -1"):
+        load_finetune_config(None, ["train.seed=-1"])
+
+
+def test_the_config_file_in_the_workdir_is_not_overwritten(tmp_path, capsys):
+    """`finetune --config exp/config.yaml --workdir exp` would replace the user's file by the resolved config."""
+    from bertjax.cli import main
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "config.yaml").write_text("# my settings\ntrain:\n  epochs: 5\n")
+    before = (exp / "config.yaml").read_bytes()
+    args = ["finetune", "--model", str(tmp_path / "model"), "--task", "sequence-classification", "--train",
+            str(tmp_path / "t.jsonl"), "--validation", str(tmp_path / "v.jsonl"), "--workdir", str(exp)]
+    assert main([*args, "--config", str(exp / "config.yaml"), "train.epochs=1"]) == 2
+    assert "is the file bertjax writes its resolved config to" in capsys.readouterr().err
+    assert main(args) == 2
+    assert "was not written by bertjax" in capsys.readouterr().err
+    assert (exp / "config.yaml").read_bytes() == before and [p.name for p in exp.iterdir()] == ["config.yaml"]
+
+
+def test_glue_grid_is_checked_before_anything_trains(tmp_path, capsys):
+    from bertjax.cli import main
+    from bertjax.finetune.glue import run_glue
+
+    (tmp_path / "data" / "SST-2").mkdir(parents=True)
+    (tmp_path / "data" / "SST-2" / "train.tsv").write_text("sentence\tlabel\ngood\t1\n")
+    workdir = tmp_path / "glue"
+    args = ["glue", "--model", str(tmp_path / "model"), "--data-dir", str(tmp_path / "data"), "--workdir",
+            str(workdir)]
+    with pytest.raises(SystemExit):  # argparse: a learning rate of 0 trains nothing
+        main([*args, "--learning-rates", "1e-4,0"])
+    assert "expected positive numbers, got '1e-4,0'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"GLUE SST-2, grid point learning rate 0, weight decay 1e-06, 1 epochs "
+                                          r".*train.learning_rate must be positive"):
+        run_glue(tmp_path / "model", tmp_path / "data", workdir, learning_rates=[1e-4, 0], weight_decays=[1e-6],
+                 epochs=[1], say=lambda _: None)
+    with pytest.raises(ConfigError, match="grid point learning rate 0.0001.*train.batch_size must be positive"):
+        run_glue(tmp_path / "model", tmp_path / "data", workdir, learning_rates=[1e-4], weight_decays=[0],
+                 epochs=[1], overrides=["train.batch_size=0"], say=lambda _: None)
+    assert not workdir.exists()  # nothing read, written or trained

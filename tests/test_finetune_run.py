@@ -70,6 +70,11 @@ def test_best_is_a_transformers_directory(files, full_run):
     reference = torch.softmax(logits, -1).numpy()
     ours = [[p["scores"]["negative"], p["scores"]["positive"]] for p in predict(best, files["validation"])[:8]]
     np.testing.assert_allclose(ours, reference, atol=1e-5)
+    # transformers' own tokenizer of best/ gives those rows: [CLS] ... [SEP], the same ids
+    tokenizer = transformers.AutoTokenizer.from_pretrained(best)
+    for text, ids, segments in zip(texts, rows["input_ids"], rows["segment_ids"]):
+        assert tokenizer(text, truncation=True, max_length=16)["input_ids"] == [int(i) for i, s in
+                                                                               zip(ids, segments) if s]
 
 
 def test_resume_after_a_stop_gives_the_same_metrics(files, full_run):

@@ -170,3 +170,188 @@ def test_pretrain_help_names_every_objective():
     from bertjax.commands.pretrain import HELP
 
     assert all(name in HELP for name in ("MLM", "NSP/SOP", "ELECTRA", "distillation", "permutation LM"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Values that used to pass validation and fail late (robustness audit, finding 11), and the workdir's config.yaml,
+# kernels and reruns (findings 2, 7 and 12).
+
+def _tree(path: pathlib.Path) -> dict[str, bytes]:
+    """Every file under `path` with its bytes (directories as None): to assert that a refusal touched nothing."""
+    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None) for p in sorted(path.rglob("*"))}
+
+
+@pytest.mark.parametrize("raw, message", [
+    (_with("train", seed=-1), r"train.seed must be in \[0, 2\*\*32\), got -1"),
+    (_with("train", seed=2**32), r"train.seed must be in \[0, 2\*\*32\)"),
+    (_with("train", peak_tflops_per_device=0), "train.peak_tflops_per_device must be positive"),
+    (_with("train", peak_tflops_per_device=-5), "train.peak_tflops_per_device must be positive"),
+    (_with("eval", fill_mask_examples=-3), "eval.fill_mask_examples must be >= 0"),
+    (_with("train", phases=[{"fraction": 1.0, "model": {"nosuchfield": 1}}]),
+     r"unknown key train.phases\[0\].model.nosuchfield;"),
+    (_with("train", phases=[{"fraction": 0.5}, {"fraction": 0.5, "model": {"rope_theta_glbal": 1.0}}]),
+     r"unknown key train.phases\[1\].model.rope_theta_glbal \(did you mean rope_theta_global\?\)"),
+    (_with("train", phases=[{"fraction": 1.0, "model": {"hidden_size": 7}}]),
+     r"train.phases\[0\].model: EncoderConfig.hidden_size \(7\)"),
+])
+def test_values_that_used_to_fail_late_are_refused_naming_the_key(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        run_config_from_dict(raw)
+
+
+def test_seed_peak_and_examples_at_their_limits_are_accepted():
+    config = run_config_from_dict(_with("train", seed=2**32 - 1, peak_tflops_per_device=None))
+    assert config.train.seed == 2**32 - 1 and config.train.peak_tflops_per_device is None
+    assert run_config_from_dict(_with("eval", fill_mask_examples=0)).eval.fill_mask_examples == 0
+    assert run_config_from_dict(_with("train", peak_tflops_per_device=0.5)).train.peak_tflops_per_device == 0.5
+
+
+@pytest.mark.parametrize("phases, message", [
+    ([{"fraction": 0.5}, {"fraction": 0.5, "data": {"seq_len": 4096}}], r"train.phases\[1\].data.seq_len \(4096\)"),
+    ([{"fraction": 1.0, "data": {"seq_len": 4096}}], r"train.phases\[0\].data.seq_len \(4096\)"),
+    ([{"fraction": 0.5, "model": {"rope_theta_global": 5e3}},
+      {"fraction": 0.5, "model": {"rope_theta_global": 5e3}, "data": {"seq_len": 128}}],
+     r"^train.phases\[1\].data.seq_len \(128\) does not fit"),
+])
+def test_a_phase_whose_rows_do_not_fit_the_positions_is_named(phases, message):
+    from bertjax.train.setup import setup_run
+
+    raw = _with("model", overrides={"max_position_embeddings": 64, "hidden_size": 32, "num_heads": 2,
+                                    "num_layers": 1, "intermediate_size": 32})
+    raw["train"]["phases"] = phases
+    with pytest.raises(ConfigError, match=message):
+        setup_run(run_config_from_dict(raw), vocab_size=100, pad_id=0)
+
+
+def _kernels(**overrides):
+    return run_config_from_dict(_with("model", overrides=overrides))
+
+
+@pytest.mark.parametrize("overrides, platform, message", [
+    ({"attention_implementation": "pallas_tpu"}, "cpu",
+     r"model.overrides.attention_implementation: 'pallas_tpu' runs only on tpu, but this run's platform is cpu; what "
+     r"runs on cpu: \['auto', 'xla', 'xla_auto', 'xla_blockwise'\] \(or set model.overrides.attention_interpret=true"),
+    ({"attention_implementation": "pallas_gpu"}, "tpu",
+     r"'pallas_gpu' runs only on gpu, .* platform is tpu; .*'pallas_tpu'"),
+    ({"attention_implementation": "pallas_gpu_mosaic"}, "cpu",
+     "model.overrides.attention_implementation: 'pallas_gpu_mosaic' runs only on gpu"),
+    ({"norm_implementation": "pallas_gpu"}, "cpu",
+     r"model.overrides.norm_implementation: 'pallas_gpu' runs only on gpu, .*: \['xla'\] \(or set "
+     r"model.overrides.norm_interpret=true"),
+    ({"mlp": "glu", "glu_implementation": "pallas_gpu"}, "tpu", "model.overrides.glu_implementation: 'pallas_gpu'"),
+])
+def test_a_kernel_the_platform_cannot_run_is_refused_naming_the_key(overrides, platform, message):
+    from bertjax.train.setup import check_kernels_run_on
+
+    with pytest.raises(ConfigError, match=message):
+        check_kernels_run_on(_kernels(**overrides), platform)
+
+
+def test_kernels_that_run_here_or_in_interpret_mode_are_accepted():
+    from bertjax.ops.attention import IMPLEMENTATIONS
+    from bertjax.train.setup import check_kernels_run_on
+
+    assert IMPLEMENTATIONS["pallas_tpu"].platforms == {"tpu"} and IMPLEMENTATIONS["xla"].platforms is None
+    check_kernels_run_on(_kernels(attention_implementation="pallas_tpu"), "tpu")
+    check_kernels_run_on(_kernels(attention_implementation="pallas_gpu", norm_implementation="pallas_gpu"), "gpu")
+    check_kernels_run_on(_kernels(attention_implementation="pallas_tpu", attention_interpret=True), "cpu")
+    check_kernels_run_on(_kernels(norm_implementation="pallas_gpu", norm_interpret=True), "cpu")
+    phased = _with("train", phases=[{"fraction": 0.5}, {"fraction": 0.5,
+                                                        "model": {"attention_implementation": "pallas_gpu"}}])
+    with pytest.raises(ConfigError, match=r"^train.phases\[1\].model.attention_implementation: 'pallas_gpu'"):
+        check_kernels_run_on(run_config_from_dict(phased), "cpu")
+
+
+def test_an_attention_kernel_this_backend_cannot_run_leaves_no_workdir(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(VALID))
+    workdir = tmp_path / "w"
+    assert main(["pretrain", "--config", str(path), "--workdir", str(workdir),
+                 "model.overrides.attention_implementation=pallas_tpu"]) == 2
+    error = capsys.readouterr().err
+    assert "model.overrides.attention_implementation: 'pallas_tpu' runs only on tpu" in error
+    assert "platform is cpu" in error and not workdir.exists()
+
+
+def test_the_config_file_in_the_workdir_is_not_overwritten(tmp_path, capsys):
+    """`--config exp/config.yaml --workdir exp`: the run would replace the user's file by its resolved config."""
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    written = "# my experiment\n" + yaml.safe_dump(VALID)
+    (exp / "config.yaml").write_text(written)
+    before = _tree(exp)
+    assert main(["pretrain", "--config", str(exp / "config.yaml"), "--workdir", str(exp), "train.steps=2"]) == 2
+    assert "is the file bertjax writes its resolved config to" in capsys.readouterr().err
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(VALID))
+    assert main(["pretrain", "--config", str(tmp_path / "other.yaml"), "--workdir", str(exp)]) == 2
+    assert "config.yaml was not written by bertjax: the workdir holds no bertjax run" in capsys.readouterr().err
+    assert _tree(exp) == before  # the file untouched, no lock, no tokenizer
+
+
+def test_a_workdir_of_another_run_type_is_refused_and_left_as_it_was(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(VALID))
+    for name in ("finetune.json", "train_embedder.json"):
+        workdir = tmp_path / name.split(".")[0]
+        (workdir / "checkpoints" / "4").mkdir(parents=True)
+        (workdir / "config.yaml").write_text("task: {num_labels: null}\n")
+        (workdir / name).write_text("{}")
+        before = _tree(workdir)
+        assert main(["pretrain", "--config", str(path), "--workdir", str(workdir)]) == 2
+        assert f"({name}), not a pretraining run" in capsys.readouterr().err
+        assert _tree(workdir) == before  # no tokenizer/, no lock file
+
+
+def test_a_workdir_whose_run_saved_no_checkpoint_pins_nothing(tmp_path, caplog):
+    """A run that failed before its first checkpoint (a kernel the backend cannot run) left config.yaml,
+    model_config.json and its tokenizer: the corrected rerun starts over, with a note, instead of being refused."""
+    import logging
+
+    from bertjax.train.run_config import to_dict
+    from bertjax.train.workdir import CONFIG_FILE, check_config_is_ours, check_rerun, has_checkpoint, holds_run
+
+    held = run_config_from_dict(_with("model", overrides={"attention_implementation": "pallas_tpu"}))
+    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump(to_dict(held), sort_keys=False))
+    (tmp_path / "model_config.json").write_text("{}")
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "checkpoints").mkdir()  # made by the run, empty
+    fixed = run_config_from_dict(VALID)
+    assert not has_checkpoint(tmp_path, fixed.checkpoint) and holds_run(tmp_path, fixed.checkpoint)
+    check_config_is_ours(tmp_path, holds_run(tmp_path, fixed.checkpoint))  # bertjax's own record: fine
+    with pytest.raises(ConfigError, match="holds a run with another model"):  # as before, with a checkpoint
+        check_rerun(tmp_path, fixed, resumable=True)
+    with caplog.at_level(logging.WARNING, logger="bertjax.train.workdir"):
+        check_rerun(tmp_path, fixed, resumable=False)
+    assert "holds no checkpoint of its earlier run: starting over" in caplog.text
+    assert "model.overrides.attention_implementation: 'pallas_tpu' in the workdir" in caplog.text
+    assert (tmp_path / "tokenizer").is_dir()  # made from the same settings: kept
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bertjax.train.workdir"):
+        check_rerun(tmp_path, run_config_from_dict(_with("tokenizer", vocab_size=4096)), resumable=False)
+    assert "its tokenizer is made anew" in caplog.text and not (tmp_path / "tokenizer").exists()
+    (tmp_path / "checkpoints" / "8").mkdir()
+    assert has_checkpoint(tmp_path, fixed.checkpoint)
+    restoring = run_config_from_dict(_with("checkpoint", restore_step=3))
+    assert has_checkpoint(tmp_path / "elsewhere", restoring.checkpoint)
+
+
+def test_rerun_in_a_workdir_without_checkpoints_starts_over_with_the_new_model(tmp_path):
+    """End to end: the earlier run's config.yaml and model_config.json (another model, no checkpoint) do not block the
+    corrected command, and are replaced by the new run's."""
+    import json
+
+    from bertjax.train.run_config import to_dict
+    from train_helpers import run_pretrain, small_tokenizer, write_config
+
+    config = write_config(tmp_path / "run.yaml", small_tokenizer())
+    workdir = tmp_path / "w"
+    (workdir / "checkpoints").mkdir(parents=True)
+    earlier = load_run_config(config, ["model.overrides.hidden_size=64"])
+    (workdir / "config.yaml").write_text(yaml.safe_dump(to_dict(earlier), sort_keys=False))
+    (workdir / "model_config.json").write_text(json.dumps({"head": "masked_lm", "config": {"hidden_size": 64}}))
+    result = run_pretrain(config, workdir, "train.steps=12", "checkpoint.every=12")
+    assert "holds no checkpoint of its earlier run: starting over" in result.stderr
+    assert "model.overrides.hidden_size: 64 in the workdir, 32 requested" in result.stderr
+    assert json.loads((workdir / "model_config.json").read_text())["config"]["hidden_size"] == 32
+    assert yaml.safe_load((workdir / "config.yaml").read_text())["model"]["overrides"]["hidden_size"] == 32
+    assert (workdir / "checkpoints" / "12").is_dir()

@@ -44,3 +44,20 @@ def test_fill_mask_starts_without_libtpu_output(tmp_path):
     output = result.stdout + result.stderr
     assert not [word for word in NOISE if word in output], output
     assert not list(logs.rglob("*"))  # no log file either
+
+
+@pytest.mark.parametrize("topology, module, check, words", [
+    ("h100:3", "gpu_aot", "cuda_plugin_available", "needs JAX's CUDA plugin"),
+    ("v5e:2x2", "tpu_aot", "libtpu_available", "needs the libtpu wheel"),
+])
+def test_compile_check_without_its_compiler_says_what_to_install_in_one_line(topology, module, check, words,
+                                                                             monkeypatch, capsys):
+    import importlib
+
+    from bertjax.cli import main
+
+    monkeypatch.setattr(importlib.import_module(f"bertjax.{module}"), check, lambda: False)
+    assert main(["compile-check", "--config", str(REPO / "configs" / "pretrain" / "tiny.yaml"),
+                 "--topology", topology]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertjax compile-check: error: ") and words in err and "Traceback" not in err

@@ -40,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_run_config(args.config, args.overrides)
     on_gpu = gpu_aot.is_gpu_topology(args.topology)
+    # A missing compiler is a one-line error of the command (what to install), not a traceback.
+    if on_gpu and not gpu_aot.cuda_plugin_available():
+        raise ValueError(gpu_aot.INSTALL_HINT)
+    if not on_gpu and not tpu_aot.libtpu_available():
+        raise ValueError(tpu_aot.INSTALL_HINT)
     devices = gpu_aot.gpu_devices(args.topology) if on_gpu else tpu_aot.topology_devices(args.topology)
     # The run trains its tokenizer (vocabulary of tokenizer.vocab_size, [PAD] = 0) unless the model overrides these.
     setup = setup_run(config, vocab_size=config.tokenizer.vocab_size, pad_id=0, devices=devices,

@@ -8,6 +8,7 @@ point is a `bertjax finetune` workdir under DIR/<task>/.
 from __future__ import annotations
 
 import argparse
+import math
 
 HELP = "fine-tune on the GLUE tasks found in a directory (ModernBERT's grid and protocol) and print dev scores"
 
@@ -22,14 +23,20 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def _floats(text: str) -> list[float]:
+def _floats(text: str, *, positive: bool = False) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
+    if not values or not all(math.isfinite(v) for v in values) or any(v <= 0 if positive else v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected {'positive' if positive else 'non-negative'} numbers, got "
+                                         f"{text!r}")
     return values
+
+
+def _positive_floats(text: str) -> list[float]:
+    """A learning rate of 0 trains nothing: refused with the command line, before any grid point trains."""
+    return _floats(text, positive=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", required=True, metavar="DIR", help="GLUE layout: DIR/MNLI/train.tsv, ...")
     parser.add_argument("--workdir", required=True, metavar="DIR", help="one fine-tuning workdir per task and setting")
     parser.add_argument("--tasks", default=None, help="comma-separated subset (default: every task found)")
-    parser.add_argument("--learning-rates", type=_floats, default=list(LEARNING_RATES), metavar="LR,LR,...",
+    parser.add_argument("--learning-rates", type=_positive_floats, default=list(LEARNING_RATES), metavar="LR,LR,...",
                         help=f"learning-rate grid (default {listed(LEARNING_RATES)})")
     parser.add_argument("--weight-decays", type=_floats, default=list(WEIGHT_DECAYS), metavar="WD,WD,...",
                         help=f"weight-decay grid (default {listed(WEIGHT_DECAYS)})")

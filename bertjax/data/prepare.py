@@ -32,7 +32,11 @@ _ENCODE_BATCH = 1024  # documents tokenized per call (the tokenizers batch inter
 def check_output_dir(out: str | pathlib.Path, overwrite: bool) -> None:
     """Refuse to write over prepared data unless asked to (called before any work, the tokenizer's included);
     `out` may be a bucket path."""
-    if (epath.Path(out) / PREPARED_METADATA).exists() and not overwrite:
+    path = epath.Path(out)
+    if path.exists() and not path.is_dir():  # else a FileExistsError traceback when the directory is made
+        raise ValueError(f"output {str(out)!r} is a file, not a directory: give a new or empty directory for the "
+                         "prepared data")
+    if (path / PREPARED_METADATA).exists() and not overwrite:
         raise ValueError(f"{str(out)!r} already holds prepared data; pass overwrite=True (--overwrite) to replace it")
 
 

@@ -283,17 +283,24 @@ class ParquetSource(DocumentSource):
 
     def __init__(self, paths: Sequence[pathlib.Path], field: str, split: str, eval_fraction: float):
         try:
+            import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as error:
             raise ValueError("reading Parquet needs pyarrow: pip install 'bertjax[parquet]'") from error
         self.stats = SourceStats(files=len(paths))
         self._columns, self._file, self._row = [], [], []
         for file_index, path in enumerate(paths):
-            schema = pq.read_schema(path)
+            try:  # pyarrow's errors ("Parquet magic bytes not found in footer") name no file
+                schema = pq.read_schema(path)
+            except (pa.ArrowException, OSError, ValueError) as error:
+                raise ValueError(f"Parquet file {str(path)!r} is not readable as Parquet: {error}") from None
             if field not in schema.names:
                 raise ValueError(f"Parquet file {str(path)!r} has no column {field!r} (text_field); "
                                  f"columns: {schema.names}")
-            column = pq.read_table(path, columns=[field]).column(field).combine_chunks()
+            try:
+                column = pq.read_table(path, columns=[field]).column(field).combine_chunks()
+            except (pa.ArrowException, OSError, ValueError) as error:
+                raise ValueError(f"Parquet file {str(path)!r} is not readable as Parquet: {error}") from None
             self._columns.append(column)
             if len(column) == 0:
                 self.stats.skip("empty_file", str(path))
@@ -444,7 +451,8 @@ def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_fo
                                              split=split, eval_fraction=eval_fraction))
     source = sources[0] if len(sources) == 1 else ConcatSource(sources)
     if len(source) == 0:
-        raise NoDocuments(f"no {split} documents in {', '.join(specs)} ({source.stats.report()})")
+        raise NoDocuments(f"no {'' if split == 'all' else split + ' '}documents in {', '.join(specs)} "
+                          f"({source.stats.report()})")
     return source
 
 

@@ -146,3 +146,13 @@ def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_
     (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
     (directory / SPECIAL_TOKENS_MAP).write_text(json.dumps(names, indent=1) + "\n")
     return [TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP]
+
+
+def save_for_model(tokenizer: Tokenizer, directory: str | Path, config) -> list[str]:
+    """`save_for_transformers` with what a model's EncoderConfig says: the longest input (its positions, past
+    RoBERTa's offset) and the encodings it takes (no token_type_ids without token types)."""
+    names = ["input_ids", "token_type_ids", "attention_mask"] if config.type_vocab_size else \
+        ["input_ids", "attention_mask"]
+    return save_for_transformers(tokenizer, directory,
+                                 model_max_length=config.max_position_embeddings - config.position_offset,
+                                 model_input_names=names)

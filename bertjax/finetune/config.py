@@ -128,6 +128,8 @@ def _validate(config: FinetuneConfig) -> None:
     if config.train.weight_decay < 0:
         raise ConfigError(f"train.weight_decay must be >= 0, got {config.train.weight_decay}")
     check_grad_clip(config.train.max_grad_norm, "train.max_grad_norm")
+    if config.train.seed < 0:  # numpy's generators refuse it, after the workdir is made, naming no key
+        raise ConfigError(f"train.seed must be >= 0, got {config.train.seed}")
     if config.train.early_stopping_patience < 0:
         raise ConfigError(f"train.early_stopping_patience must be >= 0 (0: off), got "
                           f"{config.train.early_stopping_patience}")

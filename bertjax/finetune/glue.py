@@ -22,9 +22,12 @@ import dataclasses
 import itertools
 import json
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from bertjax.jsonl import write_json_objects
+
+if TYPE_CHECKING:
+    from bertjax.finetune.config import FinetuneConfig
 
 LEARNING_RATES = (1e-5, 3e-5, 5e-5, 8e-5)
 WEIGHT_DECAYS = (1e-6, 5e-6, 1e-5)
@@ -140,13 +143,39 @@ def mismatched_accuracy(model_dir: Path, path: Path) -> float:
     return sum(p == g for p, g in zip(predicted, gold)) / max(len(gold), 1)
 
 
+def grid_configs(task: GlueTask, learning_rates, weight_decays, epochs, overrides,
+                 defaults) -> dict[tuple[float, float, int], FinetuneConfig]:
+    """The fine-tuning config of each grid point of `task` ((learning rate, weight decay, epochs) -> config), all
+    built before anything trains: a value that no config takes (a learning rate of 0, a bad override) is an error
+    naming the grid point, not a failure after the points before it have trained."""
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.train.run_config import ConfigError
+
+    for flag, values in (("--learning-rates", learning_rates), ("--weight-decays", weight_decays),
+                         ("--epochs", epochs or task.epochs)):
+        if not list(values):
+            raise ValueError(f"{flag}: the grid needs at least one value")
+    configs = {}
+    for lr, wd, count in itertools.product(learning_rates, weight_decays, epochs or task.epochs):
+        settings = [f"train.learning_rate={lr}", f"train.weight_decay={wd}", f"train.epochs={count}",
+                    f"train.early_stopping_patience={EARLY_STOPPING_PATIENCE}", "eval.every=0",
+                    f"eval.main_metric={task.metric}"]
+        if task.regression:
+            settings.append("task.problem_type=regression")
+        try:
+            configs[(lr, wd, count)] = load_finetune_config(None, settings + list(overrides), defaults)
+        except ConfigError as error:
+            raise ConfigError(f"GLUE {task.name}, grid point learning rate {lr:g}, weight decay {wd:g}, {count} "
+                              f"epochs (--learning-rates, --weight-decays, --epochs): {error}") from None
+    return configs
+
+
 def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, tasks: list[str] | None = None,
              learning_rates: list[float] = LEARNING_RATES, weight_decays: list[float] = WEIGHT_DECAYS,
              epochs: list[int] | None = None, overrides: list[str] = (),
              say: Callable[[str], None] = print) -> list[dict]:
     """Fine-tune every task found (or `tasks`) over the grid (`epochs` None: each task's own epochs); returns one
     row per task (and writes glue.json, keeping the rows of tasks that earlier runs in this workdir did)."""
-    from bertjax.finetune.config import load_finetune_config
     from bertjax.finetune.tasks import task_class
     from bertjax.finetune.trainer import BEST_DIR, finetune
 
@@ -159,6 +188,8 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
         raise FileNotFoundError(f"{data_dir}: no GLUE task directory with a train.tsv ({', '.join(GLUE_TASKS)})")
     cls = task_class("sequence-classification")
     names = sorted(names, key=list(GLUE_TASKS).index)  # MNLI first: others may start from it
+    grids = {name: grid_configs(GLUE_TASKS[name], learning_rates, weight_decays, epochs, overrides, cls.defaults)
+             for name in names}  # every grid point's config, checked before any file is read or run trained
     prepared = prepare_tasks(data_dir, names, workdir / "data", say)
     earlier = read_table(workdir / "glue.json")
     # A run of some tasks (--tasks) in a workdir whose MNLI is done starts the others from it, as the full run did.
@@ -168,13 +199,7 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
         task, files = GLUE_TASKS[name], prepared[name]
         start = mnli_best if task.from_mnli and mnli_best is not None else Path(model)
         best = None
-        for lr, wd, count in itertools.product(learning_rates, weight_decays, epochs or task.epochs):
-            settings = [f"train.learning_rate={lr}", f"train.weight_decay={wd}", f"train.epochs={count}",
-                        f"train.early_stopping_patience={EARLY_STOPPING_PATIENCE}", "eval.every=0",
-                        f"eval.main_metric={task.metric}"]
-            if task.regression:
-                settings.append("task.problem_type=regression")
-            config = load_finetune_config(None, settings + list(overrides), cls.defaults)
+        for (lr, wd, count), config in grids[name].items():
             run_dir = workdir / name / f"lr{_number(lr)}-wd{_number(wd)}-ep{count}"
             say(f"{name}: learning rate {lr:g}, weight decay {wd:g}, {count} epochs, from {start}")
             result = finetune(start, cls, files["train"], files["validation"], run_dir, config, say=say)

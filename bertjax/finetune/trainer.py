@@ -215,6 +215,7 @@ def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Lab
     """A transformers directory (config with id2label/label2id, weights, tokenizer files) when transformers has
     this family's task class, else a bertjax model directory; both load with `bertjax predict`."""
     import bertjax
+    from bertjax.data.tokenizer_export import save_for_model
     from bertjax.model_dirs import save_model_dir
 
     from jax.experimental import multihost_utils
@@ -231,6 +232,8 @@ def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Lab
         save_model_dir(str(directory), model, host_params)
         kind = "bertjax"
     tokenizer.save(directory)
+    if kind == "transformers":  # AutoTokenizer reads tokenizer.json; a bare tokenizer.model has no special tokens
+        save_for_model(tokenizer, directory, model.config)
     write_run_file(directory, task, labels, config)
     return kind
 
@@ -279,7 +282,8 @@ def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> lis
     from bertjax.train import workdir as workdir_lib
 
     path = workdir / RUN_FILE
-    if not path.is_file():
+    if not path.is_file():  # a config.yaml here is the user's: the run would replace it
+        workdir_lib.check_config_is_ours(workdir, workdir_lib.holds_run(workdir, config.checkpoint))
         return []
     before = workdir_lib.read_run_file(path)
     workdir_lib.check_same_identity(workdir, before, identity, paths=("model", "train", "validation"))

@@ -27,7 +27,9 @@ FEATURES = ("local_window", "gqa", "alibi", "global_tokens")
 
 @dataclasses.dataclass(frozen=True)
 class Implementation:
-    """Where an implementation lives ("module:function") and the features (names in FEATURES) it supports.
+    """Where an implementation lives ("module:function"), the features (names in FEATURES) it supports, and the
+    JAX platforms (`jax.default_backend()` names: "cpu", "gpu", "tpu") it compiles for; None: every platform. A
+    Pallas kernel runs elsewhere only in interpret mode (`interpret=True`, EncoderConfig.attention_interpret).
 
     The function has the signature
       fn(q, k, v, *, segment_ids, local_window, scale, interpret, alibi_slopes, global_tokens, global_slots) -> out
@@ -38,29 +40,34 @@ class Implementation:
 
     path: str
     features: frozenset[str]
+    platforms: frozenset[str] | None = None
 
     def __post_init__(self):
         unknown = set(self.features) - set(FEATURES)
         if unknown:
             raise ValueError(f"attention implementation {self.path}: unknown features {sorted(unknown)}")
 
+    def runs_on(self, platform: str) -> bool:
+        return self.platforms is None or platform in self.platforms
+
 
 _ALL = frozenset(FEATURES)
+_TPU, _GPU = frozenset({"tpu"}), frozenset({"gpu"})
 IMPLEMENTATIONS: dict[str, Implementation] = {
     "xla": Implementation("bertjax.ops.xla_attention:dense_attention", _ALL),
     "xla_blockwise": Implementation("bertjax.ops.blockwise_attention:blockwise_local_attention", _ALL),
     "xla_auto": Implementation("bertjax.ops.blockwise_attention:xla_auto_attention", _ALL),
     # Splash attention; ALiBi and global tokens in bertjax's own Mosaic kernel (pallas_tpu_flash.py).
-    "pallas_tpu": Implementation("bertjax.ops.pallas_tpu_attention:pallas_tpu_attention", _ALL),
-    "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _ALL),
+    "pallas_tpu": Implementation("bertjax.ops.pallas_tpu_attention:pallas_tpu_attention", _ALL, _TPU),
+    "pallas_gpu": Implementation("bertjax.ops.pallas_gpu_attention:pallas_gpu_attention", _ALL, _GPU),
     # pallas_gpu with its forward, dq and dk/dv kernels in Pallas Mosaic GPU (Hopper; bfloat16 / float16); "auto" does
     # not pick it.
     "pallas_gpu_mosaic": Implementation("bertjax.ops.mosaic_gpu_attention:pallas_gpu_mosaic_attention",
-                                        _ALL - {"alibi"}),
+                                        _ALL - {"alibi"}, _GPU),
     # pallas_gpu with its backward in one kernel, dq added with float atomics (not reproducible run to run);
     # "auto" does not pick it.
     "pallas_gpu_atomic": Implementation("bertjax.ops.pallas_gpu_attention_one_pass:pallas_gpu_atomic_attention",
-                                        _ALL),
+                                        _ALL, _GPU),
 }
 
 # What "auto" prefers on each JAX platform, best first; the first that supports the call is used. A platform
@@ -74,6 +81,11 @@ AUTO_FALLBACK = ("xla",)
 # The best implementation per platform for a call needing no optional feature (kept for callers that resolve
 # "auto" for another platform, such as compile-check).
 AUTO_BY_PLATFORM: dict[str, str] = {platform: names[0] for platform, names in AUTO_PREFERENCE.items()}
+
+
+def runs_on_platform(platform: str) -> list[str]:
+    """The registry names that compile for `platform` without interpret mode, "auto" first."""
+    return ["auto", *sorted(name for name, impl in IMPLEMENTATIONS.items() if impl.runs_on(platform))]
 
 
 def required_features(*, heads: int, kv_heads: int, local_window: int | None = None, alibi: bool = False,

@@ -92,7 +92,7 @@ class _Throughput:
                 "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), self.peak)}
 
 
-@workdir_lib.exclusive  # the workdir's lock; a failed setup leaves no half-made workdir
+@workdir_lib.exclusive(check=workdir_lib.check_pretraining_workdir)  # the lock; a failed setup leaves nothing
 def pretrain(config: RunConfig, workdir: str | Path, *,
              on_log: Callable[[int, dict[str, float]], bool | None] | None = None) -> PretrainResult:
     """Train `config` in `workdir`, resuming from its latest checkpoint (what `bertjax pretrain` runs).
@@ -106,13 +106,16 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     workdir = Path(workdir).absolute()
     primary = jax.process_index() == 0
     config = _with_objective_tokenizer(config)  # as config.yaml records it, so a rerun compares equal
-    workdir_lib.check_rerun(workdir, config)  # before anything is written
+    # Only a checkpoint pins the model: a workdir whose run saved none starts over with these settings.
+    resumable = workdir_lib.has_checkpoint(workdir, config.checkpoint)
+    workdir_lib.check_rerun(workdir, config, resumable)  # before anything is written
 
     tokenizer = feed_lib.prepare_tokenizer(config, workdir)
     setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
     objective, model_config, mesh = setup.objective, setup.model_config, setup.mesh
     description = model_description(objective)
-    workdir_lib.check_model_config(workdir, description)
+    if resumable:
+        workdir_lib.check_model_config(workdir, description)
     phases = setup.phases
     total = feed_lib.total_steps(phases)
 

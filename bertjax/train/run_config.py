@@ -423,24 +423,34 @@ def _join(path: str, name: str) -> str:
 # Cross-field checks (each names its key).
 
 def _validate(config: RunConfig) -> None:
-    from bertjax.config import EncoderConfig, get_config
+    from bertjax.config import get_config
     from bertjax.models.encoder import REMAT_POLICIES
 
-    fields = {f.name for f in dataclasses.fields(EncoderConfig)}
-    unknown = [key for key in config.model.overrides if key not in fields]
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(fields), n=1)
-        raise ConfigError(f"unknown key model.overrides.{unknown[0]}"
-                          f"{f' (did you mean {close[0]}?)' if close else ''}; model.overrides takes the fields of "
-                          "bertjax.config.EncoderConfig")
+    _check_model_fields(config.model.overrides, "model.overrides")
     try:
         get_config(config.model.preset, **config.model.overrides)
     except ValueError as error:
         raise ConfigError(f"model: {error}") from None
+    for i, phase in enumerate(config.train.phases):  # a phase's model fields go on top of model.overrides
+        if phase.model:
+            _check_model_fields(phase.model, f"train.phases[{i}].model")
+            try:
+                get_config(config.model.preset, **{**config.model.overrides, **phase.model})
+            except ValueError as error:
+                raise ConfigError(f"train.phases[{i}].model: {error}") from None
     if config.model.remat_policy not in REMAT_POLICIES:
         raise ConfigError(f"model.remat_policy must be one of {sorted(REMAT_POLICIES)}, got "
                           f"{config.model.remat_policy!r}")
     _validate_phases(config)
+    if not 0 <= config.train.seed < 2**32:  # numpy's and SentencePiece's generators take 0 .. 2**32 - 1
+        raise ConfigError(f"train.seed must be in [0, 2**32), got {config.train.seed}")
+    peak = config.train.peak_tflops_per_device
+    if peak is not None and peak <= 0:
+        raise ConfigError(f"train.peak_tflops_per_device must be positive (a device's peak for MFU), or null to "
+                          f"look it up by device kind (measured on CPUs), got {peak}")
+    if config.eval.fill_mask_examples < 0:
+        raise ConfigError(f"eval.fill_mask_examples must be >= 0 (0: none shown), got "
+                          f"{config.eval.fill_mask_examples}")
     positive = {"tokenizer.vocab_size": config.tokenizer.vocab_size,
                 "train.log_every": config.train.log_every, "eval.batches": config.eval.batches,
                 "checkpoint.every": config.checkpoint.every, "checkpoint.keep": config.checkpoint.keep,
@@ -468,6 +478,19 @@ def _validate(config: RunConfig) -> None:
         raise ConfigError("mesh: at most one of data, fsdp, tensor may be -1")
     _validate_schedule(config.schedule)
 
+
+
+def _check_model_fields(values: Mapping, where: str) -> None:
+    """Every key of `values` (model.overrides, a phase's model) must be a field of EncoderConfig."""
+    from bertjax.config import EncoderConfig
+
+    fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+    unknown = [key for key in values if key not in fields]
+    if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), sorted(fields), n=1)
+        raise ConfigError(f"unknown key {where}.{unknown[0]}"
+                          f"{f' (did you mean {close[0]}?)' if close else ''}; {where} takes the fields of "
+                          "bertjax.config.EncoderConfig")
 
 
 def _validate_optimizer(optimizer: OptimizerConfig) -> None:

@@ -60,10 +60,11 @@ class RunSetup:
 
 
 def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_seq_len: int,
-                       attention_platform: str | None = None) -> EncoderConfig:
+                       attention_platform: str | None = None, seq_len_key: str = "data.seq_len") -> EncoderConfig:
     """The preset with its overrides; vocabulary size and pad id follow the tokenizer unless overridden.
 
     `attention_platform` resolves "auto" attention for a platform other than this machine's (compile-check).
+    `seq_len_key` names the setting `max_seq_len` comes from in the error when it does not fit (a phase's).
     """
     overrides = dict(config.model.overrides)
     overrides.setdefault("vocab_size", vocab_size)
@@ -83,9 +84,60 @@ def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_s
             attention_implementation=resolve_implementation("auto", features, attention_platform))
     longest = max_seq_len + model_config.position_offset
     if longest > model_config.max_position_embeddings:
-        raise ConfigError(f"data.seq_len ({max_seq_len}) does not fit the model's max_position_embeddings "
+        raise ConfigError(f"{seq_len_key} ({max_seq_len}) does not fit the model's max_position_embeddings "
                           f"({model_config.max_position_embeddings}); lower it or override the model's")
     return model_config
+
+
+# Kernels of the model's other fields that compile for one platform only (their registries, bertjax.ops.normalize
+# and bertjax.ops.glu, name modules only): field -> (its interpret field, {implementation: platforms}). Attention's
+# platforms are declared with its implementations (bertjax.ops.attention.IMPLEMENTATIONS).
+OTHER_KERNEL_PLATFORMS: dict[str, tuple[str, dict[str, frozenset[str]]]] = {
+    "norm_implementation": ("norm_interpret", {"pallas_gpu": frozenset({"gpu"})}),
+    "glu_implementation": ("glu_interpret", {"pallas_gpu": frozenset({"gpu"})}),
+}
+DISENTANGLED_PLATFORMS = {"pallas_gpu": frozenset({"gpu"})}  # DeBERTa's disentangled.implementation
+
+
+def check_kernels_run_on(config: RunConfig, platform: str) -> None:
+    """Every kernel the run's model (and each phase's) names must compile for `platform` (this machine's backend, or
+    the one compile-check compiles for), unless it runs in interpret mode: checked before any workdir file is
+    written, naming the key, where Pallas would fail in the first step with a message naming neither."""
+    from bertjax.ops.attention import IMPLEMENTATIONS, runs_on_platform
+
+    sources = [({}, None)] + [(phase.model, i) for i, phase in enumerate(config.train.phases) if phase.model]
+    for phase_model, index in sources:
+        try:
+            model = get_config(config.model.preset, **{**config.model.overrides, **phase_model})
+        except ValueError:
+            continue  # run_config refuses it, naming the key
+
+        def key(field: str) -> str:
+            if index is not None and field.split(".")[0] in phase_model:
+                return f"train.phases[{index}].model.{field}"
+            return f"model.overrides.{field}"
+
+        refused = None
+        implementation = IMPLEMENTATIONS.get(model.attention_implementation)
+        if implementation is not None and not implementation.runs_on(platform) and not model.attention_interpret:
+            refused = ("attention_implementation", "attention_interpret", model.attention_implementation,
+                       implementation.platforms, runs_on_platform(platform))
+        for field, (interpret, platforms) in OTHER_KERNEL_PLATFORMS.items():
+            name = getattr(model, field)
+            if refused is None and name in platforms and platform not in platforms[name] \
+                    and not getattr(model, interpret):
+                able = sorted(n for n in ("xla", *platforms) if n not in platforms or platform in platforms[n])
+                refused = (field, interpret, name, platforms[name], able)
+        dis = model.disentangled
+        if refused is None and dis is not None and dis.implementation in DISENTANGLED_PLATFORMS \
+                and platform not in DISENTANGLED_PLATFORMS[dis.implementation] and not model.attention_interpret:
+            refused = ("disentangled.implementation", "attention_interpret", dis.implementation,
+                       DISENTANGLED_PLATFORMS[dis.implementation], ["auto", "blockwise", "dense"])
+        if refused is not None:
+            field, interpret, name, platforms, able = refused
+            raise ConfigError(f"{key(field)}: {name!r} runs only on {'/'.join(sorted(platforms))}, but this run's "
+                              f"platform is {platform}; what runs on {platform}: {able} (or set {key(interpret)}=true "
+                              "to run the Pallas kernel in interpret mode: slow, for tests)")
 
 
 def check_objective_data(objective: Objective, phases: list) -> None:
@@ -121,6 +173,7 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
     `compile_only`: no weights are loaded (a teacher is abstract) and a schedule that no longer fits an
     overridden batch falls back to a constant rate (compile-check).
     """
+    check_kernels_run_on(config, attention_platform or jax.default_backend())
     mesh = mesh_lib.build_mesh(config.mesh, devices)
     phases = feed_lib.plan_phases(config, mesh_lib.batch_shards(mesh))
     objectives = _phase_objectives(config, phases, vocab_size, pad_id, attention_platform)
@@ -159,16 +212,25 @@ def _phase_objectives(config: RunConfig, phases: list, vocab_size: int, pad_id: 
     for phase in phases:
         key = repr(sorted(phase.model.items()))
         if key not in by_model:
-            phased = dataclasses.replace(config, model=dataclasses.replace(
-                config.model, overrides={**config.model.overrides, **phase.model}))
             where = "model" if not phase.model else f"train.phases[{phase.index}].model"
+            try:
+                phased = dataclasses.replace(config, model=dataclasses.replace(
+                    config.model, overrides={**config.model.overrides, **phase.model}))
+            except ConfigError as error:  # run_config checks a phase's model fields; this is a safety net
+                raise ConfigError(f"{where}: {error}") from None
+            # The longest rows this model trains on, and the setting that asks for them (a phase's, when phased).
+            longest = max((p for p in phases if repr(sorted(p.model.items())) == key), key=lambda p: p.data.seq_len)
+            seq_len_key = (f"train.phases[{longest.index}].data.seq_len" if config.train.phases
+                           else "data.seq_len")
             try:
                 model_config = build_model_config(
                     phased, vocab_size=vocab_size, pad_id=pad_id, attention_platform=attention_platform,
-                    max_seq_len=max(p.data.seq_len for p in phases if repr(sorted(p.model.items())) == key))
+                    max_seq_len=longest.data.seq_len, seq_len_key=seq_len_key)
                 by_model[key] = build_objective(config.objective, model_config, config.model.remat_policy)
             except ObjectiveError as error:
                 raise ConfigError(str(error)) from None
+            except ConfigError:  # names its key already (a phase's data.seq_len)
+                raise
             except ValueError as error:  # a phase's model fields that the preset refuses
                 if not phase.model:
                     raise

@@ -6,9 +6,16 @@ no half-made directory left by a run that failed while setting up.
   process that died (same host, pid no longer running) is taken over with a warning. The lock is released when
   the run ends, whatever the way. When a run fails before its setup completed (no `config.yaml` yet) in a
   workdir it created or found empty, what it wrote there is removed again.
+- `check_pretraining_workdir` (run by `exclusive` before the workdir is made or locked) refuses a workdir that holds
+  another kind of run (fine-tuning, embedder) and a `config.yaml` bertjax did not write: the workdir's
+  `config.yaml` is bertjax's record of the resolved run, rewritten by every run, so a hand-written config kept
+  there (`--config exp/config.yaml --workdir exp`) would be replaced. It is bertjax's when the workdir holds a run
+  (`model_config.json`, written with it, or a checkpoint). The kernels the model names must run on this backend.
 - `check_rerun` compares the requested run config with the workdir's `config.yaml` before anything is written:
   another model is an error naming the differing fields; other changes (more steps, another evaluation
-  interval) are allowed and listed in a warning.
+  interval) are allowed and listed in a warning. Only checkpoints pin the model: a workdir whose run saved none
+  (it failed in its first steps) starts over with the new settings, with a note (and a new tokenizer when the
+  settings it is made from changed).
 - `check_optimizer_state` refuses optimizer settings whose state the checkpoints cannot be restored into (another
   optimizer, clipping turned on or off), naming the dotted key.
 - `check_model_config` does the same for `model_config.json` once the model config is built (it depends on the
@@ -35,8 +42,15 @@ from bertjax.train.run_config import ConfigError, OptimizerConfig, RunConfig, pa
 
 log = logging.getLogger(__name__)
 
-from bertjax.model_dirs import MODEL_CONFIG_FILE, RUN_CONFIG_FILE as CONFIG_FILE  # noqa: E402 (one definition)
+from bertjax.model_dirs import (CHECKPOINTS_DIR, MODEL_CONFIG_FILE, RUN_CONFIG_FILE as CONFIG_FILE,  # noqa: E402
+                                TOKENIZER_DIR)
 LOCK_FILE = "bertjax.lock"
+# The record files of the other run types that keep a config.yaml in their workdir (bertjax.finetune.trainer,
+# bertjax.embeddings.training), and what they are called in errors.
+OTHER_RUN_FILES = {"finetune.json": "bertjax finetune", "train_embedder.json": "bertjax train-embedder"}
+# Run-config keys the workdir's tokenizer is made from (tokenizer.path, or one trained on data.input's train split).
+TOKENIZER_KEYS = ("tokenizer", "data.input", "data.text_format", "data.text_field", "data.eval_fraction",
+                  "train.seed")
 
 # Run-config fields a workdir's checkpoints depend on: resuming with other values would restore a state of another
 # shape. Dotted prefixes. (Tokenizer settings may differ: a resumed run uses the tokenizer saved in the workdir.)
@@ -109,15 +123,21 @@ def _process_alive(pid: Any) -> bool:
     return True
 
 
-def exclusive(pretrain: Callable) -> Callable:
+def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None) -> Callable:
     """Decorate `pretrain(config, workdir, ...)`: hold the workdir's lock while it runs (process 0 only: the other
-    hosts of a multi-host run share process 0's run), and remove a half-made workdir if setup fails."""
+    hosts of a multi-host run share process 0's run), and remove a half-made workdir if setup fails.
+    `@exclusive(check=f)` first runs `f(workdir, config)`, before the workdir is made or locked (pretraining's
+    `check_pretraining_workdir`; the embedder trainer has its own config and rerun rules)."""
+    if pretrain is None:
+        return functools.partial(exclusive, check=check)
 
     @functools.wraps(pretrain)
-    def run(config: RunConfig, workdir: str | Path, *args, **kwargs):
+    def run(config, workdir: str | Path, *args, **kwargs):
         workdir = Path(workdir).absolute()
         if workdir.exists() and not workdir.is_dir():
             raise ConfigError(f"--workdir {workdir} is a file, not a directory: give a directory (new or a run's)")
+        if check is not None:
+            check(workdir, config)
         if jax.process_index() != 0:
             return pretrain(config, workdir, *args, **kwargs)
         existed_before = set(workdir.iterdir()) if workdir.is_dir() else None
@@ -148,6 +168,67 @@ def _remove_half_made(workdir: Path, existed_before: set[Path] | None, lock_path
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# What the workdir holds.
+
+def has_checkpoint(workdir: Path, checkpoint: Any) -> bool:
+    """Whether the run's checkpoint directory (`checkpoint`: a CheckpointConfig) holds a step, or
+    checkpoint.restore_step names one: only then does the workdir's run pin the model. Nothing is created."""
+    if checkpoint.restore_step is not None:
+        return True
+    directory = checkpoint.directory or Path(workdir) / CHECKPOINTS_DIR
+    if "://" in str(directory):
+        from etils import epath
+        directory = epath.Path(directory)
+    else:
+        directory = Path(directory)
+    try:
+        return directory.is_dir() and any(path.name.isdigit() for path in directory.iterdir())
+    except OSError:  # unreadable: as if it held one (the restore's own checks then say what is wrong)
+        return True
+
+
+def holds_run(workdir: Path, checkpoint: Any) -> bool:
+    """Whether the workdir holds a bertjax run of any type: a record file written with its config.yaml
+    (model_config.json, finetune.json, train_embedder.json) or a checkpoint."""
+    records = (MODEL_CONFIG_FILE, *OTHER_RUN_FILES)
+    return any((Path(workdir) / name).is_file() for name in records) or has_checkpoint(workdir, checkpoint)
+
+
+def check_config_is_ours(workdir: Path, has_run: bool, config_path: str | Path | None = None) -> None:
+    """The workdir's config.yaml is bertjax's record of the resolved run (its settings with the command-line
+    overrides, no comments), rewritten by every run: refuse to start where such a file exists but the workdir holds
+    no run (`has_run` False: see `holds_run`), since bertjax did not write it. `config_path`: the --config given,
+    named when it is that very file. A run's own config.yaml given back as --config (resuming) is fine."""
+    saved = Path(workdir) / CONFIG_FILE
+    if has_run or not saved.exists():
+        return
+    if config_path is not None and Path(config_path).exists() and os.path.samefile(saved, config_path):
+        raise ConfigError(f"--config {config_path} is the file bertjax writes its resolved config to "
+                          f"({saved}: each run replaces it with the settings it ran, command-line overrides "
+                          "included and comments dropped); keep your config outside the workdir or use another "
+                          "--workdir")
+    raise ConfigError(f"{saved} was not written by bertjax: the workdir holds no bertjax run (no checkpoint, no "
+                      f"{' or '.join((MODEL_CONFIG_FILE, *OTHER_RUN_FILES))}), and bertjax writes the resolved config "
+                      "of its run there, replacing what the file holds. Keep your config outside the workdir or use "
+                      "another --workdir")
+
+
+def check_pretraining_workdir(workdir: Path, config: RunConfig, config_path: str | Path | None = None) -> None:
+    """Before the workdir is made or locked: it holds no other kind of run, no config.yaml of the user's (the
+    --config file itself, `config_path`, named as such), and the model's kernels run here
+    (bertjax.train.setup.check_kernels_run_on)."""
+    from bertjax.train.setup import check_kernels_run_on
+
+    workdir = Path(workdir)
+    for name, what in OTHER_RUN_FILES.items():
+        if (workdir / name).is_file():
+            raise ConfigError(f"workdir {workdir} holds a run of `{what}` ({name}), not a pretraining run; "
+                              "give pretraining another --workdir")
+    check_config_is_ours(workdir, holds_run(workdir, config.checkpoint), config_path)
+    check_kernels_run_on(config, jax.default_backend())
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Rerun checks and the files that describe the run.
 
 def _plain(config: RunConfig) -> dict:
@@ -171,17 +252,30 @@ def describe_differences(found: list[tuple[str, Any, Any]]) -> str:
     return "; ".join(f"{key}: {held!r} in the workdir, {requested!r} requested" for key, held, requested in found)
 
 
-def check_rerun(workdir: Path, config: RunConfig) -> None:
-    """Before writing anything: refuse a run whose model differs from the one the workdir holds."""
+def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> None:
+    """Before writing anything: refuse a run whose model differs from the one the workdir's checkpoints hold.
+
+    `resumable`: whether the workdir holds a checkpoint (`has_checkpoint`). Without one nothing pins the model: the
+    run starts over with the requested settings, says so when they differ, and the tokenizer saved by the earlier
+    run is removed (process 0) when the settings it was made from changed, so that `prepare_tokenizer` makes it
+    anew (as train-embedder's workdirs do).
+    """
     saved = Path(workdir) / CONFIG_FILE
     if not saved.is_file():
         return
     try:
         held = yaml.safe_load(saved.read_text())
     except yaml.YAMLError as error:
+        if not resumable:  # a damaged record of a run that saved nothing: nothing to keep
+            _start_over(workdir, [(CONFIG_FILE, "<damaged>", "<this run's>")], config)
+            return
         raise ConfigError(f"{saved} is not valid YAML ({yaml_problem(error)}); this workdir's run config is "
                           "damaged") from None
     found = differences(held, _plain(config))
+    if not resumable:
+        if found:
+            _start_over(workdir, found, config)
+        return
     fixed = [d for d in found if any(d[0] == p or d[0].startswith(p + ".") for p in FIXED_ON_RESUME)]
     if fixed:
         raise ConfigError(f"workdir {workdir} holds a run with another model ({describe_differences(fixed)}). "
@@ -192,6 +286,20 @@ def check_rerun(workdir: Path, config: RunConfig) -> None:
         tokenizer_note = any(key.startswith("tokenizer.") for key, _, _ in found)
         log.warning("resuming %s with changed settings: %s%s", workdir, describe_differences(found),
                     " (the tokenizer saved in the workdir is used)" if tokenizer_note else "")
+
+
+def _start_over(workdir: Path, found: list[tuple[str, Any, Any]], config: RunConfig) -> None:
+    if jax.process_index() != 0:
+        return
+    tokenizer = Path(workdir) / TOKENIZER_DIR
+    keys = TOKENIZER_KEYS if config.tokenizer.path is None else ("tokenizer",)
+    remake = tokenizer.is_dir() and any(key == k or key.startswith(k + ".") or key == CONFIG_FILE
+                                        for key, _, _ in found for k in keys)
+    if remake:
+        shutil.rmtree(tokenizer)
+    log.warning("workdir %s holds no checkpoint of its earlier run: starting over with these settings (changed: "
+                "%s)%s", workdir, describe_differences(found),
+                "; its tokenizer is made anew" if remake else "")
 
 
 def yaml_problem(error: yaml.YAMLError) -> str:
