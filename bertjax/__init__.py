@@ -1,11 +1,11 @@
 """bertjax: the BERT family of encoders in JAX/Flax."""
 
 from bertjax.config import PRESETS, EncoderConfig, TaskConfig, get_config
-from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForMultipleChoice, EncoderForPreTraining,
-                            EncoderForQuestionAnswering, EncoderForReplacedTokenDetection,
-                            EncoderForSequenceClassification, EncoderForTokenClassification, EncoderModel,
-                            EncoderOutput, MaskedLMOutput, PreTrainingOutput, ReplacedTokenOutput, init_params,
-                            logical_axes)
+from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForMultipleChoice,
+                            EncoderForNextSentencePrediction, EncoderForPreTraining, EncoderForQuestionAnswering,
+                            EncoderForReplacedTokenDetection, EncoderForSequenceClassification,
+                            EncoderForTokenClassification, EncoderModel, EncoderOutput, MaskedLMOutput,
+                            NextSentenceOutput, PreTrainingOutput, ReplacedTokenOutput, init_params, logical_axes)
 from bertjax.models.checked import checked
 
 __version__ = "0.1.0"
@@ -20,14 +20,17 @@ def from_pretrained(path, dtype=None, *, head=None, seed=0, allow_pickle: bool =
     return _load(path, dtype=dtype, head=head, seed=seed, allow_pickle=allow_pickle, **task)
 
 
-def save_pretrained(path, model, params) -> None:
-    """Write a directory that transformers loads with identical outputs. See `bertjax.hf`."""
+def save_pretrained(path, model, params, token_ids=None) -> None:
+    """Write a directory that transformers loads with identical outputs. `token_ids`: special-token ids
+    (`bertjax.hf.special_token_ids(source_dir)`) to carry into config.json where the model's config sets none.
+    See `bertjax.hf.save_pretrained`."""
     from bertjax.hf import save_pretrained as _save
-    _save(path, model, params)
+    _save(path, model, params, token_ids=token_ids)
 
 
 __all__ = ["PRESETS", "EncoderConfig", "TaskConfig", "get_config", "MODEL_CLASSES", "EncoderModel",
-           "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForReplacedTokenDetection", "ReplacedTokenOutput",
+           "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForNextSentencePrediction", "NextSentenceOutput",
+           "EncoderForReplacedTokenDetection", "ReplacedTokenOutput",
            "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderForQuestionAnswering",
            "EncoderForMultipleChoice", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
            "save_pretrained", "init_params", "logical_axes", "checked", "__version__"]

@@ -275,6 +275,9 @@ class EncoderConfig:
     # Linear layers and feed-forward.
     attention_bias: bool = True
     mlp_bias: bool = True
+    # The up-projection's bias (`wi`, or a GLU's `wi_0` and `wi_1`) when it differs from the output's; None: mlp_bias.
+    # MosaicBERT's `gated_layers` has none while its `wo` has one.
+    mlp_up_bias: bool | None = None
     activation: Activation = "gelu"  # "gelu" is the exact erf GELU, as Hugging Face's "gelu".
     mlp: MlpKind = "dense"  # "glu": act(x W0) * (x W1) -> GeGLU with gelu, SwiGLU with silu.
     # How a gated MLP's act(a) * b runs (bertjax.ops.glu); never changes the math. "pallas_gpu": bertjax's Triton
@@ -454,6 +457,10 @@ class EncoderConfig:
     @property
     def head_dim(self) -> int:
         return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def up_bias(self) -> bool:
+        return self.mlp_bias if self.mlp_up_bias is None else self.mlp_up_bias
 
     @property
     def kv_heads(self) -> int:
@@ -682,10 +689,10 @@ register_preset("deberta-v3-tiny", _DEBERTA_V3.replace(
 # MosaicBERT (Portes et al. 2023; mosaicml/examples bert_layers.py): BERT's post-norm layers without position
 # embeddings, ALiBi in every attention layer (so a model trained at 128 runs at longer lengths), GeGLU
 # feed-forward, the bert-base-uncased vocabulary padded to a multiple of 64. No Hugging Face family: MosaicML's
-# checkpoints run through remote code, not a transformers class. MosaicML's gated_layers has no bias where bertjax's
-# GLU takes mlp_bias for both projections; mosaicbert-base has 137M parameters either way.
+# checkpoints run through remote code (bertjax/hf/mosaicbert.py reads and writes that layout). Its GLU up-projection
+# (`gated_layers`) has no bias, its output projection has one.
 _MOSAICBERT = _BERT.replace(family="mosaicbert", vocab_size=30528, position_embedding="alibi", mlp="glu",
-                            activation="gelu", max_position_embeddings=8192)
+                            mlp_up_bias=False, activation="gelu", max_position_embeddings=8192)
 register_preset("mosaicbert-base", _MOSAICBERT)
 register_preset("mosaicbert-large", _MOSAICBERT.replace(hidden_size=1024, num_layers=24, num_heads=16,
                                                         intermediate_size=4096))

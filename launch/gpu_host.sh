@@ -2,7 +2,7 @@
 # Pretrain on one GPU host, over all of its GPUs (one process; the mesh's data axis spans the GPUs).
 #
 #   launch/gpu_host.sh CONFIG WORKDIR [key=value ...]
-#   launch/gpu_host.sh configs/pretrain/modernbert-base.yaml runs/modernbert-base data.global_batch_size=256
+#   launch/gpu_host.sh configs/pretrain/roberta-base.yaml runs/roberta-base data.global_batch_size=256
 #
 # Installs JAX for CUDA (JAX_PIP, default "jax[cuda12]") and bertjax unless they are already importable.
 # Rerun the same command to resume from the latest checkpoint in WORKDIR. Several GPU hosts: start this on each

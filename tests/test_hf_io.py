@@ -26,6 +26,7 @@ ARCHITECTURES = [
     ("bert-tiny", "encoder", "BertModel"),
     ("bert-tiny", "masked_lm", "BertForMaskedLM"),
     ("bert-tiny", "pretraining", "BertForPreTraining"),
+    ("bert-tiny", "next_sentence", "BertForNextSentencePrediction"),
     ("roberta-tiny", "encoder", "RobertaModel"),
     ("roberta-tiny", "masked_lm", "RobertaForMaskedLM"),
     ("modernbert-tiny", "encoder", "ModernBertModel"),
@@ -257,7 +258,9 @@ def test_wrong_shape_is_an_error(bert_mlm_copy):
 
 
 @pytest.mark.parametrize("changes,match", [
-    ({"architectures": ["BertForNextSentencePrediction"]}, "unsupported architecture 'BertForNextSentencePrediction'"),
+    ({"architectures": ["BertForWordPuzzles"]}, r"unsupported architecture 'BertForWordPuzzles'; bert classes "
+                                                r"bertjax reads: \['BertForMaskedLM'"),
+    ({"architectures": ["BertLMHeadModel"]}, "BertLMHeadModel is a causal .left-to-right. language model"),
     ({"architectures": []}, "architectures"),
     ({"model_type": "funnel"}, "unknown model_type 'funnel'"),  # a family bertjax does not have
     ({"architectures": ["RobertaForMaskedLM"]}, "model_type is 'bert'"),
@@ -418,3 +421,24 @@ def test_convert_round_trip_keeps_special_token_ids(preset, tmp_path):
     # A transformers directory exported again keeps them too.
     assert cli_main(["convert", "--to-hf", str(back), "--out", str(tmp_path / "again")]) == 0
     assert json.loads((tmp_path / "again" / "config.json").read_text()) == {**config, **ids}
+
+
+def test_a_beam_search_qa_checkpoint_gives_its_encoder_to_an_explicit_head(tmp_path):
+    """XLNetForQuestionAnswering's span head is not modelled, but its encoder is an ordinary XLNet: with head=...
+    it loads (the head tensors reported unused) and gives transformers' hidden states."""
+    import torch
+    import transformers
+
+    config = transformers.XLNetConfig(vocab_size=VOCAB, d_model=32, n_layer=2, n_head=4, d_inner=64, mem_len=None,
+                                      start_n_top=2, end_n_top=2)
+    torch.manual_seed(0)
+    reference = transformers.XLNetForQuestionAnswering(config).eval()
+    reference.save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match=r"beam-search span head.*pass head="):
+        bertjax.from_pretrained(str(tmp_path))
+    model, params = bertjax.from_pretrained(str(tmp_path), head="encoder")
+    ids = np.random.default_rng(0).integers(5, VOCAB, (2, 9))
+    with torch.no_grad():
+        expected = reference.transformer(torch.tensor(ids)).last_hidden_state.numpy()
+    got = np.asarray(model.apply({"params": params}, jnp.asarray(ids)).last_hidden_state)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)

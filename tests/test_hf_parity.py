@@ -82,6 +82,7 @@ CASES = [
     ("bert-model", "BertModel", lambda: bert_config(), None),
     ("bert-mlm", "BertForMaskedLM", lambda: bert_config(), None),
     ("bert-pretraining", "BertForPreTraining", lambda: bert_config(), None),
+    ("bert-nsp", "BertForNextSentencePrediction", lambda: bert_config(), None),
     ("bert-mlm-untied-gelu-new", "BertForMaskedLM",
      lambda: bert_config(tie_word_embeddings=False, hidden_act="gelu_new", layer_norm_eps=1e-6), None),
     ("roberta-model", "RobertaModel", lambda: roberta_config(), None),
@@ -159,7 +160,7 @@ def assert_outputs_close(ours: dict, theirs: dict, mask: np.ndarray) -> None:
     for name, expected in theirs.items():
         actual = ours[name]
         assert actual.shape == expected.shape, name
-        if name in ("last_hidden_state", "logits"):  # per token: compare at non-padding positions only
+        if expected.ndim == 3:  # per token: compare at non-padding positions only
             actual, expected = actual[valid], expected[valid]
         assert np.all(np.isfinite(actual)), name
         diff = float(np.max(np.abs(actual - expected)))
@@ -242,6 +243,7 @@ def random_bertjax_params(model, seed: int) -> dict:
 ROUND_TRIPS = [
     ("bert-tiny", "masked_lm", "AutoModelForMaskedLM", {}),
     ("bert-tiny", "pretraining", "AutoModelForPreTraining", {}),
+    ("bert-tiny", "next_sentence", "AutoModelForNextSentencePrediction", {}),
     ("roberta-tiny", "masked_lm", "AutoModelForMaskedLM", {}),
     ("roberta-tiny", "encoder", "AutoModel", {}),
     ("modernbert-tiny", "masked_lm", "AutoModelForMaskedLM", {"num_layers": 4, "global_attention_every": 2}),

@@ -274,7 +274,7 @@ def test_export_refuses_another_family_classifier_layout(tmp_path):
     model = bertjax.EncoderForSequenceClassification(bertjax.get_config("bert-tiny", classifier_activation="gelu"))
     with pytest.raises(ValueError, match="classifier_activation='gelu'"):
         bertjax.save_pretrained(str(tmp_path), model, {})
-    with pytest.raises(ValueError, match="no bertjax head|transformers has no eurobert architecture"):
+    with pytest.raises(ValueError, match="no bertjax head|no eurobert architecture"):
         bertjax.save_pretrained(str(tmp_path), bertjax.EncoderForQuestionAnswering(
             bertjax.get_config("eurobert-tiny")), {})
 

@@ -115,7 +115,7 @@ def bert_like_mapping(cfg: EncoderConfig, head: str, base_prefix: str, names: He
     # Buffers older transformers versions saved alongside the weights.
     ignored = {f"{e}position_ids", f"{e}token_type_ids"}
     pooler = linear(f"{base}pooler.dense", ("pooler", "dense"), h, h, bias=True)
-    if head in ("encoder", "pretraining"):
+    if head in ("encoder", "pretraining", "next_sentence"):
         rules += pooler
     if head in ("masked_lm", "pretraining"):
         p = names.mlm_prefix
@@ -125,7 +125,7 @@ def bert_like_mapping(cfg: EncoderConfig, head: str, base_prefix: str, names: He
         rules += decoder_rules
         ignored |= decoder_ignored
     nsp = linear(names.nsp, ("nsp_head", "dense"), h, 2, bias=True) if names.nsp else []
-    if head == "pretraining":
+    if head in ("pretraining", "next_sentence"):
         rules += nsp
     # Published MLM checkpoints (bert-base-uncased) still carry the pretraining pooler and NSP head.
     unused = [key for rule in (pooler + nsp if head == "masked_lm" else []) for key in rule.hf_keys]
@@ -142,7 +142,8 @@ _TASK_HEADS = TaskHeads(
 
 FAMILY = HfFamily(
     model_type="bert",
-    architectures={"BertModel": "encoder", "BertForMaskedLM": "masked_lm", "BertForPreTraining": "pretraining"},
+    architectures={"BertModel": "encoder", "BertForMaskedLM": "masked_lm", "BertForPreTraining": "pretraining",
+                   "BertForNextSentencePrediction": "next_sentence"},
     to_encoder_config=_CONFIG.to_encoder_config,
     to_hf_config=_CONFIG.to_hf_config,
     key_mapping=lambda cfg, head: bert_like_mapping(cfg, head, "bert.", _HEADS),

@@ -60,11 +60,16 @@ class ConfigReader:
 class Refusals:
     """Collects every knob of an EncoderConfig that one HF family cannot express, then raises once."""
 
-    def __init__(self, config: EncoderConfig, model_type: str):
+    def __init__(self, config: EncoderConfig, model_type: str, *, split_mlp_bias: bool = False):
+        """`split_mlp_bias`: the family has an up-projection bias setting of its own (MosaicBERT); every other one
+        has one bias setting for the whole feed-forward block."""
         self.config = config
         self.model_type = model_type
         self.items: list[str] = []
         self.need(family=model_type)
+        if not split_mlp_bias:
+            self.check(config.mlp_up_bias in (None, config.mlp_bias),
+                       f"mlp_up_bias={config.mlp_up_bias!r} (the family's feed-forward projections share mlp_bias)")
 
     def need(self, **expected) -> None:
         for field, value in expected.items():

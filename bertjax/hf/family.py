@@ -31,6 +31,9 @@ class HfFamily:
     # Tensor names <-> parameter paths for (config, head); for task heads, the backbone's only.
     key_mapping: Callable[[EncoderConfig, str], KeyMapping]
     task_heads: TaskHeads | None = None  # the family's fine-tuning heads
+    # For a family whose config.json carries another family's model_type and runs remote code (MosaicBERT says
+    # "bert"): whether a config.json is this family's. Checked before model_type.
+    claims: Callable[[dict], bool] | None = None
 
     @property
     def heads(self) -> dict[str, str]:
@@ -43,7 +46,8 @@ class HfFamily:
 
     def hf_config(self, config: EncoderConfig, head: str) -> dict:
         if head in TASK_HEADS and self.task_heads:  # head layout and labels first
-            refuse = Refusals(config, self.model_type)
+            # Only the head's settings here: to_hf_config refuses the encoder's.
+            refuse = Refusals(config, self.model_type, split_mlp_bias=True)
             self.task_heads.refuse(refuse, config, head)
             refuse.raise_if_any()
             return {**self.to_hf_config(config, head), **self.task_heads.to_hf(config)}
@@ -59,5 +63,5 @@ class HfFamily:
         for name, target in self.heads.items():
             if target == head:
                 return name
-        raise ValueError(f"transformers has no {self.model_type} architecture for the bertjax head {head!r}; "
+        raise ValueError(f"there is no {self.model_type} architecture for the bertjax head {head!r}; "
                          f"{self.model_type} architectures: {sorted(self.heads)}")

@@ -36,9 +36,11 @@ def _read_config(directory: str) -> dict:
     path = os.path.join(directory, CONFIG_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{directory}: no {CONFIG_FILE} (not a transformers checkpoint directory)")
-    with open(path) as f:
+    with open(path, "rb") as f:
         try:
-            values = json.load(f)
+            values = json.loads(f.read().decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not UTF-8 text ({error})") from error
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}: invalid JSON ({error})") from error
     if not isinstance(values, dict):
@@ -89,7 +91,7 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
     if dtype_name not in LOADABLE_DTYPES:
         raise ValueError(f"dtype must be one of {LOADABLE_DTYPES}, got {dtype_name}")
     values = _read_config(path)
-    family, saved_head = registry.architecture(values)
+    family, saved_head = registry.architecture(values, head)
     head = head or saved_head
     if head not in MODEL_CLASSES:
         raise ValueError(f"unknown head {head!r}; known: {sorted(MODEL_CLASSES)}")

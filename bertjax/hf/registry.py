@@ -1,9 +1,9 @@
-"""Every Hugging Face family bertjax reads and writes, by model_type. Adding a family: one module defining
+"""Every Hugging Face family bertjax reads and writes, by EncoderConfig.family. Adding a family: one module defining
 `FAMILY = HfFamily(...)` and one line here."""
 
 from __future__ import annotations
 
-from bertjax.hf import albert, bert, deberta, distilbert, electra, eurobert, modernbert, roberta, xlnet
+from bertjax.hf import albert, bert, deberta, distilbert, electra, eurobert, modernbert, mosaicbert, roberta, xlnet
 from bertjax.hf import longformer
 from bertjax.hf.family import HfFamily
 
@@ -19,40 +19,65 @@ FAMILIES: dict[str, HfFamily] = {family.model_type: family for family in (
     deberta.FAMILY_V1,
     deberta.FAMILY_V2,
     longformer.FAMILY,
+    mosaicbert.FAMILY,
 )}
 
-# Families bertjax models that have no transformers class, so no checkpoint format to read or write: family -> why.
-WITHOUT_HF_CLASS: dict[str, str] = {
-    "mosaicbert": "MosaicBERT has no transformers class (MosaicML's checkpoints run through remote code); save the "
-                  "model as a bertjax model directory instead",
-}
+# Families whose config.json says another family's model_type and names remote code: asked first, by their `claims`.
+REMOTE_CODE_FAMILIES = tuple(family for family in FAMILIES.values() if family.claims is not None)
 
-# transformers class name (config.architectures[0]) -> (model_type, bertjax head).
+# transformers class name (config.architectures[0]) -> (model_type, bertjax head). Remote-code families reuse the
+# names of the family they are written as (MosaicML's BertForMaskedLM), so they are not listed here.
 ARCHITECTURES: dict[str, tuple[str, str]] = {
-    name: (family.model_type, head) for family in FAMILIES.values() for name, head in family.heads.items()}
+    name: (family.model_type, head) for family in FAMILIES.values() if family.claims is None
+    for name, head in family.heads.items()}
+
+# Classes of these families that bertjax does not model, and why. `backbone`: the encoder inside is bidirectional,
+# so `from_pretrained(path, head=...)` takes it and starts the asked-for head; the others were trained as decoders.
+UNSUPPORTED: dict[str, tuple[str, bool]] = {
+    "BertLMHeadModel": ("a causal (left-to-right) language model", False),
+    "RobertaForCausalLM": ("a causal (left-to-right) language model", False),
+    "ElectraForCausalLM": ("a causal (left-to-right) language model", False),
+    "XLNetForQuestionAnswering": ("a beam-search span head (start/end top-k and an answerability classifier); "
+                                  "XLNetForQuestionAnsweringSimple is the span head bertjax has", True),
+}
 
 
 def family_named(model_type: str, source: str = "config.json") -> HfFamily:
     """The family for a model_type; `source` names where it came from (config.json, or EncoderConfig.family)."""
-    if model_type in WITHOUT_HF_CLASS:
-        raise ValueError(f"{source}: {model_type!r}: {WITHOUT_HF_CLASS[model_type]}")
     if model_type not in FAMILIES:
         raise ValueError(f"{source}: unknown model_type {model_type!r}; Hugging Face families bertjax reads and "
                          f"writes: {sorted(FAMILIES)}")
     return FAMILIES[model_type]
 
 
-def architecture(values: dict) -> tuple[HfFamily, str]:
-    """(family, bertjax head) of a config.json, from `architectures[0]` checked against `model_type`."""
+def architecture(values: dict, head: str | None = None) -> tuple[HfFamily, str]:
+    """(family, bertjax head) of a config.json, from `architectures[0]` checked against `model_type`.
+
+    `head`: the head the caller will build instead. A class bertjax does not model but whose encoder is
+    bidirectional is then accepted, and its name returned as the head the file holds.
+    """
+    family = next((f for f in REMOTE_CODE_FAMILIES if f.claims(values)), None)
     model_type = values.get("model_type")
-    family = family_named(model_type)
+    if family is None:
+        if model_type == "mosaicbert":
+            raise ValueError("config.json: model_type 'mosaicbert' is bertjax's name for MosaicBERT; MosaicML's "
+                             "checkpoints say model_type 'bert' and name bert_layers.py in auto_map")
+        family = family_named(model_type)
     architectures = values.get("architectures")
     if not isinstance(architectures, list) or not architectures:
         raise ValueError("config.json: 'architectures' must name the model class, e.g. [\"BertForMaskedLM\"]")
     name = architectures[0]
-    if name not in ARCHITECTURES:
-        raise ValueError(f"config.json: unsupported architecture {name!r}; supported: {sorted(ARCHITECTURES)}")
-    owner, head = ARCHITECTURES[name]
-    if owner != model_type:
-        raise ValueError(f"config.json: architecture {name!r} is a {owner} model but model_type is {model_type!r}")
-    return family, head
+    if name in family.heads:
+        return family, family.heads[name]
+    if name in ARCHITECTURES and family.claims is None:
+        raise ValueError(f"config.json: architecture {name!r} is a {ARCHITECTURES[name][0]} model but model_type "
+                         f"is {model_type!r}")
+    if name in UNSUPPORTED:
+        why, backbone = UNSUPPORTED[name]
+        if backbone and head is not None:
+            return family, name
+        hint = (" To start another head on its encoder, pass head= (e.g. head='encoder')." if backbone else "")
+        raise ValueError(f"config.json: {name} is {why}, which bertjax does not model.{hint} {family.model_type} "
+                         f"classes bertjax reads: {sorted(family.heads)}")
+    raise ValueError(f"config.json: unsupported architecture {name!r}; {family.model_type} classes bertjax reads: "
+                     f"{sorted(family.heads)}")

@@ -18,11 +18,11 @@ class Mlp(nn.Module):
         cfg = self.config
         act = ACTIVATIONS[cfg.activation]
         up = lambda name: dense_weights(cfg, x.shape[-1], cfg.intermediate_size, ("embed", "mlp"),
-                                        use_bias=cfg.mlp_bias, name=name)()
+                                        use_bias=cfg.up_bias, name=name)()
         if cfg.mlp == "glu":  # wi_0 activated, wi_1 the linear gate: one stacked [..., 2, intermediate] projection
             stacked = project(x, [up("wi_0"), up("wi_1")], 1, compute_dtype(cfg), stacked=True)
             h = glu(stacked, cfg.activation, implementation=cfg.glu_implementation, interpret=cfg.glu_interpret)
         else:
-            h = act(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), use_bias=cfg.mlp_bias, name="wi")(x))
+            h = act(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), use_bias=cfg.up_bias, name="wi")(x))
         h = nn.with_logical_constraint(h, ("activation_batch", "activation_length", "activation_mlp"))
         return dense(cfg, cfg.hidden_size, ("mlp", "embed"), use_bias=cfg.mlp_bias, name="wo")(h)

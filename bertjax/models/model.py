@@ -17,7 +17,7 @@ from bertjax.config import EncoderConfig
 from bertjax.models.embeddings import Embeddings
 from bertjax.models.encoder import EncoderStack
 from bertjax.models.heads import Classifier, MaskedLMHead, Pooler, ReplacedTokenHead
-from bertjax.models.inputs import EncoderInputs, prepare_inputs
+from bertjax.models.inputs import EncoderInputs, check_ids, prepare_inputs
 
 
 @struct.dataclass
@@ -36,6 +36,12 @@ class MaskedLMOutput:
 class PreTrainingOutput:
     logits: jax.Array
     nsp_logits: jax.Array  # [batch, 2]: is-next / not-next (or in-order / swapped for SOP)
+    last_hidden_state: jax.Array
+
+
+@struct.dataclass
+class NextSentenceOutput:
+    logits: jax.Array  # [batch, 2]: is-next / not-next
     last_hidden_state: jax.Array
 
 
@@ -97,7 +103,10 @@ def gather_positions(hidden: jax.Array, positions: jax.Array | None) -> jax.Arra
     """
     if positions is None:
         return hidden
-    return jnp.take_along_axis(hidden, positions[..., None].astype(jnp.int32), axis=1)
+    # An index >= seq would gather a row of NaN and -1 the last token, silently: checked as the token ids are
+    # (eagerly, or on the device inside bertjax.checked). Padding slots hold 0 (bertjax.data), a valid index.
+    check_ids(positions, hidden.shape[1], "masked_positions", " (indices into the sequence)")
+    return jnp.take_along_axis(hidden, jnp.asarray(positions, jnp.int32)[..., None], axis=1)
 
 
 class EncoderModel(_Backbone):
@@ -154,6 +163,22 @@ class EncoderForPreTraining(_Backbone):
                                  last_hidden_state=hidden)
 
 
+class EncoderForNextSentencePrediction(_Backbone):
+    """The next-sentence classifier alone (transformers' BertForNextSentencePrediction): the pretraining model's
+    pooler and NSP head, under the same parameter names, without the MLM head."""
+
+    def setup(self):
+        super().setup()
+        self.pooler = Pooler(self.config)
+        self.nsp_head = Classifier(self.config, 2)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
+                 deterministic: bool = True, global_attention_mask=None) -> NextSentenceOutput:
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
+                             global_attention_mask)
+        return NextSentenceOutput(logits=self.nsp_head(self.pooler(hidden)), last_hidden_state=hidden)
+
+
 class EncoderForReplacedTokenDetection(_Backbone):
     """ELECTRA's discriminator (transformers' ElectraForPreTraining): one replaced-token logit for every token.
 
@@ -178,5 +203,6 @@ MODEL_CLASSES: dict[str, type[_Backbone]] = {
     "encoder": EncoderModel,
     "masked_lm": EncoderForMaskedLM,
     "pretraining": EncoderForPreTraining,
+    "next_sentence": EncoderForNextSentencePrediction,
     "replaced_token_detection": EncoderForReplacedTokenDetection,
 }
