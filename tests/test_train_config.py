@@ -355,3 +355,14 @@ def test_rerun_in_a_workdir_without_checkpoints_starts_over_with_the_new_model(t
     assert json.loads((workdir / "model_config.json").read_text())["config"]["hidden_size"] == 32
     assert yaml.safe_load((workdir / "config.yaml").read_text())["model"]["overrides"]["hidden_size"] == 32
     assert (workdir / "checkpoints" / "12").is_dir()
+
+
+def test_an_override_every_phase_replaces_is_an_error_not_a_no_op():
+    """modernbert-base's phases each set their batch: a top-level batch override would change nothing."""
+    config = str(next(path for path in CONFIGS if path.name == "modernbert-base.yaml"))
+    with pytest.raises(ConfigError, match=r"override data.global_batch_size: every phase sets its own "
+                                          r"global_batch_size \(train.phases\[i\].data.global_batch_size\)"):
+        load_run_config(config, ["data.global_batch_size=256"])
+    assert load_run_config(config, ["data.mlm_probability=0.2"]).data.mlm_probability == 0.2  # no phase sets it
+    flat = load_run_config(config, ["train.phases=[]", "train.steps=1000", "data.global_batch_size=256"])
+    assert flat.data.global_batch_size == 256 and flat.train.phases == ()

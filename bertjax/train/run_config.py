@@ -25,7 +25,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
@@ -187,7 +187,27 @@ def load_run_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     raw = read_config_file(path)
     for override in overrides:
         apply_override(raw, override)
-    return run_config_from_dict(raw)
+    config = run_config_from_dict(raw)
+    check_overrides_reach_phases(config, overrides)
+    return config
+
+
+# Override prefixes a phase replaces, and the PhaseConfig field that holds the phase's own values.
+PHASE_SECTIONS = {"data.": "data", "model.overrides.": "model"}
+
+
+def check_overrides_reach_phases(config: RunConfig, overrides: Sequence[str]) -> None:
+    """An override of a key that every phase sets for itself changes nothing the run does: an error, not a silent
+    no-op (`data.global_batch_size=256` on a config whose phases each set their batch)."""
+    phases = config.train.phases
+    for override in overrides if phases else ():
+        key = override.split("=", 1)[0].strip()
+        for prefix, field in PHASE_SECTIONS.items():
+            name = key[len(prefix):]
+            if key.startswith(prefix) and all(name in getattr(phase, field) for phase in phases):
+                raise ConfigError(f"override {key}: every phase sets its own {name} (train.phases[i].{field}."
+                                  f"{name}), so this one would change nothing. Edit the phases in the config file, "
+                                  "or drop them with train.phases=[]")
 
 
 def read_config_file(path: str | Path, *, empty_ok: bool = False) -> dict:
