@@ -278,15 +278,21 @@ class _JsonlExtract:
         return json.loads(raw)[self.field].strip()
 
 
+def import_pyarrow():
+    """(pyarrow, pyarrow.parquet); pyarrow is the optional `parquet` extra, so its absence is an install hint."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as error:
+        raise ValueError("reading Parquet needs pyarrow: pip install 'bertjax[parquet]'") from error
+    return pyarrow, pyarrow.parquet
+
+
 class ParquetSource(DocumentSource):
     """Parquet files (needs pyarrow): the string column `field`; null and empty values are skipped."""
 
     def __init__(self, paths: Sequence[pathlib.Path], field: str, split: str, eval_fraction: float):
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError as error:
-            raise ValueError("reading Parquet needs pyarrow: pip install 'bertjax[parquet]'") from error
+        pa, pq = import_pyarrow()
         self.stats = SourceStats(files=len(paths))
         self._columns, self._file, self._row = [], [], []
         for file_index, path in enumerate(paths):

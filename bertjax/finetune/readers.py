@@ -67,14 +67,14 @@ def read_jsonl(path: Path) -> list[Row]:
 
 
 def read_parquet(path: Path) -> list[Row]:
-    import pyarrow.lib
-    import pyarrow.parquet as pq
+    from bertjax.data.sources import import_pyarrow
 
+    pa, pq = import_pyarrow()
     if path.stat().st_size == 0:
         raise ValueError(f"{path}: the file is empty")
     try:
         return pq.read_table(path).to_pylist()
-    except pyarrow.lib.ArrowException as error:
+    except pa.lib.ArrowException as error:
         raise ValueError(f"{path}: not a readable Parquet file ({error})") from None
 
 
