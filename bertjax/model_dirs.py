@@ -122,13 +122,13 @@ def _is_model_dir(path: Path) -> bool:
 
 
 def _load_model_dir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
-    import orbax.checkpoint as ocp
-
     from bertjax.models import abstract_params
+    from bertjax.train.checkpoints import restore_param_tree
 
     model = read_model(path)
-    with ocp.StandardCheckpointer() as checkpointer:
-        params = checkpointer.restore(path.absolute() / PARAMS_DIR, abstract_params(model))
+    # Checked as a workdir checkpoint's parameters are: shapes against model_config.json before reading, damaged
+    # files, NaN/inf (a one-line error naming the directory each time).
+    params = restore_param_tree(path / PARAMS_DIR, abstract_params(model), f"model directory {path}")
     return LoadedModel(model, params, _tokenizer_in(path / TOKENIZER_DIR, path))
 
 
@@ -152,25 +152,47 @@ def checkpoints_dir(workdir: Path) -> Path:
     return workdir / CHECKPOINTS_DIR
 
 
-def checkpoint_steps(workdir: Path) -> list[int]:
+def step_dirs(workdir: Path) -> list[int]:
+    """Every step directory of the run's checkpoints, complete or not. Orbax writes a step under a temporary name
+    (`<step>.orbax-checkpoint-tmp-...`) and renames it once complete: only directories named by a bare number
+    count, so a save in progress is no step."""
     directory = checkpoints_dir(workdir)
     if not directory.is_dir():
         return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "state").is_dir())
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def checkpoint_steps(workdir: Path) -> list[int]:
+    """The steps whose directory holds a train state (`state/`); damage inside it is found when reading."""
+    directory = checkpoints_dir(workdir)
+    return [s for s in step_dirs(workdir) if (directory / str(s) / "state").is_dir()]
 
 
 def _load_workdir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
-    from bertjax.train.checkpoints import restore_params
+    from bertjax.train.checkpoints import CheckpointError, restore_params
 
-    steps = checkpoint_steps(path)
+    steps, complete = step_dirs(path), checkpoint_steps(path)
     if not steps:
         raise FileNotFoundError(f"{checkpoints_dir(path)} holds no checkpoint yet (the run saves one every "
                                 "checkpoint.every steps and at the end)")
     if step is None:
+        # The latest step, even when it is incomplete: an older model answering silently instead is worse than an
+        # error that names the step to pick (as a resume refuses it).
         step = steps[-1]
     elif step not in steps:
-        raise FileNotFoundError(f"{path}: no checkpoint of step {step}; available steps: {steps}")
-    params = restore_params(checkpoints_dir(path) / str(step))
+        raise FileNotFoundError(f"{path}: no checkpoint of step {step}; available steps: {complete}")
+    step_dir = checkpoints_dir(path) / str(step)
+    try:
+        params = restore_params(step_dir)
+    except CheckpointError as error:
+        earlier = [s for s in complete if s < step]
+        if earlier:
+            hint = (f"Use an earlier one (available: {earlier}): --step {earlier[-1]} where the command takes it "
+                    f"(fill-mask, convert), else export it with `bertjax convert --to-hf {path} --step "
+                    f"{earlier[-1]} --out DIR`; or restore or delete {step_dir}")
+        else:
+            hint = f"There is no earlier checkpoint; restore or delete {step_dir}"
+        raise CheckpointError(f"{error}. {hint}") from None
     params_key = read_model_config(path).get("params_key")
     if params_key:  # the checkpoint trains several models (ELECTRA): the main one is this subtree
         params = params[params_key]
@@ -187,7 +209,7 @@ def _is_hf_dir(path: Path) -> bool:
 def _load_hf_dir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
     from bertjax.hf import from_pretrained
 
-    model, params = from_pretrained(str(path), allow_pickle=allow_pickle)
+    model, params = from_pretrained(str(path), allow_pickle=allow_pickle)  # refuses NaN/inf weights
     return LoadedModel(model, params, _tokenizer_in(path))
 
 
@@ -221,7 +243,12 @@ def model_dir_kind(path: str | Path) -> DirectoryKind:
 
 def load_model_dir(path: str | Path, step: int | None = None, allow_pickle: bool = False) -> LoadedModel:
     """(model, params, tokenizer) of any model directory; `step` picks a pretraining workdir's checkpoint;
-    `allow_pickle` lets a transformers directory with only a pytorch_model.bin be read (trusted files only)."""
+    `allow_pickle` lets a transformers directory with only a pytorch_model.bin be read (trusted files only).
+
+    Every kind is refused, with a one-line error (a ValueError) naming the directory, when its parameters hold a NaN
+    or an infinity, its files are damaged, or (bertjax `params/`) their shapes are not those model_config.json
+    describes. A workdir's latest step directory that is incomplete is an error naming it and the earlier steps,
+    never passed over for an older one."""
     kind = model_dir_kind(path)
     if step is not None and not kind.has_steps:
         raise ValueError(f"{path} is a {kind.name}: it holds one set of weights, so a step cannot be chosen "

@@ -153,3 +153,29 @@ def test_load_tokenizer_errors(tmp_path):
     (tmp_path / "vocab.txt").write_text("[UNK]\n[PAD]\na\n")
     with pytest.raises(ValueError, match="has no cls token"):
         load_tokenizer(tmp_path / "vocab.txt")
+
+
+def test_broken_tokenizer_files_are_errors_naming_the_file(tmp_path, sentencepiece_dir):
+    """Truncated, empty or foreign files: a ValueError naming the file, not the parser's bare exception."""
+    good_json = byte_level_tokenizer_json(tmp_path / "good").read_text()
+    cases = {
+        "truncated/tokenizer.json": good_json[:len(good_json) // 2],
+        "empty/tokenizer.json": "",
+        "foreign/tokenizer.json": '{"architectures": ["BertForMaskedLM"], "hidden_size": 128}',  # a config.json
+        "not_utf8/tokenizer.json": b"\xff\xfe{}",
+        "truncated_sp/tokenizer.model": (sentencepiece_dir / "tokenizer.model").read_bytes()[:1000],
+        "empty_sp/tokenizer.model": b"",
+        "not_utf8_vocab/vocab.txt": b"[PAD]\n\xff\n",
+    }
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.parent.mkdir()
+        (path.write_bytes if isinstance(content, bytes) else path.write_text)(content)
+        for target in (path, path.parent):  # the file itself, and the directory holding it
+            with pytest.raises(ValueError, match=f"{path} is not a valid tokenizer"):
+                load_tokenizer(target)
+    (tmp_path / "bad_config").mkdir()
+    (tmp_path / "bad_config" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    (tmp_path / "bad_config" / "tokenizer_config.json").write_text('{"do_lower_case": tr')
+    with pytest.raises(ValueError, match=f"{tmp_path / 'bad_config' / 'tokenizer_config.json'} is not a valid"):
+        load_tokenizer(tmp_path / "bad_config")

@@ -88,3 +88,69 @@ def test_transformers_fill_mask_matches_bertjax(workdir, exported):
         assert [p.token_id for p in ours] == [p["token"] for p in kept], sentence
         ratios = np.array([p.probability for p in ours]) / np.array([p["score"] for p in kept])
         np.testing.assert_allclose(ratios, ratios[0], rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An incomplete latest checkpoint is refused, as a resume refuses it, never passed over for an older one.
+
+def test_incomplete_latest_checkpoint_is_refused_naming_it_and_the_earlier_step(workdir, tmp_path, capsys):
+    import shutil
+
+    from bertjax.train.checkpoints import CheckpointError
+
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    shutil.rmtree(copy / "checkpoints" / "8" / "state")  # checksums.json stays: the error names the missing file
+    (copy / "checkpoints" / "12.orbax-checkpoint-tmp-1700000000").mkdir()  # a save in progress is no step
+    with pytest.raises(CheckpointError, match=r"checkpoints/8: file state/_METADATA is missing\. Use an earlier one "
+                                              r"\(available: \[4\]\): --step 4"):
+        load_model_dir(copy)
+    assert main(["fill-mask", "--model", str(copy), SENTENCES[0]]) == 2
+    assert "checkpoints/8: file state/_METADATA is missing" in capsys.readouterr().err
+    assert main(["convert", "--to-hf", str(copy), "--out", str(tmp_path / "hf")]) == 2
+    assert not (tmp_path / "hf").exists()
+    assert "--step 4" in capsys.readouterr().err
+    _, params, _ = load_model_dir(copy, step=4)  # the complete earlier step, asked for, still works
+    _, expected, _ = load_model_dir(workdir, step=4)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), params, expected))
+
+    (copy / "checkpoints" / "8" / "checksums.json").unlink()  # without checksums: the directory is named as incomplete
+    with pytest.raises(CheckpointError, match=r"checkpoints/8 is incomplete \(no state/ directory\)\. Use an earlier"):
+        load_model_dir(copy)
+    with pytest.raises(CheckpointError, match="checkpoints/8 is incomplete"):
+        load_model_dir(copy, step=8)
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint of step 12; available steps: \[4\]"):
+        load_model_dir(copy, step=12)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Weights bertjax writes are readable by others, as every other file is; convert checks the tokenizer it copies.
+
+def test_written_safetensors_get_the_umask_mode_not_0600(workdir, tmp_path):
+    import os
+    import stat
+
+    from finetune_helpers import tiny_model_dir
+
+    previous = os.umask(0o022)
+    try:
+        model_dir = tiny_model_dir(tmp_path / "tiny")  # bertjax.save_pretrained
+        assert main(["convert", "--to-hf", str(workdir), "--out", str(tmp_path / "hf")]) == 0
+        for directory in (model_dir, tmp_path / "hf"):
+            for name in ("model.safetensors", "config.json"):
+                assert stat.S_IMODE((directory / name).stat().st_mode) == 0o644, (directory, name)
+    finally:
+        os.umask(previous)
+
+
+def test_convert_from_hf_refuses_a_broken_tokenizer_before_writing(tmp_path, capsys):
+    from finetune_helpers import tiny_model_dir
+
+    source = tiny_model_dir(tmp_path / "tiny")
+    assert main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "good")]) == 0
+    tokenizer_json = source / "tokenizer.json"  # wins over the vocab.txt next to it
+    tokenizer_json.write_text('{"version": "1.0", "model": {"type": "WordPiece", "vocab": {"[PAD]": 0, "[UN')
+    assert main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "broken")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tokenizer_json} is not a valid tokenizer" in err, err
+    assert not (tmp_path / "broken").exists()

@@ -52,18 +52,34 @@ def copy_tokenizer_files(source: str, destination: str) -> list[str]:
     return copied
 
 
+def check_tokenizer(source: str) -> None:
+    """Load the tokenizer among the files `copy_tokenizer_files` copies (the one `load_tokenizer` picks), so that a
+    truncated or foreign file is an error naming it now; a directory without tokenizer files is fine."""
+    from bertjax.data import load_tokenizer
+
+    try:
+        load_tokenizer(source)
+    except FileNotFoundError:
+        return
+    except ValueError as error:
+        raise ValueError(f"--from-hf {source}: {error}. Its tokenizer files are copied with the weights; replace "
+                         "the broken file (or remove the tokenizer files to convert the weights alone)") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from bertjax import hf
     from bertjax.commands.output_dir import check_output_dir
-    from bertjax.data.tokenizer_export import save_for_transformers
+    from bertjax.data.tokenizer_export import save_for_model
     from bertjax.model_dirs import load_model_dir, read_token_ids, save_model_dir
 
     source = args.from_hf or args.to_hf
     if args.from_hf:
         if args.step is not None:
             raise ValueError("--step applies to --to-hf (a pretraining workdir's checkpoint)")
+        # from_pretrained refuses NaN/inf weights (or values beyond --dtype's range) before anything is written
         model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype, allow_pickle=args.allow_pickle)
         token_ids = hf.special_token_ids(args.from_hf)
+        check_tokenizer(args.from_hf)  # the files copied below: a broken one would surface only at the next use
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         save_model_dir(args.out, model, params, token_ids=token_ids)
         copy_tokenizer_files(args.from_hf, args.out)
@@ -72,10 +88,6 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         hf.save_pretrained(args.out, model, params, token_ids=read_token_ids(args.to_hf))
         if tokenizer is not None:
-            config = model.config
-            names = ["input_ids", "token_type_ids", "attention_mask"] if config.type_vocab_size else \
-                ["input_ids", "attention_mask"]
-            save_for_transformers(tokenizer, args.out, model_max_length=config.max_position_embeddings
-                                  - config.position_offset, model_input_names=names)
+            save_for_model(tokenizer, args.out, model.config)
     print(f"wrote {args.out} ({type(model).__name__}, {model.config.num_layers} layers)")
     return 0

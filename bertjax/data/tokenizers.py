@@ -169,8 +169,14 @@ class SentencePieceTokenizer(Tokenizer):
 
         self._proto = bytes(model_proto)
         self._source = source
-        self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
+        except Exception as error:  # RuntimeError from the C++ parser: truncated, empty or another kind of file
+            raise ValueError(f"{source} is not a valid tokenizer: not a SentencePiece model "
+                             f"({_first_line(error)})") from None
         size = self._sp.get_piece_size()
+        if size == 0:
+            raise ValueError(f"{source} is not a valid tokenizer: a SentencePiece model without pieces")
 
         def lookup(piece: str) -> int | None:
             i = self._sp.piece_to_id(piece)
@@ -232,12 +238,18 @@ class HuggingFaceTokenizer(Tokenizer):
 
         self._json = tokenizer_json
         self._source = source
-        self._tok = HfTokenizer.from_str(tokenizer_json)
+        try:
+            self._tok = HfTokenizer.from_str(tokenizer_json)
+        except Exception as error:  # the `tokenizers` library raises a bare Exception naming no file
+            raise ValueError(f"{source} is not a valid tokenizer: not a Hugging Face tokenizer.json "
+                             f"({_first_line(error)})") from None
         # A tokenizer.json saved after use can carry padding and truncation settings (sentence-transformers saves
         # them); they would pad or cut every encoding here, where callers lay out rows themselves.
         self._tok.no_padding()
         self._tok.no_truncation()
         vocab = self._tok.get_vocab(with_added_tokens=True)
+        if not vocab:
+            raise ValueError(f"{source} is not a valid tokenizer: its vocabulary is empty")
         size = max(vocab.values()) + 1
         pieces = [""] * size
         for piece, i in vocab.items():
@@ -249,7 +261,7 @@ class HuggingFaceTokenizer(Tokenizer):
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "HuggingFaceTokenizer":
         path = pathlib.Path(path)
-        return cls(path.read_text(encoding="utf-8"), source=str(path))
+        return cls(_read_text(path), source=str(path))
 
     def __getstate__(self):
         return {"tokenizer_json": self._json, "source": self._source}
@@ -328,7 +340,7 @@ class WordPieceTokenizer(HuggingFaceTokenizer):
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "WordPieceTokenizer":
         path = pathlib.Path(path)
-        return cls(path.read_text(encoding="utf-8"), lowercase=_lowercase_from_config(path.parent), source=str(path))
+        return cls(_read_text(path), lowercase=_lowercase_from_config(path.parent), source=str(path))
 
     def __getstate__(self):
         return {"vocab_text": self._vocab_text, "lowercase": self._lowercase, "source": self._source}
@@ -346,8 +358,24 @@ def _lowercase_from_config(directory: pathlib.Path) -> bool | None:
     config = directory / "tokenizer_config.json"
     if not config.is_file():
         return None
-    value = json.loads(config.read_text(encoding="utf-8")).get("do_lower_case")
+    try:
+        described = json.loads(_read_text(config))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config} is not a valid tokenizer config: invalid JSON ({error})") from None
+    value = described.get("do_lower_case") if isinstance(described, dict) else None
     return value if isinstance(value, bool) else None
+
+
+def _read_text(path: pathlib.Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path} is not a valid tokenizer: not UTF-8 text ({error})") from None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
 
 
 # What `load_tokenizer` looks for in a directory, in order of preference: tokenizer.json describes a Hugging Face

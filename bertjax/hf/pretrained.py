@@ -24,6 +24,7 @@ from bertjax.hf import registry, weights
 from bertjax.hf.family import HfFamily
 from bertjax.hf.mapping import KeyMapping, ParamPath
 from bertjax.models import MODEL_CLASSES, TASK_HEADS, abstract_params
+from bertjax.train.checkpoints import check_finite
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,12 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
         if flat[param_path].shape != spec.shape:
             raise RuntimeError(f"the {model_type} key mapping built {'/'.join(param_path)} with shape "
                                f"{flat[param_path].shape}, the model expects {spec.shape}")
-    return model, traverse_util.unflatten_dict(flat)
+    params = traverse_util.unflatten_dict(flat)
+    cause = "damaged, or saved from a diverged run"
+    if dtype_name != "float32":
+        cause += f", or values beyond the range of {dtype_name}"
+    check_finite(params, f"transformers directory {path}", cause)  # NaN weights give NaN outputs, silently
+    return model, params
 
 
 def _load_exact(path: str, values: dict, head: str, mapping: KeyMapping, tensors: dict[str, np.ndarray],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from collections.abc import Callable
 
 import numpy as np
@@ -99,6 +100,29 @@ def _check_pickle_allowed(directory: str, name: str, allow_pickle: bool) -> None
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
+    # An existing file keeps its mode, as open(path, "w") would; a new one gets 0o666 less the umask.
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()
     # transformers refuses safetensors files whose metadata does not name the framework.
     safetensors.numpy.save_file({name: np.ascontiguousarray(t) for name, t in tensors.items()}, path,
                                 metadata={"format": "pt"})
+    # safetensors writes a private temporary file (mode 0600) and renames it: without this, nobody but the owner
+    # (another user, a serving container) could read the weights, unlike every other file written next to them.
+    os.chmod(path, mode)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the system says it (Linux): os.umask sets it while
+    reading it, a moment in which another thread's files would be created with the wrong mode."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

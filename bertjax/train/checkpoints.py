@@ -9,16 +9,21 @@ Orbax writes a step into a temporary directory and renames it when complete, so 
 (`kill -9`, preemption) leaves the previous checkpoints intact and the half-written one invisible. Files damaged
 later (disk errors, partial copies) are caught by the checksums before restoring, with an error naming the file.
 Checksums are written only for steps this process saved (never for a step found on disk, which may already be
-damaged), and every restore also refuses NaN/inf values and parameters shaped for another model.
+damaged), and every restore also refuses NaN/inf values and parameters shaped for another model. The parameters of
+a bertjax model directory (`restore_param_tree`) and of a transformers directory (`check_finite`) get the same
+checks when bertjax.model_dirs reads them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -216,19 +221,23 @@ class Checkpointer:
             if checked and not verified:
                 log.warning("checkpoint %s has no checksums (saved without them, or interrupted before they were "
                             "written); restoring without verification", step_dir)
-            stored = self.manager.item_metadata(step)["state"]
-            _check_same_model(stored, abstract_state, step_dir)
-            _check_same_state(stored, abstract_state, step_dir)
-            restored = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), data=ProcessJsonRestore()))
+            with quiet_abandoned_reads():  # reading metadata runs many reads too
+                stored = self.manager.item_metadata(step)["state"]
+                if stored is None:
+                    raise CheckpointError(f"checkpoint {step_dir}: the array metadata of state/ cannot be read (a "
+                                          "file of state/ is missing or damaged)")
+                _check_same_model(stored, abstract_state, step_dir)
+                _check_same_state(stored, abstract_state, step_dir)
+                restored = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract_state), data=ProcessJsonRestore()))
             _check_finite(restored["state"], step_dir)
         except ModelMismatch:
             raise  # the checkpoint is fine: no hint to restore another or delete it
         except CheckpointError as error:
             raise CheckpointError(f"{error}. {self._hint(step)}") from None
         except Exception as error:  # orbax/tensorstore raise many types for damaged files
-            raise CheckpointError(f"checkpoint {step_dir} cannot be restored ({type(error).__name__}: "
-                                  f"{_first_line(error)}). {self._hint(step)}") from error
+            raise CheckpointError(f"checkpoint {step_dir} cannot be restored ({describe_read_error(error)}). "
+                                  f"{self._hint(step)}") from error
         return restored["state"], restored["data"]
 
     def set_aside_after(self, step: int) -> list[int]:
@@ -274,9 +283,9 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
     """
     step_dir = Path(step_dir).absolute()  # orbax reads metadata of relative paths as missing
     state_dir = step_dir / "state"
+    verify_checksums(step_dir)  # first: it names the missing or damaged file, as a resume does
     if not state_dir.is_dir():
-        raise CheckpointError(f"{step_dir} is not a checkpoint (no state/ directory)")
-    verify_checksums(step_dir)
+        raise CheckpointError(f"checkpoint {step_dir} is incomplete (no state/ directory)")
     sharding = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
     checkpointer = ocp.PyTreeCheckpointer()
     # Reading the state item on its own makes orbax warn that the step-level metadata is not in state/; it is
@@ -285,19 +294,26 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
     previous_level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)
     try:
-        metadata = checkpointer.metadata(state_dir)
-        tree = metadata.item_metadata
-        tree = getattr(tree, "tree", tree)
-        target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                                         tree["params"])}
-        restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
-            item=target, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=sharding), target),
-            partial_restore=True))
+        with quiet_abandoned_reads():
+            metadata = checkpointer.metadata(state_dir)
+            tree = metadata.item_metadata
+            tree = getattr(tree, "tree", tree)
+            if tree is None:
+                raise CheckpointError(f"checkpoint {step_dir}: the array metadata of state/ cannot be read (a file "
+                                      "of state/ is missing or damaged)")
+            target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                                             tree["params"])}
+            restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+                item=target, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=sharding), target),
+                partial_restore=True))
+    except CheckpointError:
+        raise
     except Exception as error:
-        raise CheckpointError(f"parameters of checkpoint {step_dir} cannot be read ({type(error).__name__}: "
-                              f"{_first_line(error)})") from error
+        raise CheckpointError(f"parameters of checkpoint {step_dir} cannot be read "
+                              f"({describe_read_error(error)})") from error
     finally:
         absl_logger.setLevel(previous_level)
+        checkpointer.close()
     _check_finite(restored["params"], step_dir)
     return restored["params"]
 
@@ -312,15 +328,19 @@ def _param_shapes(tree: Any) -> dict[str, tuple]:
     return {path: shape for path, shape in _leaf_shapes(tree).items() if path.startswith("params/")}
 
 
+def _shape_differences(stored: dict[str, tuple], wanted: dict[str, tuple], wanted_name: str) -> str:
+    """The first few paths whose stored shape differs from the wanted one ("" when none does)."""
+    differing = [f"{path} stored {stored.get(path, 'absent')}, {wanted_name} {wanted.get(path, 'absent')}"
+                 for path in sorted(set(stored) | set(wanted)) if stored.get(path) != wanted.get(path)]
+    return f"{'; '.join(differing[:3])}{'; ...' if len(differing) > 3 else ''}"
+
+
 def _check_same_model(stored: Any, abstract_state: Any, step_dir) -> None:
     """Parameters of the stored state against the run's model, before reading any array."""
-    stored, wanted = _param_shapes(stored), _param_shapes(abstract_state)
-    differing = [f"{path} stored {stored.get(path, 'absent')}, this run's model {wanted.get(path, 'absent')}"
-                 for path in sorted(set(stored) | set(wanted)) if stored.get(path) != wanted.get(path)]
+    differing = _shape_differences(_param_shapes(stored), _param_shapes(abstract_state), "this run's model")
     if differing:
-        raise ModelMismatch(f"checkpoint {step_dir} is of another model ({'; '.join(differing[:3])}"
-                            f"{'; ...' if len(differing) > 3 else ''}): run with the model config that saved it, "
-                            "or give another workdir / checkpoint.directory")
+        raise ModelMismatch(f"checkpoint {step_dir} is of another model ({differing}): run with the model config "
+                            "that saved it, or give another workdir / checkpoint.directory")
 
 
 def open_for_resume(config, workdir: str | Path) -> tuple["Checkpointer", int | None]:
@@ -350,14 +370,137 @@ def _check_same_state(stored: Any, abstract_state: Any, step_dir) -> None:
 
 def _check_finite(tree: Any, step_dir) -> None:
     """What a restore can verify without checksums: damaged bytes of float arrays often read as NaN/inf."""
+    check_finite(tree, f"checkpoint {step_dir}")
+
+
+def check_finite(tree: Any, source: str, cause: str = "damaged, or saved by a diverged run") -> None:
+    """Refuse a pytree whose floating-point arrays hold a NaN or an infinity: a CheckpointError naming `source`
+    ("checkpoint DIR", "model directory DIR", ...) and the first few arrays by path. Every model that commands read
+    passes here: workdir checkpoints, bertjax model directories and transformers directories."""
     bad = nonfinite_leaves(tree)
     if bad:
-        raise CheckpointError(f"checkpoint {step_dir} holds non-finite values in {len(bad)} array(s) "
-                              f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): damaged, or saved by a "
-                              "diverged run")
+        raise CheckpointError(f"{source} holds non-finite values (NaN or infinity) in {len(bad)} array(s) "
+                              f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): {cause}")
 
 
-def _first_line(error: Exception) -> str:
+# ---------------------------------------------------------------------------------------------------------------
+# A bertjax model directory's params/ (bertjax.model_dirs): the same checks as a workdir checkpoint's parameters.
+
+_WRITE_AGAIN = "Write the directory again (bertjax convert --from-hf, or init-from)"
+
+
+def restore_param_tree(params_dir: str | Path, abstract_params: Any, source: str) -> Any:
+    """The parameter pytree an Orbax checkpointer saved in `params_dir`, read onto `abstract_params`' shapes.
+
+    Damage is a one-line CheckpointError naming `source` and what is wrong: parameters shaped for another model than
+    `abstract_params` (ModelMismatch, naming the first differing paths, before reading any array), a missing or
+    unreadable file, NaN/inf values."""
+    params_dir = Path(params_dir).absolute()  # orbax reads metadata of relative paths as missing
+    damaged = f"{source}: {params_dir.name}/ cannot be read"
+    with ocp.StandardCheckpointer() as checkpointer, quiet_abandoned_reads():
+        try:
+            stored = checkpointer.metadata(params_dir).item_metadata
+        except Exception as error:
+            raise CheckpointError(f"{damaged} ({describe_read_error(error)}). {_WRITE_AGAIN}") from error
+        stored = getattr(stored, "tree", stored)
+        if stored is None:
+            raise CheckpointError(f"{damaged} (its array metadata is missing or damaged). {_WRITE_AGAIN}")
+        differing = _shape_differences(_leaf_shapes(stored), _leaf_shapes(abstract_params), "its model_config.json")
+        if differing:
+            raise ModelMismatch(f"{source}: {params_dir.name}/ holds another model than its model_config.json "
+                                f"describes ({differing}); was model_config.json edited? {_WRITE_AGAIN}")
+        try:
+            params = checkpointer.restore(params_dir, abstract_params)
+        except Exception as error:  # orbax/tensorstore raise many types for damaged files
+            raise CheckpointError(f"{damaged} ({describe_read_error(error)}); the directory is damaged. "
+                                  f"{_WRITE_AGAIN}") from error
+    check_finite(params, source)
+    return params
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors of damaged files.
+
+def describe_read_error(error: BaseException) -> str:
+    """`Type: first line` of the error orbax's read failed with at the bottom (TensorStore's, which names the
+    file or array), not orbax's wrapper around it, which carries a TensorStore spec repr."""
+    seen = set()
+    while error.__cause__ is not None and id(error.__cause__) not in seen:
+        seen.add(id(error))
+        error = error.__cause__
+    return f"{type(error).__name__}: {_TENSORSTORE_SPEC.sub('', _first_line(error))}"
+
+
+_TENSORSTORE_SPEC = re.compile(r"\s*\[tensorstore_spec=.*$")  # a JSON spec TensorStore appends to its errors
+
+
+def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else ""
 
+
+# Orbax runs a restore's reads on an event loop of its own and closes that loop as soon as one read fails; the
+# reads still in flight (TensorStore threads) finish later and call back into the closed loop. Each such call prints
+# "RuntimeError: Event loop is closed" through sys.unraisablehook, and asyncio logs "exception was never retrieved"
+# for the abandoned tasks, often after the one-line error, at exit. They say nothing the error does not, so once a
+# read has failed the process drops them (and only them).
+def _from_abandoned_read(error: BaseException | None, obj: Any = None) -> bool:
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return True
+    code = getattr(obj, "cr_code", None)  # "Exception ignored in: <coroutine object _read_...>"
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+        return True
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if "TensorStore" in text or "OCDBT" in text or "Event loop is closed" in text:
+            return True
+        tb = error.__traceback__
+        while tb is not None:
+            filename = tb.tb_frame.f_code.co_filename
+            if f"{os.sep}orbax{os.sep}" in filename or f"{os.sep}tensorstore{os.sep}" in filename:
+                return True
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+    return False
+
+
+class _AbandonedReadLogFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "exception was never retrieved" not in str(record.msg):
+            return True
+        return not _from_abandoned_read(record.exc_info[1] if record.exc_info else None)
+
+
+_ABANDONED_READ_LOG_FILTER = _AbandonedReadLogFilter()
+
+
+def _drop_abandoned_read_noise() -> bool:
+    """Install the filters; False when they already were."""
+    if getattr(sys.unraisablehook, "drops_abandoned_reads", False):
+        return False
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _from_abandoned_read(unraisable.exc_value, unraisable.object):
+            previous(unraisable)
+
+    hook.drops_abandoned_reads = True
+    hook.previous = previous
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_ABANDONED_READ_LOG_FILTER)
+    return True
+
+
+@contextlib.contextmanager
+def quiet_abandoned_reads():
+    """Around an orbax restore: if it fails, the reads it abandoned stay quiet for the rest of the process.
+
+    The filters go in before the reads start (the first callbacks can land before the error reaches any handler)
+    and come out again after a restore that succeeded."""
+    installed = _drop_abandoned_read_noise()
+    yield  # an error here propagates past what follows: the abandoned reads finish later, the filters stay
+    if installed and getattr(sys.unraisablehook, "drops_abandoned_reads", False):
+        sys.unraisablehook = sys.unraisablehook.previous
+        logging.getLogger("asyncio").removeFilter(_ABANDONED_READ_LOG_FILTER)

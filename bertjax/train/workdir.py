@@ -374,10 +374,23 @@ def check_model_config(workdir: Path, description: dict) -> None:
         raise ConfigError(f"{saved} is not valid JSON ({error}); this workdir's model description is damaged") \
             from None
     requested = json.loads(json.dumps(description))
-    found = differences(held, requested)
+    found = differences(with_new_fields(held), requested)
     if found:
         raise ConfigError(f"workdir {workdir} holds another model ({describe_differences(found)}); "
                           "give another --workdir")
+
+
+def with_new_fields(held: dict) -> dict:
+    """`held` with the EncoderConfig fields its file predates at their defaults: a field is added with the default
+    that keeps the math of the models written before it, so a workdir of an older bertjax still resumes."""
+    from bertjax.config import EncoderConfig
+
+    config = held.get("config") if isinstance(held, dict) else None
+    if not isinstance(config, dict):
+        return held
+    defaults = {f.name: f.default for f in dataclasses.fields(EncoderConfig)
+                if f.default is not dataclasses.MISSING and f.name not in config}
+    return {**held, "config": {**config, **json.loads(json.dumps(to_dict(defaults)))}}
 
 
 def record_run(workdir: Path, config: RunConfig, description: dict) -> None:
