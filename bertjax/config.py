@@ -510,6 +510,14 @@ class EncoderConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def resolved_dict(self) -> dict:
+        """`to_dict` with every "None: as another field" written out (num_kv_heads, embedding_size,
+        attention_head_dim, mlp_up_bias, num_layer_groups): two configs describe one model exactly when these are
+        equal, whichever way each was spelled (a workdir of an older bertjax lacks fields added since)."""
+        return {**self.to_dict(), "num_kv_heads": self.kv_heads, "embedding_size": self.embed_dim,
+                "attention_head_dim": self.head_dim, "mlp_up_bias": self.up_bias,
+                "num_layer_groups": self.layer_groups}
+
     @classmethod
     def from_dict(cls, values: dict) -> "EncoderConfig":
         unknown = set(values) - {f.name for f in dataclasses.fields(cls)}

@@ -301,3 +301,28 @@ def test_evaluation_embeddings_equal_encode_with_prompts(files):
     texts = ["good day", "", "the cold dark night was grim and dull"]
     got = embed_texts(embed_step, encoder.params, encoder, texts, "who : ", 4, mesh)
     np.testing.assert_allclose(got, encoder.encode(texts, prompt="who : "), atol=1e-5)
+
+
+def test_a_users_config_and_another_kind_of_run_are_refused_before_anything_is_written(tmp_path, files):
+    """A config.yaml the user keeps in the workdir would be replaced by the resolved config; a pretraining
+    workdir holds another kind of run. Both are refused with the workdir left byte for byte."""
+    from bertjax.embeddings.training import train_embedder
+
+    root, model, train, _ = files
+    config = embedder_config_from_dict(RAW)
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "config.yaml").write_text("# my settings\ntrain:\n  epochs: 5\n")
+    before = (exp / "config.yaml").read_bytes()
+    with pytest.raises(ConfigError, match=r"--config .*config.yaml is the file bertjax writes its resolved config to"):
+        train_embedder(config, exp, model, train, config_path=exp / "config.yaml")
+    with pytest.raises(ConfigError, match="was not written by bertjax"):
+        train_embedder(config, exp, model, train)
+    assert (exp / "config.yaml").read_bytes() == before and [p.name for p in exp.iterdir()] == ["config.yaml"]
+    pretraining = tmp_path / "pretraining"
+    pretraining.mkdir()
+    (pretraining / "model_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"holds a run of `bertjax pretrain` \(model_config.json\), not one of "
+                                          r"`bertjax train-embedder`"):
+        train_embedder(config, pretraining, model, train)
+    assert [p.name for p in pretraining.iterdir()] == ["model_config.json"]

@@ -120,3 +120,19 @@ def test_glue_grid_is_checked_before_anything_trains(tmp_path, capsys):
         run_glue(tmp_path / "model", tmp_path / "data", workdir, learning_rates=[1e-4], weight_decays=[0],
                  epochs=[1], overrides=["train.batch_size=0"], say=lambda _: None)
     assert not workdir.exists()  # nothing read, written or trained
+
+
+def test_a_pretraining_workdir_is_not_a_finetuning_workdir(tmp_path, capsys):
+    """Fine-tuning into a pretraining workdir would rewrite its config.yaml and find its checkpoints."""
+    from bertjax.cli import main
+
+    pretraining = tmp_path / "runs" / "tiny"
+    pretraining.mkdir(parents=True)
+    (pretraining / "model_config.json").write_text("{}")
+    (pretraining / "config.yaml").write_text("train: {steps: 600}\n")
+    args = ["finetune", "--model", str(tmp_path / "model"), "--task", "sequence-classification", "--train",
+            str(tmp_path / "t.jsonl"), "--validation", str(tmp_path / "v.jsonl"), "--workdir", str(pretraining)]
+    assert main(args) == 2
+    assert "holds a run of `bertjax pretrain` (model_config.json), not one of `bertjax finetune`" in \
+        capsys.readouterr().err
+    assert sorted(p.name for p in pretraining.iterdir()) == ["config.yaml", "model_config.json"]

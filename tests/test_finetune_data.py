@@ -403,3 +403,21 @@ def test_words_of_byte_level_bpe_start_with_word_initial_pieces(tmp_path):
     assert bool(np.all(bpe.word_start[firsts]))  # each word's first piece is a word-initial ("Ġ") piece
     # the same ids as the sentence in running text, after its first word
     assert row["input_ids"][2:1 + len(words)].tolist() == bpe.encode("the dog ran far")[1:].tolist()
+
+
+def test_encoders_count_the_examples_they_cut(tok):
+    """What `bertjax predict` warns about: an example counts when any of its tokens were cut to data.max_length
+    (an exact fit does not); a multiple-choice question counts once, whichever of its choices was cut."""
+    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.tasks import task_class
+
+    _, cut = encoding.encode_texts_and_cuts(tok, ["the cat sat on the mat", "dog", "the red house"], None, 8, True,
+                                            "x")
+    assert cut.tolist() == [False, False, False]  # 6 + [CLS] [SEP] = 8 fits exactly
+    _, cut = encoding.encode_texts_and_cuts(tok, ["the cat sat on the mat .", "dog"], ["far away", None], 8, True,
+                                            "x")
+    assert cut.tolist() == [True, False]
+    choice = task_class("multiple-choice")(FinetuneDataConfig(max_length=8), TaskConfig())
+    rows = [{"question": "who ran", "choices": ["the dog", "the big red cat sat on the mat"], "label": 0},
+            {"question": "what", "choices": ["paris", "france"], "label": 1}]
+    assert choice.encode(tok, rows, Labels(names=()), "x", with_targets=True).truncated == 1

@@ -478,7 +478,8 @@ def test_damaged_bertjax_model_directory_is_a_one_line_error_naming_it(model_dir
 
 def test_a_model_config_written_before_a_new_config_field_still_matches(tmp_path):
     """A workdir of an older bertjax lacks the EncoderConfig fields added since (mlp_up_bias, ...): they take their
-    defaults, which keep the old math, so the run resumes; a field that really differs is still refused."""
+    defaults, which keep the old math, so the run resumes. A preset that changed since (mosaicbert's bias-free GLU
+    input) is another model, and the error names the override that resumes it."""
     import json
 
     import pytest
@@ -487,11 +488,15 @@ def test_a_model_config_written_before_a_new_config_field_still_matches(tmp_path
     from bertjax.train.run_config import ConfigError
     from bertjax.train.workdir import check_model_config
 
-    description = {"head": "masked_lm", "config": get_config("bert-tiny").to_dict()}
-    older = {"head": "masked_lm", "config": {k: v for k, v in description["config"].items()
-                                              if k not in ("mlp_up_bias", "attention_fused_qkv")}}
-    (tmp_path / "model_config.json").write_text(json.dumps(older))
-    check_model_config(tmp_path, description)
-    changed = {"head": "masked_lm", "config": {**description["config"], "mlp_up_bias": False}}
-    with pytest.raises(ConfigError, match="holds another model .*mlp_up_bias"):
-        check_model_config(tmp_path, changed)
+    def older(config):  # as a bertjax without these fields wrote it
+        return {"head": "masked_lm", "config": {k: v for k, v in config.to_dict().items()
+                                                if k not in ("mlp_up_bias", "attention_fused_qkv")}}
+
+    (tmp_path / "model_config.json").write_text(json.dumps(older(get_config("bert-tiny"))))
+    check_model_config(tmp_path, {"head": "masked_lm", "config": get_config("bert-tiny").to_dict()})
+    mosaic = get_config("mosaicbert-tiny")
+    (tmp_path / "model_config.json").write_text(json.dumps(older(mosaic.replace(mlp_up_bias=None))))
+    with pytest.raises(ConfigError, match=r"holds another model .*mlp_up_bias.*resume it with the workdir's model "
+                                          r"\(model.overrides.mlp_up_bias=true\)"):
+        check_model_config(tmp_path, {"head": "masked_lm", "config": mosaic.to_dict()})
+    check_model_config(tmp_path, {"head": "masked_lm", "config": mosaic.replace(mlp_up_bias=True).to_dict()})

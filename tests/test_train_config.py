@@ -298,7 +298,7 @@ def test_a_workdir_of_another_run_type_is_refused_and_left_as_it_was(tmp_path, c
         (workdir / name).write_text("{}")
         before = _tree(workdir)
         assert main(["pretrain", "--config", str(path), "--workdir", str(workdir)]) == 2
-        assert f"({name}), not a pretraining run" in capsys.readouterr().err
+        assert f"({name}), not one of `bertjax pretrain`" in capsys.readouterr().err
         assert _tree(workdir) == before  # no tokenizer/, no lock file
 
 

@@ -154,3 +154,11 @@ def test_convert_from_hf_refuses_a_broken_tokenizer_before_writing(tmp_path, cap
     err = capsys.readouterr().err
     assert f"{tokenizer_json} is not a valid tokenizer" in err, err
     assert not (tmp_path / "broken").exists()
+    # A readable tokenizer with special tokens bertjax does not know is no damage: copied, with a warning.
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"<|begin|>": 0, "<|unknown|>": 1, "word": 2}, unk_token="<|unknown|>")).save(
+        str(tokenizer_json))
+    assert main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "foreign")]) == 0
+    assert "bertjax's commands cannot use its tokenizer" in capsys.readouterr().err
+    assert (tmp_path / "foreign" / "tokenizer.json").read_bytes() == tokenizer_json.read_bytes()

@@ -19,6 +19,7 @@ import argparse
 import glob
 import os
 import shutil
+import sys
 
 HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or a model or run back."
 
@@ -54,16 +55,22 @@ def copy_tokenizer_files(source: str, destination: str) -> list[str]:
 
 def check_tokenizer(source: str) -> None:
     """Load the tokenizer among the files `copy_tokenizer_files` copies (the one `load_tokenizer` picks), so that a
-    truncated or foreign file is an error naming it now; a directory without tokenizer files is fine."""
+    truncated or foreign file is an error naming it now. A directory without tokenizer files is fine, and so is a
+    readable tokenizer bertjax's commands cannot use (special tokens it does not know): a warning, the files are
+    copied as they are, for transformers."""
     from bertjax.data import load_tokenizer
+    from bertjax.data.tokenizers import InvalidTokenizerFile
 
     try:
         load_tokenizer(source)
     except FileNotFoundError:
         return
-    except ValueError as error:
+    except InvalidTokenizerFile as error:
         raise ValueError(f"--from-hf {source}: {error}. Its tokenizer files are copied with the weights; replace "
                          "the broken file (or remove the tokenizer files to convert the weights alone)") from None
+    except ValueError as error:
+        print(f"warning: --from-hf {source}: bertjax's commands cannot use its tokenizer ({error}); its files are "
+              "copied as they are", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:

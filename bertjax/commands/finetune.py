@@ -39,24 +39,19 @@ def run(args: argparse.Namespace) -> int:
 
     # Before anything touches a JAX backend: the processes must connect first.
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    from pathlib import Path
-
     import jax
 
     from bertjax.finetune.config import load_finetune_config
     from bertjax.finetune.tasks import task_class
     from bertjax.finetune.tasks.base import chosen_keys
-    from bertjax.train import workdir as workdir_lib
     from bertjax.train.run_config import read_config_file
     from bertjax.finetune.trainer import BEST_DIR, finetune
 
     task = task_class(args.task)
     config = load_finetune_config(args.config, args.overrides, task.defaults)
-    # The workdir's config.yaml is the run's record, rewritten by every run: one the user wrote is not replaced.
-    workdir = Path(args.workdir)
-    workdir_lib.check_config_is_ours(workdir, workdir_lib.holds_run(workdir, config.checkpoint), args.config)
     chosen = chosen_keys(args.overrides, read_config_file(args.config, empty_ok=True) if args.config else None)
-    result = finetune(args.model, task, args.train, args.validation, args.workdir, config, chosen=chosen)
+    result = finetune(args.model, task, args.train, args.validation, args.workdir, config, chosen=chosen,
+                      config_path=args.config)
     if jax.process_index() != 0:
         return 0
     results = result.results

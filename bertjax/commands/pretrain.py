@@ -34,16 +34,12 @@ def run(args: argparse.Namespace) -> int:
 
     # Before anything touches a JAX backend: the processes must connect first.
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    from pathlib import Path
-
     from bertjax.train.loop import pretrain
     from bertjax.train.run_config import load_run_config
-    from bertjax.train.workdir import check_pretraining_workdir
 
     config = load_run_config(args.config, args.overrides)
-    # Before anything is made: names --config when it is the workdir's config.yaml, which the run would replace.
-    check_pretraining_workdir(Path(args.workdir), config, config_path=args.config)
-    result = pretrain(config, args.workdir)
+    # config_path: the workdir checks name --config when it is the workdir's config.yaml, which the run would replace
+    result = pretrain(config, args.workdir, config_path=args.config)
 
     import jax
     if jax.process_index() != 0:

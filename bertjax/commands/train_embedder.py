@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.embeddings.training import train_embedder
 
     config = load_embedder_config(args.config, args.overrides)
-    result = train_embedder(config, args.workdir, args.model, args.train, args.validation)
+    result = train_embedder(config, args.workdir, args.model, args.train, args.validation, config_path=args.config)
     if jax.process_index() != 0:
         return 0
     print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} of {result.total_steps} "

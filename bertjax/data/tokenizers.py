@@ -35,6 +35,11 @@ SPECIAL_TOKEN_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 
+class InvalidTokenizerFile(ValueError):
+    """A tokenizer file that cannot be read at all (truncated, empty, not UTF-8, another kind of file), as opposed
+    to a readable tokenizer bertjax cannot use (special tokens it does not know)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecialIds:
     cls: int
@@ -172,11 +177,11 @@ class SentencePieceTokenizer(Tokenizer):
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
         except Exception as error:  # RuntimeError from the C++ parser: truncated, empty or another kind of file
-            raise ValueError(f"{source} is not a valid tokenizer: not a SentencePiece model "
+            raise InvalidTokenizerFile(f"{source} is not a valid tokenizer: not a SentencePiece model "
                              f"({_first_line(error)})") from None
         size = self._sp.get_piece_size()
         if size == 0:
-            raise ValueError(f"{source} is not a valid tokenizer: a SentencePiece model without pieces")
+            raise InvalidTokenizerFile(f"{source} is not a valid tokenizer: a SentencePiece model without pieces")
 
         def lookup(piece: str) -> int | None:
             i = self._sp.piece_to_id(piece)
@@ -241,7 +246,7 @@ class HuggingFaceTokenizer(Tokenizer):
         try:
             self._tok = HfTokenizer.from_str(tokenizer_json)
         except Exception as error:  # the `tokenizers` library raises a bare Exception naming no file
-            raise ValueError(f"{source} is not a valid tokenizer: not a Hugging Face tokenizer.json "
+            raise InvalidTokenizerFile(f"{source} is not a valid tokenizer: not a Hugging Face tokenizer.json "
                              f"({_first_line(error)})") from None
         # A tokenizer.json saved after use can carry padding and truncation settings (sentence-transformers saves
         # them); they would pad or cut every encoding here, where callers lay out rows themselves.
@@ -249,7 +254,7 @@ class HuggingFaceTokenizer(Tokenizer):
         self._tok.no_truncation()
         vocab = self._tok.get_vocab(with_added_tokens=True)
         if not vocab:
-            raise ValueError(f"{source} is not a valid tokenizer: its vocabulary is empty")
+            raise InvalidTokenizerFile(f"{source} is not a valid tokenizer: its vocabulary is empty")
         size = max(vocab.values()) + 1
         pieces = [""] * size
         for piece, i in vocab.items():
@@ -361,7 +366,7 @@ def _lowercase_from_config(directory: pathlib.Path) -> bool | None:
     try:
         described = json.loads(_read_text(config))
     except json.JSONDecodeError as error:
-        raise ValueError(f"{config} is not a valid tokenizer config: invalid JSON ({error})") from None
+        raise InvalidTokenizerFile(f"{config} is not a valid tokenizer config: invalid JSON ({error})") from None
     value = described.get("do_lower_case") if isinstance(described, dict) else None
     return value if isinstance(value, bool) else None
 
@@ -370,7 +375,7 @@ def _read_text(path: pathlib.Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not a valid tokenizer: not UTF-8 text ({error})") from None
+        raise InvalidTokenizerFile(f"{path} is not a valid tokenizer: not UTF-8 text ({error})") from None
 
 
 def _first_line(error: Exception) -> str:

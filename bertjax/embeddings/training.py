@@ -289,19 +289,25 @@ def save_final_model(directory: Path, encoder, params) -> Any:
 
 def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str | Path, train_file: str | Path,
                    validation_file: str | Path | None = None, *, stop_after: int | None = None,
-                   on_log: Callable[[int, dict], bool | None] | None = None) -> EmbedderResult:
+                   on_log: Callable[[int, dict], bool | None] | None = None,
+                   config_path: str | Path | None = None) -> EmbedderResult:
     """Train in `workdir`, resuming from its latest checkpoint. `stop_after` ends this invocation after that many
-    steps, as a kill would after a checkpoint (used to test resuming).
+    steps, as a kill would after a checkpoint (used to test resuming). `config_path`: the run config's file, named
+    when it is the workdir's own config.yaml (which the run rewrites).
 
     The model is loaded first, before the workdir is made or locked: a model that cannot be trained (a tokenizer
     larger than its vocabulary, a data.max_length past its positions) is refused with nothing written."""
     began = time.perf_counter()
     encoder = load_encoder(model_dir, config)
     return _train(config, workdir, model_dir, train_file, validation_file, encoder, began=began,
-                  stop_after=stop_after, on_log=on_log)
+                  stop_after=stop_after, on_log=on_log, config_path=config_path)
 
 
-@workdir_lib.exclusive
+def _check_workdir(workdir: Path, config: EmbedderConfig, config_path: str | Path | None) -> None:
+    workdir_lib.check_workdir_is_for(workdir, RUN_FILE, config.checkpoint, config_path)
+
+
+@workdir_lib.exclusive(check=_check_workdir)
 def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_file: str | Path,
            validation_file: str | Path | None, encoder, *, began: float, stop_after: int | None,
            on_log: Callable[[int, dict], bool | None] | None) -> EmbedderResult:

@@ -53,19 +53,28 @@ def encode_texts(tokenizer, texts: Sequence[str], pairs: Sequence[str | None] | 
                  truncation: bool, source: str) -> dict[str, np.ndarray]:
     """Rows for texts (and their pairs): arrays [examples, max_length]. A None pair (or `pairs` None) is a single
     text: each row is laid out as the tokenizer lays out that example alone, so a file may mix both."""
+    return encode_texts_and_cuts(tokenizer, texts, pairs, max_length, truncation, source)[0]
+
+
+def encode_texts_and_cuts(tokenizer, texts: Sequence[str], pairs: Sequence[str | None] | None, max_length: int,
+                          truncation: bool, source: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """`encode_texts`, and which examples were cut to fit max_length (bool [examples]: part of them never reaches
+    the model, which `bertjax predict` counts)."""
     firsts = tokenizer.encode_batch(list(texts))
     pairs = [None] * len(firsts) if pairs is None else list(pairs)
     paired = [i for i, pair in enumerate(pairs) if pair is not None]
     seconds: list = [None] * len(firsts)
     for i, ids in zip(paired, tokenizer.encode_batch([pairs[i] for i in paired]) if paired else []):
         seconds[i] = [int(t) for t in ids]
-    rows = []
+    rows, cut = [], np.zeros(len(firsts), bool)
     for i, (first, second) in enumerate(zip(firsts, seconds)):
         specials = tokenizer.special_template.specials(second is not None)
+        length = len(first) + (len(second) if second is not None else 0)
         first, second = fit_pair([int(t) for t in first], second, max_length, truncation, f"{source}, example {i + 1}",
                                  specials)
+        cut[i] = len(first) + (len(second) if second is not None else 0) < length
         rows.append(layout(tokenizer, first, second, max_length))
-    return stack(rows)
+    return stack(rows), cut
 
 
 def stack(rows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

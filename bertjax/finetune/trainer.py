@@ -282,8 +282,7 @@ def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> lis
     from bertjax.train import workdir as workdir_lib
 
     path = workdir / RUN_FILE
-    if not path.is_file():  # a config.yaml here is the user's: the run would replace it
-        workdir_lib.check_config_is_ours(workdir, workdir_lib.holds_run(workdir, config.checkpoint))
+    if not path.is_file():
         return []
     before = workdir_lib.read_run_file(path)
     workdir_lib.check_same_identity(workdir, before, identity, paths=("model", "train", "validation"))
@@ -326,10 +325,11 @@ def optimizer_config(config: FinetuneConfig) -> OptimizerConfig:
 
 def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path, validation_file: str | Path,
              workdir: str | Path, config: FinetuneConfig, *, stop_after: int | None = None,
-             say: Callable[[str], None] = print, chosen: Collection[str] = ()) -> FinetuneResult:
+             say: Callable[[str], None] = print, chosen: Collection[str] = (),
+             config_path: str | Path | None = None) -> FinetuneResult:
     """Fine-tune; `stop_after` ends the run after that many steps (as a kill would, used to test resuming).
     `chosen`: the dotted keys the user set; a data.max_length among them must fit the model, a default is capped
-    to it (tasks.base.fit_max_length)."""
+    to it (tasks.base.fit_max_length). `config_path`: the run config's file, named in the workdir checks' errors."""
     from bertjax.model_dirs import load_model_dir
     from bertjax.models.inputs import check_ids
     from bertjax.train.checkpoints import open_for_resume
@@ -346,6 +346,8 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     identity = {"model": workdir_lib.path_identity(model_dir), "task": task_cls.name,
                 "train": workdir_lib.path_identity(train_file),
                 "validation": workdir_lib.path_identity(validation_file)}
+    # Before the model loads: another kind of run, or a config.yaml of the user's, here (which the run rewrites).
+    workdir_lib.check_workdir_is_for(workdir, RUN_FILE, config.checkpoint, config_path)
     base_model, base_params, tokenizer = load_model_dir(model_dir)
     fitted = fit_max_length(config.data, base_model.config, chosen=chosen, model=f"--model {model_dir}")
     if fitted != config.data:

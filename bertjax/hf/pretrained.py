@@ -24,7 +24,6 @@ from bertjax.hf import registry, weights
 from bertjax.hf.family import HfFamily
 from bertjax.hf.mapping import KeyMapping, ParamPath
 from bertjax.models import MODEL_CLASSES, TASK_HEADS, abstract_params
-from bertjax.train.checkpoints import check_finite
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +132,8 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
         if flat[param_path].shape != spec.shape:
             raise RuntimeError(f"the {model_type} key mapping built {'/'.join(param_path)} with shape "
                                f"{flat[param_path].shape}, the model expects {spec.shape}")
+    from bertjax.train.checkpoints import check_finite  # here: importing bertjax.hf stays free of orbax
+
     params = traverse_util.unflatten_dict(flat)
     cause = "damaged, or saved from a diverged run"
     if dtype_name != "float32":

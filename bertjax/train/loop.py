@@ -101,6 +101,8 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     early stop); returning True stops the run there as Ctrl-C does: a checkpoint is saved and calling `pretrain`
     again resumes from it. On several processes it is called on each with the same metrics and must decide the
     same everywhere.
+    `config_path` (a keyword, taken by workdir.exclusive): the run config's file, named in the workdir
+    checks' errors when it is the workdir's own config.yaml.
     """
     began = time.perf_counter()
     workdir = Path(workdir).absolute()

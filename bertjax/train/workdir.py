@@ -38,6 +38,7 @@ from typing import Any, Callable
 import jax
 import yaml
 
+from bertjax.config import EncoderConfig
 from bertjax.train.run_config import ConfigError, OptimizerConfig, RunConfig, parse_dataclass, to_dict
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,9 @@ from bertjax.model_dirs import (CHECKPOINTS_DIR, MODEL_CONFIG_FILE, RUN_CONFIG_F
 LOCK_FILE = "bertjax.lock"
 # The record files of the other run types that keep a config.yaml in their workdir (bertjax.finetune.trainer,
 # bertjax.embeddings.training), and what they are called in errors.
-OTHER_RUN_FILES = {"finetune.json": "bertjax finetune", "train_embedder.json": "bertjax train-embedder"}
+# The record each kind of run writes beside its config.yaml: what kind of run a workdir holds.
+RUN_FILES = {MODEL_CONFIG_FILE: "bertjax pretrain", "finetune.json": "bertjax finetune",
+             "train_embedder.json": "bertjax train-embedder"}
 # Run-config keys the workdir's tokenizer is made from (tokenizer.path, or one trained on data.input's train split).
 TOKENIZER_KEYS = ("tokenizer", "data.input", "data.text_format", "data.text_field", "data.eval_fraction",
                   "train.seed")
@@ -126,18 +129,19 @@ def _process_alive(pid: Any) -> bool:
 def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None) -> Callable:
     """Decorate `pretrain(config, workdir, ...)`: hold the workdir's lock while it runs (process 0 only: the other
     hosts of a multi-host run share process 0's run), and remove a half-made workdir if setup fails.
-    `@exclusive(check=f)` first runs `f(workdir, config)`, before the workdir is made or locked (pretraining's
-    `check_pretraining_workdir`; the embedder trainer has its own config and rerun rules)."""
+    `@exclusive(check=f)` first runs `f(workdir, config, config_path)`, before the workdir is made or locked
+    (`check_pretraining_workdir`, `check_workdir_is_for`); `config_path`, a keyword of the decorated function's
+    callers, names the --config file in its errors."""
     if pretrain is None:
         return functools.partial(exclusive, check=check)
 
     @functools.wraps(pretrain)
-    def run(config, workdir: str | Path, *args, **kwargs):
+    def run(config, workdir: str | Path, *args, config_path: str | Path | None = None, **kwargs):
         workdir = Path(workdir).absolute()
         if workdir.exists() and not workdir.is_dir():
             raise ConfigError(f"--workdir {workdir} is a file, not a directory: give a directory (new or a run's)")
         if check is not None:
-            check(workdir, config)
+            check(workdir, config, config_path)
         if jax.process_index() != 0:
             return pretrain(config, workdir, *args, **kwargs)
         existed_before = set(workdir.iterdir()) if workdir.is_dir() else None
@@ -190,8 +194,7 @@ def has_checkpoint(workdir: Path, checkpoint: Any) -> bool:
 def holds_run(workdir: Path, checkpoint: Any) -> bool:
     """Whether the workdir holds a bertjax run of any type: a record file written with its config.yaml
     (model_config.json, finetune.json, train_embedder.json) or a checkpoint."""
-    records = (MODEL_CONFIG_FILE, *OTHER_RUN_FILES)
-    return any((Path(workdir) / name).is_file() for name in records) or has_checkpoint(workdir, checkpoint)
+    return any((Path(workdir) / name).is_file() for name in RUN_FILES) or has_checkpoint(workdir, checkpoint)
 
 
 def check_config_is_ours(workdir: Path, has_run: bool, config_path: str | Path | None = None) -> None:
@@ -208,23 +211,30 @@ def check_config_is_ours(workdir: Path, has_run: bool, config_path: str | Path |
                           "included and comments dropped); keep your config outside the workdir or use another "
                           "--workdir")
     raise ConfigError(f"{saved} was not written by bertjax: the workdir holds no bertjax run (no checkpoint, no "
-                      f"{' or '.join((MODEL_CONFIG_FILE, *OTHER_RUN_FILES))}), and bertjax writes the resolved config "
+                      f"{' or '.join(RUN_FILES)}), and bertjax writes the resolved config "
                       "of its run there, replacing what the file holds. Keep your config outside the workdir or use "
                       "another --workdir")
 
 
+def check_workdir_is_for(workdir: Path, own_record: str, checkpoint: Any,
+                         config_path: str | Path | None = None) -> None:
+    """Before anything is written: the workdir holds no run of another kind (the record of each kind, RUN_FILES;
+    `own_record` is this run's) and no config.yaml of the user's (the --config file itself, `config_path`, named
+    as such)."""
+    workdir = Path(workdir)
+    for name, what in RUN_FILES.items():
+        if name != own_record and (workdir / name).is_file():
+            raise ConfigError(f"workdir {workdir} holds a run of `{what}` ({name}), not one of "
+                              f"`{RUN_FILES[own_record]}`; give another --workdir")
+    check_config_is_ours(workdir, holds_run(workdir, checkpoint), config_path)
+
+
 def check_pretraining_workdir(workdir: Path, config: RunConfig, config_path: str | Path | None = None) -> None:
-    """Before the workdir is made or locked: it holds no other kind of run, no config.yaml of the user's (the
-    --config file itself, `config_path`, named as such), and the model's kernels run here
+    """`check_workdir_is_for` a pretraining run, and the model's kernels run here
     (bertjax.train.setup.check_kernels_run_on)."""
     from bertjax.train.setup import check_kernels_run_on
 
-    workdir = Path(workdir)
-    for name, what in OTHER_RUN_FILES.items():
-        if (workdir / name).is_file():
-            raise ConfigError(f"workdir {workdir} holds a run of `{what}` ({name}), not a pretraining run; "
-                              "give pretraining another --workdir")
-    check_config_is_ours(workdir, holds_run(workdir, config.checkpoint), config_path)
+    check_workdir_is_for(workdir, MODEL_CONFIG_FILE, config.checkpoint, config_path)
     check_kernels_run_on(config, jax.default_backend())
 
 
@@ -373,24 +383,30 @@ def check_model_config(workdir: Path, description: dict) -> None:
     except json.JSONDecodeError as error:
         raise ConfigError(f"{saved} is not valid JSON ({error}); this workdir's model description is damaged") \
             from None
-    requested = json.loads(json.dumps(description))
-    found = differences(with_new_fields(held), requested)
+    found = differences(_comparable(held), _comparable(description))
     if found:
-        raise ConfigError(f"workdir {workdir} holds another model ({describe_differences(found)}); "
+        fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+        keep = [f"model.overrides.{key[len('config.'):]}={json.dumps(held_value)}" for key, held_value, _ in found
+                if key.startswith("config.") and key[len("config."):] in fields
+                and isinstance(held_value, (bool, int, float, str, type(None)))]
+        hint = f"resume it with the workdir's model ({' '.join(keep)}), or " if len(keep) == len(found) else ""
+        raise ConfigError(f"workdir {workdir} holds another model ({describe_differences(found)}); {hint}"
                           "give another --workdir")
 
 
-def with_new_fields(held: dict) -> dict:
-    """`held` with the EncoderConfig fields its file predates at their defaults: a field is added with the default
-    that keeps the math of the models written before it, so a workdir of an older bertjax still resumes."""
-    from bertjax.config import EncoderConfig
-
-    config = held.get("config") if isinstance(held, dict) else None
-    if not isinstance(config, dict):
-        return held
-    defaults = {f.name: f.default for f in dataclasses.fields(EncoderConfig)
-                if f.default is not dataclasses.MISSING and f.name not in config}
-    return {**held, "config": {**config, **json.loads(json.dumps(to_dict(defaults)))}}
+def _comparable(description: dict) -> dict:
+    """A model description with its config in `EncoderConfig.resolved_dict` form: fields the file predates take
+    their defaults (which keep the math of the models written before them) and a "None: as X" field compares
+    equal to X spelled out. A config that no longer parses is compared as written."""
+    description = json.loads(json.dumps(description))
+    config = description.get("config") if isinstance(description, dict) else None
+    if isinstance(config, dict):
+        try:
+            config = json.loads(json.dumps(EncoderConfig.from_dict(config).resolved_dict()))
+        except (TypeError, ValueError):
+            return description
+        description = {**description, "config": config}
+    return description
 
 
 def record_run(workdir: Path, config: RunConfig, description: dict) -> None:

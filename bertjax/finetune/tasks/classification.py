@@ -12,26 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.finetune import metrics
-from bertjax.finetune.encoding import encode_texts
+from bertjax.finetune.encoding import encode_texts_and_cuts
 from bertjax.finetune.packing import pack_rows, training_order
 from bertjax.finetune.readers import is_null, require_columns, text_cell
 from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, fit_names, is_number, label_ids,
                                          softmax)
-
-
-def cut_examples(tokenizer, texts: list[str], pairs: list[str | None], segment_ids: np.ndarray,
-                 max_length: int) -> int:
-    """How many examples `encode_texts` cut to fit max_length (its rows `segment_ids`, unpacked). Only a full row
-    can hold a cut example (or one that fits exactly), so only those are tokenized again and measured."""
-    full = np.flatnonzero(segment_ids.sum(1) == max_length)
-    if not len(full):
-        return 0
-    firsts = tokenizer.encode_batch([texts[i] for i in full])
-    paired = [k for k, i in enumerate(full) if pairs[i] is not None]
-    seconds = dict(zip(paired, tokenizer.encode_batch([pairs[full[k]] for k in paired]) if paired else []))
-    template = tokenizer.special_template
-    lengths = [len(first) + len(seconds.get(k, ())) + template.specials(k in seconds) for k, first in enumerate(firsts)]
-    return sum(length > max_length for length in lengths)
 
 
 class SequenceClassification(Task):
@@ -93,8 +78,8 @@ class SequenceClassification(Task):
     def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
         self._columns(rows, source, with_targets)
         texts, pairs = self._texts(rows, source)
-        arrays = encode_texts(tokenizer, texts, pairs, self.data.max_length, self.data.truncation, source)
-        truncated = cut_examples(tokenizer, texts, pairs, arrays["segment_ids"], self.data.max_length)
+        arrays, cut = encode_texts_and_cuts(tokenizer, texts, pairs, self.data.max_length, self.data.truncation,
+                                            source)
         gold = None
         if with_targets:
             values = self._label_values(rows, source)
@@ -109,7 +94,7 @@ class SequenceClassification(Task):
             arrays["labels"] = gold
         if self.data.packing:
             arrays = pack_rows(arrays, tokenizer.pad_id, training_order(len(rows)) if training else None)
-        return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold), truncated=truncated)
+        return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold), truncated=int(cut.sum()))
 
     # Packed rows carry [rows, K] labels and weights; unpacked ones [rows].
     def model_kwargs(self, batch, type_vocab_size):

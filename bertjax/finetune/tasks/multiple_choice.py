@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.finetune import metrics
-from bertjax.finetune.encoding import encode_texts
+from bertjax.finetune.encoding import encode_texts_and_cuts
 from bertjax.finetune.readers import require_columns, text_cell, text_list
 from bertjax.finetune.tasks.base import Encoded, Labels, Task, cross_entropy, is_number, softmax
 
@@ -54,14 +54,14 @@ class MultipleChoice(Task):
         count = len(choices[0])
         questions = [text_cell(row, self.data.question_column, "data.question_column", f"{source}, row {i + 1}")
                      for i, row in enumerate(rows) for _ in range(count)]
-        flat = encode_texts(tokenizer, questions, [c for row in choices for c in row], self.data.max_length,
-                            self.data.truncation, source)
+        flat, cut = encode_texts_and_cuts(tokenizer, questions, [c for row in choices for c in row],
+                                          self.data.max_length, self.data.truncation, source)
         arrays = {k: v.reshape(len(rows), count, -1) for k, v in flat.items()}
         examples = [None] * len(rows)
         if with_targets:
             arrays["labels"] = self._answers(rows, source, count)
             examples = list(arrays["labels"])
-        return Encoded(arrays, examples)
+        return Encoded(arrays, examples, truncated=int(cut.reshape(len(rows), count).any(1).sum()))
 
     def loss_sums(self, output, batch):
         losses = cross_entropy(output.logits, batch["labels"])
