@@ -149,6 +149,8 @@ def test_tokenizer_larger_than_the_model_is_refused(files, full_run, tmp_path):
     from finetune_helpers import VOCAB
 
     model = shutil.copytree(full_run[0] / "best", tmp_path / "model")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):  # transformers' copy
+        (model / name).unlink()
     WordPieceTokenizer("\n".join(VOCAB + ["extra", "words"])).save(model)  # 2 tokens past the embedding
     expected = re.escape(f"{model}: the tokenizer has {len(VOCAB) + 2} tokens but the model's vocab_size is "
                          f"{len(VOCAB)}")

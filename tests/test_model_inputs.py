@@ -129,7 +129,7 @@ def jitted_logits(model):
     return jax.jit(lambda p, ids, kw: model.apply({"params": p}, ids, **kw).logits)
 
 
-@pytest.mark.parametrize("preset", ["bert-tiny", "roberta-tiny", "distilbert-tiny", "modernbert-tiny"])
+@pytest.mark.parametrize("preset", ["bert-tiny", "distilbert-tiny", "modernbert-tiny"])  # learned, sinusoidal, RoPE
 @pytest.mark.parametrize("bad", ["max", -1])
 def test_out_of_range_position_ids_are_rejected_eagerly_and_when_checked(preset, bad, masked_lm):
     # A learned or sinusoidal table has max_position_embeddings rows: an id past it gathered NaN, -1 the last row.
@@ -143,7 +143,6 @@ def test_out_of_range_position_ids_are_rejected_eagerly_and_when_checked(preset,
         model.apply({"params": params}, ids, position_ids=positions)
     with pytest.raises(ValueError, match=message):
         checked_logits(model)(params, ids, {"position_ids": positions})
-    jitted_logits(model)(params, ids, {"position_ids": positions})  # unchecked: no error, whatever comes out
 
 
 @pytest.mark.parametrize("preset", ["bert-tiny", "roberta-tiny", "modernbert-tiny"])
