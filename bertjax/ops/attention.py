@@ -83,11 +83,6 @@ AUTO_FALLBACK = ("xla",)
 AUTO_BY_PLATFORM: dict[str, str] = {platform: names[0] for platform, names in AUTO_PREFERENCE.items()}
 
 
-def runs_on_platform(platform: str) -> list[str]:
-    """The registry names that compile for `platform` without interpret mode, "auto" first."""
-    return ["auto", *sorted(name for name, impl in IMPLEMENTATIONS.items() if impl.runs_on(platform))]
-
-
 def required_features(*, heads: int, kv_heads: int, local_window: int | None = None, alibi: bool = False,
                       global_tokens: bool = False) -> frozenset[str]:
     """The FEATURES a call with these properties needs."""

@@ -123,6 +123,8 @@ IMPLEMENTATIONS = {
     "blockwise": blockwise_disentangled,
     "pallas_gpu": "bertjax.ops.pallas_gpu_disentangled:pallas_gpu_disentangled",
 }
+# The implementations that compile for some JAX platforms only (elsewhere: interpret mode); the rest run anywhere.
+PLATFORMS = {"pallas_gpu": frozenset({"gpu"})}
 # What "auto" runs on a JAX platform; a platform missing here takes the XLA path by length: dense up to
 # 4 * block_size tokens (fast), blockwise beyond (memory linear in seq).
 AUTO_BY_PLATFORM = {"gpu": "pallas_gpu"}

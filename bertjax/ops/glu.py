@@ -31,6 +31,8 @@ IMPLEMENTATIONS = {
     "xla": "bertjax.ops.glu:glu_xla",
     "pallas_gpu": "bertjax.ops.pallas_gpu_glu:glu",
 }
+# The implementations that compile for some JAX platforms only (elsewhere: interpret mode); the rest run anywhere.
+PLATFORMS = {"pallas_gpu": frozenset({"gpu"})}
 
 
 def glu(y: jax.Array, activation: str, *, implementation: str = "xla", interpret: bool = False) -> jax.Array:

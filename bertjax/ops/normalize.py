@@ -88,6 +88,8 @@ IMPLEMENTATIONS = {
     "xla": "bertjax.ops.normalize:add_normalize_xla",
     "pallas_gpu": "bertjax.ops.pallas_gpu_norm:add_normalize",
 }
+# The implementations that compile for some JAX platforms only (elsewhere: interpret mode); the rest run anywhere.
+PLATFORMS = {"pallas_gpu": frozenset({"gpu"})}
 
 
 def add_normalize(x: jax.Array, delta: jax.Array | None, scale: jax.Array, bias: jax.Array | None, *,

@@ -89,22 +89,29 @@ def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_s
     return model_config
 
 
-# Kernels of the model's other fields that compile for one platform only (their registries, bertjax.ops.normalize
-# and bertjax.ops.glu, name modules only): field -> (its interpret field, {implementation: platforms}). Attention's
-# platforms are declared with its implementations (bertjax.ops.attention.IMPLEMENTATIONS).
-OTHER_KERNEL_PLATFORMS: dict[str, tuple[str, dict[str, frozenset[str]]]] = {
-    "norm_implementation": ("norm_interpret", {"pallas_gpu": frozenset({"gpu"})}),
-    "glu_implementation": ("glu_interpret", {"pallas_gpu": frozenset({"gpu"})}),
-}
-DISENTANGLED_PLATFORMS = {"pallas_gpu": frozenset({"gpu"})}  # DeBERTa's disentangled.implementation
+def _kernels(model: EncoderConfig) -> list[tuple[str, str, str, dict, list[str]]]:
+    """(field, chosen name, its interpret field, {name: platforms} of the registry's platform-bound kernels, every
+    name the field takes) for each kernel choice of the model; each registry declares its own platforms."""
+    from bertjax.ops import disentangled_attention, glu, normalize
+    from bertjax.ops.attention import IMPLEMENTATIONS as ATTENTION  # (bertjax.ops.attention is also the function)
+
+    kernels = [
+        ("attention_implementation", model.attention_implementation, "attention_interpret",
+         {n: i.platforms for n, i in ATTENTION.items() if i.platforms is not None}, ["auto", *ATTENTION]),
+        ("norm_implementation", model.norm_implementation, "norm_interpret", normalize.PLATFORMS,
+         list(normalize.IMPLEMENTATIONS)),
+        ("glu_implementation", model.glu_implementation, "glu_interpret", glu.PLATFORMS, list(glu.IMPLEMENTATIONS)),
+    ]
+    if model.disentangled is not None:
+        kernels.append(("disentangled.implementation", model.disentangled.implementation, "attention_interpret",
+                        disentangled_attention.PLATFORMS, ["auto", *disentangled_attention.IMPLEMENTATIONS]))
+    return kernels
 
 
 def check_kernels_run_on(config: RunConfig, platform: str) -> None:
     """Every kernel the run's model (and each phase's) names must compile for `platform` (this machine's backend, or
     the one compile-check compiles for), unless it runs in interpret mode: checked before any workdir file is
     written, naming the key, where Pallas would fail in the first step with a message naming neither."""
-    from bertjax.ops.attention import IMPLEMENTATIONS, runs_on_platform
-
     sources = [({}, None)] + [(phase.model, i) for i, phase in enumerate(config.train.phases) if phase.model]
     for phase_model, index in sources:
         try:
@@ -117,27 +124,14 @@ def check_kernels_run_on(config: RunConfig, platform: str) -> None:
                 return f"train.phases[{index}].model.{field}"
             return f"model.overrides.{field}"
 
-        refused = None
-        implementation = IMPLEMENTATIONS.get(model.attention_implementation)
-        if implementation is not None and not implementation.runs_on(platform) and not model.attention_interpret:
-            refused = ("attention_implementation", "attention_interpret", model.attention_implementation,
-                       implementation.platforms, runs_on_platform(platform))
-        for field, (interpret, platforms) in OTHER_KERNEL_PLATFORMS.items():
-            name = getattr(model, field)
-            if refused is None and name in platforms and platform not in platforms[name] \
-                    and not getattr(model, interpret):
-                able = sorted(n for n in ("xla", *platforms) if n not in platforms or platform in platforms[n])
-                refused = (field, interpret, name, platforms[name], able)
-        dis = model.disentangled
-        if refused is None and dis is not None and dis.implementation in DISENTANGLED_PLATFORMS \
-                and platform not in DISENTANGLED_PLATFORMS[dis.implementation] and not model.attention_interpret:
-            refused = ("disentangled.implementation", "attention_interpret", dis.implementation,
-                       DISENTANGLED_PLATFORMS[dis.implementation], ["auto", "blockwise", "dense"])
-        if refused is not None:
-            field, interpret, name, platforms, able = refused
-            raise ConfigError(f"{key(field)}: {name!r} runs only on {'/'.join(sorted(platforms))}, but this run's "
-                              f"platform is {platform}; what runs on {platform}: {able} (or set {key(interpret)}=true "
-                              "to run the Pallas kernel in interpret mode: slow, for tests)")
+        for field, name, interpret, platforms, names in _kernels(model):
+            if name in platforms and platform not in platforms[name] and not getattr(model, interpret):
+                able = [names[0]] * (names[0] == "auto") + sorted(
+                    n for n in names if n != "auto" and (n not in platforms or platform in platforms[n]))
+                raise ConfigError(f"{key(field)}: {name!r} runs only on {'/'.join(sorted(platforms[name]))}, but "
+                                  f"this run's platform is {platform}; what runs on {platform}: {able} (or set "
+                                  f"{key(interpret)}=true to run the Pallas kernel in interpret mode: slow, for "
+                                  "tests)")
 
 
 def check_objective_data(objective: Objective, phases: list) -> None:
@@ -220,8 +214,8 @@ def _phase_objectives(config: RunConfig, phases: list, vocab_size: int, pad_id: 
                 raise ConfigError(f"{where}: {error}") from None
             # The longest rows this model trains on, and the setting that asks for them (a phase's, when phased).
             longest = max((p for p in phases if repr(sorted(p.model.items())) == key), key=lambda p: p.data.seq_len)
-            seq_len_key = (f"train.phases[{longest.index}].data.seq_len" if config.train.phases
-                           else "data.seq_len")
+            own = config.train.phases and "seq_len" in config.train.phases[longest.index].data
+            seq_len_key = f"train.phases[{longest.index}].data.seq_len" if own else "data.seq_len"
             try:
                 model_config = build_model_config(
                     phased, vocab_size=vocab_size, pad_id=pad_id, attention_platform=attention_platform,
