@@ -190,12 +190,13 @@ def gapped_batch(seq: int, pad_id: int, seed: int):
     return np.where(mask == 1, ids, pad_id), mask
 
 
-@pytest.mark.parametrize("case_id", ["bert-mlm", "roberta-mlm", "modernbert-model-4l-every3-w16"])
+@pytest.mark.parametrize("case_id", ["bert-pretraining", "roberta-model", "modernbert-model-4l-every3-w16"])
 def test_masked_tokens_are_absent_as_in_transformers_without_them(case_id, checkpoint):
     # A masked token is absent: a left-padded or gapped row gives, at its real tokens, what transformers gives for
     # the row without the padding. transformers' RoBERTa counts positions that way itself, so there the padded rows
     # agree directly too; its BERT and ModernBERT number positions by index (their left-padded outputs move with
-    # the padding). The pooler is left out: bertjax pools the first real token, transformers index 0.
+    # the padding). The pooled outputs (pooler, NSP) read the first present token, which is transformers' index 0
+    # of the row without its padding.
     reference, directory = checkpoint(case_id)
     model, params = bertjax.from_pretrained(directory, dtype=jnp.float32)
     ids, mask = gapped_batch(SEQ, reference.config.pad_token_id, seed=4)
@@ -213,6 +214,11 @@ def test_masked_tokens_are_absent_as_in_transformers_without_them(case_id, check
     theirs = {name: value[compact_mask.astype(bool)]
               for name, value in reference_outputs(reference, compact, compact_mask).items() if name in per_token}
     assert_outputs_close(ours, theirs, np.ones(len(next(iter(ours.values()))), bool))
+    per_row = ("pooler_output", "nsp_logits")
+    pooled = {name: value for name, value in bertjax_outputs(model, params, ids, mask).items() if name in per_row}
+    assert_outputs_close(pooled, {name: value for name, value in
+                                  reference_outputs(reference, compact, compact_mask).items() if name in per_row},
+                         compact_mask)
     if family(case_id) == "roberta":
         direct = {name: value[valid] for name, value in reference_outputs(reference, ids, mask).items()
                   if name in per_token}

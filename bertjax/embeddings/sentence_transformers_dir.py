@@ -337,7 +337,8 @@ def _backbone_for_export(encoder: SentenceEncoder):
     config = _with_base_model_pooler(encoder.config.replace(dtype=encoder.config.param_dtype))
     params = _backbone_params(encoder.params)
     if config.pooler:  # initialise the pooler alone: initialising the whole model would cost a full forward
-        pooler = Pooler(config).init(jax.random.key(0), jnp.zeros((1, 1, config.hidden_size)))["params"]
+        pooler = Pooler(config).init(jax.random.key(0), jnp.zeros((1, 1, config.hidden_size)),
+                                      jnp.ones((1, 1), jnp.int32))["params"]
         params = {**params, "pooler": nn.meta.unbox(pooler)}
     return EncoderModel(config), params
 

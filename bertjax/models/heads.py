@@ -40,14 +40,23 @@ class MaskedLMHead(nn.Module):
 
 
 class Pooler(nn.Module):
-    """tanh(dense(hidden state of the first token)), as BERT's pooler."""
+    """tanh(dense(hidden state of the row's first present token)), as BERT's pooler.
+
+    The first present token, not index 0: on a left-padded row index 0 is padding, and the pooled output (and the
+    NSP logits read from it) would depend on the padding, where the sequence-classification heads, which pool the
+    first present token too, do not. On right-padded rows, the usual case, both are index 0 (transformers' choice).
+    """
 
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segment_ids: jax.Array) -> jax.Array:
+        """x [batch, seq, hidden]; segment_ids [batch, seq], 0 at padding (a row without present tokens pools
+        index 0)."""
         cfg = self.config
-        return jnp.tanh(dense(cfg, cfg.hidden_size, ("embed", "mlp"), use_bias=True, name="dense")(x[:, 0]))
+        first = jnp.argmax(segment_ids != 0, axis=1)
+        cls = jnp.take_along_axis(x, first[:, None, None], axis=1)[:, 0]
+        return jnp.tanh(dense(cfg, cfg.hidden_size, ("embed", "mlp"), use_bias=True, name="dense")(cls))
 
 
 class Classifier(nn.Module):

@@ -120,9 +120,10 @@ class EncoderModel(_Backbone):
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
                  deterministic: bool = True, perm_mask=None, target_mapping=None,
                  global_attention_mask=None) -> EncoderOutput:
-        hidden, _ = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
-                                            deterministic, perm_mask, target_mapping, global_attention_mask)
-        pooled = self.pooler(hidden) if self.config.pooler else None
+        hidden, inputs = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids,
+                                                 segment_ids, deterministic, perm_mask, target_mapping,
+                                                 global_attention_mask)
+        pooled = self.pooler(hidden, inputs.segment_ids) if self.config.pooler else None
         return EncoderOutput(last_hidden_state=hidden, pooler_output=pooled)
 
 
@@ -156,10 +157,11 @@ class EncoderForPreTraining(_Backbone):
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
                  masked_positions=None, deterministic: bool = True, global_attention_mask=None) -> PreTrainingOutput:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
-                             global_attention_mask)
+        hidden, inputs = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids,
+                                                 segment_ids, deterministic,
+                                                 global_attention_mask=global_attention_mask)
         logits = self.mlm_head(gather_positions(hidden, masked_positions), self.embeddings.attend)
-        return PreTrainingOutput(logits=logits, nsp_logits=self.nsp_head(self.pooler(hidden)),
+        return PreTrainingOutput(logits=logits, nsp_logits=self.nsp_head(self.pooler(hidden, inputs.segment_ids)),
                                  last_hidden_state=hidden)
 
 
@@ -174,9 +176,11 @@ class EncoderForNextSentencePrediction(_Backbone):
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
                  deterministic: bool = True, global_attention_mask=None) -> NextSentenceOutput:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
-                             global_attention_mask)
-        return NextSentenceOutput(logits=self.nsp_head(self.pooler(hidden)), last_hidden_state=hidden)
+        hidden, inputs = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids,
+                                                 segment_ids, deterministic,
+                                                 global_attention_mask=global_attention_mask)
+        return NextSentenceOutput(logits=self.nsp_head(self.pooler(hidden, inputs.segment_ids)),
+                                  last_hidden_state=hidden)
 
 
 class EncoderForReplacedTokenDetection(_Backbone):
