@@ -266,6 +266,36 @@ def test_losses_match_their_definitions(tok):
     assert float(total) / float(count) == pytest.approx((1 + 9) / 2)
 
 
+def test_question_answering_loss_is_over_present_tokens_only():
+    import types
+
+    import jax.numpy as jnp
+
+    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.tasks import task_class
+
+    task = task_class("question-answering")(FinetuneDataConfig(max_length=32, doc_stride=8), TaskConfig())
+    rng = np.random.default_rng(0)
+    start, end = rng.normal(size=(2, 5)).astype(np.float32), rng.normal(size=(2, 5)).astype(np.float32)
+    batch = {"segment_ids": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), "start_positions": np.array([1, 0]),
+             "end_positions": np.array([3, 2]), "weight": np.array([1.0, 1.0], np.float32)}
+
+    def reference(logits, labels, length):  # numpy: softmax over the row's first `length` (present) tokens
+        row = logits[:length].astype(np.float64)
+        return np.log(np.exp(row).sum()) - row[labels]
+
+    expected = sum((reference(start[r], batch["start_positions"][r], n)
+                    + reference(end[r], batch["end_positions"][r], n)) / 2 for r, n in enumerate((5, 3)))
+    total, count = task.loss_sums(types.SimpleNamespace(start_logits=jnp.asarray(start),
+                                                        end_logits=jnp.asarray(end)), batch)
+    assert float(count) == 2 and float(total) == pytest.approx(expected, rel=1e-6)
+    # Whatever the padding's logits are, the loss is the same: it depends on the tokens, not on the padding.
+    start[1, 3:], end[1, 3:] = 50.0, -50.0
+    total, _ = task.loss_sums(types.SimpleNamespace(start_logits=jnp.asarray(start), end_logits=jnp.asarray(end)),
+                              batch)
+    assert float(total) == pytest.approx(expected, rel=1e-6)
+
+
 def test_task_input_errors_and_counted_skips(tok):
     from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
     from bertjax.finetune.tasks import Labels, task_class

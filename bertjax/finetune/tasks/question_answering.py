@@ -19,6 +19,9 @@ from bertjax.finetune.qa import Answer, answer_in_context, best_span, make_windo
 from bertjax.finetune.readers import as_list, as_mapping, is_null, require_columns, text_cell
 from bertjax.finetune.tasks.base import Encoded, Labels, Task, cross_entropy
 
+# A logit no answer position takes: exp of it minus any real logit is 0 in float32.
+_ABSENT = -1e9
+
 
 @dataclasses.dataclass(frozen=True)
 class Question:
@@ -104,8 +107,12 @@ class QuestionAnswering(Task):
         return Encoded(arrays, questions, notes)
 
     def loss_sums(self, output, batch):
-        start = cross_entropy(output.start_logits, batch["start_positions"])
-        end = cross_entropy(output.end_logits, batch["end_positions"])
+        # The softmax runs over the window's present tokens: a padding position is never an answer, and its logit
+        # (the classifier's bias alone: padding's hidden state is not computed as a token's) would otherwise make
+        # the loss depend on how much padding the batch happens to have. transformers includes padding here.
+        present = batch["segment_ids"] != 0
+        start = cross_entropy(jnp.where(present, output.start_logits, _ABSENT), batch["start_positions"])
+        end = cross_entropy(jnp.where(present, output.end_logits, _ABSENT), batch["end_positions"])
         return jnp.sum((start + end) / 2 * batch["weight"]), jnp.sum(batch["weight"])
 
     def host_outputs(self, output):
