@@ -225,6 +225,19 @@ def test_masked_tokens_are_absent_as_in_transformers_without_them(case_id, check
         assert_outputs_close(ours, direct, np.ones(len(next(iter(ours.values()))), bool))
 
 
+@pytest.mark.parametrize("case_id", ["bert-mlm", "roberta-mlm"])
+def test_matches_transformers_without_attention_mask_on_padded_ids(case_id, checkpoint):
+    # No mask: both libraries attend to every token, padding ids included. transformers' RoBERTa still numbers
+    # positions over the ids that are not padding (padding takes the padding_idx row); so does bertjax then.
+    reference, directory = checkpoint(case_id)
+    model, params = bertjax.from_pretrained(directory, dtype=jnp.float32)
+    ids, _ = padded_batch(LENGTHS, SEQ, reference.config.pad_token_id, seed=6)
+    out = model.apply({"params": params}, jnp.asarray(ids))
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(out.logits), expected, atol=ATOL, rtol=0)
+
+
 @pytest.mark.parametrize("case_id", ["bert-pretraining", "modernbert-mlm-4l-every3-w8-legacy"])
 def test_matches_transformers_on_single_token(case_id, checkpoint):
     reference, directory = checkpoint(case_id)

@@ -66,11 +66,19 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
         offset = f"; position_offset={config.position_offset} is part of the ids" if config.position_offset else ""
         check_ids(position_ids, limit, "position_ids", "" if limit is None else
                   f" (max_position_embeddings={limit}{offset})")
+    unmarked = attention_mask is None and segment_ids is None
     if segment_ids is None:
         segment_ids = jnp.ones((batch, seq), jnp.int32)
     documents = jnp.asarray(segment_ids, jnp.int32)
     segment_ids = documents if attention_mask is None else documents * (jnp.asarray(attention_mask) != 0)
-    if position_ids is None:
+    if position_ids is None and unmarked and config.position_offset:
+        # Nothing marks padding: transformers' RoBERTa and Longformer then number positions over the ids that are
+        # not pad_token_id, and give those the padding row (padding_idx, one below the offset), though every token
+        # is attended.
+        real = jnp.asarray(input_ids) != config.pad_token_id
+        position_ids = jnp.where(real, present_token_positions(documents, real) + config.position_offset,
+                                 config.position_offset - 1)
+    elif position_ids is None:
         position_ids = present_token_positions(documents, segment_ids != 0) + config.position_offset
     global_tokens = None
     if global_attention_mask is not None:
