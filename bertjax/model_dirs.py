@@ -104,9 +104,16 @@ def _tokenizer_in(*candidates: Path):
 # A bertjax model directory.
 
 def save_model_dir(path: str | Path, model, params, tokenizer=None, token_ids: dict[str, int] | None = None) -> None:
-    """Write a bertjax model directory (`load_model_dir` reads it back, onto any mesh)."""
+    """Write a bertjax model directory (`load_model_dir` reads it back, onto any mesh).
+
+    `params` may be boxed (`model.init(...)["params"]`: Flax's LogicallyPartitioned): the arrays are saved. A tree
+    that is not `model`'s (another path or shape) is a ValueError naming the first difference, before anything is
+    written."""
+    import flax.linen as nn
     import orbax.checkpoint as ocp
 
+    params = nn.meta.unbox(params)
+    check_params_match(model, params)
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
     write_model_config(path, model, token_ids)
@@ -115,6 +122,27 @@ def save_model_dir(path: str | Path, model, params, tokenizer=None, token_ids: d
         checkpointer.wait_until_finished()
     if tokenizer is not None:
         tokenizer.save(path / TOKENIZER_DIR)
+
+
+def check_params_match(model, params) -> None:
+    """ValueError naming the first parameter path whose shape differs between `params` (unboxed) and what `model`
+    creates, or that only one of them has: a directory written from such a tree would never load."""
+    import jax
+    import numpy as np
+
+    from bertjax.models import abstract_params
+
+    def shapes(tree) -> dict[str, tuple]:
+        return {jax.tree_util.keystr(key, simple=True, separator="/"): tuple(np.shape(leaf))
+                for key, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+    given, wanted = shapes(params), shapes(abstract_params(model))
+    differing = [key for key in sorted(set(given) | set(wanted)) if given.get(key) != wanted.get(key)]
+    if differing:
+        key = differing[0]
+        raise ValueError(f"params do not match the {type(model).__name__} of this config: params/{key} is "
+                         f"{given.get(key, 'absent')}, the model's is {wanted.get(key, 'absent')} "
+                         f"({len(differing)} paths differ); nothing was written")
 
 
 def _is_model_dir(path: Path) -> bool:
