@@ -18,9 +18,10 @@ The raw collections are there for anything else: `model.apply(variables, ..., mu
 returns `(outputs, {"intermediates": ...})` with `encoder/hidden_states` and
 `encoder/layers_<k>/attention/attention_probabilities`, and Flax's `capture_intermediates=True` adds the output of
 every module. Hidden states are the layer stack's input and each layer's output, the last one being the model's
-`last_hidden_state` (after a pre-norm model's final norm), as transformers' `hidden_states` are. Attention probabilities come from the
-standard attention module (`attention_kind="standard"`); they cost a [seq, seq] matrix per head, so ask for them
-on short inputs.
+`last_hidden_state` (after a pre-norm model's final norm), as transformers' `hidden_states` are (XLNet's: its
+content stream's; with `target_mapping` also `encoder/query_hidden_states`, the query stream's). Attention
+probabilities come from the standard attention module (`attention_kind="standard"`; other kinds are a ValueError);
+they cost a [seq, seq] matrix per head, so ask for them on short inputs.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def hidden_states(model, params, input_ids, **inputs) -> list[jax.Array]:
     """The embeddings' output and every layer step's output: num_layers + 1 arrays [batch, seq, hidden].
 
     `inputs` are the model's other arguments (attention_mask, segment_ids, ...). ALBERT's shared layers give one
-    entry per step, as its depth counts them.
+    entry per step, as its depth counts them. XLNet's are its content stream's; with `target_mapping` its query
+    stream's (whose last one is then last_hidden_state) are the collection's `encoder/query_hidden_states`.
     """
     return list(_intermediates(model, params, input_ids, **inputs)["encoder"]["hidden_states"])
 
@@ -50,6 +52,9 @@ def attention_probabilities(model, params, input_ids, **inputs) -> list[jax.Arra
     Local layers (ModernBERT) are zero outside their window; padding rows are zero.
     """
     config = model.config
+    if config.attention_kind != "standard":
+        raise ValueError(f"attention_probabilities: attention_kind={config.attention_kind!r} records no attention "
+                         "probabilities; only 'standard' attention does")
     encoder = _intermediates(model, params, input_ids, **inputs)["encoder"]
     per_group = config.layers_per_group
     calls: dict[int, int] = {}

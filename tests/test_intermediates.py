@@ -85,3 +85,19 @@ def test_input_embedding_gradient_is_the_derivative_and_leaves_outputs_alone(pai
     finite_difference = (shifted(1.0) - shifted(-1.0)) / (2 * step)
     np.testing.assert_allclose(float(jnp.vdot(grads, direction)), float(finite_difference), rtol=2e-2)
     assert np.all(np.asarray(grads)[~mask.astype(bool)] == 0)  # padding cannot influence a real token
+
+
+@pytest.mark.parametrize("preset", ["deberta-v3-tiny", "longformer-tiny", "xlnet-tiny"])
+def test_every_family_records_hidden_states_and_only_standard_attention_its_probabilities(preset):
+    """Every stack records its hidden states (the last one last_hidden_state); attention kinds other than
+    "standard" record no probabilities, which is a ValueError naming the kind, not a KeyError."""
+    model = bertjax.EncoderForMaskedLM(bertjax.get_config(preset))
+    params = bertjax.init_params(model, jax.random.key(0))
+    ids = jnp.array([[5, 10, 11, 6, 7, 8]])
+    states = intermediates.hidden_states(model, params, ids)
+    assert len(states) == model.config.num_layers + 1
+    np.testing.assert_array_equal(np.asarray(states[-1]),
+                                  np.asarray(model.apply({"params": params}, ids).last_hidden_state))
+    with pytest.raises(ValueError, match=f"attention_kind={model.config.attention_kind!r} records no attention "
+                                         "probabilities; only 'standard' attention does"):
+        intermediates.attention_probabilities(model, params, ids)

@@ -116,6 +116,38 @@ def test_models_match_transformers_plain_padded_types_and_permutations(lm_checkp
         assert diff <= ATOL, f"{head} {name}: max abs diff {diff:.3g} > {ATOL}"
 
 
+@pytest.mark.parametrize("name", ["left padding", "permutation"])
+def test_intermediates_hidden_states_match_transformers(lm_checkpoint, name):
+    """bertjax.intermediates.hidden_states records XLNet's stack as EncoderStack's: the content stream's input and
+    every layer's output, the last one last_hidden_state, as transformers' `hidden_states`; with target_mapping the
+    query stream's are `encoder/query_hidden_states` (transformers interleaves the two streams then)."""
+    from bertjax import intermediates
+
+    reference, model, params, _ = lm_checkpoint
+    inputs = parity_inputs(name)
+    with torch.no_grad():
+        theirs = [t.numpy() for t in reference(**{k: _torch(v) for k, v in inputs.items()},
+                                               output_hidden_states=True).hidden_states]
+    ids, others = jnp.asarray(inputs["input_ids"]), {k: jnp.asarray(v) for k, v in inputs.items() if k != "input_ids"}
+    states = intermediates.hidden_states(model, params, ids, **others)
+    keep = inputs["attention_mask"].astype(bool)
+    if name == "permutation":
+        _, recorded = model.apply({"params": params}, ids, mutable=["intermediates"], **others)
+        queries = recorded["intermediates"]["encoder"]["query_hidden_states"]
+        assert len(queries) == len(states) == model.config.num_layers + 1
+        for ours, expected in zip(queries, theirs[1::2]):
+            np.testing.assert_allclose(np.asarray(ours), expected, atol=ATOL, rtol=0)
+        theirs = theirs[0::2]
+    else:
+        last = model.apply({"params": params}, ids, **others).last_hidden_state
+        np.testing.assert_array_equal(np.asarray(states[-1]), np.asarray(last))
+    assert len(states) == len(theirs) == model.config.num_layers + 1
+    for ours, expected in zip(states, theirs):
+        np.testing.assert_allclose(np.asarray(ours)[keep], expected[keep], atol=ATOL, rtol=0)
+    with pytest.raises(ValueError, match="attention_kind='two_stream' records no attention probabilities"):
+        intermediates.attention_probabilities(model, params, ids, **others)
+
+
 @pytest.mark.parametrize("head", ["encoder", "masked_lm"])
 def test_models_round_trip_through_transformers(lm_checkpoint, tmp_path, head):
     """bertjax -> XLNetModel / XLNetLMHeadModel: every tensor of the original checkpoint comes back bit for bit

@@ -117,6 +117,15 @@ class XLNetStack(nn.Module):
         if target_mapping is not None:
             num_predict = jnp.shape(target_mapping)[1]
             g = drop(jnp.broadcast_to(mask_emb.astype(x.dtype), (x.shape[0], num_predict, cfg.hidden_size)))
+        # As EncoderStack records them (free unless "intermediates" is mutable): the content stream's input and each
+        # layer's output, the last being last_hidden_state without target_mapping; with it, the query stream's too,
+        # its last entry being last_hidden_state (transformers' hidden_states interleave both streams then).
+        self.sow("intermediates", "hidden_states", h)
+        if g is not None:
+            self.sow("intermediates", "query_hidden_states", g)
         for i in range(cfg.num_layers):
             h, g = layer_cls(cfg, deterministic, name=f"layers_{i}")(h, g, context)
+            self.sow("intermediates", "hidden_states", h)
+            if g is not None:
+                self.sow("intermediates", "query_hidden_states", g)
         return drop(h if g is None else g)
