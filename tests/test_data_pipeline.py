@@ -84,6 +84,8 @@ def test_same_batches_whatever_the_threads_and_processes(tokenizer):
         assert_same_batches(reference, take(iterator, 12))
     finally:
         iterator.close()
+    with pytest.raises(ValueError, match="closed"):
+        next(iterator)
     other_seed = take(build_pretraining_iterator(config(), tokenizer, seed=SEED + 1, source=source()), 1)
     assert not np.array_equal(other_seed[0]["input_ids"], reference[0]["input_ids"])
 

@@ -78,6 +78,7 @@ class BatchIterator(grain.DatasetIterator):
         super().__init__()
         self._dataset = dataset
         self.stats = dataset._stats
+        self._open = True  # our own flag: grain's closed-state check is private API
         self._windows = None
         self._start(window=0, row=0, batches=0)
 
@@ -128,7 +129,8 @@ class BatchIterator(grain.DatasetIterator):
     def take(self, rows: int) -> dict[str, np.ndarray]:
         """The next batch of `rows` rows: a batch warmup changes the batch size while the rows run on, so a
         resumed run continues with exactly the next rows whatever the batch was."""
-        self._assert_not_closed()
+        if not self._open:
+            raise ValueError("this data iterator is closed: create a new one (the pipeline's iterator) to read on")
         limit = self._dataset._num_batches
         if limit is not None and self._batches >= limit:
             raise StopIteration
@@ -156,5 +158,6 @@ class BatchIterator(grain.DatasetIterator):
                 for key in parts[0]}
 
     def close(self) -> None:
+        self._open = False
         self._close_windows()
         super().close()
