@@ -104,3 +104,45 @@ def test_corrupt_or_incomplete_checkpoint_is_a_clear_error_and_the_previous_one_
     assert checkpointer.all_steps() == [80]
     assert sorted(p.name for p in (workdir / "checkpoints-abandoned").iterdir()) == ["120", "160"]
     checkpointer.close()
+
+
+def _tiny_state(value: float) -> dict:
+    import jax.numpy as jnp
+    return {"params": {"w": jnp.full((4,), value)}, "step": jnp.int32(int(value))}
+
+
+def _checksums_while_training(checkpointer, step_dir, timeout=60.0) -> None:
+    """What the loop does after every step, until `step_dir` has its checksums."""
+    from bertjax.train.checkpoints import CHECKSUMS_FILE
+
+    deadline = time.monotonic() + timeout
+    while not (step_dir / CHECKSUMS_FILE).exists():
+        assert time.monotonic() < deadline, f"{step_dir} never got its checksums"
+        checkpointer.record_finished()
+        time.sleep(0.01)
+
+
+def test_an_async_save_gets_its_checksums_once_complete_not_at_the_next_save(tmp_path):
+    """A run killed (SIGKILL, node loss) long after a save completed resumes from a verified checkpoint: the loop's
+    record_finished after each step hashes the step once orbax has renamed it into place."""
+    from bertjax.train.checkpoints import CHECKSUMS_FILE, verify_checksums
+
+    checkpointer = Checkpointer(tmp_path / "ckpt", CheckpointConfig(keep=1, async_save=True))
+    try:
+        checkpointer.save(1, _tiny_state(1.0), {"position": 1})
+        checkpointer.manager.wait_until_finished()  # orbax's own wait: the step is complete, nothing of ours ran
+        _checksums_while_training(checkpointer, tmp_path / "ckpt" / "1")
+        assert verify_checksums(tmp_path / "ckpt" / "1")
+        # keep=1: save 3 rotates step 2 out in its finalize thread, with 2 already hashed (never both at once)
+        checkpointer.save(2, _tiny_state(2.0), {"position": 2})
+        checkpointer.save(3, _tiny_state(3.0), {"position": 3})
+        _checksums_while_training(checkpointer, tmp_path / "ckpt" / "3")
+        assert checkpointer.all_steps() == [3] and verify_checksums(tmp_path / "ckpt" / "3")
+    finally:
+        checkpointer.close()
+
+    found = Checkpointer(tmp_path / "ckpt", CheckpointConfig(keep=3))
+    (tmp_path / "ckpt" / "3" / CHECKSUMS_FILE).unlink()
+    found.record_finished()
+    found.close()
+    assert not (tmp_path / "ckpt" / "3" / CHECKSUMS_FILE).exists()  # a step found on disk is never certified

@@ -388,6 +388,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
             batch = train_batch(arrays, step, config.train.batch_size, config.train.seed)
             state, metrics = train_step(state, global_batch(batch, mesh))
             step += 1
+            checkpointer.record_finished()  # a completed save gets its checksums now, not at the next save
             nonfinite.observe(step, metrics)
             logger.advance()
             accumulated = {"loss_sum": accumulated["loss_sum"] + float(metrics["loss"]),

@@ -421,6 +421,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
             batch, _ = batch_lib.train_batch(train_data.arrays, step, config.train.batch_size, config.train.seed)
             state, metrics = train_step(state, global_batch(batch, mesh))
             step += 1
+            checkpointer.record_finished()  # a completed save gets its checksums now, not at the next save
             accumulated = {k: accumulated[k] + float(metrics[k]) for k in accumulated}  # float() waits for the step
             speed.add(float(metrics["count"]), time.perf_counter() - began, time.process_time() - began_cpu)
             learning_rate = float(metrics["learning_rate"])

@@ -3,7 +3,8 @@
 Layout under `<workdir>/checkpoints/<step>/`: `state/` (orbax arrays, each process writing its own shards),
 `data/process_<i>-of-<n>.json` (the iterator position of process i, so every host resumes on its own next batch;
 a run resumed on another number of processes gets all n positions and redistributes them, bertjax.data.reshard)
-and `checksums.json` (sha256 of every file, written once the asynchronous save has completed).
+and `checksums.json` (sha256 of every file, written once the save has completed: the training loop calls
+`record_finished` after every step, which costs a flag read while a save is in flight).
 
 Orbax writes a step into a temporary directory and renames it when complete, so a process killed mid-save
 (`kill -9`, preemption) leaves the previous checkpoints intact and the half-written one invisible. Files damaged
@@ -24,6 +25,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -169,28 +171,61 @@ class Checkpointer:
         self.remote = "://" in str(directory)
         self.directory = epath.Path(directory) if self.remote else Path(directory).absolute()
         self.config = config
-        self._saved_here: set[int] = set()  # steps this process saved: the only ones it may write checksums for
-        async_options = ocp.AsyncOptions(post_finalization_callback=self._after_save) if config.async_save else None
+        self._hashes = config.checksums and not self.remote and jax.process_index() == 0
+        self._unhashed: set[int] = set()  # steps this process saved: the only ones it may write checksums for
+        self._hashing: threading.Thread | None = None
+        self._hash_error: BaseException | None = None
         options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, create=True,
-                                               enable_async_checkpointing=config.async_save,
-                                               async_options=async_options)
+                                               enable_async_checkpointing=config.async_save)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_handlers={"state": ocp.StandardCheckpointHandler(),
                                                             "data": ProcessJsonHandler()})
 
-    def _after_save(self) -> None:
-        """Runs when an asynchronous save has been committed: record checksums of the steps this process saved.
+    # Checksums are written here rather than in orbax's post_finalization_callback: orbax 0.12 runs that callback
+    # before it renames `<step>.orbax-checkpoint-tmp` into place and then still writes `_CHECKPOINT_METADATA` and
+    # `commit_success.txt`, so neither the final directory nor final contents exist there. Hashing starts only
+    # while no save is in flight: orbax deletes the steps `keep` rotates out in a save's finalize thread, and every
+    # save first finishes the hashing of the one before (`save` -> `_hash_now`), so the two never overlap.
+    def record_finished(self) -> None:
+        """Write the checksums of the saves this process started that have completed, in a thread (call after
+        every training step; while a save is in flight it only reads orbax's in-progress flag)."""
+        if self._unhashed and not self.manager.is_saving_in_progress() and not self._hashing_alive():
+            self._start_hashing()
 
-        Never of a step found on disk: checksums written now for files damaged earlier would certify the damage.
-        """
-        if not self.config.checksums or self.remote or jax.process_index() != 0:
-            return
-        committed = set(self.manager.all_steps())
-        for step in sorted(self._saved_here & committed):
-            step_dir = self.step_dir(step)
-            if step_dir.exists() and not (step_dir / CHECKSUMS_FILE).exists():
-                write_checksums(step_dir)
-                self._saved_here.discard(step)
+    def _hashing_alive(self) -> bool:
+        return self._hashing is not None and self._hashing.is_alive()
+
+    def _start_hashing(self) -> None:
+        self._join_hashing()
+        steps, self._unhashed = sorted(self._unhashed), set()
+        self._hashing = threading.Thread(target=self._hash_steps, args=(steps,), name="bertjax-checksums",
+                                         daemon=True)
+        self._hashing.start()
+
+    def _hash_steps(self, steps: list[int]) -> None:
+        """Never a step found on disk: checksums written now for files damaged earlier would certify the damage.
+        A step this process started but whose save failed has no final directory and gets none."""
+        try:
+            for step in steps:
+                step_dir = self.step_dir(step)
+                if step_dir.is_dir() and not (step_dir / CHECKSUMS_FILE).exists():
+                    write_checksums(step_dir)
+        except BaseException as error:  # raised in the training thread by the next _join_hashing
+            self._hash_error = error
+
+    def _join_hashing(self) -> None:
+        if self._hashing is not None:
+            self._hashing.join()
+            self._hashing = None
+        if self._hash_error is not None:
+            error, self._hash_error = self._hash_error, None
+            raise error
+
+    def _hash_now(self) -> None:
+        """Checksums of every completed save, written before returning (orbax's saves must be finished)."""
+        if self._unhashed:
+            self._start_hashing()
+        self._join_hashing()
 
     def step_dir(self, step: int) -> Path | epath.Path:
         return self.directory / str(step)
@@ -203,11 +238,16 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, data_state: Any) -> None:
         """Start saving (returns before the files are written when async_save is on)."""
-        self._saved_here.add(step)
+        # orbax's save waits for the previous one anyway; waiting first lets that step be hashed before this
+        # save's finalize thread may delete it (checkpoint.keep).
+        self.manager.wait_until_finished()
+        self._hash_now()
+        if self._hashes:
+            self._unhashed.add(step)
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         data=ProcessJsonSave(data_state)), force=True)
         if not self.config.async_save:
-            self._after_save()
+            self._hash_now()
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
         """(state, data state) of `step`, each array placed by the sharding of its `abstract_state` leaf."""
@@ -267,9 +307,9 @@ class Checkpointer:
                 f"or delete {self.step_dir(step)}.")
 
     def wait(self) -> None:
+        """Until every save has completed and has its checksums."""
         self.manager.wait_until_finished()
-        if self.config.async_save:
-            self._after_save()  # the callback may still be queued when the process is about to exit
+        self._hash_now()
 
     def close(self) -> None:
         self.wait()

@@ -189,6 +189,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
             state, metrics = setup.steps_for(phase)[0](state, frozen, _next_batch(feed, step, checkpointer,
                                                                                   state, nonfinite, last_saved))
             step += 1
+            checkpointer.record_finished()  # a completed save gets its checksums now, not at the next save
             throughput.add(seq_len, metrics)
             nonfinite.observe(step, metrics)
             logger.advance()
