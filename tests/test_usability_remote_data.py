@@ -111,3 +111,25 @@ def test_pretrain_reads_the_bucket(bucket, prepared, tmp_path):
     assert result.tokenizer.fingerprint == load_tokenizer(_local_tokenizer(prepared)).fingerprint
     assert np.isfinite([r["loss"] for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text()
                                                 .splitlines()) if "loss" in r]).all()
+
+
+@pytest.mark.parametrize("command, args, holds", [
+    ("pretrain", ["--config", "run.yaml"], "the tokenizer, metrics.jsonl"),
+    ("finetune", ["--model", "no-model", "--task", "sequence-classification", "--train", "t.csv",
+                  "--validation", "v.csv"], "results.json and the best model (best/)"),
+    ("train-embedder", ["--model", "no-model", "--train", "pairs.jsonl"], "the trained model (model/)"),
+])
+def test_a_bucket_workdir_is_refused_before_anything_is_made_naming_checkpoint_directory(command, args, holds,
+                                                                                        tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Taken as a local path, gs://b/run became a directory `gs:` here and the run failed at its first checkpoint."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(TINY_RUN))
+    assert main([command, *args, "--workdir", "gs://my-bucket/run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bertjax {command}: error: --workdir gs://my-bucket/run is a bucket path: "
+                          f"`bertjax {command}` keeps"), err
+    assert holds in err and "checkpoint.directory=gs://my-bucket/run/checkpoints" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # no local `gs:` directory

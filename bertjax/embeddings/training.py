@@ -298,6 +298,7 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
     The model is loaded first, before the workdir is made or locked: a model that cannot be trained (a tokenizer
     larger than its vocabulary, a data.max_length past its positions) is refused with nothing written."""
     began = time.perf_counter()
+    workdir_lib.check_local_workdir(workdir, RUN_FILE)  # before the model loads
     encoder = load_encoder(model_dir, config)
     return _train(config, workdir, model_dir, train_file, validation_file, encoder, began=began,
                   stop_after=stop_after, on_log=on_log, config_path=config_path)
@@ -307,7 +308,7 @@ def _check_workdir(workdir: Path, config: EmbedderConfig, config_path: str | Pat
     workdir_lib.check_workdir_is_for(workdir, RUN_FILE, config.checkpoint, config_path)
 
 
-@workdir_lib.exclusive(check=_check_workdir)
+@workdir_lib.exclusive(check=_check_workdir, record=RUN_FILE)
 def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_file: str | Path,
            validation_file: str | Path | None, encoder, *, began: float, stop_after: int | None,
            on_log: Callable[[int, dict], bool | None] | None) -> EmbedderResult:

@@ -342,6 +342,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     primary = jax.process_index() == 0  # on several hosts, only process 0 writes files (checkpoints: all)
     if not primary:
         say = lambda text: None  # noqa: E731  (one copy of every message)
+    workdir_lib.check_local_workdir(workdir, RUN_FILE)
     workdir = Path(workdir)
     identity = {"model": workdir_lib.path_identity(model_dir), "task": task_cls.name,
                 "train": workdir_lib.path_identity(train_file),

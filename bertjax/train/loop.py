@@ -92,7 +92,8 @@ class _Throughput:
                 "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), self.peak)}
 
 
-@workdir_lib.exclusive(check=workdir_lib.check_pretraining_workdir)  # the lock; a failed setup leaves nothing
+@workdir_lib.exclusive(check=workdir_lib.check_pretraining_workdir,  # the lock; a failed setup leaves nothing
+                       record=workdir_lib.MODEL_CONFIG_FILE)
 def pretrain(config: RunConfig, workdir: str | Path, *,
              on_log: Callable[[int, dict[str, float]], bool | None] | None = None) -> PretrainResult:
     """Train `config` in `workdir`, resuming from its latest checkpoint (what `bertjax pretrain` runs).

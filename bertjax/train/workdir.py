@@ -51,6 +51,10 @@ LOCK_FILE = "bertjax.lock"
 # The record each kind of run writes beside its config.yaml: what kind of run a workdir holds.
 RUN_FILES = {MODEL_CONFIG_FILE: "bertjax pretrain", "finetune.json": "bertjax finetune",
              "train_embedder.json": "bertjax train-embedder"}
+# What each kind of run keeps in its workdir, which is therefore a local directory (the error for a bucket path).
+LOCAL_CONTENTS = {MODEL_CONFIG_FILE: "its lock, config.yaml, the tokenizer, metrics.jsonl and TensorBoard events",
+                  "finetune.json": "config.yaml, metrics.jsonl, results.json and the best model (best/)",
+                  "train_embedder.json": "its lock, config.yaml, metrics.jsonl and the trained model (model/)"}
 # Run-config keys the workdir's tokenizer is made from (tokenizer.path, or one trained on data.input's train split).
 TOKENIZER_KEYS = ("tokenizer", "data.input", "data.text_format", "data.text_field", "data.eval_fraction",
                   "train.seed")
@@ -126,17 +130,32 @@ def _process_alive(pid: Any) -> bool:
     return True
 
 
-def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None) -> Callable:
+def check_local_workdir(workdir: str | Path, own_record: str) -> None:
+    """Refuse a bucket path ("gs://...") as the workdir of a run of the kind `own_record` names (RUN_FILES), before
+    anything is created: taken as a local path it would become a directory `gs:` here and fail only at the first
+    checkpoint. The checkpoints, the part worth keeping in a bucket, go there with checkpoint.directory."""
+    text = str(workdir)
+    if "://" in text:
+        raise ConfigError(f"--workdir {text} is a bucket path: `{RUN_FILES[own_record]}` keeps "
+                          f"{LOCAL_CONTENTS[own_record]} in a local directory. Give a local --workdir and put the "
+                          f"checkpoints in the bucket with checkpoint.directory={text.rstrip('/')}/checkpoints")
+
+
+def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None,
+              record: str | None = None) -> Callable:
     """Decorate `pretrain(config, workdir, ...)`: hold the workdir's lock while it runs (process 0 only: the other
     hosts of a multi-host run share process 0's run), and remove a half-made workdir if setup fails.
     `@exclusive(check=f)` first runs `f(workdir, config, config_path)`, before the workdir is made or locked
     (`check_pretraining_workdir`, `check_workdir_is_for`); `config_path`, a keyword of the decorated function's
-    callers, names the --config file in its errors."""
+    callers, names the --config file in its errors. `record`: the run file of the decorated run's kind (RUN_FILES),
+    which names it when the workdir is refused as a bucket path."""
     if pretrain is None:
-        return functools.partial(exclusive, check=check)
+        return functools.partial(exclusive, check=check, record=record)
 
     @functools.wraps(pretrain)
     def run(config, workdir: str | Path, *args, config_path: str | Path | None = None, **kwargs):
+        if record is not None:
+            check_local_workdir(workdir, record)
         workdir = Path(workdir).absolute()
         if workdir.exists() and not workdir.is_dir():
             raise ConfigError(f"--workdir {workdir} is a file, not a directory: give a directory (new or a run's)")
