@@ -146,3 +146,27 @@ def test_an_async_save_gets_its_checksums_once_complete_not_at_the_next_save(tmp
     found.record_finished()
     found.close()
     assert not (tmp_path / "ckpt" / "3" / CHECKSUMS_FILE).exists()  # a step found on disk is never certified
+
+
+def test_two_runs_sharing_a_checkpoint_directory_are_refused_like_two_sharing_a_workdir(tmp_path):
+    """Separate workdirs, one checkpoint.directory (as a pod's workers have): the second run would resume from the
+    first's steps in flight and rotate them out under it."""
+    import os
+    from types import SimpleNamespace
+
+    from bertjax.train.workdir import LOCK_FILE, WorkdirBusy, exclusive
+
+    shared = tmp_path / "shared"
+    config = SimpleNamespace(checkpoint=CheckpointConfig(directory=str(shared)))
+
+    @exclusive
+    def run(config, workdir, inner=False):
+        assert (shared / LOCK_FILE).is_file()
+        if not inner:
+            with pytest.raises(WorkdirBusy, match=f"checkpoint.directory {shared} is in use by process "
+                                                  f"{os.getpid()} on host .* use another checkpoint.directory"):
+                run(config, tmp_path / "second", inner=True)
+        return "trained"
+
+    assert run(config, tmp_path / "first") == "trained"
+    assert not (shared / LOCK_FILE).exists() and not (tmp_path / "second").exists()

@@ -4,8 +4,9 @@ no half-made directory left by a run that failed while setting up.
 - `exclusive` (a decorator of `pretrain`) takes the workdir's lock file, `bertjax.lock`, holding the host and pid
   of the run; a second run on the same workdir fails at once with an error naming the holder. A lock left by a
   process that died (same host, pid no longer running) is taken over with a warning. The lock is released when
-  the run ends, whatever the way. When a run fails before its setup completed (no `config.yaml` yet) in a
-  workdir it created or found empty, what it wrote there is removed again.
+  the run ends, whatever the way. A local `checkpoint.directory` outside the workdir gets the same lock, so two
+  runs with different workdirs cannot write one checkpoint directory. When a run fails before its setup completed
+  (no `config.yaml` yet) in a workdir it created or found empty, what it wrote there is removed again.
 - `check_pretraining_workdir` (run by `exclusive` before the workdir is made or locked) refuses a workdir that holds
   another kind of run (fine-tuning, embedder) and a `config.yaml` bertjax did not write: the workdir's
   `config.yaml` is bertjax's record of the resolved run, rewritten by every run, so a hand-written config kept
@@ -65,17 +66,20 @@ FIXED_ON_RESUME = ("model.preset", "model.overrides", "objective.name")
 
 
 class WorkdirBusy(ValueError):
-    """Another process holds the workdir's lock."""
+    """Another process holds the lock of the workdir (or of the checkpoint.directory)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The lock.
 
 class WorkdirLock:
-    """A lock file created with O_EXCL (atomic on local and NFSv3+ filesystems) holding {host, pid, since}."""
+    """A lock file created with O_EXCL (atomic on local and NFSv3+ filesystems) holding {host, pid, since}.
+    `what` names the directory in messages: "workdir", or "checkpoint.directory" for the lock a run takes in a
+    checkpoint directory of its own choosing, which another run's workdir lock does not cover."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, what: str = "workdir"):
         self.path = Path(workdir) / LOCK_FILE
+        self.what = what
         self.held = False
 
     def acquire(self) -> None:
@@ -89,19 +93,19 @@ class WorkdirLock:
                     time.sleep(0.1)
                     continue
                 if holder.get("host") == me["host"] and not _process_alive(holder.get("pid")):
-                    log.warning("workdir %s: taking over the lock of process %s on %s, which is no longer running",
-                                self.path.parent, holder.get("pid"), holder.get("host"))
+                    log.warning("%s %s: taking over the lock of process %s on %s, which is no longer running",
+                                self.what, self.path.parent, holder.get("pid"), holder.get("host"))
                     self.path.unlink(missing_ok=True)
                     continue
                 raise WorkdirBusy(
-                    f"workdir {self.path.parent} is in use by process {holder.get('pid')} on host "
+                    f"{self.what} {self.path.parent} is in use by process {holder.get('pid')} on host "
                     f"{holder.get('host')} (since {holder.get('since')}). Wait for that run to end, or use another "
-                    f"workdir; if that process is gone, delete {self.path}") from None
+                    f"{self.what}; if that process is gone, delete {self.path}") from None
             with os.fdopen(fd, "w") as f:
                 json.dump(me, f)
             self.held = True
             return
-        raise WorkdirBusy(f"workdir {self.path.parent}: cannot take the lock {self.path} (unreadable lock file)")
+        raise WorkdirBusy(f"{self.what} {self.path.parent}: cannot take the lock {self.path} (unreadable lock file)")
 
     def _read_holder(self) -> dict | None:
         try:
@@ -167,17 +171,40 @@ def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None
         workdir.mkdir(parents=True, exist_ok=True)
         lock = WorkdirLock(workdir)
         lock.acquire()
+        checkpoints = _checkpoint_directory(config, workdir)
+        checkpoints_existed = checkpoints is not None and checkpoints.exists()
+        checkpoints_lock = None
         try:
+            if checkpoints is not None:
+                checkpoints.mkdir(parents=True, exist_ok=True)
+                checkpoints_lock = WorkdirLock(checkpoints, "checkpoint.directory")
+                checkpoints_lock.acquire()
             return pretrain(config, workdir, *args, **kwargs)
         except BaseException:
             _remove_half_made(workdir, existed_before, lock.path)
             raise
         finally:
+            if checkpoints_lock is not None:
+                checkpoints_lock.release()
+            if checkpoints is not None and not checkpoints_existed and checkpoints.is_dir() \
+                    and not any(checkpoints.iterdir()):
+                checkpoints.rmdir()
             lock.release()
             if existed_before is None and workdir.is_dir() and not any(workdir.iterdir()):
                 workdir.rmdir()  # created here and left empty by a failed setup
 
     return run
+
+
+def _checkpoint_directory(config: Any, workdir: Path) -> Path | None:
+    """The run's checkpoint.directory when it needs a lock of its own: a local one outside the workdir. (The
+    workdir's checkpoints/ is covered by the workdir lock.) A bucket has no atomic create-if-absent through
+    etils.epath, so a directory there is not locked: docs/guarantees.md says what holds instead."""
+    directory = getattr(getattr(config, "checkpoint", None), "directory", None)
+    if directory is None or "://" in str(directory):
+        return None
+    directory = Path(directory).absolute()
+    return None if directory.resolve() == workdir.resolve() else directory
 
 
 def _remove_half_made(workdir: Path, existed_before: set[Path] | None, lock_path: Path) -> None:
