@@ -76,3 +76,21 @@ def test_metrics_read_while_a_run_appends_skip_only_the_unfinished_last_line(tmp
     (tmp_path / "metrics.jsonl").write_text(lines[0] + "\n[1, 2]\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: each line must be a JSON object, got list"):
         read_metrics(tmp_path)
+
+
+def test_train_steps_at_or_below_the_checkpoint_says_nothing_trains_and_keeps_config_yaml(finished_run, tmp_path,
+                                                                                          caplog):
+    import shutil
+
+    from bertjax.train.run_config import load_run_config
+
+    workdir = tmp_path / "run"
+    shutil.copytree(finished_run.workdir, workdir)
+    recorded = (workdir / "config.yaml").read_bytes()
+    for steps in (4, 6):  # below the checkpoint, and the finished run's own length
+        result = pretrain(load_run_config(workdir / "config.yaml", [f"train.steps={steps}"]), workdir)
+        assert result.start_step == result.final_step == 6
+        assert f"is already at step 6 >= train.steps ({steps}): nothing to train" in caplog.text
+        # the record of the run that saved step 6, so a later rerun still compares against its settings
+        assert (workdir / "config.yaml").read_bytes() == recorded
+        caplog.clear()

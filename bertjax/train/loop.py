@@ -133,6 +133,15 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
         state = setup.fresh_state()
         feed_state = None
     start = int(jax.device_get(state.step))
+    # A checkpoint at or past the run's length: nothing trains, and config.yaml keeps describing the run that
+    # saved it (rewriting it with the smaller train.steps would make the next rerun compare against that).
+    done_before = restore_step is not None and start >= total
+    if done_before and primary:
+        by_tokens = any(phase.tokens is not None for phase in config.train.phases)
+        length = f"the {total} steps of train.phases' token budgets" if by_tokens else f"train.steps ({total})"
+        log.warning("workdir %s is already at step %d >= %s: nothing to train; its config.yaml keeps the settings "
+                    "of the run that saved step %d. Raise train.steps above %d to train further", workdir, start,
+                    length, start, start)
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     eval_cache: dict[int, list] = {}
     try:
@@ -142,7 +151,8 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
             eval_cache[phase.index] = feed_lib.eval_batches(phase.data, tokenizer, mesh, config.eval.batches)
         # Only now that the state is there and the data fits the tokenizer: a run that fails before this point in
         # a new workdir leaves nothing behind (workdir.exclusive), so the corrected command starts afresh.
-        workdir_lib.record_run(workdir, config, description)
+        if not (done_before and (workdir / CONFIG_FILE).is_file()):
+            workdir_lib.record_run(workdir, config, description)
     except BaseException:
         feed.close()
         raise
