@@ -138,10 +138,10 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     done_before = restore_step is not None and start >= total
     if done_before and primary:
         by_tokens = any(phase.tokens is not None for phase in config.train.phases)
-        length = f"the {total} steps of train.phases' token budgets" if by_tokens else f"train.steps ({total})"
+        length, more = ((f"the {total} steps of train.phases' token budgets", "the phases' token budgets")
+                        if by_tokens else (f"train.steps ({total})", f"train.steps above {start}"))
         log.warning("workdir %s is already at step %d >= %s: nothing to train; its config.yaml keeps the settings "
-                    "of the run that saved step %d. Raise train.steps above %d to train further", workdir, start,
-                    length, start, start)
+                    "of the run that saved step %d. Raise %s to train further", workdir, start, length, start, more)
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     eval_cache: dict[int, list] = {}
     try:
