@@ -94,3 +94,18 @@ def test_train_steps_at_or_below_the_checkpoint_says_nothing_trains_and_keeps_co
         # the record of the run that saved step 6, so a later rerun still compares against its settings
         assert (workdir / "config.yaml").read_bytes() == recorded
         caplog.clear()
+
+
+def test_summary_names_the_step_of_an_evaluation_that_was_not_at_the_end(finished_run):
+    import dataclasses
+
+    from bertjax.commands.pretrain import summary
+
+    assert finished_run.eval_loss_end_step == 6
+    assert f"held-out MLM loss at the end:   {finished_run.eval_loss_end:.4f}" in summary(finished_run)
+    # stopped by SIGTERM at step 4, its latest evaluation the one at step 3
+    stopped = dataclasses.replace(finished_run, final_step=4, preempted=True, eval_loss_end_step=3)
+    lines = summary(stopped)
+    assert "(stopped by SIGTERM or Ctrl-C; rerun to resume)" in lines[0]
+    assert f"latest held-out MLM loss (step 3): {finished_run.eval_loss_end:.4f}" in lines
+    assert not any("at the end" in line for line in lines)

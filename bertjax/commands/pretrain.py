@@ -44,18 +44,28 @@ def run(args: argparse.Namespace) -> int:
     import jax
     if jax.process_index() != 0:
         return 0
-    print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} in "
-          f"{result.seconds:.0f} s{' (stopped by SIGTERM or Ctrl-C; rerun to resume)' if result.preempted else ''}")
-    if result.eval_loss_start is not None:
-        print(f"held-out MLM loss at the start: {result.eval_loss_start:.4f}")
-    if result.eval_loss_end is not None:
-        print(f"held-out MLM loss at the end:   {result.eval_loss_end:.4f}")
+    print("\n" + "\n".join(summary(result)))
     if not result.preempted and config.eval.fill_mask_examples and jax.process_count() == 1:
         try:
             show_fill_mask(config, result)
         except (ValueError, FileNotFoundError) as error:  # a demonstration: the run itself succeeded
             print(f"\nskipped the fill-mask examples: {error}", file=sys.stderr)
     return 0
+
+
+def summary(result) -> list[str]:
+    """The lines printed after a run: its steps and time, and the held-out loss at the start and at the end, or at
+    the step of the latest evaluation when the run stopped before the end (or did not evaluate there)."""
+    lines = [f"workdir {result.workdir}: steps {result.start_step} -> {result.final_step} in {result.seconds:.0f} s"
+             f"{' (stopped by SIGTERM or Ctrl-C; rerun to resume)' if result.preempted else ''}"]
+    if result.eval_loss_start is not None:
+        lines.append(f"held-out MLM loss at the start: {result.eval_loss_start:.4f}")
+    if result.eval_loss_end is not None:
+        if result.eval_loss_end_step == result.final_step and not result.preempted:
+            lines.append(f"held-out MLM loss at the end:   {result.eval_loss_end:.4f}")
+        else:
+            lines.append(f"latest held-out MLM loss (step {result.eval_loss_end_step}): {result.eval_loss_end:.4f}")
+    return lines
 
 
 def show_fill_mask(config, result) -> None:

@@ -44,11 +44,12 @@ class PretrainResult:
     final_step: int
     preempted: bool  # stopped by SIGTERM after saving a checkpoint
     eval_loss_start: float | None  # held-out loss before any training (from metrics.jsonl on a resumed run)
-    eval_loss_end: float | None
+    eval_loss_end: float | None  # the latest held-out loss: at the end, or at eval_loss_end_step when stopped early
     seconds: float
     model: Any  # the Flax module of the objective's main model (the MLM model, the discriminator, the student)
     params: Any  # its final parameters (global arrays over the mesh)
     tokenizer: Any
+    eval_loss_end_step: int | None = None  # the step eval_loss_end was measured at
 
 
 def _peak_flops(config: RunConfig, dtype: str, logger: MetricsLogger) -> float:
@@ -184,7 +185,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     watch = PreemptionWatch()
     nonfinite = NonFiniteGuard(config.train.nonfinite)
     last_saved = restore_step
-    eval_start = eval_end = None
+    eval_start = eval_end = eval_end_step = None
     step, preempted = start, False
     try:
         if start == 0 and config.eval.at_start:
@@ -216,7 +217,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
                 record.update(throughput.report())
                 if eval_due:
                     record.update(evaluate(step))
-                    eval_end = record["eval_loss"]
+                    eval_end, eval_end_step = record["eval_loss"], step
                 logger.log(step, record)
                 throughput.restart()
                 if on_log is not None and on_log(step, record) and not last:
@@ -245,14 +246,14 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     if primary:
         plot_loss(workdir)
         records = read_metrics(workdir)
-        evals = [r["eval_loss"] for r in records if "eval_loss" in r]
+        evals = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
         if eval_start is None and evals and records and any(r["step"] == 0 and "eval_loss" in r for r in records):
             eval_start = next(r["eval_loss"] for r in records if r["step"] == 0 and "eval_loss" in r)
         if eval_end is None and not preempted and len(evals) > 1:
-            eval_end = evals[-1]
+            eval_end_step, eval_end = evals[-1]
     primary_model, primary_params = next(iter(exports.values()))
     return PretrainResult(workdir=workdir, start_step=start, final_step=step, preempted=preempted,
-                          eval_loss_start=eval_start, eval_loss_end=eval_end,
+                          eval_loss_start=eval_start, eval_loss_end=eval_end, eval_loss_end_step=eval_end_step,
                           seconds=time.perf_counter() - began, model=primary_model, params=primary_params,
                           tokenizer=tokenizer)
 
