@@ -41,3 +41,29 @@ def test_save_model_dir_refuses_another_models_params_before_writing(bert, tmp_p
     with pytest.raises(ValueError, match=r"params/mlm_head/\S+ is absent"):
         save_model_dir(tmp_path / "missing", model, missing)
     assert not os.path.exists(tmp_path / "wider") and not os.path.exists(tmp_path / "missing")
+
+
+def test_checked_composes_with_grad_and_vmap_and_refuses_an_outer_jit(bert):
+    """`bertjax.checked` is an outermost boundary: grad and vmap around it run its checks (a bad id is still the
+    ValueError naming the range); an outer jit, where the checks could not report, is a TypeError saying so."""
+    model, params = bert
+    ids = jnp.ones((2, 4), jnp.int32)
+    bad = ids.at[0, 0].set(model.config.vocab_size + 3)
+    predict = bertjax.checked(lambda p, i: model.apply({"params": p}, i).logits)
+    plain = lambda p, i: model.apply({"params": p}, i).logits
+    grads = jax.grad(lambda p: predict(p, ids).sum())(params)
+    expected = jax.grad(lambda p: plain(p, ids).sum())(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6), grads, expected)
+    batched = jax.vmap(predict, in_axes=(None, 0))(params, ids[:, None])
+    np.testing.assert_allclose(np.asarray(batched[:, 0]), np.asarray(plain(params, ids)), atol=1e-5)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 128\); got min 1 and max 131"):
+        jax.vmap(predict, in_axes=(None, 0))(params, bad[:, None])  # traced ids: the device-side check
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 128\)"):
+        jax.grad(lambda p: predict(p, bad).sum())(params)
+    with pytest.raises(TypeError, match=r"bertjax.checked\(fn\) is an outermost jit boundary"):
+        jax.jit(predict)(params, ids)
+    checked_grad = bertjax.checked(jax.grad(lambda p, i: plain(p, i).sum()))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5),
+                 checked_grad(params, ids), expected)  # compiled against eager: float32 rounding
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 128\)"):
+        checked_grad(params, bad)

@@ -11,6 +11,8 @@ same holds for token_type_ids, position_ids (the position table's rows) and mask
 
 `bertjax fill-mask` and `bertjax predict` check their ids on the host instead (bertjax.inference runs them).
 Arguments are traced as in `jax.jit`: close over static settings (deterministic=True, ...) rather than passing them.
+`checked` is an outermost boundary: `jax.grad` and `jax.vmap` may wrap it, an outer `jax.jit` may not (a TypeError:
+put the whole computation inside `checked` instead, e.g. `checked(jax.grad(loss))`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import functools
 from typing import Callable
 
 import jax
+import jax.extend.core  # noqa: F401 (jax.extend.core below)
 import jax.numpy as jnp
 from jax.experimental import checkify
 
@@ -44,7 +47,13 @@ def check_traced_ids(ids: jax.Array, size: int | None, what: str, note: str = ""
 
 
 def checked(fn: Callable) -> Callable:
-    """`jax.jit(fn)` with bertjax's input checks compiled in; raises ValueError when one fails."""
+    """`jax.jit(fn)` with bertjax's input checks compiled in; raises ValueError when one fails.
+
+    It is an outermost jit boundary: under an outer `jax.jit` (or anything else that stages out: `lax.scan`,
+    `shard_map`, ...) the checks could only report through an outer checkify, so that is a TypeError; put the whole
+    computation inside `checked` instead (`checked(jax.grad(loss))`). `jax.grad` and `jax.vmap` around it work: `fn`
+    then runs under them, uncompiled, with its checks evaluated as it runs.
+    """
 
     def traced(*args, **kwargs):
         token = _CHECKING.set(True)
@@ -53,14 +62,41 @@ def checked(fn: Callable) -> Callable:
         finally:
             _CHECKING.reset(token)
 
-    jitted = jax.jit(checkify.checkify(traced, errors=checkify.user_checks))
+    checkified = checkify.checkify(traced, errors=checkify.user_checks)
+    jitted = jax.jit(checkified)
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if _staging():
+            raise TypeError(
+                "bertjax.checked(fn) is an outermost jit boundary and was called under jax.jit (or another "
+                "transformation that stages it out), where its checks have nowhere to report: call it outside, with "
+                "the whole computation inside (bertjax.checked(jax.grad(loss)) rather than jax.jit(...checked...)); "
+                "jax.grad and jax.vmap around it work")
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs))):
+            # grad or vmap of concrete values: they evaluate the checks right here. Not through `jitted`: JAX 0.10
+            # cannot linearize a jitted checkify of a custom_vjp (the norms') ("foreach() argument 2 is shorter").
+            try:
+                error, out = checkified(*args, **kwargs)
+                checkify.check_error(error)
+            except checkify.JaxRuntimeError as failed:
+                raise ValueError(_first_line(str(failed))) from None
+            return out
         error, out = jitted(*args, **kwargs)
         message = error.get()
         if message:
-            raise ValueError(message.strip().splitlines()[0])
+            raise ValueError(_first_line(message))
         return out
 
     return call
+
+
+def _staging() -> bool:
+    """True while tracing for jit (or any staged transformation): values are unknown until the program runs."""
+    # JAX's own answer; where a JAX lacks it, JAX's error about an unfunctionalized check says it at compile time.
+    under_jit = getattr(jax.extend.core, "unsafe_am_i_under_a_jit_DO_NOT_USE", None)
+    return bool(under_jit and under_jit())
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0]
