@@ -60,3 +60,26 @@ def test_schedule_errors_name_the_key():
         build_schedule(ScheduleConfig(name="wsd", warmup=1), 1.0, 10)
     with pytest.raises(ValueError, match="schedule.warmup"):
         build_schedule(ScheduleConfig(name="linear", warmup=20), 1.0, 10)
+
+
+def test_durations_in_tokens_are_linear_in_tokens_while_the_batch_grows():
+    # A batch warmup's staircase: steps 0-9 carry 100 tokens (1000 in all), 10-19 carry 200 (3000), then 400.
+    clock = StepClock([0, 10, 20], [100, 200, 400])
+    # Warmup 3000 tokens ends at step 20; at step 10 a third of them are trained (the step count says half).
+    warmup = ScheduleConfig(name="constant", unit="tokens", warmup=3000)
+    got = _values(warmup, [0, 5, 10, 15, 20, 25], total=30, clock=clock)
+    np.testing.assert_allclose(got, [0.0, 1 / 6, 1 / 3, 2 / 3, 1.0, 1.0], atol=1e-6)
+    # A decay over the last 5000 of the run's 7000 tokens starts at step 15 (2000 tokens) and is linear in tokens.
+    decay = ScheduleConfig(name="wsd", unit="tokens", warmup=1000, decay=5000, decay_shape="linear")
+    got = _values(decay, [10, 15, 20, 25, 30], total=30, clock=clock)
+    np.testing.assert_allclose(got, [1.0, 1.0, 0.8, 0.4, 0.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["linear", "wsd", "cosine", "constant"])
+def test_durations_in_tokens_at_a_constant_batch_equal_the_same_schedule_in_steps_bit_for_bit(name):
+    # 128 tokens a step: warmup 1280 tokens = 10 steps, decay 2560 tokens = 20 steps, 100 steps in all.
+    steps = list(range(0, 106))
+    in_steps = _values(ScheduleConfig(name=name, warmup=10, decay=20), steps, total=100)
+    in_tokens = _values(ScheduleConfig(name=name, unit="tokens", warmup=1280, decay=2560), steps, total=100,
+                        clock=StepClock([0], [128]))
+    assert np.asarray(in_tokens, np.float32).tobytes() == np.asarray(in_steps, np.float32).tobytes()

@@ -6,9 +6,11 @@
 - "cosine": warmup, then a half cosine down to the end.
 - "constant": warmup, then the peak.
 
-Durations are given in steps, in tokens, or as fractions of the run (`schedule.unit`); tokens are converted to
-steps with the run's tokens-per-step (which can change between phases), fractions are shares of train.steps, so
-a schedule is always a function of the step. Fractions keep a recipe valid for any run length.
+Durations are given in steps, in tokens, or as fractions of the run (`schedule.unit`); fractions are shares of
+train.steps and keep a recipe valid for any run length. A schedule in tokens is a function of the tokens trained
+before each update (StepClock.position, which follows the batch as it grows and the rows as they lengthen between
+phases), so its warmup and decays are linear in tokens, as in ModernBERT's recipe, not in steps. Every schedule is
+called with the update count and compiled into the step.
 """
 
 from __future__ import annotations
@@ -88,9 +90,9 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
 
 
 class StepClock:
-    """Converts token counts to (fractional) steps for a run whose tokens per step can change by phase.
+    """Token counts of a run whose tokens per step can change (phases, a batch warmup's staircase of segments).
 
-    `boundaries` are the first steps of each phase (starting with 0) and `tokens_per_step` their token counts.
+    `boundaries` are the first steps of each segment (starting with 0) and `tokens_per_step` their token counts.
     """
 
     def __init__(self, boundaries: list[int], tokens_per_step: list[int]):
@@ -100,6 +102,9 @@ class StepClock:
         self.tokens_per_step = np.asarray(tokens_per_step, np.float64)
         lengths = np.diff(self.boundaries)
         self.start_tokens = np.concatenate([[0.0], np.cumsum(lengths * self.tokens_per_step[:-1])])
+        # Positions count tokens in steps of the first segment: a run whose batch never changes reads its own step
+        # count, bit for bit, and float32 keeps a unit of resolution over the step counts runs have.
+        self.unit = float(self.tokens_per_step[0])
 
     def tokens_at(self, step: float) -> float:
         phase = int(np.searchsorted(self.boundaries, step, side="right") - 1)
@@ -109,9 +114,24 @@ class StepClock:
         phase = int(np.searchsorted(self.start_tokens, tokens, side="right") - 1)
         return float(self.boundaries[phase] + (tokens - self.start_tokens[phase]) / self.tokens_per_step[phase])
 
+    def in_units(self, tokens: float) -> float:
+        """A token count on the scale of `position`."""
+        return tokens / self.unit
 
-def _in_steps(config: ScheduleConfig, total_steps: int, clock: StepClock | None) -> tuple[float, float, float | None]:
-    """(total, warmup, decay) of the schedule in (fractional) steps, from its `unit`."""
+    def position(self, step):
+        """Tokens trained before update `step` (an int or a traced int), in units of the first segment's tokens per
+        step: piecewise linear in the step, with a kink wherever the tokens per step change."""
+        step = jnp.asarray(step, jnp.float32)
+        starts = jnp.asarray(self.boundaries, jnp.float32)
+        segment = jnp.clip(jnp.searchsorted(starts, step, side="right") - 1, 0, len(self.boundaries) - 1)
+        offsets = jnp.asarray(self.start_tokens / self.unit, jnp.float32)
+        rates = jnp.asarray(self.tokens_per_step / self.unit, jnp.float32)
+        return offsets[segment] + (step - starts[segment]) * rates[segment]
+
+
+def _lengths(config: ScheduleConfig, total_steps: int, clock: StepClock | None) -> tuple[float, float, float | None]:
+    """(total, warmup, decay) of the schedule on the scale it is evaluated on: steps for `steps` and `fraction`,
+    StepClock.position's token units for `tokens`."""
     if config.unit == "steps":
         total = float(total_steps if config.total is None else config.total)
         return total, config.warmup, config.decay
@@ -122,10 +142,10 @@ def _in_steps(config: ScheduleConfig, total_steps: int, clock: StepClock | None)
     if clock is None:
         raise ValueError("schedule.unit 'tokens' needs the run's tokens per step")
     total_tokens = clock.tokens_at(total_steps) if config.total is None else config.total
-    total = clock.steps_for_tokens(total_tokens)
+    total = clock.in_units(total_tokens)
     # A decay length in tokens ends with the run: it starts where total_tokens - decay tokens are done.
-    decay = None if config.decay is None else total - clock.steps_for_tokens(max(total_tokens - config.decay, 0.0))
-    return total, clock.steps_for_tokens(config.warmup), decay
+    decay = None if config.decay is None else total - clock.in_units(max(total_tokens - config.decay, 0.0))
+    return total, clock.in_units(config.warmup), decay
 
 
 def _does_not_fit(config: ScheduleConfig, total_steps: int, with_decay: bool) -> ValueError:
@@ -145,13 +165,16 @@ def build_schedule(config: ScheduleConfig, peak: float, total_steps: int, clock:
     """The schedule of `config` for a run of `total_steps` updates at peak learning rate `peak`."""
     if config.name not in SCHEDULES:
         raise ValueError(f"schedule.name: unknown schedule {config.name!r}; known: {sorted(SCHEDULES)}")
-    total, warmup, decay = _in_steps(config, total_steps, clock)
+    total, warmup, decay = _lengths(config, total_steps, clock)
     if warmup < 0 or warmup > total:
         raise _does_not_fit(config, total_steps, with_decay=False)
     if decay is not None and warmup + decay > total + 1e-9:
         raise _does_not_fit(config, total_steps, with_decay=True)
-    return SCHEDULES[config.name](peak, warmup=warmup, total=total, final=peak * config.final_lr_ratio,
-                                  decay=decay, decay_shape=config.decay_shape)
+    schedule = SCHEDULES[config.name](peak, warmup=warmup, total=total, final=peak * config.final_lr_ratio,
+                                      decay=decay, decay_shape=config.decay_shape)
+    if config.unit != "tokens":
+        return schedule
+    return lambda step: schedule(clock.position(step))
 
 
 def build_phased_schedule(config: ScheduleConfig, peak: float, phases: list, clock: StepClock) -> Schedule:
