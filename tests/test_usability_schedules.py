@@ -70,3 +70,22 @@ def test_fraction_above_one_is_a_config_error():
         load_run_config(CONFIGS / "tiny.yaml", ["schedule.warmup=60"])
     with pytest.raises(ConfigError, match="schedule.decay must be >= 0"):
         load_run_config(CONFIGS / "tiny.yaml", ["schedule.decay=-0.1"])
+
+
+def test_a_resume_that_stretches_a_fraction_schedule_warns_with_the_rate_before_and_after():
+    from bertjax.train.setup import schedule_change_on_resume
+
+    # tiny.yaml finished its 600 steps at the end of its decay; 800 steps move the decay to steps 480-800, so the
+    # update after step 600 runs high up the decay again.
+    config = load_run_config(CONFIGS / "tiny.yaml", ["train.steps=800"])
+    finished = load_run_config(CONFIGS / "tiny.yaml")
+    after, before = float(_schedule(config)(600)), float(_schedule(finished)(600))
+    assert after > 100 * before
+    note = schedule_change_on_resume(config, 600, 1, 600)
+    assert note == (f"train.steps 600 -> 800 stretches the learning-rate schedule (schedule.unit: fraction: its warmup "
+                    f"and decay are shares of train.steps): the update after the resumed step 600 runs at learning "
+                    f"rate {after:.3g}, where train.steps=600 would give {before:.3g}")
+    # The same schedule in steps, resumed on its plateau: the decay moves, the rate of the next update does not.
+    in_steps = load_run_config(CONFIGS / "tiny.yaml", ["schedule.unit=steps", "schedule.warmup=60",
+                                                       "schedule.decay=240", "train.steps=800"])
+    assert schedule_change_on_resume(in_steps, 600, 1, 300) is None

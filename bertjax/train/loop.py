@@ -20,6 +20,7 @@ import jax
 
 from bertjax.train import feed as feed_lib
 from bertjax.train import flops as flops_lib
+from bertjax.train import mesh as mesh_lib
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.checkpoints import Checkpointer, open_for_resume
 from bertjax.train.distributed import PreemptionWatch
@@ -27,7 +28,7 @@ from bertjax.train.guards import NonFiniteGuard
 from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
 from bertjax.train.objectives import Objective
 from bertjax.train.run_config import RunConfig
-from bertjax.train.setup import setup_run
+from bertjax.train.setup import schedule_change_on_resume, setup_run
 from bertjax.train.state import count_params
 from bertjax.train.step import COUNT_METRICS
 from bertjax.train.workdir import CONFIG_FILE  # noqa: F401 (the resolved run config in a workdir)
@@ -112,7 +113,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     config = _with_objective_tokenizer(config)  # as config.yaml records it, so a rerun compares equal
     # Only a checkpoint pins the model: a workdir whose run saved none starts over with these settings.
     resumable = workdir_lib.has_checkpoint(workdir, config.checkpoint)
-    workdir_lib.check_rerun(workdir, config, resumable)  # before anything is written
+    changed = workdir_lib.check_rerun(workdir, config, resumable)  # before anything is written
 
     tokenizer = feed_lib.prepare_tokenizer(config, workdir)
     setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
@@ -143,6 +144,11 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
                         if by_tokens else (f"train.steps ({total})", f"train.steps above {start}"))
         log.warning("workdir %s is already at step %d >= %s: nothing to train; its config.yaml keeps the settings "
                     "of the run that saved step %d. Raise %s to train further", workdir, start, length, start, more)
+    held_steps = next((held for key, held, _ in changed if key == "train.steps"), None)
+    if restore_step is not None and not done_before and isinstance(held_steps, int) and primary:
+        note = schedule_change_on_resume(config, held_steps, mesh_lib.batch_shards(mesh), start)
+        if note is not None:
+            log.warning("%s", note)
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     eval_cache: dict[int, list] = {}
     try:

@@ -160,6 +160,24 @@ def _schedule(config: RunConfig, phases: list, lenient: bool):
                               feed_lib.total_steps(phases))
 
 
+def schedule_change_on_resume(config: RunConfig, held_steps: int, batch_shards: int, step: int) -> str | None:
+    """The warning for a resume whose train.steps differs from the workdir's (`held_steps`) and so moves the
+    learning rate of the next update, `step`: a `fraction` schedule stretches over the new length (a finished run
+    extended climbs back up its decay), a linear or cosine decay ends elsewhere. None when the rate is the same."""
+    held = dataclasses.replace(config, train=dataclasses.replace(config.train, steps=held_steps))
+    try:
+        before = float(_schedule(held, feed_lib.plan_phases(held, batch_shards), lenient=False)(step))
+    except (ValueError, ConfigError):  # the old length no longer plans (phases of token budgets ignore it)
+        return None
+    after = float(_schedule(config, feed_lib.plan_phases(config, batch_shards), lenient=False)(step))
+    if abs(after - before) <= 1e-6 * max(abs(after), abs(before)):
+        return None
+    how = ("stretches the learning-rate schedule (schedule.unit: fraction: its warmup and decay are shares of "
+           "train.steps)" if config.schedule.unit == "fraction" else "moves the end of the learning-rate schedule")
+    return (f"train.steps {held_steps} -> {config.train.steps} {how}: the update after the resumed step {step} runs "
+            f"at learning rate {after:.3g}, where train.steps={held_steps} would give {before:.3g}")
+
+
 def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Sequence | None = None,
               attention_platform: str | None = None, compile_only: bool = False) -> RunSetup:
     """Everything a run needs but the data feed and the state itself.

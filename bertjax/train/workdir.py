@@ -308,30 +308,31 @@ def describe_differences(found: list[tuple[str, Any, Any]]) -> str:
     return "; ".join(f"{key}: {held!r} in the workdir, {requested!r} requested" for key, held, requested in found)
 
 
-def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> None:
+def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> list[tuple[str, Any, Any]]:
     """Before writing anything: refuse a run whose model differs from the one the workdir's checkpoints hold.
 
     `resumable`: whether the workdir holds a checkpoint (`has_checkpoint`). Without one nothing pins the model: the
     run starts over with the requested settings, says so when they differ, and the tokenizer saved by the earlier
     run is removed (process 0) when the settings it was made from changed, so that `prepare_tokenizer` makes it
-    anew (as train-embedder's workdirs do).
+    anew (as train-embedder's workdirs do). Returns the differences a resume goes on with (dotted key, the
+    workdir's value, the requested one).
     """
     saved = Path(workdir) / CONFIG_FILE
     if not saved.is_file():
-        return
+        return []
     try:
         held = yaml.safe_load(saved.read_text())
     except yaml.YAMLError as error:
         if not resumable:  # a damaged record of a run that saved nothing: nothing to keep
             _start_over(workdir, [(CONFIG_FILE, "<damaged>", "<this run's>")], config)
-            return
+            return []
         raise ConfigError(f"{saved} is not valid YAML ({yaml_problem(error)}); this workdir's run config is "
                           "damaged") from None
     found = differences(held, _plain(config))
     if not resumable:
         if found:
             _start_over(workdir, found, config)
-        return
+        return []
     fixed = [d for d in found if any(d[0] == p or d[0].startswith(p + ".") for p in FIXED_ON_RESUME)]
     if fixed:
         raise ConfigError(f"workdir {workdir} holds a run with another model ({describe_differences(fixed)}). "
@@ -342,6 +343,7 @@ def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> Non
         tokenizer_note = any(key.startswith("tokenizer.") for key, _, _ in found)
         log.warning("resuming %s with changed settings: %s%s", workdir, describe_differences(found),
                     " (the tokenizer saved in the workdir is used)" if tokenizer_note else "")
+    return found
 
 
 def _start_over(workdir: Path, found: list[tuple[str, Any, Any]], config: RunConfig) -> None:
