@@ -242,6 +242,65 @@ def test_second_ctrl_c_interrupts_at_once():
         signal.signal(signal.SIGINT, inherited)
 
 
+def test_sighup_saves_a_checkpoint_and_exits_cleanly_even_with_its_output_gone(finished):
+    """A run started from an SSH session gets SIGHUP when the session drops, and its output (a terminal, or a pipe
+    into `tee`) is gone with it: it saves where it stopped, as for SIGTERM, instead of dying at once or on the
+    next write to the dead pipe."""
+    import signal
+    import time
+
+    root, config, _ = finished
+    workdir = root / "hung-up"
+    errors = root / "hung-up.stderr"
+    with open(errors, "w") as stderr:
+        run = subprocess.Popen(pretrain_command(config, workdir, "train.steps=100000"), env=cpu_env(), cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=stderr, text=True)
+    deadline = time.monotonic() + 120
+    while not logged_losses(workdir):
+        assert run.poll() is None and time.monotonic() < deadline, errors.read_text()
+        time.sleep(0.05)
+    run.stdout.close()  # the reader of its stdout is gone (`| tee` killed by the same hangup)
+    run.send_signal(signal.SIGHUP)
+    assert run.wait(timeout=120) == 0, errors.read_text()
+    assert "SIGHUP (the session that started this run ended): saving a checkpoint" in errors.read_text()
+    assert "Traceback" not in errors.read_text()
+    stopped = max(logged_losses(workdir))
+    steps = _steps(workdir)
+    assert steps[-1] == stopped and all(step % EVERY == 0 for step in steps[:-1]), steps
+    restore_params(workdir / "checkpoints" / str(stopped))
+
+
+def test_sighup_stops_like_sigterm_unless_the_process_was_started_with_it_ignored(monkeypatch):
+    import os
+    import signal
+
+    from bertjax.train import distributed
+
+    quieted = []  # stdout and stderr of the test process stay as they are
+    monkeypatch.setattr(distributed, "_quiet_session_outputs", lambda: quieted.append(True))
+    inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        watch = distributed.PreemptionWatch()
+        try:
+            assert not watch.should_stop(1)
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert watch.should_stop(2) and watch.reason == "SIGHUP" and quieted
+        finally:
+            watch.close()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # started under nohup: asked to outlive its session
+        watch = distributed.PreemptionWatch()
+        try:
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert not watch.should_stop(1)
+        finally:
+            watch.close()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, inherited)
+
+
 def test_run_without_held_out_documents_succeeds_and_skips_the_fill_mask_demo(finished):
     root, config, _ = finished
     workdir = root / "no-held-out"

@@ -65,3 +65,43 @@ def test_the_two_process_checkpoint_restores_in_one_process(two_process_run):
     predictions = load_predictor(workdir)("The [MASK] statement ends a loop.", 3)
     assert len(predictions) == 1 and len(predictions[0]) == 3
     assert 0.0 < sum(p.probability for p in predictions[0]) <= 1.0 + 1e-6
+
+
+def test_sighup_to_one_host_stops_both_at_the_same_saved_step(tmp_path):
+    """A hangup on one host (its SSH session dropped) is a preemption notice for the slice: that host passes it
+    to JAX's coordination service as a SIGTERM, and both processes save the same step and exit cleanly."""
+    import signal
+    import time
+
+    config = write_config(tmp_path / "run.yaml", small_tokenizer(), train={"steps": 100000},
+                          checkpoint={"every": 1000})
+    workdir = tmp_path / "run"
+    coordinator = f"127.0.0.1:{_free_port()}"
+    logs = [tmp_path / f"process{i}.log" for i in range(2)]
+    processes = []
+    for i in range(2):
+        with open(logs[i], "w") as log:
+            processes.append(subprocess.Popen(
+                pretrain_command(config, workdir, "--coordinator", coordinator, "--num-processes", "2",
+                                 "--process-id", str(i)),
+                env=cpu_env(devices=1), cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 240
+        while len(logged_losses(workdir)) < 3:
+            assert all(p.poll() is None for p in processes) and time.monotonic() < deadline, logs[0].read_text()
+            time.sleep(0.05)
+        processes[1].send_signal(signal.SIGHUP)
+        for i, process in enumerate(processes):
+            assert process.wait(timeout=120) == 0, f"process {i}:\n{logs[i].read_text()}"
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    stopped = max(logged_losses(workdir))
+    assert stopped < 1000
+    saved = workdir / "checkpoints" / str(stopped)
+    assert sorted(p.name for p in (saved / "data").glob("process_*")) == ["process_0-of-2.json",
+                                                                           "process_1-of-2.json"]
+    assert f"saved a checkpoint at step {stopped} and stopped" in logs[0].read_text()
+    assert "SIGHUP (the session that started this run ended)" in logs[1].read_text()
+    assert "Traceback" not in logs[0].read_text() + logs[1].read_text()

@@ -4,8 +4,9 @@ One program runs per host. `initialize` connects them with `jax.distributed.init
 `--coordinator HOST:PORT --num-processes N --process-id I` or, when those are absent, from a cluster environment
 that JAX knows how to read (a Cloud TPU VM slice, SLURM); otherwise the run is single-process.
 
-`PreemptionWatch` turns SIGTERM (how TPU VMs and most schedulers announce preemption) into a step at which every
-process saves a checkpoint and stops.
+`PreemptionWatch` turns SIGTERM (how TPU VMs and most schedulers announce preemption), and SIGHUP (the hangup a
+run started from an SSH session gets when that session drops), into a step at which every process saves a
+checkpoint and stops.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import glob
 import os
 import signal
+import stat
 import sys
 import threading
 from typing import Callable
@@ -75,16 +77,25 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
 
 
 class PreemptionWatch:
-    """`should_stop(step)` becomes True, on every process at the same step, after a SIGTERM (or a Ctrl-C).
+    """`should_stop(step)` becomes True, on every process at the same step, after a SIGTERM, a SIGHUP (or a Ctrl-C).
 
     Multi-process: JAX's coordination service already listens for SIGTERM and agrees on a common step
     (`reached_preemption_sync_point`), so all hosts save the same step. Single process: a Python handler sets a
     flag that the loop reads between steps (never interrupting a step or a save). Ctrl-C (SIGINT) is handled the
     same way on a single process; a second Ctrl-C raises KeyboardInterrupt at once. (Multi-process runs keep
     Python's Ctrl-C: one host's keyboard cannot make the others agree on a step.)
+
+    SIGHUP, which a process started from a terminal or an SSH session gets when that session ends, would end the
+    run at once without a checkpoint; it is taken as a SIGTERM instead: on a single process it sets the same flag,
+    and on several the handler sends this process a SIGTERM, which JAX's preemption notifier passes to the
+    coordination service, so every host still saves the same step. A process started with SIGHUP ignored
+    (`nohup`) keeps ignoring it: it was asked to outlive its session.
     """
 
     SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+    SIGHUP = getattr(signal, "SIGHUP", None)  # POSIX only
+    if SIGHUP is not None:
+        SIGNAL_NAMES[SIGHUP] = "SIGHUP"
 
     def __init__(self):
         self.received = False
@@ -92,7 +103,10 @@ class PreemptionWatch:
         self._previous: dict[int, object] = {}
         self._multi_process = jax.process_count() > 1
         if threading.current_thread() is threading.main_thread():
-            for signum in [] if self._multi_process else [signal.SIGTERM, signal.SIGINT]:
+            handled = [] if self._multi_process else [signal.SIGTERM, signal.SIGINT]
+            if self.SIGHUP is not None and signal.getsignal(self.SIGHUP) is not signal.SIG_IGN:
+                handled.append(self.SIGHUP)
+            for signum in handled:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:
@@ -100,8 +114,19 @@ class PreemptionWatch:
             # Until `close` restores Python's handler, one more Ctrl-C ends the process even inside a C call.
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             raise KeyboardInterrupt("second Ctrl-C: stopped without saving")
-        self.received = True
         self.reason = self.SIGNAL_NAMES.get(signum, f"signal {signum}")
+        if signum == self.SIGHUP:
+            try:
+                print("\nSIGHUP (the session that started this run ended): saving a checkpoint after this step, "
+                      "then stopping", file=sys.stderr, flush=True)
+            except (OSError, RuntimeError):  # the terminal is gone, or the handler interrupted a write to it
+                pass
+            _quiet_session_outputs()
+            if self._multi_process:
+                # JAX's preemption notifier passes the SIGTERM on: `should_stop` reads the step all hosts agree on.
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+        self.received = True
         if signum == signal.SIGINT:
             print("\nCtrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again to stop at once)",
                   file=sys.stderr, flush=True)
@@ -116,3 +141,22 @@ class PreemptionWatch:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+
+
+def _quiet_session_outputs() -> None:
+    """After a hangup, writes to the session that ended fail: a terminal answers EIO, and a pipe (`| tee`) whose
+    reader got the hangup too answers EPIPE. Such an error in the next log line would end the run before it saves,
+    so stdout and stderr go to /dev/null from here on unless they are files (a log redirect keeps its lines)."""
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            stream.flush()
+        except (OSError, ValueError, RuntimeError, AttributeError):  # dead, closed, busy or replaced streams
+            pass
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+        except OSError:
+            pass
