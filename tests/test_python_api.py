@@ -67,3 +67,27 @@ def test_checked_composes_with_grad_and_vmap_and_refuses_an_outer_jit(bert):
                  checked_grad(params, ids), expected)  # compiled against eager: float32 rounding
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 128\)"):
         checked_grad(params, bad)
+
+
+def test_dropout_needs_deterministic_false_and_a_key_and_says_so():
+    """Dropout runs only with deterministic=False and rngs={"dropout": key}; without the key, the error names the
+    idiom (where Flax's names neither); the class docstrings (help()) list the call arguments."""
+    model = bertjax.EncoderForMaskedLM(bertjax.get_config("bert-tiny", dropout_rate=0.1))
+    params = bertjax.init_params(model, jax.random.key(0))
+    ids = jnp.arange(5, 21, dtype=jnp.int32).reshape(2, 8)
+    inference = model.apply({"params": params}, ids).logits
+    with pytest.raises(ValueError, match=r"deterministic=False runs dropout, which needs a random key: .*"
+                                         r"rngs=\{'dropout': key\}"):
+        model.apply({"params": params}, ids, deterministic=False)
+    dropped = model.apply({"params": params}, ids, deterministic=False, rngs={"dropout": jax.random.key(1)}).logits
+    assert not np.allclose(np.asarray(dropped), np.asarray(inference))
+    no_dropout = bertjax.EncoderForMaskedLM(model.config.replace(dropout_rate=0.0))  # nothing to drop: no key
+    np.testing.assert_array_equal(no_dropout.apply({"params": params}, ids, deterministic=False).logits, inference)
+    classifier = bertjax.EncoderForSequenceClassification(bertjax.get_config(
+        "bert-tiny", dropout_rate=0.0, task=bertjax.TaskConfig(num_labels=2, classifier_dropout=0.1)))
+    with pytest.raises(ValueError, match="needs a random key"):  # the head's dropout alone needs it too
+        classifier.apply({"params": bertjax.init_params(classifier, jax.random.key(0))}, ids, deterministic=False)
+    for cls in bertjax.MODEL_CLASSES.values():
+        assert 'deterministic=False, rngs={"dropout": key}' in cls.__doc__ and "segment_ids:" in cls.__doc__, cls
+    assert "masked_positions: int [batch, num]" in bertjax.EncoderForMaskedLM.__doc__
+    assert "max_segments=K" in bertjax.EncoderForSequenceClassification.__doc__

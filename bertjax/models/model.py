@@ -58,6 +58,29 @@ STACKS: dict[str, type[nn.Module]] = {}
 PERMUTATION_INPUTS = ("perm_mask", "target_mapping")
 
 
+CALL_ARGUMENTS = """
+    Called as `model.apply({"params": params}, input_ids, attention_mask=None, token_type_ids=None,
+    position_ids=None, segment_ids=None, ..., deterministic=True)`:
+
+      input_ids: int [batch, seq] token ids in [0, vocab_size).
+      attention_mask: [batch, seq]; 0 makes a token absent (padding).
+      token_type_ids: [batch, seq] ids in [0, type_vocab_size); only models with token types take them.
+      position_ids: [batch, seq] rows of the position table; default: each segment's present tokens counted.
+      segment_ids: [batch, seq] packed texts 1, 2, ... (tokens attend within their own); 0 marks padding.
+      deterministic: True (the default) runs without dropout, as inference and transformers' eval() do. Dropout
+        (config.dropout_rate, the task's classifier_dropout) runs only with `deterministic=False` and a key:
+        `model.apply(variables, ..., deterministic=False, rngs={"dropout": key})`, a new key each step.
+      global_attention_mask: [batch, seq] Longformer's global tokens (1 = global); other models refuse it.
+"""
+
+
+def with_call_arguments(cls):
+    """Appends CALL_ARGUMENTS to a model class's docstring (what `help(model_class)` shows)."""
+    cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n{CALL_ARGUMENTS}"
+    return cls
+
+
+@with_call_arguments
 class _Backbone(nn.Module):
     """Embeddings and layer stack; subclasses add heads. Parameters: embeddings/, encoder/, then head names."""
 
@@ -84,6 +107,10 @@ class _Backbone(nn.Module):
         With XLNet's `target_mapping`, the query stream's output [batch, num_predict, hidden] instead.
         Longformer's `global_attention_mask` [batch, seq] (1 = global, as transformers names it) picks the tokens
         that attend, and are attended, globally; any other model refuses it."""
+        if not deterministic and _drops_out(self.config) and not self.has_rng("dropout"):
+            # Flax's own error ("Dropout needs PRNG for dropout") names neither the argument nor the idiom.
+            raise ValueError("deterministic=False runs dropout, which needs a random key: "
+                             "model.apply(variables, ..., deterministic=False, rngs={'dropout': key})")
         inputs = prepare_inputs(self.config, input_ids, attention_mask, token_type_ids, position_ids, segment_ids,
                                 global_attention_mask)
         given = {name: value for name, value in zip(PERMUTATION_INPUTS, (perm_mask, target_mapping))
@@ -93,6 +120,12 @@ class _Backbone(nn.Module):
                              f"attention_kind={self.config.attention_kind!r}, which has no query stream (XLNet's is "
                              "'two_stream')")
         return self.encoder(self.embeddings(inputs, deterministic), inputs, deterministic, **given), inputs
+
+
+def _drops_out(config: EncoderConfig) -> bool:
+    """Whether any dropout of the model (the encoder's, or a task head's classifier dropout) has a rate above 0."""
+    task = config.task_or_default.classifier_dropout
+    return config.dropout_rate > 0 or bool(task)
 
 
 def gather_positions(hidden: jax.Array, positions: jax.Array | None) -> jax.Array:
@@ -109,8 +142,14 @@ def gather_positions(hidden: jax.Array, positions: jax.Array | None) -> jax.Arra
     return jnp.take_along_axis(hidden, jnp.asarray(positions, jnp.int32)[..., None], axis=1)
 
 
+@with_call_arguments
 class EncoderModel(_Backbone):
-    """Bare encoder: last_hidden_state, and pooler_output when the config has a pooler."""
+    """Bare encoder: `last_hidden_state` [batch, seq, hidden], and `pooler_output` [batch, hidden] (each row's first
+    present token through the pooler) when the config has a pooler (transformers' BertModel, ...).
+
+    XLNet: `perm_mask` [batch, seq, seq] and `target_mapping` [batch, num_predict, seq] as transformers takes them;
+    with target_mapping, last_hidden_state is the query stream's [batch, num_predict, hidden].
+    """
 
     def setup(self):
         super().setup()
@@ -127,7 +166,16 @@ class EncoderModel(_Backbone):
         return EncoderOutput(last_hidden_state=hidden, pooler_output=pooled)
 
 
+@with_call_arguments
 class EncoderForMaskedLM(_Backbone):
+    """Masked-LM head (transformers' BertForMaskedLM, ...): `logits` [batch, seq, vocab] float32, and the
+    backbone's `last_hidden_state`.
+
+    masked_positions: int [batch, num] indices into the sequence ([0, seq); padding slots 0): only those positions
+    are projected onto the vocabulary, `logits` [batch, num, vocab]. XLNet also takes `perm_mask` and
+    `target_mapping` (then `logits` [batch, num_predict, vocab], transformers' XLNetLMHeadModel).
+    """
+
     def setup(self):
         super().setup()
         self.mlm_head = MaskedLMHead(self.config)
@@ -146,8 +194,11 @@ class EncoderForMaskedLM(_Backbone):
         return MaskedLMOutput(logits=logits, last_hidden_state=hidden)
 
 
+@with_call_arguments
 class EncoderForPreTraining(_Backbone):
-    """MLM plus next-sentence (or sentence-order) prediction from the pooled [CLS] state."""
+    """MLM plus next-sentence (or sentence-order) prediction from the pooled [CLS] state: `logits` as
+    EncoderForMaskedLM's (`masked_positions` too), `nsp_logits` [batch, 2].
+    """
 
     def setup(self):
         super().setup()
@@ -165,6 +216,7 @@ class EncoderForPreTraining(_Backbone):
                                  last_hidden_state=hidden)
 
 
+@with_call_arguments
 class EncoderForNextSentencePrediction(_Backbone):
     """The next-sentence classifier alone (transformers' BertForNextSentencePrediction): the pretraining model's
     pooler and NSP head, under the same parameter names, without the MLM head."""
@@ -183,6 +235,7 @@ class EncoderForNextSentencePrediction(_Backbone):
                                   last_hidden_state=hidden)
 
 
+@with_call_arguments
 class EncoderForReplacedTokenDetection(_Backbone):
     """ELECTRA's discriminator (transformers' ElectraForPreTraining): one replaced-token logit for every token.
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from bertjax.models.model import MODEL_CLASSES, _Backbone
+from bertjax.models.model import MODEL_CLASSES, _Backbone, with_call_arguments
 from bertjax.models.task_heads import SequenceHead, TokenHead
 
 
@@ -70,8 +70,14 @@ def around_first_separator(input_ids, sep_token_id: int, before: bool) -> jax.Ar
     return (positions < first if before else positions > first + 1).astype(jnp.int32)
 
 
+@with_call_arguments
 class EncoderForSequenceClassification(_Backbone):
-    """Sequence classification or regression (num_labels=1): one prediction per row, or per packed segment."""
+    """Sequence classification or regression (num_labels=1): one prediction per row, or per packed segment.
+
+    `logits` [batch, num_labels] float32; with `max_segments=K` (a static Python int: `static_argnames` under
+    jax.jit) and `segment_ids` 1..K, one per packed segment: `logits` [batch, K, num_labels] and `segment_mask`
+    [batch, K].
+    """
 
     def setup(self):
         super().setup()
@@ -93,6 +99,7 @@ class EncoderForSequenceClassification(_Backbone):
         return SequenceClassifierOutput(logits=logits, last_hidden_state=hidden, segment_mask=segment_mask)
 
 
+@with_call_arguments
 class EncoderForTokenClassification(_Backbone):
     """One label per token (named entities, tagging); padding positions get logits too and the loss masks them."""
 
@@ -107,6 +114,7 @@ class EncoderForTokenClassification(_Backbone):
         return TokenClassifierOutput(logits=self.classifier(hidden, deterministic), last_hidden_state=hidden)
 
 
+@with_call_arguments
 class EncoderForQuestionAnswering(_Backbone):
     """Extractive QA: a start and an end logit per token (transformers' `qa_outputs`, 2 outputs)."""
 
@@ -127,6 +135,7 @@ class EncoderForQuestionAnswering(_Backbone):
                                        last_hidden_state=hidden)
 
 
+@with_call_arguments
 class EncoderForMultipleChoice(_Backbone):
     """Inputs [batch, choices, seq]; each choice is encoded as its own row and scored by one logit."""
 
