@@ -43,7 +43,7 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         embedding_norm=True, final_norm=False, attention_bias=True, mlp_bias=True, activation=activation,
         mlp="dense", global_attention_every=1, tie_word_embeddings=read("tie_word_embeddings"),
         decoder_bias=True, head_dense_bias=True, head_activation=activation,
-        pooler=head != "masked_lm",  # AlbertForMaskedLM is built without the pooler
+        pooler=True,  # AlbertModel's; AlbertForMaskedLM has none but never reads the flag (bert.py says why)
         pad_token_id=read("pad_token_id"),
         dropout_rate=float(read("hidden_dropout_prob")), initializer_range=float(read("initializer_range")))
 

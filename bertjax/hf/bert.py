@@ -46,8 +46,10 @@ class BertLikeConfig:
             mlp="dense", global_attention_every=1, tie_word_embeddings=read("tie_word_embeddings"),
             decoder_bias=True, head_dense_bias=True,
             head_activation=activation if self.head_follows_hidden_act else "gelu",
-            # BertModel/RobertaModel carry the pooler; the MLM classes are built without it.
-            pooler=head != "masked_lm", pad_token_id=pad,
+            # Whether the family's base model (EncoderModel) has a pooler: BertModel/RobertaModel always do. The MLM
+            # classes are built without one, but the MLM model never reads the flag: the family's value makes an
+            # export of a preset come back equal, and EncoderModel(config) the base model the family has.
+            pooler=True, pad_token_id=pad,
             # bertjax has one dropout rate (no attention-probability dropout); dropout never changes inference.
             dropout_rate=float(read("hidden_dropout_prob")), initializer_range=float(read("initializer_range")))
 

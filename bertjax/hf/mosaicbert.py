@@ -58,7 +58,7 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         embedding_norm=True, final_norm=False, attention_bias=True, mlp_bias=True, mlp_up_bias=False,
         # The gated feed-forward always applies the exact GELU; hidden_act only reaches the MLM head's transform.
         activation="gelu", mlp="glu", global_attention_every=1, tie_word_embeddings=True, decoder_bias=True,
-        head_dense_bias=True, head_activation=read.activation("hidden_act"), pooler=head != "masked_lm",
+        head_dense_bias=True, head_activation=read.activation("hidden_act"), pooler=True,  # as bert.py's
         pad_token_id=read("pad_token_id"), dropout_rate=float(read("hidden_dropout_prob")),
         initializer_range=float(read("initializer_range")))
 
