@@ -91,3 +91,32 @@ def test_dropout_needs_deterministic_false_and_a_key_and_says_so():
         assert 'deterministic=False, rngs={"dropout": key}' in cls.__doc__ and "segment_ids:" in cls.__doc__, cls
     assert "masked_positions: int [batch, num]" in bertjax.EncoderForMaskedLM.__doc__
     assert "max_segments=K" in bertjax.EncoderForSequenceClassification.__doc__
+
+
+def test_masked_positions_max_segments_and_segment_ids_errors_name_the_argument(bert):
+    model, params = bert
+    ids = jnp.arange(5, 13, dtype=jnp.int32).reshape(2, 4)
+    apply = lambda **kw: model.apply({"params": params}, ids, **kw)
+    with pytest.raises(ValueError, match=r"masked_positions must be \[batch=2, num\] .*got shape \(2,\)"):
+        apply(masked_positions=jnp.array([0, 3]))
+    with pytest.raises(ValueError, match=r"masked_positions must be \[batch=2, num\] .*got shape \(1, 2\)"):
+        apply(masked_positions=jnp.array([[0, 3]]))
+    with pytest.raises(ValueError, match="masked_positions must be integers, got float32"):
+        apply(masked_positions=jnp.array([[0.0, 3.0], [1.0, 2.0]]))
+    with pytest.raises(ValueError, match=r"segment_ids must be >= 0 \(packed texts 1, 2, \.\.\.; 0 marks padding\)"):
+        apply(segment_ids=jnp.array([[-1, 1, 1, 1], [1, 1, 1, 1]]))
+
+    classifier = bertjax.EncoderForSequenceClassification(bertjax.get_config("bert-tiny"))
+    weights = bertjax.init_params(classifier, jax.random.key(0))
+    four_texts = jnp.array([[1, 2, 3, 4], [1, 1, 2, 0]])
+    classify = lambda segments, k: classifier.apply({"params": weights}, ids, segment_ids=segments, max_segments=k)
+    with pytest.raises(ValueError, match=r"segment_ids must be in \[0, 3\) \(max_segments=2 slots: packed texts "
+                                         r"1\.\.2, 0 padding\); got min 0 and max 4"):
+        classify(four_texts, 2)
+    with pytest.raises(ValueError, match=r"segment_ids must be in \[0, 3\)"):  # on the device, when checked
+        bertjax.checked(lambda segments: classify(segments, 2))(four_texts)
+    assert classify(four_texts, 4).segment_mask.shape == (2, 4)
+    with pytest.raises(TypeError, match=r"max_segments must be a static Python int .*static_argnames"):
+        jax.jit(classify)(four_texts, 4)
+    with pytest.raises(TypeError, match="max_segments must be a static Python int"):
+        classify(four_texts, 2.0)

@@ -66,6 +66,8 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
         offset = f"; position_offset={config.position_offset} is part of the ids" if config.position_offset else ""
         check_ids(position_ids, limit, "position_ids", "" if limit is None else
                   f" (max_position_embeddings={limit}{offset})")
+    if segment_ids is not None:  # a negative id would be one more packed text that no pooling slot reads
+        check_ids(segment_ids, None, "segment_ids", " (packed texts 1, 2, ...; 0 marks padding)")
     unmarked = attention_mask is None and segment_ids is None
     if segment_ids is None:
         segment_ids = jnp.ones((batch, seq), jnp.int32)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from bertjax.config import EncoderConfig
@@ -136,6 +137,13 @@ def gather_positions(hidden: jax.Array, positions: jax.Array | None) -> jax.Arra
     """
     if positions is None:
         return hidden
+    shape = jnp.shape(positions)
+    if len(shape) != 2 or shape[0] != hidden.shape[0]:
+        raise ValueError(f"masked_positions must be [batch={hidden.shape[0]}, num] (indices into each row), got "
+                         f"shape {shape}")
+    dtype = positions.dtype if hasattr(positions, "dtype") else np.asarray(positions).dtype
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"masked_positions must be integers, got {dtype}")
     # An index >= seq would gather a row of NaN and -1 the last token, silently: checked as the token ids are
     # (eagerly, or on the device inside bertjax.checked). Padding slots hold 0 (bertjax.data), a valid index.
     check_ids(positions, hidden.shape[1], "masked_positions", " (indices into the sequence)")

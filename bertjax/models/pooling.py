@@ -27,7 +27,9 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from bertjax.models.inputs import check_ids
 from bertjax.ops import segment_positions
 
 # Floor on the denominators, as sentence-transformers clamps them (min=1e-9): an empty slot divides 0 by it.
@@ -35,11 +37,19 @@ _MIN_WEIGHT = 1e-9
 
 
 def segment_membership(segment_ids: jax.Array, max_segments: int | None) -> jax.Array:
-    """[batch, seq, K] bool: token t belongs to slot k. K = 1 (all non-padding tokens) without max_segments."""
+    """[batch, seq, K] bool: token t belongs to slot k. K = 1 (all non-padding tokens) without max_segments.
+
+    Segment ids above max_segments would fall in no slot and their texts get no output, silently: an error, checked
+    as token ids are (eagerly, or on the device inside bertjax.checked)."""
     if max_segments is None:
         return (segment_ids != 0)[..., None]
+    if isinstance(max_segments, (bool, jax.core.Tracer)) or not isinstance(max_segments, (int, np.integer)):
+        raise TypeError(f"max_segments must be a static Python int (it fixes the output's shape; under jax.jit pass "
+                        f"it in static_argnames), got {type(max_segments).__name__}")
     if max_segments <= 0:
         raise ValueError(f"max_segments must be positive, got {max_segments}")
+    check_ids(segment_ids, max_segments + 1, "segment_ids",
+              f" (max_segments={max_segments} slots: packed texts 1..{max_segments}, 0 padding)")
     return segment_ids[..., None] == jnp.arange(1, max_segments + 1, dtype=segment_ids.dtype)
 
 
