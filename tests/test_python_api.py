@@ -120,3 +120,28 @@ def test_masked_positions_max_segments_and_segment_ids_errors_name_the_argument(
         jax.jit(classify)(four_texts, 4)
     with pytest.raises(TypeError, match="max_segments must be a static Python int"):
         classify(four_texts, 2.0)
+
+
+def test_inference_runners_of_one_model_share_a_compiled_function_and_the_cache_is_bounded():
+    from bertjax.inference import Runner, encoder_row_fn
+    from bertjax.inference import runner as runner_module
+
+    model = bertjax.EncoderModel(bertjax.get_config("bert-tiny"))
+    params = bertjax.init_params(model, jax.random.key(0))
+    first, second = encoder_row_fn(model), encoder_row_fn(bertjax.EncoderModel(bertjax.get_config("bert-tiny")))
+    assert first == second and hash(first) == hash(second) and first != encoder_row_fn(model, "cls")
+    batch = {"input_ids": np.full((2, 8), 7, np.int32), "segment_ids": np.array([[1] * 4 + [2] * 4, [1] * 8],
+                                                                                np.int32)}
+    runner = Runner(first)
+    pooled = next(runner.run(params, [batch], max_segments=2))["segments"]["pooled"]
+    again = Runner(second)
+    assert again._fn is runner._fn  # one jitted function: its compiled programs serve both
+    np.testing.assert_array_equal(next(again.run(params, [batch], max_segments=2))["segments"]["pooled"], pooled)
+    assert runner.compiles == 1 and again.compiles == 0
+
+    closures = [lambda p, b, k, i=i: encoder_row_fn(model)(p, b, k) for i in range(runner_module.JITTED_CACHE_SIZE + 4)]
+    runners = [Runner(fn) for fn in closures]
+    assert len(runner_module._JITTED) == runner_module.JITTED_CACHE_SIZE
+    assert closures[0] not in runner_module._JITTED and closures[-1] in runner_module._JITTED
+    # an evicted function's runner still holds it, and runs
+    np.testing.assert_array_equal(next(runners[0].run(params, [batch], max_segments=2))["segments"]["pooled"], pooled)

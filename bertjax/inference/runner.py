@@ -26,21 +26,28 @@ def data_mesh(devices: Iterable[jax.Device] | None = None) -> Mesh:
     return Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
-# row function -> (its jitted form, [traces so far]). Runners of one row function (equal functions hash equal, e.g.
-# embedding_row_fn of equal models) share one jitted function, so its compiled programs outlive any one runner:
-# a second `bertjax embed` in one process, or a new Embedder of the same model, compiles nothing again.
-_JITTED: dict = {}
+# row function -> (its jitted form, [traces so far]), least recently used first. Runners of one row function (equal
+# functions hash equal, e.g. encoder_row_fn or embedding_row_fn of equal models) share one jitted function, so its
+# compiled programs outlive any one runner: a second `bertjax embed` in one process, or a new Embedder of the same
+# model, compiles nothing again. Bounded: a server making a row function per request (a closure equal to no other)
+# would otherwise keep every jitted function and its executables forever; a live Runner keeps its own.
+_JITTED: collections.OrderedDict = collections.OrderedDict()
+JITTED_CACHE_SIZE = 16
 
 
 def _jitted(row_fn: RowFunction):
-    if row_fn not in _JITTED:
-        traces = [0]
+    if row_fn in _JITTED:
+        _JITTED.move_to_end(row_fn)
+        return _JITTED[row_fn]
+    traces = [0]
 
-        def traced(params, batch, max_segments):
-            traces[0] += 1  # Python runs once per trace, i.e. once per new shape: the compile count
-            return row_fn(params, batch, max_segments)
+    def traced(params, batch, max_segments):
+        traces[0] += 1  # Python runs once per trace, i.e. once per new shape: the compile count
+        return row_fn(params, batch, max_segments)
 
-        _JITTED[row_fn] = (jax.jit(traced, static_argnames="max_segments"), traces)
+    _JITTED[row_fn] = (jax.jit(traced, static_argnames="max_segments"), traces)
+    while len(_JITTED) > JITTED_CACHE_SIZE:
+        _JITTED.popitem(last=False)
     return _JITTED[row_fn]
 
 
