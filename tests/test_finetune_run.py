@@ -89,6 +89,33 @@ def test_resume_after_a_stop_gives_the_same_metrics(files, full_run):
     assert read_metrics(workdir) == read_metrics(reference)
 
 
+def test_sigterm_saves_the_step_and_a_rerun_resumes_exactly(files, full_run):
+    # A preemption (SIGTERM) during the step-16 evaluation: that step is saved, the run stops, and the rerun
+    # continues from it to the metrics of the uninterrupted run.
+    import os
+    import signal
+
+    reference, _ = full_run
+    workdir = files["root"] / "preempted"
+    args = (files["model"], task_class("sequence-classification"), files["train"], files["validation"], workdir,
+            config("sequence-classification"))
+    said = []
+
+    def preempt(text):
+        said.append(text)
+        if text.startswith("step 16 "):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    handler = signal.getsignal(signal.SIGTERM)
+    stopped = finetune(*args, say=preempt)
+    assert stopped.final_step == 16 and not stopped.results["finished"]
+    assert any(text.startswith("SIGTERM: saved a checkpoint at step 16") for text in said), said
+    assert signal.getsignal(signal.SIGTERM) is handler  # the run's handler is gone with the run
+    resumed = finetune(*args, say=lambda _: None)
+    assert resumed.start_step == 16 and resumed.final_step == 48
+    assert read_metrics(workdir) == read_metrics(reference)
+
+
 def test_resume_after_a_crash_between_an_evaluation_and_its_checkpoint(files, full_run):
     """A run killed right after its step-32 evaluation (metrics.jsonl and best/ written, no checkpoint yet) resumes
     from step 16 and ends with the metrics of the uninterrupted run, the step-32 lines written once."""
@@ -116,6 +143,24 @@ def test_rerun_with_other_settings_is_refused(files, full_run):
     with pytest.raises(ValueError, match=r"other settings \(train.epochs: 3 in the workdir, 4 requested\); only"):
         finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
                  reference, config("sequence-classification", "train.epochs=4"), say=lambda _: None)
+
+
+def test_a_workdir_in_use_is_refused_and_left_as_it_was(files, full_run):
+    # Two fine-tunes of one workdir would write each other's checkpoints and best/: the second is refused at once.
+    from bertjax.train.workdir import LOCK_FILE, WorkdirBusy, WorkdirLock
+
+    reference, _ = full_run
+    before = sorted(path.name for path in reference.iterdir())
+    holder = WorkdirLock(reference)
+    holder.acquire()
+    try:
+        with pytest.raises(WorkdirBusy, match="workdir .* is in use by process"):
+            finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
+                     reference, config("sequence-classification"), say=lambda _: None)
+        assert sorted(path.name for path in reference.iterdir()) == sorted(before + [LOCK_FILE])
+    finally:
+        holder.release()
+    assert not (reference / LOCK_FILE).exists()
 
 
 def test_restore_step_and_checkpoint_directory_are_honoured(files, full_run, tmp_path):

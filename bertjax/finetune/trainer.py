@@ -30,6 +30,8 @@ from bertjax.finetune.tasks import Encoded, Labels, Task
 from bertjax.finetune.tasks.base import fit_max_length
 from bertjax.inference.texts import check_tokenizer_fits  # shared with predict and the embedding commands
 from bertjax.train import mesh as mesh_lib
+from bertjax.train.distributed import PreemptionWatch
+from bertjax.train import workdir as workdir_lib
 from bertjax.train.run_config import ConfigError, OptimizerConfig, ScheduleConfig, to_dict
 
 CONFIG_FILE = "config.yaml"
@@ -279,7 +281,6 @@ RESUMABLE_CHANGES = ("train.progress_bar", "eval.every", "eval.batch_size", "che
 def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> list[tuple[str, Any, Any]]:
     """A workdir holds one run: rerunning it resumes. Another model, task or data file, or a change of a setting
     outside RESUMABLE_CHANGES, is an error naming each differing key; the allowed changes are returned."""
-    from bertjax.train import workdir as workdir_lib
 
     path = workdir / RUN_FILE
     if not path.is_file():
@@ -330,25 +331,35 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     """Fine-tune; `stop_after` ends the run after that many steps (as a kill would, used to test resuming).
     `chosen`: the dotted keys the user set; a data.max_length among them must fit the model, a default is capped
     to it (tasks.base.fit_max_length). `config_path`: the run config's file, named in the workdir checks' errors."""
+    return _finetune_holding_the_workdir(config, workdir, model_dir, task_cls, train_file, validation_file,
+                                         stop_after=stop_after, say=say, chosen=chosen, config_path=config_path)
+
+
+def _check_workdir_first(workdir: Path, config: FinetuneConfig, config_path: str | Path | None) -> None:
+    # Before the model loads: another kind of run, or a config.yaml of the user's, here (which the run rewrites).
+    workdir_lib.check_workdir_is_for(workdir, RUN_FILE, config.checkpoint, config_path)
+
+
+@workdir_lib.exclusive(check=_check_workdir_first, record=RUN_FILE)
+def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_dir: str | Path, task_cls: type[Task],
+                                  train_file: str | Path, validation_file: str | Path, *, stop_after: int | None,
+                                  say: Callable[[str], None], chosen: Collection[str]) -> FinetuneResult:
+    """finetune's body, run while the workdir's lock (and a checkpoint.directory's of its own) is held: two runs on
+    one workdir would write each other's checkpoints and best/."""
     from bertjax.model_dirs import load_model_dir
     from bertjax.models.inputs import check_ids
     from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.optimizers import build_optimizer
     from bertjax.train.schedules import build_schedule
     from bertjax.train.state import abstract_state, create_train_state, state_shardings
-    from bertjax.train import workdir as workdir_lib
 
     started = time.time()
     primary = jax.process_index() == 0  # on several hosts, only process 0 writes files (checkpoints: all)
     if not primary:
         say = lambda text: None  # noqa: E731  (one copy of every message)
-    workdir_lib.check_local_workdir(workdir, RUN_FILE)
-    workdir = Path(workdir)
     identity = {"model": workdir_lib.path_identity(model_dir), "task": task_cls.name,
                 "train": workdir_lib.path_identity(train_file),
                 "validation": workdir_lib.path_identity(validation_file)}
-    # Before the model loads: another kind of run, or a config.yaml of the user's, here (which the run rewrites).
-    workdir_lib.check_workdir_is_for(workdir, RUN_FILE, config.checkpoint, config_path)
     base_model, base_params, tokenizer = load_model_dir(model_dir)
     fitted = fit_max_length(config.data, base_model.config, chosen=chosen, model=f"--model {model_dir}")
     if fitted != config.data:
@@ -416,6 +427,7 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
     patience = config.train.early_stopping_patience
     stopped_early = bool(patience) and report.evaluations_since_best(log.records, main_metric) >= patience
     speed = TrainSpeed()
+    watch = PreemptionWatch()  # SIGTERM (preemption), SIGHUP, Ctrl-C: save this step's checkpoint, then stop
     try:
         while step < end and not stopped_early:
             began, began_cpu = time.perf_counter(), time.process_time()
@@ -450,9 +462,14 @@ def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path
                 if patience and report.evaluations_since_best(log.records, main_metric) >= patience:
                     stopped_early = True
                     _say(bar, say, f"early stopping: no better {main_metric} in {patience} evaluations")
-            if evaluating or step % config.checkpoint.every == 0 or step == end:
+            stop = watch.should_stop(step)
+            if evaluating or step % config.checkpoint.every == 0 or step == end or stop:
                 checkpointer.save(step, state, accumulated)
+            if stop and step < total_steps:
+                _say(bar, say, f"{watch.reason}: saved a checkpoint at step {step}; rerun the same command to resume")
+                break
     finally:
+        watch.close()
         if bar is not None:
             bar.close()
         log.close()
