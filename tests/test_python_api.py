@@ -5,6 +5,7 @@ name the argument, the inference compile cache."""
 from __future__ import annotations
 
 import os
+import re
 
 import flax.linen as nn
 import jax
@@ -145,3 +146,63 @@ def test_inference_runners_of_one_model_share_a_compiled_function_and_the_cache_
     assert closures[0] not in runner_module._JITTED and closures[-1] in runner_module._JITTED
     # an evicted function's runner still holds it, and runs
     np.testing.assert_array_equal(next(runners[0].run(params, [batch], max_segments=2))["segments"]["pooled"], pooled)
+
+
+KERNEL_FIELDS = [  # (preset, overrides, the error's start)
+    ("bert-tiny", {"attention_implementation": "pallas_tpu"}, "attention implementation 'pallas_tpu' "
+                                                              "(EncoderConfig.attention_implementation"),
+    ("bert-tiny", {"attention_implementation": "pallas_gpu"}, "attention implementation 'pallas_gpu' "
+                                                              "(EncoderConfig.attention_implementation"),
+    ("modernbert-tiny", {"norm_implementation": "pallas_gpu"}, "norm implementation 'pallas_gpu' "
+                                                               "(EncoderConfig.norm_implementation"),
+    ("modernbert-tiny", {"glu_implementation": "pallas_gpu"}, "glu implementation 'pallas_gpu' "
+                                                              "(EncoderConfig.glu_implementation"),
+    ("deberta-v3-tiny", {"disentangled": {"implementation": "pallas_gpu"}},
+     "disentangled attention implementation 'pallas_gpu' (EncoderConfig.disentangled.implementation"),
+]
+
+
+on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the Pallas kernels run on this machine")
+
+
+@on_cpu
+@pytest.mark.parametrize("preset,overrides,start", KERNEL_FIELDS, ids=[f"{p}-{o}" for p, o, _ in KERNEL_FIELDS])
+def test_a_kernel_named_on_a_platform_it_cannot_compile_for_names_the_field(preset, overrides, start):
+    """In the Python API, as in a run config: compiling a model whose kernel cannot run on this platform (not in
+    interpret mode) is a ValueError naming the field, the platform and what runs here; tracing alone is not."""
+    if "disentangled" in overrides:
+        base = bertjax.get_config(preset)
+        overrides = {"disentangled": base.disentangled.replace(**overrides["disentangled"])}
+    model = bertjax.EncoderForMaskedLM(bertjax.get_config(preset, **overrides))
+    jax.eval_shape(lambda key: bertjax.init_params(model, key), jax.random.key(0))  # traces, compiles nothing
+    with pytest.raises(ValueError, match=rf"^{re.escape(start)}.* runs only on (tpu|gpu), but this program is "
+                                         r"compiled for cpu; what runs on cpu: \[.*'(xla|dense)'.*\] \(or .*interpret=True"):
+        bertjax.init_params(model, jax.random.key(0))
+
+
+@on_cpu
+def test_ops_attention_names_the_implementation_and_checks_the_platform_compiled_for():
+    from bertjax.ops.platform_guard import KernelChoice, require_platform
+
+    q = jnp.ones((1, 8, 2, 16), jnp.float32)
+    for call in (lambda: bertjax.ops.attention(q, q, q, implementation="pallas_gpu"),
+                 lambda: jax.jit(lambda x: bertjax.ops.attention(x, x, x, implementation="pallas_tpu"))(q)):
+        with pytest.raises(ValueError, match=r"attention implementation 'pallas_.pu' \(EncoderConfig\.attention_"
+                                             r"implementation, or implementation= of bertjax\.ops\.attention\)"):
+            call()
+    # The platform checked is the one lowered for, not this machine's: ahead-of-time compiles for a TPU or a GPU
+    # from a CPU host (bertjax.tpu_aot, bertjax.gpu_aot, jax.export) pass it.
+    tpu_only = KernelChoice("test kernel", "a field", frozenset({"tpu"}), (("x", None),), "interpret=True")
+    gpu_only = KernelChoice("test kernel", "a field", frozenset({"gpu"}), (("x", None),), "interpret=True")
+    x = jnp.arange(4.0)
+    traced = lambda choice: jax.jit(lambda v: require_platform(v, choice, False) * 2).trace(x)
+    traced(tpu_only).lower(lowering_platforms=("tpu",))
+    traced(gpu_only).lower(lowering_platforms=("cuda",))
+    with pytest.raises(ValueError, match=r"test kernel \(a field\) runs only on tpu, but this program is compiled "
+                                         r"for gpu; what runs on gpu: \['x'\]"):
+        traced(tpu_only).lower(lowering_platforms=("cuda",))
+    # interpret mode runs anywhere; where it may run, the guard is the identity under grad and vmap
+    np.testing.assert_array_equal(require_platform(x, tpu_only, interpret=True), x)
+    here = KernelChoice("test kernel", "a field", frozenset({jax.default_backend()}), (), "interpret=True")
+    np.testing.assert_array_equal(jax.grad(lambda v: (require_platform(v, here, False) ** 2).sum())(x), 2 * x)
+    np.testing.assert_array_equal(jax.vmap(lambda v: require_platform(v, here, False))(x[:, None]), x[:, None])

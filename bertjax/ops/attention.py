@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from bertjax.ops.lazy import load_function
 from bertjax.ops.masks import global_slots
+from bertjax.ops.platform_guard import KernelChoice, require_platform
 from bertjax.ops.rope import apply_rope
 
 # What a call may need beyond plain attention within segments (which every implementation serves).
@@ -116,6 +117,21 @@ def _load(name: str) -> Callable:
     return load_function(IMPLEMENTATIONS[name].path)
 
 
+def _runs_where_compiled(segment_ids: jax.Array, name: str, interpret) -> jax.Array:
+    """segment_ids, and compiling a platform-bound implementation elsewhere (not in interpret mode) an error naming
+    it (bertjax/ops/platform_guard.py): the platform is the one compiled for, an ahead-of-time target included."""
+    platforms = IMPLEMENTATIONS[name].platforms
+    if platforms is None:
+        return segment_ids
+    choice = KernelChoice(
+        what=f"attention implementation {name!r}",
+        fields="EncoderConfig.attention_implementation, or implementation= of bertjax.ops.attention",
+        platforms=platforms,
+        alternatives=(("auto", None), *((n, impl.platforms) for n, impl in sorted(IMPLEMENTATIONS.items()))),
+        interpret="EncoderConfig.attention_interpret=True, or interpret=True")
+    return require_platform(segment_ids, choice, interpret)
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Array | None = None,
               local_window: int | None = None, implementation: str = "auto", scale: float | None = None,
               interpret: bool = False, alibi_slopes: jax.Array | None = None,
@@ -170,7 +186,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, segment_ids: jax.Arra
         scale = 1.0 / math.sqrt(head_dim)
     features = required_features(heads=heads, kv_heads=k.shape[2], local_window=local_window,
                                  alibi=alibi_slopes is not None, global_tokens=global_tokens is not None)
-    fn = _load(resolve_implementation(implementation, features))
+    name = resolve_implementation(implementation, features)
+    fn = _load(name)
+    segment_ids = _runs_where_compiled(segment_ids, name, interpret)
     slots = None if global_tokens is None else global_slots(global_tokens, max_global_tokens)
     return fn(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale, interpret=interpret,
               alibi_slopes=alibi_slopes, global_tokens=global_tokens, global_slots=slots)
@@ -206,7 +224,8 @@ def rope_attention(qkv: jax.Array, positions: jax.Array, theta: float, *, segmen
             raise ValueError(f"segment_ids and positions must be [batch={batch}, seq={seq}], got "
                              f"{segment_ids.shape} and {positions.shape}")
         fn = load_function(STACKED_ROPE_IMPLEMENTATIONS[name])
-        return fn(qkv, positions, theta, segment_ids=jnp.asarray(segment_ids).astype(jnp.int32),
+        segment_ids = _runs_where_compiled(jnp.asarray(segment_ids).astype(jnp.int32), name, interpret)
+        return fn(qkv, positions, theta, segment_ids=segment_ids,
                   local_window=local_window, scale=1.0 / math.sqrt(head_dim) if scale is None else scale,
                   interpret=interpret)
     # split, not indexed: the backward concatenates instead of padding and adding (as `project` splits)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.ops.lazy import load_function
+from bertjax.ops.platform_guard import KernelChoice, require_platform
 from bertjax.ops.masks import attention_mask
 
 
@@ -162,6 +163,14 @@ def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: in
     # the [batch, seq, heads, dim] layout (docs/benchmarks.md, model forward), and the relative products and
     # gathers then read contiguous [seq, 2 * span] rows per head.
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+    if implementation in PLATFORMS:  # compiled elsewhere: an error naming the field (bertjax/ops/platform_guard.py)
+        segment_ids = require_platform(segment_ids, KernelChoice(
+            what=f"disentangled attention implementation {implementation!r}",
+            fields="EncoderConfig.disentangled.implementation, or implementation= of "
+                   "bertjax.ops.disentangled_attention.disentangled_attention",
+            platforms=PLATFORMS[implementation],
+            alternatives=(("auto", None), *((name, PLATFORMS.get(name)) for name in sorted(IMPLEMENTATIONS))),
+            interpret="EncoderConfig.attention_interpret=True, or interpret=True"), interpret)
     out = _load(implementation)(q, k, v, pos_key, pos_query, segment_ids=segment_ids, table=table, scale=scale,
                                 block_size=block_size, interpret=interpret)
     return jnp.swapaxes(out, 1, 2)

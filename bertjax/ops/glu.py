@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from bertjax.ops.activations import ACTIVATIONS
 from bertjax.ops.lazy import load_function
+from bertjax.ops.platform_guard import KernelChoice, require_platform
 
 
 def glu_xla(y: jax.Array, activation: str, *, interpret: bool = False) -> jax.Array:
@@ -45,4 +46,11 @@ def glu(y: jax.Array, activation: str, *, implementation: str = "xla", interpret
         raise ValueError(f"glu activation {activation!r} is unknown; known: {sorted(ACTIVATIONS)}")
     if y.ndim < 2 or y.shape[-2] != 2:
         raise ValueError(f"glu: y must be [..., 2, features] (the stacked up-projections), got {y.shape}")
+    if implementation in PLATFORMS:  # compiled elsewhere: an error naming the field (bertjax/ops/platform_guard.py)
+        y = require_platform(y, KernelChoice(
+            what=f"glu implementation {implementation!r}",
+            fields="EncoderConfig.glu_implementation, or implementation= of bertjax.ops.glu.glu",
+            platforms=PLATFORMS[implementation],
+            alternatives=tuple((name, PLATFORMS.get(name)) for name in sorted(IMPLEMENTATIONS)),
+            interpret="EncoderConfig.glu_interpret=True, or interpret=True"), interpret)
     return load_function(IMPLEMENTATIONS[implementation])(y, activation, interpret=interpret)
