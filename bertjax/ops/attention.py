@@ -123,11 +123,10 @@ def _runs_where_compiled(segment_ids: jax.Array, name: str, interpret) -> jax.Ar
     platforms = IMPLEMENTATIONS[name].platforms
     if platforms is None:
         return segment_ids
-    choice = KernelChoice(
-        what=f"attention implementation {name!r}",
+    choice = KernelChoice.in_registry(
+        "attention", name, {n: impl.platforms for n, impl in IMPLEMENTATIONS.items() if impl.platforms is not None},
+        IMPLEMENTATIONS, auto=True,
         fields="EncoderConfig.attention_implementation, or implementation= of bertjax.ops.attention",
-        platforms=platforms,
-        alternatives=(("auto", None), *((n, impl.platforms) for n, impl in sorted(IMPLEMENTATIONS.items()))),
         interpret="EncoderConfig.attention_interpret=True, or interpret=True")
     return require_platform(segment_ids, choice, interpret)
 

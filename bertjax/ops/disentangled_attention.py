@@ -164,12 +164,10 @@ def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: in
     # gathers then read contiguous [seq, 2 * span] rows per head.
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
     if implementation in PLATFORMS:  # compiled elsewhere: an error naming the field (bertjax/ops/platform_guard.py)
-        segment_ids = require_platform(segment_ids, KernelChoice(
-            what=f"disentangled attention implementation {implementation!r}",
+        segment_ids = require_platform(segment_ids, KernelChoice.in_registry(
+            "disentangled attention", implementation, PLATFORMS, IMPLEMENTATIONS, auto=True,
             fields="EncoderConfig.disentangled.implementation, or implementation= of "
                    "bertjax.ops.disentangled_attention.disentangled_attention",
-            platforms=PLATFORMS[implementation],
-            alternatives=(("auto", None), *((name, PLATFORMS.get(name)) for name in sorted(IMPLEMENTATIONS))),
             interpret="EncoderConfig.attention_interpret=True, or interpret=True"), interpret)
     out = _load(implementation)(q, k, v, pos_key, pos_query, segment_ids=segment_ids, table=table, scale=scale,
                                 block_size=block_size, interpret=interpret)

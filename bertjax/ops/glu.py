@@ -47,10 +47,8 @@ def glu(y: jax.Array, activation: str, *, implementation: str = "xla", interpret
     if y.ndim < 2 or y.shape[-2] != 2:
         raise ValueError(f"glu: y must be [..., 2, features] (the stacked up-projections), got {y.shape}")
     if implementation in PLATFORMS:  # compiled elsewhere: an error naming the field (bertjax/ops/platform_guard.py)
-        y = require_platform(y, KernelChoice(
-            what=f"glu implementation {implementation!r}",
+        y = require_platform(y, KernelChoice.in_registry(
+            "glu", implementation, PLATFORMS, IMPLEMENTATIONS,
             fields="EncoderConfig.glu_implementation, or implementation= of bertjax.ops.glu.glu",
-            platforms=PLATFORMS[implementation],
-            alternatives=tuple((name, PLATFORMS.get(name)) for name in sorted(IMPLEMENTATIONS)),
             interpret="EncoderConfig.glu_interpret=True, or interpret=True"), interpret)
     return load_function(IMPLEMENTATIONS[implementation])(y, activation, interpret=interpret)

@@ -105,11 +105,9 @@ def add_normalize(x: jax.Array, delta: jax.Array | None, scale: jax.Array, bias:
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"norm implementation {implementation!r} is unknown; known: {sorted(IMPLEMENTATIONS)}")
     if implementation in PLATFORMS:  # compiled elsewhere: an error naming the field (bertjax/ops/platform_guard.py)
-        x = require_platform(x, KernelChoice(
-            what=f"norm implementation {implementation!r}",
+        x = require_platform(x, KernelChoice.in_registry(
+            "norm", implementation, PLATFORMS, IMPLEMENTATIONS,
             fields="EncoderConfig.norm_implementation, or implementation= of bertjax.ops.normalize.add_normalize",
-            platforms=PLATFORMS[implementation],
-            alternatives=tuple((name, PLATFORMS.get(name)) for name in sorted(IMPLEMENTATIONS)),
             interpret="EncoderConfig.norm_interpret=True, or interpret=True"), interpret)
     fn = load_function(IMPLEMENTATIONS[implementation])
     return fn(x, delta, scale, bias, epsilon=epsilon, centered=centered, dtype=dtype, interpret=interpret)

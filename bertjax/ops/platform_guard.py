@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterable, Mapping
 
 import jax
 from jax.extend.core import Primitive
@@ -36,6 +37,15 @@ class KernelChoice:
     platforms: frozenset[str]
     alternatives: tuple[tuple[str, frozenset[str] | None], ...]
     interpret: str
+
+    @classmethod
+    def in_registry(cls, kind: str, name: str, platforms: Mapping[str, frozenset[str]], names: Iterable[str], *,
+                    fields: str, interpret: str, auto: bool = False) -> KernelChoice:
+        """`name` of a kernel registry: `platforms` maps its platform-bound names (any other runs anywhere), `names`
+        are all of them; `auto`: the registry also takes "auto", which runs anywhere."""
+        alternatives = tuple((n, platforms.get(n)) for n in sorted(names))
+        return cls(what=f"{kind} implementation {name!r}", fields=fields, platforms=frozenset(platforms[name]),
+                   alternatives=((("auto", None),) if auto else ()) + alternatives, interpret=interpret)
 
     def message(self, platform: str) -> str:
         able = [name for name, runs_on in self.alternatives if runs_on is None or platform in runs_on]
