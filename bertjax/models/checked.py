@@ -12,7 +12,9 @@ same holds for token_type_ids, position_ids (the position table's rows) and mask
 `bertjax fill-mask` and `bertjax predict` check their ids on the host instead (bertjax.inference runs them).
 Arguments are traced as in `jax.jit`: close over static settings (deterministic=True, ...) rather than passing them.
 `checked` is an outermost boundary: `jax.grad` and `jax.vmap` may wrap it, an outer `jax.jit` may not (a TypeError:
-put the whole computation inside `checked` instead, e.g. `checked(jax.grad(loss))`).
+put the whole computation inside `checked` instead, e.g. `checked(jax.grad(loss))`). The checks are added while
+`fn` is traced: a `jax.jit`-compiled function of yours that `fn` calls, and that JAX already traced outside
+`checked` (its trace is cached), runs without them, so call the model itself inside `fn`.
 """
 
 from __future__ import annotations
