@@ -110,10 +110,6 @@ class StepClock:
         phase = int(np.searchsorted(self.boundaries, step, side="right") - 1)
         return float(self.start_tokens[phase] + (step - self.boundaries[phase]) * self.tokens_per_step[phase])
 
-    def steps_for_tokens(self, tokens: float) -> float:
-        phase = int(np.searchsorted(self.start_tokens, tokens, side="right") - 1)
-        return float(self.boundaries[phase] + (tokens - self.start_tokens[phase]) / self.tokens_per_step[phase])
-
     def in_units(self, tokens: float) -> float:
         """A token count on the scale of `position`."""
         return tokens / self.unit
