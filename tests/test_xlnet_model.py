@@ -225,8 +225,8 @@ def test_other_summary_types_agree_without_padding_and_say_why_not_with_it(summa
     ids, mask, types = (x[:1] for x in left_padded_batch())  # the full-length row
     assert mask.all()
     expected = hf_outputs(reference, ids, mask, {"token_type_ids": types})
-    ours = model.apply({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
-                       token_type_ids=jnp.asarray(types))
+    ours = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
+                                token_type_ids=jnp.asarray(types))
     assert_close(ours, expected, mask, "sequence_classification")
 
 
