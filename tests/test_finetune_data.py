@@ -294,6 +294,14 @@ def test_question_answering_loss_is_over_present_tokens_only():
     total, _ = task.loss_sums(types.SimpleNamespace(start_logits=jnp.asarray(start), end_logits=jnp.asarray(end)),
                               batch)
     assert float(total) == pytest.approx(expected, rel=1e-6)
+    # Labels that point at no present token (-1, past the window, or at padding) leave the sum and the count, start
+    # and end each on its own, as transformers' ignored positions do: row 1's start and row 0's end drop out.
+    for start_label, end_label in ((-1, 7), (4, 5), (3, 9)):
+        odd = dict(batch, start_positions=np.array([1, start_label]), end_positions=np.array([end_label, 2]))
+        total, count = task.loss_sums(types.SimpleNamespace(start_logits=jnp.asarray(start),
+                                                            end_logits=jnp.asarray(end)), odd)
+        kept = reference(start[0], 1, 5) + reference(end[1], 2, 3)
+        assert float(count) == 1 and float(total) == pytest.approx(kept / 2, rel=1e-6)
 
 
 def test_task_input_errors_and_counted_skips(tok):

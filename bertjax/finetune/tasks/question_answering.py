@@ -41,6 +41,13 @@ def _offset(value, where: str) -> int:
     return int(number)
 
 
+def _points_at_a_token(labels, present):
+    """1.0 where a row's label is the index of one of its present tokens, else 0.0."""
+    inside = (labels >= 0) & (labels < present.shape[-1])
+    at = jnp.take_along_axis(present, jnp.clip(labels, 0, present.shape[-1] - 1)[:, None], axis=-1)[:, 0]
+    return (inside & at).astype(jnp.float32)
+
+
 class QuestionAnswering(Task):
     name = "question-answering"
     head = "question_answering"
@@ -110,10 +117,17 @@ class QuestionAnswering(Task):
         # The softmax runs over the window's present tokens: a padding position is never an answer, and its logit
         # (the classifier's bias alone: padding's hidden state is not computed as a token's) would otherwise make
         # the loss depend on how much padding the batch happens to have. transformers includes padding here.
+        # A label that is not one of the window's present tokens (a caller's -1, or a position past the window, which
+        # transformers clamps and ignores) is left out of both the sum and the count, start and end each on its own:
+        # counting it as a zero loss would shrink the mean by how many such labels a batch happens to hold.
         present = batch["segment_ids"] != 0
-        start = cross_entropy(jnp.where(present, output.start_logits, _ABSENT), batch["start_positions"])
-        end = cross_entropy(jnp.where(present, output.end_logits, _ABSENT), batch["end_positions"])
-        return jnp.sum((start + end) / 2 * batch["weight"]), jnp.sum(batch["weight"])
+        sums, counts = [], []
+        for logits, labels in ((output.start_logits, batch["start_positions"]),
+                               (output.end_logits, batch["end_positions"])):
+            counted = _points_at_a_token(labels, present) * batch["weight"]
+            sums.append(jnp.sum(cross_entropy(jnp.where(present, logits, _ABSENT), labels) * counted))
+            counts.append(jnp.sum(counted))
+        return (sums[0] + sums[1]) / 2, (counts[0] + counts[1]) / 2
 
     def host_outputs(self, output):
         return {"start_logits": output.start_logits.astype(jnp.float32),
