@@ -298,7 +298,7 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
     The model is loaded first, before the workdir is made or locked: a model that cannot be trained (a tokenizer
     larger than its vocabulary, a data.max_length past its positions) is refused with nothing written."""
     began = time.perf_counter()
-    workdir_lib.check_local_workdir(workdir, RUN_FILE)  # before the model loads
+    workdir_lib.check_local_workdir(workdir, workdir_lib.RUN_FILES[RUN_FILE])  # before the model loads
     encoder = load_encoder(model_dir, config)
     return _train(config, workdir, model_dir, train_file, validation_file, encoder, began=began,
                   stop_after=stop_after, on_log=on_log, config_path=config_path)

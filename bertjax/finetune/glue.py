@@ -178,7 +178,9 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
     row per task (and writes glue.json, keeping the rows of tasks that earlier runs in this workdir did)."""
     from bertjax.finetune.tasks import task_class
     from bertjax.finetune.trainer import BEST_DIR, finetune
+    from bertjax.train.workdir import check_local_workdir
 
+    check_local_workdir(workdir, "bertjax glue")  # before any task's data is prepared under it
     data_dir, workdir = Path(data_dir), Path(workdir).absolute()  # glue.json's model paths hold wherever read
     names = tasks or [name for name in GLUE_TASKS if (data_dir / name / "train.tsv").is_file()]
     unknown = [name for name in names if name not in GLUE_TASKS]

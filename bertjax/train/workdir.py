@@ -52,10 +52,13 @@ LOCK_FILE = "bertjax.lock"
 # The record each kind of run writes beside its config.yaml: what kind of run a workdir holds.
 RUN_FILES = {MODEL_CONFIG_FILE: "bertjax pretrain", "finetune.json": "bertjax finetune",
              "train_embedder.json": "bertjax train-embedder"}
-# What each kind of run keeps in its workdir, which is therefore a local directory (the error for a bucket path).
-LOCAL_CONTENTS = {MODEL_CONFIG_FILE: "its lock, config.yaml, the tokenizer, metrics.jsonl and TensorBoard events",
-                  "finetune.json": "config.yaml, metrics.jsonl, results.json and the best model (best/)",
-                  "train_embedder.json": "its lock, config.yaml, metrics.jsonl and the trained model (model/)"}
+# What each command keeps in its workdir, which is therefore a local directory (the error for a bucket path), and
+# whether its checkpoints can go to a bucket instead (checkpoint.directory; glue's grid points share one config).
+LOCAL_CONTENTS = {"bertjax pretrain": "its lock, config.yaml, the tokenizer, metrics.jsonl and TensorBoard events",
+                  "bertjax finetune": "config.yaml, metrics.jsonl, results.json and the best model (best/)",
+                  "bertjax train-embedder": "its lock, config.yaml, metrics.jsonl and the trained model (model/)",
+                  "bertjax glue": "glue.json, the prepared task data and a fine-tuning run per task and grid point"}
+CHECKPOINTS_IN_A_BUCKET = ("bertjax pretrain", "bertjax finetune", "bertjax train-embedder")
 # Run-config keys the workdir's tokenizer is made from (tokenizer.path, or one trained on data.input's train split).
 TOKENIZER_KEYS = ("tokenizer", "data.input", "data.text_format", "data.text_field", "data.eval_fraction",
                   "train.seed")
@@ -134,15 +137,16 @@ def _process_alive(pid: Any) -> bool:
     return True
 
 
-def check_local_workdir(workdir: str | Path, own_record: str) -> None:
-    """Refuse a bucket path ("gs://...") as the workdir of a run of the kind `own_record` names (RUN_FILES), before
-    anything is created: taken as a local path it would become a directory `gs:` here and fail only at the first
-    checkpoint. The checkpoints, the part worth keeping in a bucket, go there with checkpoint.directory."""
+def check_local_workdir(workdir: str | Path, command: str) -> None:
+    """Refuse a bucket path ("gs://...") as the workdir of `command` (a key of LOCAL_CONTENTS), before anything is
+    created: taken as a local path it would become a directory `gs:` here and fail only at the first write. The
+    checkpoints, the part worth keeping in a bucket, go there with checkpoint.directory."""
     text = str(workdir)
     if "://" in text:
-        raise ConfigError(f"--workdir {text} is a bucket path: `{RUN_FILES[own_record]}` keeps "
-                          f"{LOCAL_CONTENTS[own_record]} in a local directory. Give a local --workdir and put the "
-                          f"checkpoints in the bucket with checkpoint.directory={text.rstrip('/')}/checkpoints")
+        where = (f" and put the checkpoints in the bucket with checkpoint.directory={text.rstrip('/')}/checkpoints"
+                 if command in CHECKPOINTS_IN_A_BUCKET else "")
+        raise ConfigError(f"--workdir {text} is a bucket path: `{command}` keeps {LOCAL_CONTENTS[command]} in a "
+                          f"local directory. Give a local --workdir{where}")
 
 
 def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None,
@@ -159,7 +163,7 @@ def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None
     @functools.wraps(pretrain)
     def run(config, workdir: str | Path, *args, config_path: str | Path | None = None, **kwargs):
         if record is not None:
-            check_local_workdir(workdir, record)
+            check_local_workdir(workdir, RUN_FILES[record])
         workdir = Path(workdir).absolute()
         if workdir.exists() and not workdir.is_dir():
             raise ConfigError(f"--workdir {workdir} is a file, not a directory: give a directory (new or a run's)")
