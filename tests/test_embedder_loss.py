@@ -121,7 +121,7 @@ def tiny_encoder():
     config = bertjax.get_config("bert-tiny", vocab_size=40, dropout_rate=0.1, hidden_size=16, num_layers=1,
                                 num_heads=2, intermediate_size=24)
     model = EncoderForEmbedding(config, pooling=PoolingConfig(modes=("mean",)))
-    params = init_params(model, jax.random.key(0))
+    params = jax.jit(lambda key: init_params(model, key))(jax.random.key(0))  # one compile, not op by op
     rng = np.random.default_rng(1)
     lengths = rng.integers(3, 8, size=(8, 3))
     ids = rng.integers(5, 40, size=(8, 3, 8)).astype(np.int32)

@@ -46,14 +46,16 @@ def test_stacked_kernels_match_split_attention_and_its_gradient(window, tiles):
     qkv, positions, segments, weight = packed_inputs()
 
     def loss(fn):
-        return lambda qkv: (jnp.sum(fn(qkv) * weight), fn(qkv))
+        def value(qkv):
+            out = fn(qkv)
+            return jnp.sum(out * weight), out
+        return jax.jit(jax.value_and_grad(value, has_aux=True))  # one compiled program, not op-by-op dispatch
 
     kernel = lambda qkv: pallas_gpu_rope_attention(qkv, positions, 10_000.0, segment_ids=segments,
                                                    local_window=window, scale=16 ** -0.5, interpret=True,
                                                    **{"block_q": 16, "block_k": 16, **tiles})
-    (_, want), want_grad = jax.value_and_grad(loss(lambda y: split_reference(y, positions, segments, window)),
-                                              has_aux=True)(qkv)
-    (_, got), grad = jax.value_and_grad(loss(kernel), has_aux=True)(qkv)
+    (_, want), want_grad = loss(lambda y: split_reference(y, positions, segments, window))(qkv)
+    (_, got), grad = loss(kernel)(qkv)
     real = segments != 0
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6)
     np.testing.assert_allclose(grad, want_grad, atol=2e-6)  # q, k (through RoPE) and v slots, padding's zero
@@ -76,8 +78,11 @@ def test_config_refuses_what_it_cannot_stack():
 
 def test_modernbert_trains_the_same_with_the_stacked_path():
     """ModernBERT (RoPE with two thetas, global and local layers) with pallas_gpu in interpret mode: the MLM loss
-    and every parameter's gradient with the stacked path equal those of the split one."""
-    config = get_config("modernbert-tiny", attention_implementation="pallas_gpu", attention_interpret=True)
+    and every parameter's gradient with the stacked path equal those of the split one. Two layers: layer 0 global
+    (theta 160k), layer 1 local (theta 10k); a third, local like the second, would only add compile time."""
+    config = get_config("modernbert-tiny", attention_implementation="pallas_gpu", attention_interpret=True,
+                        num_layers=2)
+    assert config.global_attention_every == 3 and config.local_window == 8  # layer 0 global, layer 1 local
     rng = np.random.default_rng(1)
     ids = rng.integers(1, config.vocab_size, (2, 40)).astype(np.int32)
     segments = np.stack([np.r_[np.ones(25), np.full(10, 2), np.zeros(5)], np.ones(40)]).astype(np.int32)

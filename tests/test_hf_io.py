@@ -456,5 +456,5 @@ def test_a_beam_search_qa_checkpoint_gives_its_encoder_to_an_explicit_head(tmp_p
     ids = np.random.default_rng(0).integers(5, VOCAB, (2, 9))
     with torch.no_grad():
         expected = reference.transformer(torch.tensor(ids)).last_hidden_state.numpy()
-    got = np.asarray(model.apply({"params": params}, jnp.asarray(ids)).last_hidden_state)
+    got = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(ids)).last_hidden_state)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)

@@ -545,10 +545,18 @@ def test_predict_command_packs_and_keeps_input_order(tmp_path):
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     records = predict(tmp_path / "model", tmp_path / "in.jsonl", max_tokens=128)
     assert len(records) == len(texts)
-    forward = jax.jit(lambda p, ids: model.apply({"params": p}, ids, token_type_ids=jnp.zeros_like(ids)).logits)
-    for text, record in zip(texts, records):
-        ids = np.asarray([tokenizer.cls_id, *tokenizer.encode(text), tokenizer.sep_id], np.int32)
-        logits = np.asarray(forward(params, ids[None]))[0].astype(np.float64)
+    # Each text alone in its own row, padded (segment id 0) to the longest: one compiled forward for all of them,
+    # where a row of each text's own length compiled a program per length.
+    encoded = [np.asarray([tokenizer.cls_id, *tokenizer.encode(text), tokenizer.sep_id], np.int32) for text in texts]
+    width = max(map(len, encoded))
+    ids = np.zeros((len(texts), width), np.int32)
+    segments = np.zeros((len(texts), width), np.int32)
+    for row, one in enumerate(encoded):
+        ids[row, :len(one)], segments[row, :len(one)] = one, 1
+    assert segments[:, -1].any() and not segments.all()  # the longest fills its row, the others are padded
+    all_logits = np.asarray(jax.jit(lambda p, ids, seg: model.apply(
+        {"params": p}, ids, segment_ids=seg, token_type_ids=jnp.zeros_like(ids)).logits)(params, ids, segments))
+    for text, record, logits in zip(texts, records, all_logits.astype(np.float64)):
         probs = np.exp(logits - logits.max())
         probs /= probs.sum()
         assert record["label"] == ("neg", "neu", "pos")[int(probs.argmax())], text

@@ -44,7 +44,7 @@ def pair(request, tmp_path_factory):
 
 def test_attention_probabilities_match_transformers(pair):
     model, params, ids, mask, theirs = pair
-    ours = intermediates.attention_probabilities(model, params, ids, attention_mask=mask)
+    ours = jax.jit(lambda p: intermediates.attention_probabilities(model, p, ids, attention_mask=mask))(params)
     assert len(ours) == len(theirs.attentions) == model.config.num_layers
     real = mask.astype(bool)
     for layer, (a, b) in enumerate(zip(ours, theirs.attentions)):
@@ -61,7 +61,7 @@ def test_attention_probabilities_match_transformers(pair):
 
 def test_hidden_states_match_transformers(pair):
     model, params, ids, mask, theirs = pair
-    ours = intermediates.hidden_states(model, params, ids, attention_mask=mask)
+    ours = jax.jit(lambda p: intermediates.hidden_states(model, p, ids, attention_mask=mask))(params)
     assert len(ours) == len(theirs.hidden_states) == model.config.num_layers + 1
     real = mask.astype(bool)
     for a, b in zip(ours, theirs.hidden_states):
@@ -70,19 +70,28 @@ def test_hidden_states_match_transformers(pair):
 
 def test_input_embedding_gradient_is_the_derivative_and_leaves_outputs_alone(pair):
     model, params, ids, mask, _ = pair
-    zeros = intermediates.input_perturbations(model, params, ids, attention_mask=mask)
-    plain = model.apply({"params": params}, ids, attention_mask=mask).logits
-    perturbed = model.apply({"params": params, "perturbations": zeros}, ids, attention_mask=mask).logits
-    np.testing.assert_array_equal(np.asarray(plain), np.asarray(perturbed))
-
-    def score(perturbations):
-        return model.apply({"params": params, "perturbations": perturbations}, ids, attention_mask=mask).logits[0, 3, 7]
-
-    grads = jax.grad(score)(zeros)["embeddings"]["input_embeddings"]
-    direction = jax.random.normal(jax.random.key(0), grads.shape) * jnp.asarray(mask, jnp.float32)[..., None]
+    direction = jax.random.normal(jax.random.key(0), (*ids.shape, model.config.hidden_size))
+    direction = direction * jnp.asarray(mask, jnp.float32)[..., None]
     step = 1e-3  # small against the embeddings themselves (~0.02 apart), large against float32 rounding
-    shifted = lambda sign: score({"embeddings": {"input_embeddings": sign * step * direction}})
-    finite_difference = (shifted(1.0) - shifted(-1.0)) / (2 * step)
+
+    @jax.jit  # the forwards, the gradient and the finite difference as one compiled program, not op by op
+    def check(params):
+        zeros = intermediates.input_perturbations(model, params, ids, attention_mask=mask)
+        plain = model.apply({"params": params}, ids, attention_mask=mask).logits
+        perturbed = model.apply({"params": params, "perturbations": zeros}, ids, attention_mask=mask).logits
+
+        def score(perturbations):
+            return model.apply({"params": params, "perturbations": perturbations}, ids,
+                               attention_mask=mask).logits[0, 3, 7]
+
+        grads = jax.grad(score)(zeros)["embeddings"]["input_embeddings"]
+        shifted = lambda sign: score({"embeddings": {"input_embeddings": sign * step * direction}})
+        finite_difference = (shifted(1.0) - shifted(-1.0)) / (2 * step)
+        return plain, perturbed, grads, finite_difference
+
+    plain, perturbed, grads, finite_difference = check(params)
+    np.testing.assert_array_equal(np.asarray(plain), np.asarray(perturbed))
+    assert grads.shape == direction.shape
     np.testing.assert_allclose(float(jnp.vdot(grads, direction)), float(finite_difference), rtol=2e-2)
     assert np.all(np.asarray(grads)[~mask.astype(bool)] == 0)  # padding cannot influence a real token
 
@@ -92,12 +101,16 @@ def test_every_family_records_hidden_states_and_only_standard_attention_its_prob
     """Every stack records its hidden states (the last one last_hidden_state); attention kinds other than
     "standard" record no probabilities, which is a ValueError naming the kind, not a KeyError."""
     model = bertjax.EncoderForMaskedLM(bertjax.get_config(preset))
-    params = bertjax.init_params(model, jax.random.key(0))
     ids = jnp.array([[5, 10, 11, 6, 7, 8]])
-    states = intermediates.hidden_states(model, params, ids)
+
+    @jax.jit  # initialisation and both forwards as one compiled program, not hundreds of eager ops
+    def run(key):
+        params = bertjax.init_params(model, key)
+        return params, intermediates.hidden_states(model, params, ids), model.apply({"params": params}, ids)
+
+    params, states, outputs = run(jax.random.key(0))
     assert len(states) == model.config.num_layers + 1
-    np.testing.assert_array_equal(np.asarray(states[-1]),
-                                  np.asarray(model.apply({"params": params}, ids).last_hidden_state))
+    np.testing.assert_array_equal(np.asarray(states[-1]), np.asarray(outputs.last_hidden_state))
     with pytest.raises(ValueError, match=f"attention_kind={model.config.attention_kind!r} records no attention "
                                          "probabilities; only 'standard' attention does"):
         intermediates.attention_probabilities(model, params, ids)

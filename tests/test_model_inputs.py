@@ -23,18 +23,35 @@ def masked_lm():
     def get(preset: str):
         if preset not in built:
             model = bertjax.EncoderForMaskedLM(bertjax.get_config(preset))
-            rng = np.random.default_rng(0)
-            flat = {path: jnp.asarray((1.0 if path[-1] == "scale" else 0.0) + 0.05 * rng.standard_normal(spec.shape),
-                                      spec.dtype) for path, spec in expected_params(model).items()}
-            built[preset] = model, traverse_util.unflatten_dict(flat)
+            built[preset] = model, numpy_params(model)
         return built[preset]
 
     return get
 
 
+def numpy_params(model, seed: int = 0):
+    """Non-trivial values in every parameter, drawn with numpy: no initialiser to run op by op or to compile."""
+    rng = np.random.default_rng(seed)
+    flat = {path: jnp.asarray((1.0 if path[-1] == "scale" else 0.0) + 0.05 * rng.standard_normal(spec.shape),
+                              spec.dtype) for path, spec in expected_params(model).items()}
+    return traverse_util.unflatten_dict(flat)
+
+
 def run(model, params, ids, mask=None, **kwargs):
+    """model.apply as a user calls it, eagerly: its input checks read the concrete values."""
     mask = None if mask is None else jnp.asarray(mask)
     return model.apply({"params": params}, jnp.asarray(ids), attention_mask=mask, **kwargs)
+
+
+_COMPILED = {}
+
+
+def compiled_run(model, params, ids, mask=None):
+    """`run` under jax.jit (one compiled program per model and shape, not hundreds of eager ops), for the tests
+    about output values rather than about eager input checks."""
+    if model not in _COMPILED:
+        _COMPILED[model] = jax.jit(lambda p, ids, mask: model.apply({"params": p}, ids, attention_mask=mask))
+    return _COMPILED[model](params, jnp.asarray(ids), None if mask is None else jnp.asarray(mask))
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -51,7 +68,7 @@ def test_padding_does_not_change_valid_outputs(preset, masked_lm):
     padded_mask = np.pad(mask, ((0, 0), (left, right)))
 
     # And a gap of masked tokens mid-row: absent too, so positions go on counting after it. The same length as the
-    # padded rows, so the eager ops reuse their kernels.
+    # padded rows, so they share one compiled program.
     gap_at = 5
     gapped_ids = np.concatenate([ids[:, :gap_at], rng.integers(0, vocab, (2, left)), ids[:, gap_at:],
                                  rng.integers(0, vocab, (2, right))], 1)
@@ -63,9 +80,10 @@ def test_padding_does_not_change_valid_outputs(preset, masked_lm):
     if model.config.local_window is None:
         cases.append((gapped_ids, gapped_mask))
 
-    plain = run(model, params, ids, mask)
+    plain = compiled_run(model, params, ids, mask)
     valid = mask.astype(bool)
-    for padded, kept in ((run(model, params, case_ids, case_mask), case_mask) for case_ids, case_mask in cases):
+    for padded, kept in ((compiled_run(model, params, case_ids, case_mask), case_mask)
+                         for case_ids, case_mask in cases):
         for name in ("logits", "last_hidden_state"):
             expected = np.asarray(getattr(plain, name))[valid]
             actual = np.asarray(getattr(padded, name))[kept.astype(bool)]
@@ -76,9 +94,9 @@ def test_padding_does_not_change_valid_outputs(preset, masked_lm):
 @pytest.mark.parametrize("preset", PRESETS)
 def test_one_token_sequence(preset, masked_lm):
     model, params = masked_lm(preset)
-    alone = run(model, params, [[5]])
+    alone = compiled_run(model, params, [[5]])
     assert alone.logits.shape == (1, 1, model.config.vocab_size)
-    in_padding = run(model, params, [[5, 9, 9, 9, 9]], [[1, 0, 0, 0, 0]])
+    in_padding = compiled_run(model, params, [[5, 9, 9, 9, 9]], [[1, 0, 0, 0, 0]])
     np.testing.assert_allclose(np.asarray(in_padding.logits[:, :1]), np.asarray(alone.logits), atol=ATOL, rtol=0)
 
 
@@ -186,7 +204,7 @@ def test_out_of_range_masked_positions_are_rejected_eagerly_and_when_checked(bad
         checked_logits(model)(params, ids, {"masked_positions": masked})
     if bad == "seq":  # the other model taking masked_positions goes through the same check
         pretraining = bertjax.EncoderForPreTraining(model.config)
-        pretraining_params = bertjax.init_params(pretraining, jax.random.key(0))
+        pretraining_params = numpy_params(pretraining)
         with pytest.raises(ValueError, match=message):
             pretraining.apply({"params": pretraining_params}, ids, masked_positions=masked)
 
@@ -235,7 +253,7 @@ def test_multiple_choice_int64_ids_past_int32_are_rejected():
     from bertjax.models.task_models import EncoderForMultipleChoice
 
     model = EncoderForMultipleChoice(bertjax.get_config("bert-tiny"))
-    params = bertjax.init_params(model, jax.random.key(0))
+    params = numpy_params(model)
     ids = np.array([[[1, 2, 3], [1, 2, 2**32 + 1]]], np.int64)  # [batch, choices, seq]
     with pytest.raises(ValueError, match=rf"token ids must be in \[0, 128\).*max {2**32 + 1}"):
         model.apply({"params": params}, ids)

@@ -59,14 +59,16 @@ def test_stacked_path_matches_split_attention_and_its_gradient(window):
     qkv, positions, segments, weight = packed_inputs()
 
     def loss(fn):
-        return lambda qkv: (jnp.sum(fn(qkv) * weight), fn(qkv))
+        def value(qkv):
+            out = fn(qkv)
+            return jnp.sum(out * weight), out
+        return jax.jit(jax.value_and_grad(value, has_aux=True))  # one compiled program, not op-by-op dispatch
 
     kernel = lambda qkv: pallas_gpu_rope_attention(qkv, positions, 10_000.0, segment_ids=segments,
                                                    local_window=window, scale=16 ** -0.5, interpret=True,
                                                    backward_kernel="triton_atomic", block_q=16, block_k=16)
-    (_, want), want_grad = jax.value_and_grad(loss(lambda y: split_reference(y, positions, segments, window)),
-                                              has_aux=True)(qkv)
-    (_, got), grad = jax.value_and_grad(loss(kernel), has_aux=True)(qkv)
+    (_, want), want_grad = loss(lambda y: split_reference(y, positions, segments, window))(qkv)
+    (_, got), grad = loss(kernel)(qkv)
     real = segments != 0
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6)
     np.testing.assert_allclose(grad, want_grad, atol=2e-6)
@@ -88,9 +90,11 @@ def test_registry_entry_serves_every_feature_and_auto_never_picks_it():
 def test_modernbert_trains_the_same_as_with_the_two_kernel_backward():
     """Tiny ModernBERT (global and local layers, packed rows, padding) on the stacked q/k/v path, as pretraining
     runs it (the split path is the direct tests' above): loss and every parameter's gradient with
-    "pallas_gpu_atomic" as with "pallas_gpu" (float32; the dq sums differ in order only)."""
+    "pallas_gpu_atomic" as with "pallas_gpu" (float32; the dq sums differ in order only). Two layers: layer 0
+    global, layer 1 local (window 8); a third, local like the second, would only add compile time."""
     config = get_config("modernbert-tiny", attention_implementation="pallas_gpu", attention_interpret=True,
-                        attention_fused_qkv=True)
+                        attention_fused_qkv=True, num_layers=2)
+    assert config.global_attention_every == 3 and config.local_window == 8  # layer 0 global, layer 1 local
     assert_same_loss_and_gradients(config, attention_implementation="pallas_gpu_atomic")
 
 

@@ -78,8 +78,10 @@ def test_entry_point_uses_the_kernel_with_tpu_sized_tiles():
     q, k, v, segments, glob, slopes = feature_case()
     real = segments != 0
     kwargs = dict(segment_ids=segments, local_window=8, alibi_slopes=slopes, global_tokens=glob, max_global_tokens=2)
-    got = ops.attention(q, k, v, implementation="pallas_tpu", interpret=True, **kwargs)
-    want = ops.attention(q, k, v, implementation="xla", **kwargs)
+    # Each one compiled program (op-by-op dispatch of the interpreted kernel costs seconds).
+    got = jax.jit(lambda q, k, v: ops.attention(q, k, v, implementation="pallas_tpu", interpret=True, **kwargs))(
+        q, k, v)
+    want = jax.jit(lambda q, k, v: ops.attention(q, k, v, implementation="xla", **kwargs))(q, k, v)
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-5)
 
 

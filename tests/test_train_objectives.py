@@ -59,13 +59,28 @@ def objective_for(name, config, **options):
     return build_objective(cls.options_class(name=name, **options), config)
 
 
-def params_of(objective, seed=0):
-    return nn.meta.unbox(objective.init_params(jax.random.key(seed)))
+# The BERT-sized tests run op by op: their model's shapes recur from test to test, so after the first one JAX's
+# per-operation cache serves them. ELECTRA's models are of other shapes and each of its tests would compile
+# hundreds of operations afresh: those run under jax.jit (`compiled=True`), one compile per program.
 
 
-def loss_of(objective, params, batch, frozen=None, key=0):
-    sums = objective.loss_sums(params, frozen or {}, batch, jax.random.key(key), deterministic=True)
-    return float(objective.loss(sums, objective.normalisers(batch))), sums
+def params_of(objective, seed=0, compiled=False):
+    init = jax.jit(objective.init_params) if compiled else objective.init_params
+    return nn.meta.unbox(init(jax.random.key(seed)))
+
+
+def loss_of(objective, params, batch, frozen=None, key=0, compiled=False):
+    def run(params, frozen, batch, key):
+        sums = objective.loss_sums(params, frozen, batch, key, deterministic=True)
+        return objective.loss(sums, objective.normalisers(batch)), sums
+
+    loss, sums = (jax.jit(run) if compiled else run)(params, frozen or {}, batch, jax.random.key(key))
+    return float(loss), sums
+
+
+def compiled_apply(model, params, **inputs):
+    """`model.apply({"params": params}, **inputs)` under jax.jit (the inputs are arrays)."""
+    return jax.jit(lambda p, inputs: model.apply({"params": p}, **inputs))(params, inputs)
 
 
 BERT = get_config("bert-tiny", vocab_size=50)
@@ -325,13 +340,13 @@ def test_replacements_never_touch_padding_or_unused_slots():
 
 def test_electra_loss_equals_numpy_reference_and_shares_embeddings():
     objective = objective_for("electra", ELECTRA, rtd_weight=50.0, temperature=1e-4)  # ~argmax sampling
-    params, batch = params_of(objective), tiny_batch(ELECTRA)
+    params, batch = params_of(objective, compiled=True), tiny_batch(ELECTRA)
     assert "word_embeddings" not in params["generator"]["embeddings"]  # read from the discriminator
-    loss, sums = loss_of(objective, params, batch)
+    loss, sums = loss_of(objective, params, batch, compiled=True)
 
     generator, discriminator = objective.exports(params)["generator"], objective.exports(params)["discriminator"]
-    gen = generator[0].apply({"params": generator[1]}, **model_inputs(ELECTRA, batch),
-                             masked_positions=batch["masked_positions"])
+    gen = compiled_apply(generator[0], generator[1], **model_inputs(ELECTRA, batch),
+                         masked_positions=batch["masked_positions"])
     w = batch["masked_weights"]
     mlm = (_numpy_cross_entropy(gen.logits, batch["masked_ids"]) * w).sum() / w.sum()
     sampled = np.asarray(gen.logits).argmax(-1)
@@ -343,7 +358,7 @@ def test_electra_loss_equals_numpy_reference_and_shares_embeddings():
                 original[row, batch["masked_positions"][row, slot]] = batch["masked_ids"][row, slot]
     real = batch["segment_ids"] > 0
     labels = (corrupted != original) & real
-    disc = discriminator[0].apply({"params": discriminator[1]}, **model_inputs(ELECTRA, batch, corrupted))
+    disc = compiled_apply(discriminator[0], discriminator[1], **model_inputs(ELECTRA, batch, corrupted))
     z = np.asarray(disc.logits, np.float64)
     bce = np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z)))
     np.testing.assert_allclose(loss, mlm + 50.0 * bce[real].mean(), rtol=1e-5)
@@ -357,13 +372,13 @@ def test_electra_loss_equals_numpy_reference_and_shares_embeddings():
 def test_electra_generator_gets_no_gradient_through_the_samples():
     """The RTD loss alone (generator MLM weight removed) leaves the generator's own parameters untouched."""
     objective = objective_for("electra", ELECTRA, rtd_weight=1.0)
-    params, batch = params_of(objective), tiny_batch(ELECTRA)
+    params, batch = params_of(objective, compiled=True), tiny_batch(ELECTRA)
 
     def rtd_only(p):
         sums = objective.loss_sums(p, {}, batch, jax.random.key(0), deterministic=True)
         return sums["rtd_loss"]
 
-    grads = jax.grad(rtd_only)(params)
+    grads = jax.jit(jax.grad(rtd_only))(params)
     generator_norm = sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(grads["generator"]))
     assert generator_norm == 0.0
     assert float(jnp.abs(grads["discriminator"]["embeddings"]["word_embeddings"]["embedding"]).sum()) > 0

@@ -1,4 +1,7 @@
-"""The sharded train step gives the losses of a single device on every mesh shape (8 fake CPU devices)."""
+"""The sharded train step gives the losses of a single device on every mesh shape (8 fake CPU devices): MLM on every
+mesh shape, and the objectives with more than one model or on-device sampling (ELECTRA, XLNet's permutation LM,
+DeBERTa-v3's GDES) on a (2, 2, 2) mesh. All four objectives run in one subprocess: each start of one costs seconds of
+imports on the suite's two cores."""
 
 import json
 import subprocess
@@ -10,19 +13,31 @@ import pytest
 from train_helpers import REPO, cpu_env, small_tokenizer
 
 
-def run_script(objective: str) -> dict:
+def run_script(*objectives: str) -> dict:
+    """{objective: {(mesh, microbatches): result}} from one interpreter (each start costs seconds of imports)."""
     tokenizer = small_tokenizer()
     # XLA_FLAGS take effect only before JAX starts, hence a fresh interpreter.
     run = subprocess.run([sys.executable, str(REPO / "tests" / "train_sharding_script.py"), str(tokenizer),
-                          objective], env=cpu_env(devices=8), cwd=REPO, capture_output=True, text=True, timeout=600)
+                          *objectives], env=cpu_env(devices=8), cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    line = next(l for l in run.stdout.splitlines() if l.startswith("RESULTS "))
-    return {(tuple(r["mesh"]), r["microbatches"]): r for r in json.loads(line.removeprefix("RESULTS "))}
+    out = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("RESULTS "):
+            objective, found = line.removeprefix("RESULTS ").split(" ", 1)
+            out[objective] = {(tuple(r["mesh"]), r["microbatches"]): r for r in json.loads(found)}
+    assert sorted(out) == sorted(objectives), run.stdout
+    return out
 
 
 @pytest.fixture(scope="module")
-def results():
-    return run_script("mlm")
+def all_runs():
+    """The MLM meshes and the ELECTRA, permutation-LM and DeBERTa GDES steps, from one subprocess."""
+    return run_script("mlm", "electra", "permutation_lm", "deberta_gdes")
+
+
+@pytest.fixture(scope="module")
+def results(all_runs):
+    return all_runs["mlm"]
 
 
 @pytest.mark.parametrize("mesh, microbatches", [((8, 1, 1), 1), ((2, 4, 1), 1), ((2, 2, 2), 1), ((1, 8, 1), 1),
@@ -45,9 +60,9 @@ def test_parameters_and_optimizer_state_are_sharded_by_the_rules(results):
     assert results[((8, 1, 1), 1)]["query_spec"] == [None, None, None]  # pure data parallel: replicated
 
 
-def test_electra_step_matches_one_device():
+def test_electra_step_matches_one_device(all_runs):
     """Generator and discriminator trained jointly (sampling included) give the single-device losses."""
-    results = run_script("electra")
+    results = all_runs["electra"]
     for mesh, microbatches in (((2, 2, 2), 1),):
         reference = results[((1, 1, 1), microbatches)]
         assert reference["losses"][0] > 1.0
@@ -59,3 +74,28 @@ def test_electra_step_matches_one_device():
         np.testing.assert_allclose(got["losses"], reference["losses"], rtol=1e-6)
         np.testing.assert_allclose(got["param_sum"], reference["param_sum"], rtol=1e-5)
     assert results[((2, 2, 2), 1)]["query_spec"] == ["fsdp", "tensor", None]
+
+
+def test_permutation_lm_step_matches_one_device(all_runs):
+    """XLNet's permutation LM (tests/test_xlnet_objective.py's objective): orders drawn on the device per row give the
+    single-device losses on a (2, 2, 2) mesh of 8 fake devices."""
+    results = all_runs["permutation_lm"]
+    reference, got = results[((1, 1, 1), 1)], results[((2, 2, 2), 1)]
+    assert reference["losses"][0] > 3.0
+    np.testing.assert_allclose(got["losses"], reference["losses"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got["param_sum"], reference["param_sum"], rtol=1e-5)
+    assert got["query_spec"] == ["fsdp", "tensor", None]
+
+
+def test_deberta_gdes_step_matches_one_device(all_runs):
+    """DeBERTa-v3 pretraining (tests/test_deberta_training.py's objective): generator + discriminator with GDES on a
+    (data 2, fsdp 2, tensor 2) mesh of 8 fake CPU devices: the losses and parameters of one device."""
+    results = all_runs["deberta_gdes"]
+    reference, got = results[((1, 1, 1), 1)], results[((2, 2, 2), 1)]
+    assert reference["losses"][0] > 1.0
+    for step, (ours, theirs) in enumerate(zip(got["parts"], reference["parts"])):
+        for name in ("generator_mlm_loss", "rtd_loss"):
+            assert abs(ours[name] - theirs[name]) <= 1e-5, (step, name, ours, theirs)
+    np.testing.assert_allclose(got["losses"], reference["losses"], rtol=1e-6)
+    np.testing.assert_allclose(got["param_sum"], reference["param_sum"], rtol=1e-5)
+    assert got["query_spec"] == ["fsdp", "tensor", None]
