@@ -11,6 +11,7 @@ Conventions (the ones MFU figures in papers use, adapted to encoders):
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -86,8 +87,10 @@ def peak_flops_per_device(device: jax.Device | None = None) -> float | None:
     return None
 
 
+@functools.cache
 def measure_peak_flops(dtype=jnp.float32, size: int = 1024, repeats: int = 5) -> float:
-    """The matmul FLOP/s one device reaches here (for CPUs, which have no published peak to compare against)."""
+    """The matmul FLOP/s one device reaches here (for CPUs, which have no published peak to compare against).
+    Measured once per process: every later run in it (a notebook's, a GLUE grid's) reads the same figure."""
     a = jnp.ones((size, size), dtype)
     matmul = jax.jit(lambda x: x @ x)
     matmul(a).block_until_ready()
