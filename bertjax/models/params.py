@@ -10,6 +10,8 @@ Parameter shapes do not depend on the dummy row's length; `seq_len` only has to 
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 
@@ -30,8 +32,26 @@ def init_params(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) 
 
 
 def abstract_params(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:
-    """Shape and dtype of every parameter (`jax.ShapeDtypeStruct` pytree), without allocating anything."""
+    """Shape and dtype of every parameter (`jax.ShapeDtypeStruct` pytree), without allocating anything.
+
+    Tracing the model's initialiser costs a fraction of a second, and loading or saving one model asks for its shapes
+    several times (the key mapping, the loaded tree's check, the writer's), so they are kept per model config (a
+    Flax module compares by its fields). Each call gets its own containers: a caller may edit what it gets. Under
+    `jax.set_mesh` the shapes carry that mesh's shardings, so they are traced afresh there."""
+    if not jax.sharding.get_abstract_mesh().empty:
+        return _trace_shapes(model, seq_len)
+    try:
+        shapes = _traced_shapes(model, seq_len)
+    except TypeError:  # a module holding something unhashable: traced every time
+        shapes = _trace_shapes(model, seq_len)
+    return jax.tree.map(lambda leaf: leaf, shapes)
+
+
+def _trace_shapes(model: nn.Module, seq_len: int) -> dict:
     return jax.eval_shape(lambda key: init_params(model, key, seq_len), jax.random.key(0))
+
+
+_traced_shapes = functools.lru_cache(maxsize=64)(_trace_shapes)
 
 
 def logical_axes(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:

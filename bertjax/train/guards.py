@@ -104,9 +104,29 @@ def _finite_flags(tree: Any) -> Any:
 
 
 def nonfinite_leaves(tree: Any) -> list[str]:
-    """Paths ("params/encoder/...") of the floating-point leaves of `tree` that hold a NaN or an infinity."""
+    """Paths ("params/encoder/...") of the floating-point leaves of `tree` that hold a NaN or an infinity.
+
+    Arrays in host memory (numpy, or JAX arrays on CPU devices) are checked with numpy where they lie: a jitted
+    check compiles a program per tree structure, about a second for bert-base on CPU against 0.08 s of numpy. Arrays
+    on accelerators, or not all on this host, are checked by that program on their devices."""
     floating = {jax.tree_util.keystr(path, simple=True, separator="/"): leaf
                 for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
                 if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)}
-    flags = jax.device_get(_finite_flags(floating))
-    return [path for path, finite in flags.items() if not bool(finite)]
+    on_host = {path: leaf for path, leaf in floating.items() if _in_host_memory(leaf)}
+    flags = {path: _all_finite_on_host(leaf) for path, leaf in on_host.items()}
+    on_devices = {path: leaf for path, leaf in floating.items() if path not in on_host}
+    if on_devices:
+        flags.update(jax.device_get(_finite_flags(on_devices)))
+    return [path for path in floating if not bool(flags[path])]
+
+
+def _in_host_memory(leaf: Any) -> bool:
+    if isinstance(leaf, np.ndarray):
+        return True
+    return (isinstance(leaf, jax.Array) and leaf.is_fully_addressable
+            and all(device.platform == "cpu" for device in leaf.devices()))
+
+
+def _all_finite_on_host(leaf: Any, chunk: int = 1 << 22) -> bool:
+    flat = np.asarray(leaf).reshape(-1)  # no copy for a CPU array held in one piece
+    return all(bool(np.isfinite(flat[start:start + chunk]).all()) for start in range(0, flat.size, chunk))
