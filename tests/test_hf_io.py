@@ -458,3 +458,23 @@ def test_a_beam_search_qa_checkpoint_gives_its_encoder_to_an_explicit_head(tmp_p
         expected = reference.transformer(torch.tensor(ids)).last_hidden_state.numpy()
     got = np.asarray(jax.jit(model.apply)({"params": params}, jnp.asarray(ids)).last_hidden_state)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+def test_a_new_head_takes_the_backbone_from_the_file_and_the_seeds_initialisation_for_itself(tmp_path):
+    mlm = bertjax.EncoderForMaskedLM(bertjax.get_config("bert-tiny"))
+    saved = random_params(mlm, seed=4)
+    bertjax.save_pretrained(str(tmp_path), mlm, saved)
+    model, params = bertjax.from_pretrained(str(tmp_path), head="sequence_classification", num_labels=3, seed=5)
+    whole_init = traverse_util.flatten_dict(bertjax.init_params(model, jax.random.key(5)))
+    loaded, saved = traverse_util.flatten_dict(params), traverse_util.flatten_dict(saved)
+    head = [path for path in loaded if path[0] not in ("embeddings", "encoder")]
+    assert head and all(path[0] == "classifier" for path in head)
+    for path in head:  # the head as the whole model's initialisation with that seed draws it (op by op here, so
+        # within a float32 rounding of the compiled draw)
+        np.testing.assert_allclose(np.asarray(loaded[path]), np.asarray(whole_init[path]), rtol=1e-6, atol=0,
+                                   err_msg=str(path))
+    for path in loaded.keys() - set(head):
+        np.testing.assert_array_equal(np.asarray(loaded[path]), np.asarray(saved[path]), err_msg=str(path))
+    _, other = bertjax.from_pretrained(str(tmp_path), head="sequence_classification", num_labels=3, seed=6)
+    assert not np.array_equal(np.asarray(other["classifier"]["out"]["kernel"]),
+                              np.asarray(params["classifier"]["out"]["kernel"]))

@@ -213,10 +213,13 @@ def _load_into_new_head(path: str, family: HfFamily, model: nn.Module, saved_hea
     if any(p[0] in BACKBONE_SCOPES for p in fresh):
         raise RuntimeError(f"the {family.model_type} key mapping leaves backbone parameters unmapped: {fresh}")
     if fresh:
-        initial = traverse_util.flatten_dict(
-            jax.jit(lambda key: nn.meta.unbox(model.init(key, model.example_input_ids())["params"]))(
-                jax.random.key(seed)))
-        flat.update({p: initial[p] for p in fresh})
+        # Only the new head's arrays leave the jitted init: XLA drops the backbone's, which would be thrown away (a
+        # whole second copy of the model in memory, and its random draws in compile and run time).
+        def init_fresh(key):
+            initial = traverse_util.flatten_dict(nn.meta.unbox(model.init(key, model.example_input_ids())["params"]))
+            return [initial[p] for p in fresh]
+
+        flat.update(zip(fresh, jax.jit(init_fresh)(jax.random.key(seed))))
     unused = sorted(set(tensors) - consumed - set(mapping.ignored))
     logger.warning("%s: loaded a %s checkpoint into a new %s head; initialised from scratch (seed %d): %s%s; "
                    "checkpoint tensors not used: %s", path, saved_head, head, seed,
