@@ -87,12 +87,18 @@ def test_sighup_to_one_host_stops_both_at_the_same_saved_step(tmp_path):
                 env=cpu_env(devices=1), cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
     try:
         deadline = time.monotonic() + 240
-        while len(logged_losses(workdir)) < 3:
+        # Both in the training loop (process 1 logs its own steps), so both hold their signal handlers.
+        while len(logged_losses(workdir)) < 3 or logs[1].read_text().count('[process 1] {"step"') < 3:
             assert all(p.poll() is None for p in processes) and time.monotonic() < deadline, logs[0].read_text()
             time.sleep(0.05)
         processes[1].send_signal(signal.SIGHUP)
         for i, process in enumerate(processes):
-            assert process.wait(timeout=120) == 0, f"process {i}:\n{logs[i].read_text()}"
+            try:
+                code = process.wait(timeout=120)
+            except subprocess.TimeoutExpired:  # say what each process was doing, not only that it went on
+                pytest.fail("no stop within 120 s of the SIGHUP:\n" + "\n".join(
+                    f"process {j}, the end of its log:\n{logs[j].read_text()[-3000:]}" for j in range(2)))
+            assert code == 0, f"process {i}:\n{logs[i].read_text()}"
     finally:
         for process in processes:
             if process.poll() is None:
