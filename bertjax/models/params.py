@@ -38,13 +38,17 @@ def abstract_params(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:
     several times (the key mapping, the loaded tree's check, the writer's), so they are kept per model config (a
     Flax module compares by its fields). Each call gets its own containers: a caller may edit what it gets. Under
     `jax.set_mesh` the shapes carry that mesh's shardings, so they are traced afresh there."""
-    if not jax.sharding.get_abstract_mesh().empty:
+    if not jax.sharding.get_abstract_mesh().empty or not _hashable(model):
         return _trace_shapes(model, seq_len)
+    return jax.tree.map(lambda leaf: leaf, _traced_shapes(model, seq_len))
+
+
+def _hashable(model: nn.Module) -> bool:
     try:
-        shapes = _traced_shapes(model, seq_len)
+        hash(model)
     except TypeError:  # a module holding something unhashable: traced every time
-        shapes = _trace_shapes(model, seq_len)
-    return jax.tree.map(lambda leaf: leaf, shapes)
+        return False
+    return True
 
 
 def _trace_shapes(model: nn.Module, seq_len: int) -> dict:

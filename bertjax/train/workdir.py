@@ -58,7 +58,7 @@ LOCAL_CONTENTS = {"bertjax pretrain": "its lock, config.yaml, the tokenizer, met
                   "bertjax finetune": "config.yaml, metrics.jsonl, results.json and the best model (best/)",
                   "bertjax train-embedder": "its lock, config.yaml, metrics.jsonl and the trained model (model/)",
                   "bertjax glue": "glue.json, the prepared task data and a fine-tuning run per task and grid point"}
-CHECKPOINTS_IN_A_BUCKET = ("bertjax pretrain", "bertjax finetune", "bertjax train-embedder")
+CHECKPOINTS_IN_A_BUCKET = tuple(RUN_FILES.values())  # every command with a run file; not glue
 # Run-config keys the workdir's tokenizer is made from (tokenizer.path, or one trained on data.input's train split).
 TOKENIZER_KEYS = ("tokenizer", "data.input", "data.text_format", "data.text_field", "data.eval_fraction",
                   "train.seed")
@@ -139,8 +139,9 @@ def _process_alive(pid: Any) -> bool:
 
 def check_local_workdir(workdir: str | Path, command: str) -> None:
     """Refuse a bucket path ("gs://...") as the workdir of `command` (a key of LOCAL_CONTENTS), before anything is
-    created: taken as a local path it would become a directory `gs:` here and fail only at the first write. The
-    checkpoints, the part worth keeping in a bucket, go there with checkpoint.directory."""
+    created: taken as a local path it would become a directory `gs:` here and fail only at the first write. Commands
+    with checkpoints (CHECKPOINTS_IN_A_BUCKET) are told to put those, the part worth keeping, in the bucket with
+    checkpoint.directory."""
     text = str(workdir)
     if "://" in text:
         where = (f" and put the checkpoints in the bucket with checkpoint.directory={text.rstrip('/')}/checkpoints"
