@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 # command name -> module. Add a line here to add a command.
@@ -58,6 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bertjax {args.command}: interrupted", file=sys.stderr)
         return 130  # the shell's status for a process ended by SIGINT
+    except BrokenPipeError:
+        from bertjax.train.session_outputs import output_closed, quiet_closed_outputs
+
+        if not (output_closed(1) or output_closed(2)):  # a socket of the command's own, not its output
+            raise
+        # `bertjax search ... | head`: the reader has what it wanted. End as the tools at the head of a pipe do, by
+        # SIGPIPE's status, without a traceback (or Python's "Exception ignored" at exit) into the dead pipe.
+        quiet_closed_outputs()
+        return 128 + signal.SIGPIPE
 
 
 def _take_late_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:

@@ -400,6 +400,22 @@ def test_search_queries_as_the_corpus_was_embedded_and_never_shows_nan_rows(mode
 # ---------------------------------------------------------------------------------------------------------------
 # Data parallel.
 
+def test_search_into_a_pipe_whose_reader_exited_ends_quietly_with_sigpipes_status(model_dir, tmp_path):
+    """`bertjax search ... | head -1` once head has exited: status 141 (128 + SIGPIPE, as `yes | head` leaves `yes`),
+    and no traceback or "Exception ignored" message on stderr."""
+    texts = sample_texts(12, seed=3)
+    lines = tmp_path / "corpus.txt"
+    lines.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert run_cli("embed", "--model", model_dir, "--input", lines, "--output", tmp_path / "emb.npy") == 0
+    search = subprocess.Popen([sys.executable, "-m", "bertjax", "search", "--model", str(model_dir), "--corpus",
+                               str(tmp_path / "emb.npy"), "--query", texts[0], "-k", "12"],
+                              env=cpu_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    search.stdout.close()  # the reader is gone before the first result is printed
+    errors = search.stderr.read()
+    assert search.wait(timeout=120) == 141, errors
+    assert "Traceback" not in errors and "Exception ignored" not in errors, errors
+
+
 def test_data_parallel_over_four_devices_equals_one(tmp_path):
     """In a process with 4 CPU devices: batches are split over a 4-device data mesh and give the outputs of a
     one-device mesh."""

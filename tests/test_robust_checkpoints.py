@@ -274,14 +274,39 @@ def test_sighup_saves_a_checkpoint_and_exits_cleanly_even_with_its_output_gone(f
     restore_params(workdir / "checkpoints" / str(stopped))
 
 
+def test_a_pipe_whose_reader_exits_stops_the_run_with_a_checkpoint(finished):
+    """`bertjax pretrain ... 2>&1 | head -5`, or `| tee` killed alone: no hangup comes, and the progress bar's next
+    refresh meets a pipe without reader. The run saves where it stopped and exits 0, as for a preemption, where
+    before the BrokenPipeError ended it without saving the steps since the last checkpoint."""
+    import time
+
+    root, config, _ = finished
+    workdir = root / "head"
+    run = subprocess.Popen(pretrain_command(config, workdir, "train.steps=100000", "train.progress_bar=true"),
+                           env=cpu_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    shown = b""
+    while len(logged_losses(workdir)) < 3:  # in the loop, its bar drawn into the pipe (read, so it never fills)
+        assert run.poll() is None and time.monotonic() < deadline, shown.decode(errors="replace")
+        shown += run.stdout.read1(65536)
+    assert b"pretrain:" in shown  # the progress bar did reach the pipe
+    run.stdout.close()  # `head` has its lines
+    assert run.wait(timeout=120) == 0
+    stopped = max(logged_losses(workdir))
+    assert stopped < 100000
+    steps = _steps(workdir)
+    assert steps[-1] == stopped and all(step % EVERY == 0 for step in steps[:-1]), steps
+    restore_params(workdir / "checkpoints" / str(stopped))
+
+
 def test_sighup_stops_like_sigterm_unless_the_process_was_started_with_it_ignored(monkeypatch):
     import os
     import signal
 
-    from bertjax.train import distributed
+    from bertjax.train import distributed, session_outputs
 
     quieted = []  # stdout and stderr of the test process stay as they are
-    monkeypatch.setattr(distributed, "_quiet_session_outputs", lambda: quieted.append(True))
+    monkeypatch.setattr(session_outputs, "quiet_session_outputs", lambda: quieted.append(True))
     inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
         watch = distributed.PreemptionWatch()

@@ -261,7 +261,9 @@ def _progress(config: FinetuneConfig, total: int, start: int):
     if not config.train.progress_bar:
         return None
     from tqdm import tqdm
-    return tqdm(total=total, initial=start, desc="finetune", unit="step", dynamic_ncols=True)
+
+    from bertjax.train.session_outputs import CurrentStderr
+    return tqdm(total=total, initial=start, desc="finetune", unit="step", dynamic_ncols=True, file=CurrentStderr())
 
 
 def _say(bar, say: Callable[[str], None], text: str) -> None:

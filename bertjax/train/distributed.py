@@ -4,9 +4,9 @@ One program runs per host. `initialize` connects them with `jax.distributed.init
 `--coordinator HOST:PORT --num-processes N --process-id I` or, when those are absent, from a cluster environment
 that JAX knows how to read (a Cloud TPU VM slice, SLURM); otherwise the run is single-process.
 
-`PreemptionWatch` turns SIGTERM (how TPU VMs and most schedulers announce preemption), and SIGHUP (the hangup a
-run started from an SSH session gets when that session drops), into a step at which every process saves a
-checkpoint and stops.
+`PreemptionWatch` turns SIGTERM (how TPU VMs and most schedulers announce preemption), SIGHUP (the hangup a
+run started from an SSH session gets when that session drops), and an output whose reader went away (see
+`session_outputs`), into a step at which every process saves a checkpoint and stops.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import argparse
 import glob
 import os
 import signal
-import stat
 import sys
 import threading
 from typing import Callable
 
 import jax
+
+from bertjax.train import session_outputs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,7 +91,13 @@ class PreemptionWatch:
     and on several the handler sends this process a SIGTERM, which JAX's preemption notifier passes to the
     coordination service, so every host still saves the same step. A process started with SIGHUP ignored
     (`nohup`) keeps ignoring it: it was asked to outlive its session.
+
+    While the watch is open, stdout and stderr (when they are pipes or terminals) are guarded: a write that finds
+    the reader gone (`| head` exited, `| tee` killed) sends that output to /dev/null and stops the run in the same
+    way, where before the write's error ended it between two checkpoints.
     """
+
+    OUTPUT_LOST = "output closed"  # the reason a run stopped when its stdout or stderr lost its reader
 
     SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
     SIGHUP = getattr(signal, "SIGHUP", None)  # POSIX only
@@ -102,34 +109,50 @@ class PreemptionWatch:
         self.reason = "SIGTERM"  # what asked the run to stop (for the message)
         self._previous: dict[int, object] = {}
         self._multi_process = jax.process_count() > 1
+        self._restore_outputs: Callable[[], None] | None = None
+        self._session_ended = False
         if threading.current_thread() is threading.main_thread():
             handled = [] if self._multi_process else [signal.SIGTERM, signal.SIGINT]
             if self.SIGHUP is not None and signal.getsignal(self.SIGHUP) is not signal.SIG_IGN:
                 handled.append(self.SIGHUP)
             for signum in handled:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+            self._restore_outputs = session_outputs.guard_outputs(self._on_output_lost)
 
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.received:
             # Until `close` restores Python's handler, one more Ctrl-C ends the process even inside a C call.
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             raise KeyboardInterrupt("second Ctrl-C: stopped without saving")
-        self.reason = self.SIGNAL_NAMES.get(signum, f"signal {signum}")
         if signum == self.SIGHUP:
+            self._stop_as_preempted("SIGHUP")  # first, so a dead stderr met by the message below is not the reason
             try:
                 print("\nSIGHUP (the session that started this run ended): saving a checkpoint after this step, "
                       "then stopping", file=sys.stderr, flush=True)
             except (OSError, RuntimeError):  # the terminal is gone, or the handler interrupted a write to it
                 pass
-            _quiet_session_outputs()
-            if self._multi_process:
-                # JAX's preemption notifier passes the SIGTERM on: `should_stop` reads the step all hosts agree on.
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
+            session_outputs.quiet_session_outputs()
+            return
+        self.reason = self.SIGNAL_NAMES.get(signum, f"signal {signum}")
         self.received = True
         if signum == signal.SIGINT:
             print("\nCtrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again to stop at once)",
                   file=sys.stderr, flush=True)
+
+    def _on_output_lost(self) -> None:  # the guard has sent that output to /dev/null; the other one is left as it is
+        self._stop_as_preempted(self.OUTPUT_LOST)
+
+    def _stop_as_preempted(self, reason: str) -> None:
+        """The session is gone: stop at the next step as for a SIGTERM, once."""
+        if self._session_ended:
+            return
+        self._session_ended = True
+        self.reason = reason
+        if self._multi_process:
+            # JAX's preemption notifier passes the SIGTERM on: `should_stop` reads the step all hosts agree on.
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            self.received = True
 
     def should_stop(self, step: int) -> bool:
         if self._multi_process:
@@ -141,22 +164,7 @@ class PreemptionWatch:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+        if self._restore_outputs is not None:
+            self._restore_outputs()
+            self._restore_outputs = None
 
-
-def _quiet_session_outputs() -> None:
-    """After a hangup, writes to the session that ended fail: a terminal answers EIO, and a pipe (`| tee`) whose
-    reader got the hangup too answers EPIPE. Such an error in the next log line would end the run before it saves,
-    so stdout and stderr go to /dev/null from here on unless they are files (a log redirect keeps its lines)."""
-    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                continue
-            stream.flush()
-        except (OSError, ValueError, RuntimeError, AttributeError):  # dead, closed, busy or replaced streams
-            pass
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)
-        except OSError:
-            pass

@@ -74,8 +74,10 @@ class MetricsLogger:
         self._tensorboard = summary_writer(self.workdir / TENSORBOARD_DIR, purge_step=start_step + 1)
         if progress_bar:
             from tqdm import tqdm
+
+            from bertjax.train.session_outputs import CurrentStderr
             self._bar = tqdm(total=total_steps, initial=start_step, desc=desc, unit="step",
-                             dynamic_ncols=True)
+                             dynamic_ncols=True, file=CurrentStderr())
 
     def advance(self, steps: int = 1) -> None:
         if self._bar is not None:
