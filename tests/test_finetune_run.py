@@ -318,6 +318,24 @@ def test_early_stopping_stops_and_stays_stopped(files):
     assert again.final_step == result.final_step and read_metrics(workdir) == records
 
 
+def test_a_loss_as_main_metric_is_minimised(files):
+    """eval.main_metric=loss keeps the lowest validation loss in best/ and stops when it stops falling, as
+    transformers' Trainer does for metric_for_best_model="loss" (it used to keep the highest)."""
+    workdir = files["root"] / "by-loss"
+    result = finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
+                      workdir, config("sequence-classification", "eval.every=4", "eval.main_metric=loss",
+                                      "train.early_stopping_patience=2"), say=lambda _: None)
+    validation = [r for r in read_metrics(workdir) if r["split"] == "validation"]
+    losses = [r["loss"] for r in validation]
+    best = losses.index(min(losses))
+    assert result.results["best"] == min(losses) and result.results["best_step"] == validation[best]["step"]
+    assert losses[0] > min(losses)  # it learned: the first evaluation is not the best
+    if result.results["stopped_early"]:
+        assert len(validation) == best + 3
+    else:
+        assert len(validation) - 1 - best < 2
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Examples longer than data.max_length: counted, and no tag the model never chose.
 

@@ -14,12 +14,22 @@ PLOT_FILE = "finetune.png"
 VALIDATION = "validation"
 
 
+# The metrics a run may follow (eval.main_metric) where lower is better; every other one the tasks report (accuracy,
+# F1, MCC, correlations, exact match) is higher-is-better. transformers' Trainer minimises a "loss" the same way.
+LOWER_IS_BETTER = frozenset({"loss", "mse"})
+
+
+def improves(metric: str, value: float, than: float) -> bool:
+    """Whether `value` of `metric` is strictly better than `than` (NaN never is)."""
+    return value < than if metric in LOWER_IS_BETTER else value > than
+
+
 def best_record(records: list[dict], metric: str) -> dict | None:
-    """The validation record with the highest `metric` (the earliest on ties)."""
+    """The validation record with the best `metric`, the highest or for a loss the lowest (the earliest on ties)."""
     best = None
     for record in records:
         if record.get("split") == VALIDATION and metric in record:
-            if best is None or record[metric] > best[metric]:
+            if best is None or improves(metric, record[metric], best[metric]):
                 best = record
     return best
 

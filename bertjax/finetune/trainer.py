@@ -456,7 +456,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
                                      f"{sorted(k for k in record if k not in ('step', 'epoch', 'split'))}")
                 _say(bar, say, f"step {step} epoch {epoch:.2f}: " + ", ".join(
                     f"{k} {v:.4g}" for k, v in record.items() if isinstance(v, float) and k != "epoch"))
-                if best is None or record[main_metric] > best[main_metric]:
+                if best is None or report.improves(main_metric, record[main_metric], best[main_metric]):
                     best = record
                     save_best(workdir / BEST_DIR, model, state.params, tokenizer, task, labels, config,
                               lambda text: _say(bar, say, text))

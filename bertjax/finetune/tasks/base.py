@@ -55,7 +55,7 @@ class Labels:
 class Task(abc.ABC):
     name: ClassVar[str]  # the --task value
     head: ClassVar[str]  # the key of bertjax.models.MODEL_CLASSES of its model
-    main_metric: ClassVar[str]  # what results.json and best/ follow (higher is better)
+    main_metric: ClassVar[str]  # what results.json and best/ follow (higher is better; see report.LOWER_IS_BETTER)
     # Config sections replaced before the user's file and overrides (configs/finetune/<task>.yaml spells them out).
     defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     # Batch keys that are targets, not model inputs.
