@@ -150,6 +150,21 @@ def test_best_span_over_windows_and_empty_answer(tok):
                         allow_empty=False).text == "the dog"
 
 
+def test_best_span_ranks_context_tokens_only(tok):
+    """Higher logits on the question and on padding than on any context token (training never pushes padding down)
+    do not crowd the context out of the n_best: the best context span is still found, as `bertjax predict` (which
+    gives padding -1e9) finds it. It used to answer "" when the n_best were all question or padding tokens."""
+    answer = qa.Answer("the dog", CONTEXT.index("the dog"))
+    windows = qa.make_windows(tok, "who ran ?", CONTEXT, answer, max_length=64, doc_stride=16)
+    assert len(windows.input_ids) == 1 and (windows.offsets[0, :, 0] == qa.NO_OFFSET).sum() > 4
+    starts, ends = np.full(windows.input_ids.shape, -0.4), np.full(windows.input_ids.shape, -0.4)
+    outside = windows.offsets[:, :, 0] == qa.NO_OFFSET
+    starts[outside] = ends[outside] = 0.2  # [CLS], the question, [SEP]s and padding above every context token
+    starts[0, windows.start_positions[0]] = ends[0, windows.end_positions[0]] = -0.3
+    found = qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=4, max_answer_length=30, allow_empty=False)
+    assert found.text == "the dog"
+
+
 def test_packing_places_whole_examples_in_segments(tok):
     from bertjax.finetune.packing import pack_rows
 

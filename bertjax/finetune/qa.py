@@ -122,9 +122,11 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndar
     for starts, ends, window_offsets in zip(np.asarray(start_logits), np.asarray(end_logits), np.asarray(offsets)):
         # The [CLS] score of the window that most believes in an answer, as transformers' run_qa takes it.
         null_score = min(null_score, float(starts[0] + ends[0]))
+        # The n_best among context tokens only: question tokens and padding (whose logits training never pushes
+        # down) ranked with them could fill the n_best and leave a window without any candidate.
         valid = window_offsets[:, 0] != NO_OFFSET
-        candidates_start = [i for i in np.argsort(-starts, kind="stable")[:n_best] if valid[i]]
-        candidates_end = [j for j in np.argsort(-ends, kind="stable")[:n_best] if valid[j]]
+        candidates_start = [i for i in np.argsort(np.where(valid, -starts, np.inf), kind="stable")[:n_best] if valid[i]]
+        candidates_end = [j for j in np.argsort(np.where(valid, -ends, np.inf), kind="stable")[:n_best] if valid[j]]
         for i in candidates_start:
             for j in candidates_end:
                 if j < i or j - i + 1 > max_answer_length:
