@@ -352,6 +352,11 @@ def test_task_input_errors_and_counted_skips(tok):
                           "train.jsonl", with_targets=True)
     with pytest.raises(ValueError, match=r"no column 'text'.*data.text_column=NAME"):
         classifier.fit_labels([{"sentence": "x", "label": "a"}], "train.jsonl", None)
+    chooser = task_class("multiple-choice")(FinetuneDataConfig(max_length=8, truncation=False), TaskConfig())
+    rows = [{"question": "what", "choices": ["paris", "france", "rome"], "label": 0},
+            {"question": "who ran", "choices": ["the dog", "a cat", "the big red cat sat on the mat"], "label": 0}]
+    with pytest.raises(ValueError, match=r"dev.jsonl, row 2, choice 3 is 13 tokens, longer than data.max_length=8"):
+        chooser.encode(tok, rows, Labels(names=()), "dev.jsonl", with_targets=True)
 
     # Values of the wrong kind name the file and row: a validation label of a regression, an answer offset.
     with pytest.raises(ValueError, match=r"dev.jsonl, row 2: regression needs a numeric label, got 'abc'"):

@@ -10,7 +10,7 @@ data.truncation=false, is an error that names the example.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -57,9 +57,11 @@ def encode_texts(tokenizer, texts: Sequence[str], pairs: Sequence[str | None] | 
 
 
 def encode_texts_and_cuts(tokenizer, texts: Sequence[str], pairs: Sequence[str | None] | None, max_length: int,
-                          truncation: bool, source: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+                          truncation: bool, source: str,
+                          where: Callable[[int], str] | None = None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """`encode_texts`, and which examples were cut to fit max_length (bool [examples]: part of them never reaches
-    the model, which `bertjax predict` counts)."""
+    the model, which `bertjax predict` counts). `where(i)` names text i in errors when it is not `source`'s
+    example i + 1 (a multiple-choice row holds several)."""
     firsts = tokenizer.encode_batch(list(texts))
     pairs = [None] * len(firsts) if pairs is None else list(pairs)
     paired = [i for i, pair in enumerate(pairs) if pair is not None]
@@ -70,8 +72,8 @@ def encode_texts_and_cuts(tokenizer, texts: Sequence[str], pairs: Sequence[str |
     for i, (first, second) in enumerate(zip(firsts, seconds)):
         specials = tokenizer.special_template.specials(second is not None)
         length = len(first) + (len(second) if second is not None else 0)
-        first, second = fit_pair([int(t) for t in first], second, max_length, truncation, f"{source}, example {i + 1}",
-                                 specials)
+        first, second = fit_pair([int(t) for t in first], second, max_length, truncation,
+                                 where(i) if where is not None else f"{source}, example {i + 1}", specials)
         cut[i] = len(first) + (len(second) if second is not None else 0) < length
         rows.append(layout(tokenizer, first, second, max_length))
     return stack(rows), cut

@@ -55,7 +55,8 @@ class MultipleChoice(Task):
         questions = [text_cell(row, self.data.question_column, "data.question_column", f"{source}, row {i + 1}")
                      for i, row in enumerate(rows) for _ in range(count)]
         flat, cut = encode_texts_and_cuts(tokenizer, questions, [c for row in choices for c in row],
-                                          self.data.max_length, self.data.truncation, source)
+                                          self.data.max_length, self.data.truncation, source,
+                                          where=lambda i: f"{source}, row {i // count + 1}, choice {i % count + 1}")
         arrays = {k: v.reshape(len(rows), count, -1) for k, v in flat.items()}
         examples = [None] * len(rows)
         if with_targets:
