@@ -78,6 +78,28 @@ def test_pair_layout_and_truncation(tok):
         encoding.encode_texts(tok, ["the cat sat"], ["the dog ran far away"], 10, False, "train.csv")
 
 
+def test_pair_truncation_keeps_what_the_fast_tokenizers_keep():
+    """Every split of a pair cut to fit equals the `tokenizers` library's longest_first (what AutoTokenizer's fast
+    tokenizers do, and so what transformers sees on best/): on ties and odd rooms too, where cutting one token at
+    a time from the longer text used to keep one more of the first text ((50, 50) in 61 gave (31, 30), not
+    (30, 31))."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = [f"w{i}" for i in range(40)]
+    reference = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)} | {"[UNK]": 40}, unk_token="[UNK]"))
+    reference.pre_tokenizer = pre_tokenizers.Whitespace()
+    for room in range(1, 24):
+        reference.enable_truncation(room, strategy="longest_first")
+        for n1 in range(0, 30):
+            for n2 in range(0, 30):
+                if n1 + n2 == 0:
+                    continue
+                kept = reference.encode(" ".join(words[:n1]), " ".join(words[:n2])).sequence_ids
+                first, second = encoding.fit_pair(list(range(n1)), list(range(100, 100 + n2)), room, True, "x", 0)
+                assert (first, second) == (list(range(kept.count(0))), list(range(100, 100 + kept.count(1)))), \
+                    (room, n1, n2)
+
+
 def test_token_label_alignment_first_subtoken(tok):
     words = ["cats", "sat", "on", "mats"]  # cats -> cat ##s, mats -> mat ##s
     row, word_of_token = encoding.encode_words(tok, words, 12, True, "sentence 1")

@@ -19,7 +19,9 @@ IGNORE = -100  # label of a position that the loss and the metrics skip (as tran
 
 def fit_pair(first: list[int], second: list[int] | None, max_length: int, truncation: bool,
              what: str, specials: int) -> tuple[list[int], list[int] | None]:
-    """Cut `first`/`second` to fit with their `specials` special tokens, always from the longer one."""
+    """Cut `first`/`second` to fit with their `specials` special tokens, from their ends, as the fast tokenizers
+    transformers loads (`longest_first`) cut them: the shorter text keeps up to half the room and the longer one
+    the rest, so an odd token goes to the longer text, and to the second one when both are as long."""
     room = max_length - specials
     total = len(first) + (len(second) if second is not None else 0)
     if total <= room:
@@ -27,13 +29,12 @@ def fit_pair(first: list[int], second: list[int] | None, max_length: int, trunca
     if not truncation:
         raise ValueError(f"{what} is {total + specials} tokens, longer than data.max_length={max_length}; raise "
                          "data.max_length or allow cutting with data.truncation=true")
-    first, second = list(first), None if second is None else list(second)
-    while len(first) + (len(second) if second is not None else 0) > room:
-        if second is not None and len(second) >= len(first):
-            second.pop()
-        else:
-            first.pop()
-    return first, second
+    if second is None:
+        return list(first[:room]), None
+    shorter = min(room // 2, len(first), len(second))
+    longer = min(max(len(first), len(second)), room - shorter)
+    keep_first, keep_second = (longer, shorter) if len(first) > len(second) else (shorter, longer)
+    return list(first[:keep_first]), list(second[:keep_second])
 
 
 def layout(tokenizer, first: Sequence[int], second: Sequence[int] | None, max_length: int) -> dict[str, np.ndarray]:
