@@ -77,6 +77,42 @@ def test_best_is_a_transformers_directory(files, full_run):
                                                                                zip(ids, segments) if s]
 
 
+def test_predict_scores_a_multi_label_checkpoint_with_a_sigmoid_per_label(files, full_run, tmp_path):
+    """A transformers classifier trained with problem_type multi_label_classification: each label's probability
+    is its own sigmoid, as transformers' pipeline scores it, and `labels` lists those at 0.5 or more. It used to
+    get a softmax over the labels, without a word."""
+    import shutil
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from bertjax.data import load_tokenizer
+    from bertjax.finetune.encoding import encode_texts
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(full_run[0] / "best").eval()
+    model.config.problem_type = "multi_label_classification"
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([0.5, 0.5]))  # both labels apply to some texts, one to others
+    hf = tmp_path / "multi-label"
+    model.save_pretrained(hf)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (full_run[0] / "best" / name).is_file():
+            shutil.copy(full_run[0] / "best" / name, hf / name)
+    texts = [json.loads(line)["text"] for line in files["validation"].read_text().splitlines()[:8]]
+    rows = encode_texts(load_tokenizer(hf), texts, None, 16, True, "validation")
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(rows["input_ids"], dtype=torch.long),
+                       attention_mask=torch.tensor(rows["segment_ids"], dtype=torch.long)).logits
+    reference = torch.sigmoid(logits).numpy()
+    records = predict(hf, files["validation"])[:8]
+    np.testing.assert_allclose([[r["scores"]["negative"], r["scores"]["positive"]] for r in records], reference,
+                               atol=1e-5)
+    names = ("negative", "positive")
+    for record, row in zip(records, reference):
+        assert record["labels"] == [names[i] for i in np.argsort(-row, kind="stable") if row[i] >= 0.5]
+        assert record["label"] == names[int(row.argmax())]
+    assert {len(r["labels"]) for r in records} == {1, 2}
+
+
 def test_resume_after_a_stop_gives_the_same_metrics(files, full_run):
     reference, _ = full_run
     workdir = files["root"] / "resumed"

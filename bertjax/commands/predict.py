@@ -67,7 +67,9 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
         task = model.config.task_or_default
         regression = task.problem_type == "regression"
         labels = Labels(names=() if regression or cls.head in ("question_answering", "multiple_choice")
-                        else task.label_names, regression=regression)
+                        else task.label_names, regression=regression,
+                        multi_label=cls.head == "sequence_classification"
+                        and task.problem_type == "multi_label_classification")
         defaults = cls.defaults
     config = load_finetune_config(None, overrides, defaults)
     # A task default (QA's 384) is capped to a smaller checkpoint; a data.max_length the user set must fit it.

@@ -46,6 +46,10 @@ class Labels:
     names: tuple[str, ...] = ()
     regression: bool = False
     unanswerable: bool = False  # question answering: some training questions have no answer (SQuAD v2)
+    # A transformers checkpoint trained with problem_type multi_label_classification: each label is a yes/no of its
+    # own (a sigmoid), not one of exclusive classes. `bertjax predict` serves such checkpoints; fine-tuning them is
+    # not supported (the data format has one label per example).
+    multi_label: bool = False
 
     @property
     def num_labels(self) -> int:
@@ -147,6 +151,11 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Per-position cross entropy in float32; labels outside [0, classes) (IGNORE) give 0."""
     valid = (labels >= 0) & (labels < logits.shape[-1])
     return jnp.where(valid, objective_losses.cross_entropy(logits, jnp.where(valid, labels, 0)), 0.0)
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, np.float64)
+    return np.exp(-np.logaddexp(0.0, -logits))  # 1 / (1 + e^-x) without overflow for large |x|
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -16,7 +16,10 @@ from bertjax.finetune.encoding import encode_texts_and_cuts
 from bertjax.finetune.packing import pack_rows, training_order
 from bertjax.finetune.readers import is_null, require_columns, text_cell
 from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, fit_names, is_number, label_ids,
-                                         softmax)
+                                         sigmoid, softmax)
+
+# The probability at which a multi-label checkpoint's label applies (its sigmoid is an independent yes/no).
+MULTI_LABEL_THRESHOLD = 0.5
 
 
 class SequenceClassification(Task):
@@ -144,10 +147,16 @@ class SequenceClassification(Task):
         logits = self._example_logits(outputs, encoded)
         if labels.regression:
             return [{"score": float(x)} for x in logits[:, 0]]
-        probabilities = softmax(logits)
+        # Exclusive classes share one softmax; a multi-label checkpoint's labels are independent sigmoids, as
+        # transformers' text-classification pipeline scores them for that problem_type.
+        probabilities = sigmoid(logits) if labels.multi_label else softmax(logits)
         records = []
         for row in probabilities:
             best = int(row.argmax())
-            records.append({"label": labels.names[best], "score": float(row[best]),
-                            "scores": {name: float(p) for name, p in zip(labels.names, row)}})
+            record = {"label": labels.names[best], "score": float(row[best]),
+                      "scores": {name: float(p) for name, p in zip(labels.names, row)}}
+            if labels.multi_label:  # every label that applies, highest first
+                record["labels"] = [labels.names[i] for i in np.argsort(-row, kind="stable")
+                                    if row[i] >= MULTI_LABEL_THRESHOLD]
+            records.append(record)
         return records
