@@ -109,3 +109,38 @@ def test_words_of_a_roberta_row_sit_after_its_bos(roberta):
     assert row["input_ids"][0] == ours.cls_id and word_of_token[1] == 0
     assert int(row["segment_ids"].sum()) == 2 + sum(len(ours.encode(" " + w)) for w in ["the", "cat", "sat"])
     np.testing.assert_array_equal(row["token_type_ids"], 0)
+
+
+def test_a_checkpoints_tokenizer_class_and_options_survive_bertjax_saving_it(tmp_path):
+    """A RoBERTa checkpoint's tokenizer_config.json (RobertaTokenizer, add_prefix_space, bos/eos) is kept through a
+    bertjax workdir and the export into best/ or a converted directory, so run_ner's
+    `AutoTokenizer.from_pretrained(dir, add_prefix_space=True)` on words gives the ids bertjax trained on. The
+    generic class written before ignored add_prefix_space and encoded every word without its word-start form."""
+    import transformers
+    from tokenizers import ByteLevelBPETokenizer, processors
+
+    from bertjax.data import load_tokenizer
+    from bertjax.data.tokenizer_export import save_for_transformers
+
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(CORPUS, vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    trained.post_processor = processors.RobertaProcessing(("</s>", trained.token_to_id("</s>")),
+                                                          ("<s>", trained.token_to_id("<s>")))
+    trained.save(str(tmp_path / "trained.json"))
+    source = tmp_path / "checkpoint"
+    transformers.RobertaTokenizerFast(tokenizer_file=str(tmp_path / "trained.json")).save_pretrained(source)
+
+    words = "the cat sat on the mat".split()
+    ours = load_tokenizer(source)
+    row, _ = encode_words(ours, words, 32, True, "x")
+    trained_on = [int(i) for i in row["input_ids"][:int(row["segment_ids"].sum())]]
+    original = transformers.AutoTokenizer.from_pretrained(source, add_prefix_space=True)
+    assert original(words, is_split_into_words=True)["input_ids"] == trained_on
+
+    workdir_copy = load_tokenizer(ours.save(tmp_path / "workdir-tokenizer"))  # as a pretraining workdir keeps it
+    assert workdir_copy.fingerprint == ours.fingerprint  # settings for transformers do not change bertjax's ids
+    save_for_transformers(workdir_copy, tmp_path / "best")
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "best", add_prefix_space=True)
+    assert type(exported) is type(original)
+    assert exported(words, is_split_into_words=True)["input_ids"] == trained_on
+    assert exported(TEXTS[2])["input_ids"] == original(TEXTS[2])["input_ids"]  # running text: no prefix space

@@ -21,10 +21,10 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bertjax.data.tokenizers import HuggingFaceTokenizer, SentencePieceTokenizer, Tokenizer, WordPieceTokenizer
+from bertjax.data.tokenizers import (TOKENIZER_CONFIG, HuggingFaceTokenizer, SentencePieceTokenizer, Tokenizer,
+                                     WordPieceTokenizer)
 
 TOKENIZER_JSON = "tokenizer.json"
-TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 WORD_MARKER = "\u2581"  # SentencePiece's "▁": the piece starts a word
 
@@ -136,7 +136,9 @@ def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_
     hf = to_hf_tokenizer(tokenizer)
     hf.save(str(directory / TOKENIZER_JSON))
     names = special_tokens(tokenizer, hf)
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", **names, "clean_up_tokenization_spaces": False}
+    # A checkpoint's own class and options (RobertaTokenizer, add_prefix_space, ...) when it came with them.
+    kept = getattr(tokenizer, "transformers_config", {})
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **kept, **names, "clean_up_tokenization_spaces": False}
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
     if model_input_names is not None:

@@ -126,9 +126,13 @@ class Tokenizer(abc.ABC):
         """Write this tokenizer's files into `directory` (created); `load_tokenizer(directory)` reads them back."""
         directory = pathlib.Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        for name, content in self._files().items():
+        for name, content in {**self._files(), **self._settings_files()}.items():
             (directory / name).write_bytes(content)
         return directory
+
+    def _settings_files(self) -> dict[str, bytes]:
+        """Files saved beside `_files` that do not change how bertjax encodes text (so not in the fingerprint)."""
+        return {}
 
     def _finish(self, specials: SpecialIds, word_start: np.ndarray, extra_special_ids: Sequence[int]) -> None:
         self._specials = specials
@@ -238,11 +242,15 @@ class HuggingFaceTokenizer(Tokenizer):
     kind = "huggingface"
     FILE_NAME = "tokenizer.json"
 
-    def __init__(self, tokenizer_json: str, source: str = "<memory>"):
+    def __init__(self, tokenizer_json: str, source: str = "<memory>", transformers_config: dict | None = None):
         from tokenizers import Tokenizer as HfTokenizer
 
         self._json = tokenizer_json
         self._source = source
+        # The checkpoint's tokenizer_config.json settings that decide how transformers builds its tokenizer around
+        # this tokenizer.json (see TRANSFORMERS_CONFIG_KEYS): kept so that a model bertjax saves loads in
+        # transformers as the checkpoint's tokenizer did.
+        self.transformers_config = dict(transformers_config or {})
         try:
             self._tok = HfTokenizer.from_str(tokenizer_json)
         except Exception as error:  # the `tokenizers` library raises a bare Exception naming no file
@@ -266,13 +274,13 @@ class HuggingFaceTokenizer(Tokenizer):
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "HuggingFaceTokenizer":
         path = pathlib.Path(path)
-        return cls(_read_text(path), source=str(path))
+        return cls(_read_text(path), source=str(path), transformers_config=_transformers_config(path.parent))
 
     def __getstate__(self):
-        return {"tokenizer_json": self._json, "source": self._source}
+        return {"tokenizer_json": self._json, "source": self._source, "transformers_config": self.transformers_config}
 
     def __setstate__(self, state):
-        self.__init__(state["tokenizer_json"], state["source"])
+        self.__init__(state["tokenizer_json"], state["source"], state.get("transformers_config"))
 
     @property
     def vocab_size(self) -> int:
@@ -299,6 +307,11 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def _files(self) -> dict[str, bytes]:
         return {self.FILE_NAME: self._json.encode("utf-8")}
+
+    def _settings_files(self) -> dict[str, bytes]:
+        if not self.transformers_config:
+            return {}
+        return {TOKENIZER_CONFIG: json.dumps(self.transformers_config, indent=1).encode("utf-8")}
 
 
 def _word_starts(tok, pieces: list[str]) -> np.ndarray:
@@ -355,19 +368,41 @@ class WordPieceTokenizer(HuggingFaceTokenizer):
 
     def _files(self) -> dict[str, bytes]:
         files = {self.FILE_NAME: self._vocab_text.encode("utf-8")}
-        files["tokenizer_config.json"] = json.dumps({"do_lower_case": self._lowercase}).encode("utf-8")
+        files[TOKENIZER_CONFIG] = json.dumps({"do_lower_case": self._lowercase}).encode("utf-8")
         return files
 
 
-def _lowercase_from_config(directory: pathlib.Path) -> bool | None:
-    config = directory / "tokenizer_config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+# The settings of a checkpoint's tokenizer_config.json that transformers builds its tokenizer from, beside
+# tokenizer.json: the class (RobertaTokenizer rebuilds its byte-level pre-tokenizer for add_prefix_space, as
+# run_ner passes it; the generic class ignores it), its options, the tokens only the class knows (bos, eos) and
+# the padding side (XLNet's left). Special tokens, lengths and input names are written from the model.
+TRANSFORMERS_CONFIG_KEYS = ("tokenizer_class", "add_prefix_space", "trim_offsets", "bos_token", "eos_token",
+                            "do_lower_case", "strip_accents", "tokenize_chinese_chars", "padding_side",
+                            "truncation_side")
+
+
+def _read_tokenizer_config(directory: pathlib.Path) -> dict:
+    config = directory / TOKENIZER_CONFIG
     if not config.is_file():
-        return None
+        return {}
     try:
         described = json.loads(_read_text(config))
     except json.JSONDecodeError as error:
         raise InvalidTokenizerFile(f"{config} is not a valid tokenizer config: invalid JSON ({error})") from None
-    value = described.get("do_lower_case") if isinstance(described, dict) else None
+    return described if isinstance(described, dict) else {}
+
+
+def _transformers_config(directory: pathlib.Path) -> dict:
+    described = _read_tokenizer_config(directory)
+    kept = {key: described[key] for key in TRANSFORMERS_CONFIG_KEYS if key in described}
+    if "auto_map" in described:  # a class of the checkpoint's own code, which a saved copy would not carry
+        kept.pop("tokenizer_class", None)
+    return kept
+
+
+def _lowercase_from_config(directory: pathlib.Path) -> bool | None:
+    value = _read_tokenizer_config(directory).get("do_lower_case")
     return value if isinstance(value, bool) else None
 
 
