@@ -397,6 +397,35 @@ def test_search_queries_as_the_corpus_was_embedded_and_never_shows_nan_rows(mode
     assert "warning: --corpus" in captured.err and "2 of 8 corpus rows hold NaN" in captured.err
 
 
+def test_search_ranks_as_the_model_compares_unless_told_otherwise(model_dir, tmp_path, capsys):
+    """A model trained with dot-product scores (similarity_fn_name "dot", recorded in FILE.json) is searched by dot
+    product without --similarity, as sentence-transformers' `similarity` ranks; --similarity cosine overrides. It
+    used to rank by cosine whatever the model said."""
+    from bertjax.embeddings import save_sentence_encoder
+
+    encoder = load_sentence_encoder(model_dir)
+    dot_model = tmp_path / "dot"
+    save_sentence_encoder(encoder.replace(pooling=encoder.pooling.replace(normalize=False),
+                                          similarity_fn_name="dot"), dot_model)
+    texts = sample_texts(24, seed=11)
+    lines = tmp_path / "corpus.txt"
+    lines.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "emb.npy"
+    assert run_cli("embed", "--model", dot_model, "--input", lines, "--output", out) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["similarity_fn_name"] == "dot"
+    corpus = np.load(out)
+    query = load_sentence_encoder(dot_model).encode([texts[0]], prompt_name="query")[0]
+    by_dot = list(np.argsort(-(corpus @ query), kind="stable")[:5])
+    unit = corpus / np.linalg.norm(corpus, axis=1, keepdims=True)
+    by_cosine = list(np.argsort(-(unit @ (query / np.linalg.norm(query))), kind="stable")[:5])
+    assert by_dot != by_cosine  # the two rankings differ on this corpus, so the test tells them apart
+    for flags, expected in (([], by_dot), (["--similarity", "cosine"], by_cosine)):
+        capsys.readouterr()
+        assert run_cli("search", "--model", dot_model, "--corpus", out, "--query", texts[0], "-k", "5", "--json",
+                       *flags) == 0
+        assert [h["index"] for h in json.loads(capsys.readouterr().out)["hits"]] == expected, flags
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Data parallel.
 

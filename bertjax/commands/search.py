@@ -33,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--column", help="column of the texts in --texts (default: FILE.json's, else 'text')")
     parser.add_argument("--prompt-name", metavar="NAME", help="prompt for the query (default: the model's 'query')")
     parser.add_argument("--prompt", metavar="TEXT", help="a prefix for the query, e.g. 'search_query: '")
-    parser.add_argument("--similarity", choices=("cosine", "dot"), default="cosine")
+    parser.add_argument("--similarity", choices=("cosine", "dot"), default=None,
+                        help="how hits are ranked (default: the model's similarity_fn_name, as FILE.json records "
+                             "it, when it is cosine or dot; else cosine)")
     parser.add_argument("--chunk-size", type=int, default=32768, help="corpus rows per jitted step")
     parser.add_argument("--allow-other-model", action="store_true",
                         help="search even when FILE.json names another model of the same dimension")
@@ -80,7 +82,7 @@ def fingerprint_mismatch(args: argparse.Namespace, description: dict, encoder) -
 def run(args: argparse.Namespace) -> int:
     from bertjax.commands.embed import load_embedder
     from bertjax.embeddings.corpus import model_fingerprint, read_description, read_texts
-    from bertjax.embeddings.search import top_k_search
+    from bertjax.embeddings.search import SEARCH_SIMILARITIES, top_k_search
 
     if args.k <= 0:
         raise ValueError(f"-k must be positive, got {args.k}")
@@ -105,10 +107,15 @@ def run(args: argparse.Namespace) -> int:
     if prompt_name is None and args.prompt is None and "query" in encoder.prompts:
         prompt_name = "query"
     queries = embedder.embed(args.query, prompt_name=prompt_name, prompt=args.prompt)
+    # As the corpus was meant to be compared: a model trained with dot-product scores ranks by them.
+    similarity = args.similarity or description.get("similarity_fn_name") or encoder.similarity_fn_name
+    if similarity not in SEARCH_SIMILARITIES:
+        print(f"warning: --model {args.model} compares embeddings by {similarity}, which search does not rank by; "
+              "ranking by cosine (--similarity chooses)", file=sys.stderr)
+        similarity = "cosine"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        scores, indices = top_k_search(queries, corpus, args.k, similarity=args.similarity,
-                                       chunk_size=args.chunk_size)
+        scores, indices = top_k_search(queries, corpus, args.k, similarity=similarity, chunk_size=args.chunk_size)
     for warning in caught:  # NaN rows, never returned: one plain line rather than a Python warning
         print(f"warning: --corpus {args.corpus}: {warning.message}", file=sys.stderr)
 
