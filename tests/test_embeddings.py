@@ -341,3 +341,37 @@ def test_bad_directories_give_clear_errors(tmp_path, transformer):
     (tmp_path / "h" / "2_Dense" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="no weights found"):
         load_sentence_encoder(tmp_path / "h")
+
+
+def test_a_tokenizer_that_lays_texts_out_otherwise_is_refused_not_embedded_wrongly():
+    """XLNet's tokenizer builds `text <sep> <cls>` with <cls> of token type 2, where the embedding path builds
+    [CLS] text [SEP] of type 0: the embeddings would differ from sentence-transformers' without a sign (1.2 to 3.9
+    in an audit), so such a tokenizer is refused by name. The same vocabulary with BERT's layout is accepted."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from bertjax.data.tokenizers import HuggingFaceTokenizer
+    from bertjax.embeddings import SentenceEncoder
+
+    specials = ["<pad>", "<unk>", "<s>", "</s>", "<mask>", "<sep>", "<cls>"]
+    vocab = {token: i for i, token in enumerate(specials + list(WORDS))}
+    model = EncoderForEmbedding(get_config("bert-tiny", vocab_size=len(vocab), pad_token_id=0,
+                                           max_position_embeddings=32), pooling=PoolingConfig(modes=("mean",)))
+    params = jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype), abstract_params(model))
+
+    def tokenizer(post_processor):
+        hf = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        hf.post_processor = post_processor
+        return HuggingFaceTokenizer(hf.to_str())
+
+    xlnet = tokenizer(processors.TemplateProcessing(
+        single="$A:0 <sep>:0 <cls>:2", pair="$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2",
+        special_tokens=[("<sep>", vocab["<sep>"]), ("<cls>", vocab["<cls>"])]))
+    with pytest.raises(ValueError, match=r"SentenceEncoder: the tokenizer lays a text out as `text id 5 id 6` "
+                                         r"\(token types \[0, 0, 2\]\).*XLNet"):
+        SentenceEncoder(model, params, xlnet, max_seq_length=16)
+    bert_like = tokenizer(processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
+        special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])]))
+    assert SentenceEncoder(model, params, bert_like, max_seq_length=16).tokenize(["a cat"])[0].tolist() == [
+        vocab["<s>"], vocab["a"], vocab["cat"], vocab["</s>"]]

@@ -37,6 +37,23 @@ def _embed_rows_jit(model, params, input_ids, segment_ids, max_segments, prompt_
     return model.apply({"params": params}, input_ids, segment_ids, max_segments, prompt_lengths)
 
 
+def check_single_text_layout(tokenizer, where: str) -> None:
+    """Texts are embedded as [CLS] text [SEP] (the tokenizer's cls and sep ids), all of token type 0: the layout
+    of BERT, RoBERTa, ModernBERT, DeBERTa and the other families' tokenizers. A tokenizer.json whose post-processor
+    lays a text out otherwise (XLNet's `text <sep> <cls>`, its <cls> of token type 2) would be embedded in a layout
+    its model never saw, and differ from sentence-transformers' embeddings without a sign: refused instead."""
+    from bertjax.data.special_template import TEXT
+
+    items = tokenizer.special_template.single
+    expected = (tokenizer.cls_id, TEXT, tokenizer.sep_id)
+    if tuple(item.token for item in items) != expected or any(item.type_id for item in items):
+        layout = " ".join("text" if item.token == TEXT else f"id {item.token}" for item in items)
+        raise ValueError(f"{where}: the tokenizer lays a text out as `{layout}` (token types "
+                         f"{[item.type_id for item in items]}); sentence embeddings are computed on [CLS] text "
+                         f"[SEP] (ids {tokenizer.cls_id} and {tokenizer.sep_id}) of token type 0, which this "
+                         "model's tokenizer does not build (XLNet's text <sep> <cls>): not supported")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class SentenceEncoder:
     """Everything needed to turn texts into sentence embeddings the way sentence-transformers does.
@@ -64,6 +81,7 @@ class SentenceEncoder:
             raise ValueError("SentenceEncoder needs a tokenizer (the model directory holds none)")
         config = self.model.config
         check_tokenizer_fits(self.tokenizer, config, "SentenceEncoder")  # load_sentence_encoder names the directory
+        check_single_text_layout(self.tokenizer, "SentenceEncoder")
         limit = config.max_position_embeddings - config.position_offset
         if not 2 <= self.max_seq_length <= limit:
             raise ValueError(f"SentenceEncoder.max_seq_length must be in [2, {limit}] (the model's positions), "

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from bertjax.embeddings.config import DenseConfig, PoolingConfig
-from bertjax.embeddings.encoder import SentenceEncoder
+from bertjax.embeddings.encoder import SentenceEncoder, check_single_text_layout
 from bertjax.embeddings.similarity import SIMILARITY_FUNCTIONS
 from bertjax.embeddings.model import EncoderForEmbedding
 from bertjax.inference.texts import check_tokenizer_fits
@@ -124,6 +124,7 @@ def _read_transformer(directory: Path, allow_pickle: bool):
     model, params, tokenizer = load_model_dir(directory, allow_pickle=allow_pickle)
     if tokenizer is not None:  # none: SentenceEncoder says so
         check_tokenizer_fits(tokenizer, model.config, directory)
+        check_single_text_layout(tokenizer, str(directory))
     return model, params, tokenizer, settings
 
 
@@ -315,6 +316,7 @@ def load_sentence_encoder(path: str | os.PathLike, *, dtype: str | None = None, 
         raise FileNotFoundError(f"{root}: holds no tokenizer, which an embedding model needs (tokenizer.json, "
                                 "vocab.txt or a SentencePiece .model)")
     check_tokenizer_fits(tokenizer, model.config, root)
+    check_single_text_layout(tokenizer, str(root))
     embedding_model = _embedding_model(model, pooling or PoolingConfig(), (), dtype)
     return SentenceEncoder(embedding_model, _backbone_params(params), tokenizer,
                            max_seq_length=_default_max_seq_length(model.config, root))
