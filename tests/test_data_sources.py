@@ -24,15 +24,18 @@ def test_text_lines_and_paragraphs(tmp_path):
 def test_bad_documents_are_skipped_and_counted(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"good one\n   \n\xff\xfe not utf-8\ngood two\n")
     (tmp_path / "empty.txt").write_bytes(b"")
+    # A lone surrogate escape is valid JSON that no UTF-8 text holds (web dumps have them; json.dumps writes them).
     (tmp_path / "b.jsonl").write_text('{"text": "json one"}\nnot json\n{"other": 1}\n{"text": 5}\n'
-                                      '{"text": "  "}\n[1, 2]\n{"text": "json two"}\n')
+                                      '{"text": "  "}\n[1, 2]\n{"text": "json two"}\n{"text": "broken \\ud800 here"}\n')
     source = open_documents(str(tmp_path), split="all")
     assert sorted(documents(source)) == ["good one", "good two", "json one", "json two"]
     skipped = source.stats.skipped
-    assert skipped == {"empty_document": 2, "invalid_utf8": 1, "empty_file": 1, "not_json": 1,
+    assert skipped == {"empty_document": 2, "invalid_utf8": 2, "empty_file": 1, "not_json": 1,
                        "missing_field_text": 2, "field_text_not_text": 1}
     report = source.stats.report()
     assert "a.txt:3: invalid_utf8" in report and "b.jsonl:2: not_json" in report
+    train = open_documents(str(tmp_path), split="train")  # the split hashes each text's UTF-8 bytes
+    assert sorted(documents(train)) == ["good one", "good two", "json one", "json two"]
 
 
 def test_jsonl_field_and_parquet(tmp_path):

@@ -265,6 +265,10 @@ def _jsonl_text(raw: bytes, field: str) -> tuple[str | None, str | None]:
     text = text.strip()
     if not text:
         return None, "empty_document"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape ("\ud800"): valid JSON, but no UTF-8 text
+        return None, "invalid_utf8"
     return text, None
 
 
