@@ -3,6 +3,7 @@
 import collections
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -142,3 +143,35 @@ def test_prepare_names_the_file_it_cannot_use(tmp_path, capsys):
     assert main(["prepare", "--input", str(tmp_path / "junk.parquet"), *tokenizer, "--out", str(tmp_path / "o")]) == 2
     assert f"Parquet file '{tmp_path / 'junk.parquet'}' is not readable as Parquet" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_overwrite_replaces_the_old_data_and_a_stopped_one_reads_as_incomplete(corpus, tmp_path, monkeypatch):
+    """`prepare --overwrite` with a tokenizer of another kind: the old SentencePiece .model does not stay beside the
+    new vocab.txt (load_tokenizer prefers a .model, so the data would be read with the wrong tokenizer). An
+    overwrite stopped halfway leaves no metadata.json describing the old data over new files."""
+    from tokenizers import BertWordPieceTokenizer
+
+    from bertjax.data.prepare import prepare_corpus
+    from bertjax.data.sources import prepared_directory
+    from bertjax.data.tokenizers import WordPieceTokenizer
+
+    trained = BertWordPieceTokenizer(lowercase=True)
+    trained.train_from_iterator(PARAGRAPHS, vocab_size=400, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                                             "[MASK]"])
+    wordpiece = WordPieceTokenizer("\n".join(sorted(trained.get_vocab(), key=trained.get_vocab().get)) + "\n",
+                                   lowercase=True)
+    out = tmp_path / "prepared"
+    shutil.copytree(corpus / "prepared", out)  # prepared with a SentencePiece tokenizer
+    assert list((out / "tokenizer").glob("*.model"))
+    metadata = prepare_corpus(str(corpus / "docs.jsonl"), wordpiece, out, overwrite=True)
+    tokenizer = load_tokenizer(out / "tokenizer")
+    assert tokenizer.kind == "wordpiece" and tokenizer.fingerprint == metadata["tokenizer"]["fingerprint"]
+    assert sorted(p.name for p in out.glob("*.array_record")) == sorted(
+        metadata["splits"]["train"]["files"] + metadata["splits"]["eval"]["files"])
+
+    def stopped(self, texts):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(WordPieceTokenizer, "encode_batch", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_corpus(str(corpus / "docs.jsonl"), wordpiece, out, overwrite=True)
+    assert not (out / "metadata.json").exists() and prepared_directory(str(out)) is None
