@@ -38,6 +38,17 @@ def test_bad_documents_are_skipped_and_counted(tmp_path):
     assert sorted(documents(train)) == ["good one", "good two", "json one", "json two"]
 
 
+def test_a_file_named_twice_is_read_once(tmp_path, monkeypatch):
+    """A relative and an absolute spelling, a symlink, and the directory holding it name one file: its documents
+    are read once (they used to be read once per spelling, doubling the corpus)."""
+    (tmp_path / "corp").mkdir()
+    (tmp_path / "corp" / "a.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "corp" / "a.txt")
+    monkeypatch.chdir(tmp_path)
+    inputs = f"corp/a.txt,{tmp_path / 'corp' / 'a.txt'},link.txt,corp"
+    assert sorted(documents(open_documents(inputs, split="all"))) == ["one", "three", "two"]
+
+
 def test_jsonl_field_and_parquet(tmp_path):
     pytest.importorskip("pyarrow")
     import pyarrow as pa

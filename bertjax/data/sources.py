@@ -457,7 +457,7 @@ def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_fo
                                      f"{', '.join(FILE_KINDS)} (or a directory prepared by `bertjax prepare`)")
                 files_by_kind[kind].append(path)
     for kind, paths in files_by_kind.items():
-        sources.append(SOURCE_BUILDERS[kind](sorted(set(paths)), text_format=text_format, text_field=text_field,
+        sources.append(SOURCE_BUILDERS[kind](_each_file_once(paths), text_format=text_format, text_field=text_field,
                                              split=split, eval_fraction=eval_fraction))
     source = sources[0] if len(sources) == 1 else ConcatSource(sources)
     if len(source) == 0:
@@ -478,6 +478,15 @@ def prepared_directory(spec: str) -> pathlib.Path | None:
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, PREPARED_METADATA)):
         return pathlib.Path(spec)
     return None
+
+
+def _each_file_once(paths: list[pathlib.Path]) -> list[pathlib.Path]:
+    """Each file once however the inputs name it (`corp/a.txt` and its absolute path, a link, a directory and a
+    file in it), in sorted order; the spelling given first is kept for messages."""
+    by_file: dict[str, pathlib.Path] = {}
+    for path in paths:
+        by_file.setdefault(os.path.realpath(path), path)
+    return sorted(by_file.values())
 
 
 def _expand(spec: str) -> list[pathlib.Path]:
