@@ -111,3 +111,39 @@ def test_sighup_to_one_host_stops_both_at_the_same_saved_step(tmp_path):
     assert f"saved a checkpoint at step {stopped} and stopped" in logs[0].read_text()
     assert "SIGHUP (the session that started this run ended)" in logs[1].read_text()
     assert "Traceback" not in logs[0].read_text() + logs[1].read_text()
+
+
+def test_a_finite_epoch_ends_on_every_host_at_the_same_step(tmp_path):
+    """data.num_epochs set: each host packs its share of the documents into its own number of rows, so one runs
+    out first. Every host stops at that step with the same one-line error and their joint checkpoint, instead of
+    one host saving alone while the others wait in the next step's collectives."""
+    from bertjax.data import build_pretraining_iterator, default_corpus_documents, load_tokenizer
+    from bertjax.train.run_config import load_run_config
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(" ".join(doc.split()) for doc in default_corpus_documents("train")[:24]) + "\n")
+    config = write_config(tmp_path / "run.yaml", small_tokenizer(), train={"steps": 100000},
+                          data={"input": str(corpus), "num_epochs": 1}, checkpoint={"every": 1000})
+    data = load_run_config(config).data
+    tokenizer = load_tokenizer(small_tokenizer())
+    batches = [len(list(build_pretraining_iterator(data, tokenizer, seed=0, process_index=i, process_count=2)))
+               for i in range(2)]
+    assert batches[0] != batches[1], batches  # the hosts' data ends at different steps: what is tested
+    workdir = tmp_path / "run"
+    coordinator = f"127.0.0.1:{_free_port()}"
+    processes = [subprocess.Popen(pretrain_command(config, workdir, "--coordinator", coordinator,
+                                                   "--num-processes", "2", "--process-id", str(i)),
+                                  env=cpu_env(devices=1), cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        outputs = [process.communicate(timeout=240)[0] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    stop = min(batches)
+    for i, (process, output) in enumerate(zip(processes, outputs)):
+        assert process.returncode == 2, f"process {i}:\n{output}"
+        assert f"the training data ran out at step {stop} of 100000" in output, f"process {i}:\n{output}"
+    saved = workdir / "checkpoints" / str(stop) / "data"
+    assert sorted(p.name for p in saved.glob("process_*")) == ["process_0-of-2.json", "process_1-of-2.json"]

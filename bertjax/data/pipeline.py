@@ -67,7 +67,9 @@ class DataConfig:
 
     # Order and epochs.
     shuffle: bool = True  # documents reshuffled every epoch (evaluation never shuffles)
-    num_epochs: int | None = None  # None: repeat forever
+    # None: repeat forever. Pretraining on several hosts stops every host at the first step any host's share
+    # of the epoch runs out (each packs its documents into its own number of rows).
+    num_epochs: int | None = None
     eval_batches: int | None = None  # evaluation yields exactly this many batches (padding rows after the data)
 
     # Parallelism: threads and worker processes build windows ahead; results do not depend on either.

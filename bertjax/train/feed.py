@@ -165,9 +165,20 @@ class TrainFeed:
     def next(self, step: int) -> dict[str, jax.Array]:
         if self.phase is None or not self.phase.start <= step < self.phase.end:
             self._open(phase_at(self.phases, step), None)
+        agree = self.phase.data.num_epochs is not None and jax.process_count() > 1
+        before = self.iterator.get_state() if agree else None
         try:
             batch = self.iterator.take(self.phase.batch_at(step) // jax.process_count())
         except StopIteration:
+            batch = None
+        if agree and not all_processes_have(batch is not None):
+            # Each process packs its share of the documents into its own number of rows, so with a finite epoch
+            # they run out at different steps: all stop at the first step any of them lacks a batch (else the
+            # others would wait in that step's collectives), and a process that took one gives it back to the
+            # checkpoint's data position, so that a rerun with more epochs trains it.
+            self.iterator.set_state(before)
+            batch = None
+        if batch is None:
             key = "data" if len(self.phases) == 1 else f"train.phases[{self.phase.index}].data"
             raise DataExhausted(f"the training data ran out at step {step} of {self.phases[-1].end} ({key}.num_epochs="
                                 f"{self.phase.data.num_epochs}): raise {key}.num_epochs or set it to null (repeat), "
@@ -180,6 +191,13 @@ class TrainFeed:
     def close(self) -> None:
         if self.iterator is not None:
             self.iterator.close()
+
+
+def all_processes_have(present: bool) -> bool:
+    """Whether every process has what this one says it has (a host collective: every process must call it)."""
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(present))))
 
 
 def eval_batches(data_config, tokenizer, mesh, count: int) -> list[dict[str, jax.Array]]:
