@@ -70,6 +70,29 @@ def test_prepare_writes_to_the_bucket(bucket, prepared):
                  "--out", prepared]) == 2
 
 
+def test_an_overwrite_in_the_bucket_leaves_no_old_tokenizer(bucket, prepared, tmp_path):
+    """`prepare --overwrite` into a bucket directory prepared with a SentencePiece tokenizer, now with a WordPiece
+    one: the old tokenizer.model is gone from the bucket (load_tokenizer would prefer it over the new vocab.txt)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    from bertjax.data.tokenizers import WordPieceTokenizer
+
+    out = "gs://bucket/prepared-twice"
+    assert main(["prepare", "--input", "gs://bucket/corpus", "--tokenizer", str(_local_tokenizer(prepared)),
+                 "--out", out]) == 0
+    assert (epath.Path(out) / "tokenizer" / "tokenizer.model").is_file()
+    trained = BertWordPieceTokenizer(lowercase=True)
+    trained.train_from_iterator(default_corpus_documents("all")[:200], vocab_size=300,
+                                special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    vocab = trained.get_vocab()
+    WordPieceTokenizer("\n".join(sorted(vocab, key=vocab.get)) + "\n", lowercase=True).save(tmp_path / "wordpiece")
+    assert main(["prepare", "--input", "gs://bucket/corpus", "--tokenizer", str(tmp_path / "wordpiece"),
+                 "--out", out, "--overwrite"]) == 0
+    assert sorted(p.name for p in (epath.Path(out) / "tokenizer").iterdir()) == ["tokenizer_config.json",
+                                                                                  "vocab.txt"]
+    assert load_tokenizer(_local_tokenizer(out)).kind == "wordpiece"
+
+
 def _local_tokenizer(prepared: str):
     from bertjax.data.sources import prepared_directory
     return prepared_directory(prepared) / "tokenizer"

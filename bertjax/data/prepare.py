@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import shutil
 
 import numpy as np
 from etils import epath
@@ -41,14 +40,15 @@ def check_output_dir(out: str | pathlib.Path, overwrite: bool) -> None:
         raise ValueError(f"{str(out)!r} already holds prepared data; pass overwrite=True (--overwrite) to replace it")
 
 
-def _remove_prepared(out: pathlib.Path) -> None:
-    """The prepared data an overwrite replaces, metadata.json first: a rewrite stopped halfway must read as
-    incomplete, not as the old data over new files; and an old tokenizer of another kind (a tokenizer.json beside
-    a new .model) must not be left for `load_tokenizer` to prefer. Other files in the directory are kept."""
+def _remove_prepared(out: epath.Path) -> None:
+    """The prepared data an overwrite replaces (local or in a bucket), metadata.json first: a rewrite stopped
+    halfway must read as incomplete, not as the old data over new files; and an old tokenizer of another kind (a
+    tokenizer.json beside a new .model) must not be left for `load_tokenizer` to prefer. Other files are kept."""
     (out / PREPARED_METADATA).unlink(missing_ok=True)
-    for path in out.glob("*.array_record"):
-        path.unlink()
-    shutil.rmtree(out / TOKENIZER_DIR, ignore_errors=True)
+    if out.is_dir():
+        for path in out.glob("*.array_record"):
+            path.unlink()
+    (out / TOKENIZER_DIR).rmtree(missing_ok=True)
 
 
 def prepare_corpus(inputs: str, tokenizer, out_dir: str | pathlib.Path, *, text_format: str = "lines",
@@ -63,10 +63,10 @@ def prepare_corpus(inputs: str, tokenizer, out_dir: str | pathlib.Path, *, text_
     source = open_documents(inputs, split="all", text_format=text_format, text_field=text_field)
     if source.tokenized:
         raise ValueError(f"{inputs!r} is already prepared data")
+    if overwrite:
+        _remove_prepared(epath.Path(out_dir))
     with remote.staged_output(out_dir) as out:  # a bucket: written locally, uploaded when complete
         out.mkdir(parents=True, exist_ok=True)
-        if overwrite:
-            _remove_prepared(out)
         dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
 
         splits = {name: {"files": [], "documents": 0, "tokens": 0} for name in ("train", "eval")}
