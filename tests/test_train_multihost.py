@@ -21,17 +21,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_two_processes(config, workdir) -> list[subprocess.Popen]:
+    """The two processes of one run on localhost, each printing into a pipe (stdout and stderr together)."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    return [subprocess.Popen(pretrain_command(config, workdir, "--coordinator", coordinator, "--num-processes", "2",
+                                              "--process-id", str(i)),
+                             env=cpu_env(devices=1), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) for i in range(2)]
+
+
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
     tokenizer = small_tokenizer()
     config = write_config(root / "run.yaml", tokenizer, train={"steps": STEPS}, checkpoint={"every": 6})
     workdir = root / "run"
-    coordinator = f"127.0.0.1:{_free_port()}"
-    processes = [subprocess.Popen(pretrain_command(config, workdir, "--coordinator", coordinator,
-                                                   "--num-processes", "2", "--process-id", str(i)),
-                                  env=cpu_env(devices=1), cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    processes = _start_two_processes(config, workdir)
     outputs = []
     for process in processes:
         output, _ = process.communicate(timeout=300)
@@ -130,11 +135,7 @@ def test_a_finite_epoch_ends_on_every_host_at_the_same_step(tmp_path):
                for i in range(2)]
     assert batches[0] != batches[1], batches  # the hosts' data ends at different steps: what is tested
     workdir = tmp_path / "run"
-    coordinator = f"127.0.0.1:{_free_port()}"
-    processes = [subprocess.Popen(pretrain_command(config, workdir, "--coordinator", coordinator,
-                                                   "--num-processes", "2", "--process-id", str(i)),
-                                  env=cpu_env(devices=1), cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    processes = _start_two_processes(config, workdir)
     try:
         outputs = [process.communicate(timeout=240)[0] for process in processes]
     finally:
