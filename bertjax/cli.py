@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertjax", description="The BERT family of encoders in JAX/Flax.")
+    parser.add_argument("--version", action=_PrintVersion)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(module_name)
@@ -36,6 +37,33 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(command)
         command.set_defaults(_run=module.run)
     return parser
+
+
+class _PrintVersion(argparse.Action):
+    """--version: one line, unwrapped (argparse's own version action folds it at the terminal's width)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the versions of bertjax, JAX, Flax, Optax, Orbax and Grain, then exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """bertjax's version and those of the libraries its numbers depend on (what a bug report needs)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from bertjax import __version__
+
+    found = []
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    return f"bertjax {__version__} ({', '.join(found)})"
 
 
 def main(argv: list[str] | None = None) -> int:

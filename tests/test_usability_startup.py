@@ -61,3 +61,21 @@ def test_compile_check_without_its_compiler_says_what_to_install_in_one_line(top
                  "--topology", topology]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bertjax compile-check: error: ") and words in err and "Traceback" not in err
+
+
+def test_version_names_bertjax_and_the_libraries_behind_its_numbers(capsys):
+    """`bertjax --version`: one line for a bug report, each version as installed; bertjax's own is pyproject's."""
+    import tomllib
+    from importlib.metadata import version
+
+    from bertjax.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and line.startswith(f"bertjax {bertjax.__version__} (")
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain"):
+        assert f"{name} {version(name)}" in line
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert declared == bertjax.__version__
