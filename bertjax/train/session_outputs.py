@@ -5,8 +5,9 @@ A run started as `bertjax pretrain ... 2>&1 | tee train.log`, or `| head`, write
 Python turns either into an exception at whichever progress-bar refresh or log line comes next, in the middle of a
 step's bookkeeping, so the steps since the last checkpoint would be lost. While a `PreemptionWatch` is open such a
 write is caught here instead: the dead output goes to /dev/null and the run is asked to stop, saving a checkpoint,
-as for a hangup. Outputs that are regular files (`> train.log`) or not file descriptors at all (a notebook's
-streams) are left as they are: they cannot go away under the run.
+as for a hangup. Regular files (`> train.log`) and streams without a file descriptor are left as they are: they
+cannot go away under the run. (A notebook kernel's streams may report the kernel's own descriptor and be wrapped;
+they write to the front end, so the guard only passes their writes on.)
 """
 
 from __future__ import annotations
