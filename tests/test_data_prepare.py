@@ -162,12 +162,13 @@ def test_an_overwrite_replaces_the_old_data_and_a_stopped_one_reads_as_incomplet
                                    lowercase=True)
     out = tmp_path / "prepared"
     shutil.copytree(corpus / "prepared", out)  # prepared with a SentencePiece tokenizer
+    (out / "mine.array_record").write_bytes(b"the user's own file")  # not prepare's: kept
     assert list((out / "tokenizer").glob("*.model"))
     metadata = prepare_corpus(str(corpus / "docs.jsonl"), wordpiece, out, overwrite=True)
     tokenizer = load_tokenizer(out / "tokenizer")
     assert tokenizer.kind == "wordpiece" and tokenizer.fingerprint == metadata["tokenizer"]["fingerprint"]
     assert sorted(p.name for p in out.glob("*.array_record")) == sorted(
-        metadata["splits"]["train"]["files"] + metadata["splits"]["eval"]["files"])
+        metadata["splits"]["train"]["files"] + metadata["splits"]["eval"]["files"] + ["mine.array_record"])
 
     def stopped(self, texts):
         raise KeyboardInterrupt

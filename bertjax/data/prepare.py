@@ -26,6 +26,8 @@ from bertjax.data.sources import PREPARED_METADATA, open_documents
 FORMAT = "bertjax-prepared"
 VERSION = 1
 TOKENIZER_DIR = "tokenizer"
+SPLIT_NAMES = ("train", "eval")  # the files of a split: <split>-00000.array_record, ...
+SPLIT_FILE_SUFFIX = ".array_record"
 _ENCODE_BATCH = 1024  # documents tokenized per call (the tokenizers batch internally)
 
 
@@ -46,8 +48,9 @@ def _remove_prepared(out: epath.Path) -> None:
     tokenizer.json beside a new .model) must not be left for `load_tokenizer` to prefer. Other files are kept."""
     (out / PREPARED_METADATA).unlink(missing_ok=True)
     if out.is_dir():
-        for path in out.glob("*.array_record"):
-            path.unlink()
+        for split in SPLIT_NAMES:  # the files prepare names, not any ArrayRecord file of the user's
+            for path in out.glob(f"{split}-[0-9]*{SPLIT_FILE_SUFFIX}"):
+                path.unlink()
     (out / TOKENIZER_DIR).rmtree(missing_ok=True)
 
 
@@ -69,7 +72,7 @@ def prepare_corpus(inputs: str, tokenizer, out_dir: str | pathlib.Path, *, text_
         out.mkdir(parents=True, exist_ok=True)
         dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
 
-        splits = {name: {"files": [], "documents": 0, "tokens": 0} for name in ("train", "eval")}
+        splits = {name: {"files": [], "documents": 0, "tokens": 0} for name in SPLIT_NAMES}
         writers: dict[str, ArrayRecordWriter] = {}
         empty_after_tokenization = 0
 
@@ -78,7 +81,7 @@ def prepare_corpus(inputs: str, tokenizer, out_dir: str | pathlib.Path, *, text_
             if info["documents"] % documents_per_file == 0:
                 if split in writers:
                     writers[split].close()
-                name = f"{split}-{len(info['files']):05d}.array_record"
+                name = f"{split}-{len(info['files']):05d}{SPLIT_FILE_SUFFIX}"
                 writers[split] = ArrayRecordWriter(str(out / name), "group_size:1")
                 info["files"].append(name)
             writers[split].write(ids.astype(dtype).tobytes())
