@@ -54,6 +54,16 @@ def test_a_dead_stdout_stops_the_run_at_the_next_step_instead_of_raising(dead_pi
     assert sys.stdout is dead_pipe
 
 
+def test_writelines_goes_through_the_guard(dead_pipe, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", dead_pipe)
+    watch = PreemptionWatch()
+    try:
+        sys.stdout.writelines(["x" * 100_000 + "\n"])  # past the stream's buffer: written through at once
+        assert watch.should_stop(1) and watch.reason == PreemptionWatch.OUTPUT_LOST
+    finally:
+        watch.close()
+
+
 def test_files_and_live_pipes_are_not_guarded_and_other_errors_are_raised(tmp_path, monkeypatch):
     with open(tmp_path / "log.txt", "w") as log:
         monkeypatch.setattr(sys, "stdout", log)

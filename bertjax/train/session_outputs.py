@@ -101,6 +101,10 @@ class GuardedOutput:
             self._lost(error)
             return len(text)
 
+    def writelines(self, lines) -> None:  # through `write`, or the stream's own would bypass the guard
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         try:
             self.stream.flush()
