@@ -19,8 +19,8 @@ import numpy as np
 
 HELP = "predict the tokens hidden behind [MASK] with a pretrained masked language model"
 
-# Mask spellings accepted in the text, whatever the tokenizer's own mask token is.
-MASK_PATTERN = re.compile(r"\[MASK\]|<mask>")
+# Mask spellings accepted in the text, whatever the tokenizer's own mask token is (EuroBERT's is <|mask|>).
+MASK_PATTERN = re.compile(r"\[MASK\]|<mask>|<\|mask\|>")
 
 # Heads (keys of bertjax.models.MODEL_CLASSES) whose `logits` score the vocabulary at every token. Other heads'
 # `logits` are per label or per sequence (or absent, on a bare encoder): fed to the softmax they crash or mislead.
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="read a Hugging Face pytorch_model.bin (a pickle: only for files you trust)")
-    parser.add_argument("texts", nargs="+", metavar="TEXT", help='sentences containing [MASK] (or <mask>)')
+    parser.add_argument("texts", nargs="+", metavar="TEXT", help="sentences containing [MASK] (or <mask>, <|mask|>)")
 
 
 def run(args: argparse.Namespace) -> int:

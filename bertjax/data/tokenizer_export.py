@@ -21,11 +21,10 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bertjax.data.tokenizers import (TOKENIZER_CONFIG, HuggingFaceTokenizer, SentencePieceTokenizer, Tokenizer,
-                                     WordPieceTokenizer)
+from bertjax.data.tokenizers import (SPECIAL_TOKENS_MAP, TOKENIZER_CONFIG, HuggingFaceTokenizer,
+                                     SentencePieceTokenizer, Tokenizer, WordPieceTokenizer)
 
 TOKENIZER_JSON = "tokenizer.json"
-SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 WORD_MARKER = "\u2581"  # SentencePiece's "▁": the piece starts a word
 
 # sentencepiece_model.proto enums
@@ -96,10 +95,10 @@ TO_TOKENIZERS_JSON: dict[type, Callable[[Tokenizer], str]] = {
 
 def special_tokens(tokenizer: Tokenizer, hf) -> dict[str, str]:
     """{"cls_token": "[CLS]", ...}: the text of each special token (in `hf`, its `tokenizers` form), by
-    transformers' attribute names."""
+    transformers' attribute names (no unk_token for a vocabulary without one)."""
     ids = {"cls_token": tokenizer.cls_id, "sep_token": tokenizer.sep_id, "mask_token": tokenizer.mask_id,
            "pad_token": tokenizer.pad_id, "unk_token": tokenizer.unk_id}
-    return {name: hf.id_to_token(i) for name, i in ids.items()}
+    return {name: hf.id_to_token(i) for name, i in ids.items() if i is not None}
 
 
 def to_hf_tokenizer(tokenizer: Tokenizer):

@@ -7,7 +7,10 @@ Every tokenizer gives the pipeline what it needs and nothing more:
 - `encode_with_offsets(text)`: the ids and, per token, the [start, end) character span of `text` it covers
   (extractive question answering maps answers to tokens and back through these);
 - the special ids `cls_id sep_id mask_id pad_id unk_id`, and `special_ids` (every id that must never be masked
-  nor drawn as a random replacement);
+  nor drawn as a random replacement). A checkpoint's tokenizer_config.json (or special_tokens_map.json) names
+  them as transformers reads them (`cls_token`, or `bos_token` where there is no cls: EuroBERT's
+  `<|begin_of_text|>`); otherwise the usual names are looked up. `unk_id` is None for a vocabulary without one
+  (byte-level BPE never needs it);
 - `word_start` (bool per vocabulary id): whether a token begins a word, for whole-word and span masking;
 - `save(directory)`: copy the tokenizer into a run or a prepared-data directory; `fingerprint` identifies it.
 
@@ -25,14 +28,25 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-# Names the special tokens go by across checkpoints, in order of preference.
+# Names the special tokens go by across checkpoints, in order of preference, for tokenizers whose files do not
+# name them (a bare tokenizer.json, vocab.txt or SentencePiece model).
 SPECIAL_TOKEN_NAMES: dict[str, tuple[str, ...]] = {
-    "cls": ("[CLS]", "<s>", "<cls>"),
-    "sep": ("[SEP]", "</s>", "<sep>"),
-    "mask": ("[MASK]", "<mask>"),
+    "cls": ("[CLS]", "<s>", "<cls>", "<|begin_of_text|>"),
+    "sep": ("[SEP]", "</s>", "<sep>", "<|end_of_text|>"),
+    "mask": ("[MASK]", "<mask>", "<|mask|>"),
     "pad": ("[PAD]", "<pad>"),
     "unk": ("[UNK]", "<unk>"),
 }
+# The tokenizer_config.json keys that name each role, in transformers' order: an encoder whose tokenizer has no
+# cls/sep (EuroBERT's Llama-3 vocabulary) starts and ends its texts with bos/eos.
+SPECIAL_TOKEN_KEYS: dict[str, tuple[str, ...]] = {
+    "cls": ("cls_token", "bos_token"),
+    "sep": ("sep_token", "eos_token"),
+    "mask": ("mask_token",),
+    "pad": ("pad_token",),
+    "unk": ("unk_token",),
+}
+OPTIONAL_SPECIALS = ("unk",)  # byte-level vocabularies encode every text without an unknown token
 
 
 class InvalidTokenizerFile(ValueError):
@@ -46,7 +60,7 @@ class SpecialIds:
     sep: int
     mask: int
     pad: int
-    unk: int
+    unk: int | None
 
 
 class Tokenizer(abc.ABC):
@@ -95,7 +109,7 @@ class Tokenizer(abc.ABC):
         return self._specials.pad
 
     @property
-    def unk_id(self) -> int:
+    def unk_id(self) -> int | None:
         return self._specials.unk
 
     @property
@@ -137,6 +151,7 @@ class Tokenizer(abc.ABC):
     def _finish(self, specials: SpecialIds, word_start: np.ndarray, extra_special_ids: Sequence[int]) -> None:
         self._specials = specials
         ids = set(extra_special_ids) | {specials.cls, specials.sep, specials.mask, specials.pad, specials.unk}
+        ids.discard(None)
         self._special_ids = np.array(sorted(ids), np.int32)
         # Specials start words, so that a word never spans a [SEP]/[CLS] boundary.
         word_start = np.asarray(word_start, bool).copy()
@@ -156,15 +171,38 @@ def _trim_spans(text: str, spans) -> np.ndarray:
     return out
 
 
-def _find_specials(lookup: Callable[[str], int | None], source: str) -> SpecialIds:
+def _find_specials(lookup: Callable[[str], int | None], source: str, declared: dict[str, str]) -> SpecialIds:
+    """Each role's id: the token `declared` (a tokenizer_config.json) names for it, else the first of the usual
+    names the vocabulary has."""
     found = {}
     for role, names in SPECIAL_TOKEN_NAMES.items():
+        key = next((key for key in SPECIAL_TOKEN_KEYS[role] if key in declared), None)
+        if key is not None:
+            found[role] = lookup(declared[key])
+            if found[role] is None or found[role] < 0:
+                raise ValueError(f"tokenizer {source}: its {TOKENIZER_CONFIG} names {key} {declared[key]!r}, "
+                                 "which the vocabulary does not have")
+            continue
         ids = [lookup(name) for name in names]
         ids = [i for i in ids if i is not None and i >= 0]
-        if not ids:
-            raise ValueError(f"tokenizer {source} has no {role} token (looked for {', '.join(names)})")
-        found[role] = ids[0]
+        if not ids and role not in OPTIONAL_SPECIALS:
+            raise ValueError(f"tokenizer {source} has no {role} token (looked for {', '.join(names)}"
+                             f"{'' if declared else f'; or name it as {SPECIAL_TOKEN_KEYS[role][0]} in {TOKENIZER_CONFIG}'})")
+        found[role] = ids[0] if ids else None
     return SpecialIds(**found)
+
+
+def declared_special_tokens(config: dict) -> dict[str, str]:
+    """The special tokens a tokenizer_config.json names ({"cls_token": "[CLS]", ...}); a token may be written as
+    text or as transformers' AddedToken dict."""
+    declared = {}
+    for key in {key for keys in SPECIAL_TOKEN_KEYS.values() for key in keys}:
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str) and value:
+            declared[key] = value
+    return declared
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -173,11 +211,14 @@ class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
     FILE_NAME = "tokenizer.model"
 
-    def __init__(self, model_proto: bytes, source: str = "<memory>"):
+    def __init__(self, model_proto: bytes, source: str = "<memory>", declared_specials: dict | None = None):
         import sentencepiece
 
         self._proto = bytes(model_proto)
         self._source = source
+        # What the checkpoint's tokenizer_config.json names as its special tokens (XLNet's cls is <cls>, though
+        # its vocabulary also has <s>); saved beside the model so that a copy keeps them.
+        self.declared_specials = declared_special_tokens(declared_specials or {})
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
         except Exception as error:  # RuntimeError from the C++ parser: truncated, empty or another kind of file
@@ -194,19 +235,19 @@ class SentencePieceTokenizer(Tokenizer):
 
         pieces = [self._sp.id_to_piece(i) for i in range(size)]
         special = [i for i in range(size) if self._sp.is_control(i) or self._sp.is_unknown(i) or self._sp.is_unused(i)]
-        self._finish(_find_specials(lookup, source),
+        self._finish(_find_specials(lookup, source, self.declared_specials),
                      np.array([p.startswith("\u2581") for p in pieces], bool), special)
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "SentencePieceTokenizer":
         path = pathlib.Path(path)
-        return cls(path.read_bytes(), source=str(path))
+        return cls(path.read_bytes(), source=str(path), declared_specials=_transformers_config(path.parent))
 
     def __getstate__(self):  # the C++ processor does not pickle; rebuild it from the proto in worker processes
-        return {"model_proto": self._proto, "source": self._source}
+        return {"model_proto": self._proto, "source": self._source, "declared_specials": self.declared_specials}
 
     def __setstate__(self, state):
-        self.__init__(state["model_proto"], state["source"])
+        self.__init__(state["model_proto"], state["source"], state.get("declared_specials"))
 
     @property
     def vocab_size(self) -> int:
@@ -229,6 +270,11 @@ class SentencePieceTokenizer(Tokenizer):
 
     def _files(self) -> dict[str, bytes]:
         return {self.FILE_NAME: self._proto}
+
+    def _settings_files(self) -> dict[str, bytes]:
+        if not self.declared_specials:
+            return {}
+        return {TOKENIZER_CONFIG: json.dumps(self.declared_specials, indent=1).encode("utf-8")}
 
 
 # Markers of word boundaries in the vocabularies of the `tokenizers` library: (marker, marks_start).
@@ -268,7 +314,8 @@ class HuggingFaceTokenizer(Tokenizer):
         for piece, i in vocab.items():
             pieces[i] = piece
         added = [i for i, token in self._tok.get_added_tokens_decoder().items() if token.special]
-        self._finish(_find_specials(vocab.get, source), _word_starts(self._tok, pieces), added)
+        self._finish(_find_specials(vocab.get, source, declared_special_tokens(self.transformers_config)),
+                     _word_starts(self._tok, pieces), added)
         self._size = size
 
     @classmethod
@@ -375,26 +422,36 @@ class WordPieceTokenizer(HuggingFaceTokenizer):
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # The settings of a checkpoint's tokenizer_config.json that transformers builds its tokenizer from, beside
 # tokenizer.json: the class (RobertaTokenizer rebuilds its byte-level pre-tokenizer for add_prefix_space, as
-# run_ner passes it; the generic class ignores it), its options, the tokens only the class knows (bos, eos) and
-# the padding side (XLNet's left). Special tokens, lengths and input names are written from the model.
+# run_ner passes it; the generic class ignores it), its options, its special tokens (which also tell bertjax its
+# cls/sep/mask/pad/unk, `SPECIAL_TOKEN_KEYS`) and the padding side (XLNet's left). Lengths and input names are
+# written from the model.
 TRANSFORMERS_CONFIG_KEYS = ("tokenizer_class", "add_prefix_space", "trim_offsets", "bos_token", "eos_token",
+                            "cls_token", "sep_token", "mask_token", "pad_token", "unk_token",
                             "do_lower_case", "strip_accents", "tokenize_chinese_chars", "padding_side",
                             "truncation_side")
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 
 
 def _read_tokenizer_config(directory: pathlib.Path) -> dict:
-    config = directory / TOKENIZER_CONFIG
-    if not config.is_file():
+    return _read_json_object(directory / TOKENIZER_CONFIG)
+
+
+def _read_json_object(path: pathlib.Path) -> dict:
+    if not path.is_file():
         return {}
     try:
-        described = json.loads(_read_text(config))
+        described = json.loads(_read_text(path))
     except json.JSONDecodeError as error:
-        raise InvalidTokenizerFile(f"{config} is not a valid tokenizer config: invalid JSON ({error})") from None
+        raise InvalidTokenizerFile(f"{path} is not a valid tokenizer config: invalid JSON ({error})") from None
     return described if isinstance(described, dict) else {}
 
 
 def _transformers_config(directory: pathlib.Path) -> dict:
     described = _read_tokenizer_config(directory)
+    if "added_tokens_decoder" not in described:
+        # An older checkpoint's special_tokens_map.json, which transformers lets override tokenizer_config.json
+        # (it ignores the map once the config lists its added tokens).
+        described = {**described, **_read_json_object(directory / SPECIAL_TOKENS_MAP)}
     kept = {key: described[key] for key in TRANSFORMERS_CONFIG_KEYS if key in described}
     if "auto_map" in described:  # a class of the checkpoint's own code, which a saved copy would not carry
         kept.pop("tokenizer_class", None)
