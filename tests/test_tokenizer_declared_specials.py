@@ -28,7 +28,7 @@ TEXTS = ["The loop ends when the iterator is exhausted.", "  Leading spaces, caf
 PAIRS = [("What does a return statement do?", "It leaves the function."), ("a", "b c")]
 
 
-def eurobert_style_tokenizer(directory, config=EUROBERT_CONFIG):
+def eurobert_style_tokenizer(directory, config=EUROBERT_CONFIG, single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B {EOS}"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -42,8 +42,7 @@ def eurobert_style_tokenizer(directory, config=EUROBERT_CONFIG):
     bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
     tok.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
-        processors.TemplateProcessing(single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B {EOS}",
-                                      special_tokens=[(BOS, bos), (EOS, eos)])])
+        processors.TemplateProcessing(single=single, pair=pair, special_tokens=[(BOS, bos), (EOS, eos)])])
     directory.mkdir(parents=True, exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     if config is not None:
@@ -122,6 +121,26 @@ def test_fill_mask_on_a_eurobert_checkpoint_matches_transformers(tmp_path):
     got = load_predictor(tmp_path / "hf")(text, top_k=3)
     assert [p.token_id for p in got[0]] == expected.indices.tolist()
     np.testing.assert_allclose([p.probability for p in got[0]], expected.values.numpy(), atol=1e-5)
+
+
+def test_tokenizer_json_post_processor_wins_over_add_bos_eos_flags_as_in_transformers(tmp_path):
+    """Llama 3's own post-processor adds only <|begin_of_text|>. transformers drops tokenizer_config.json's
+    add_bos_token / add_eos_token when a tokenizer.json is present, and so does bertjax."""
+    eurobert_style_tokenizer(tmp_path / "tok", config={**EUROBERT_CONFIG, "add_bos_token": True, "add_eos_token": True},
+                             single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B")
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    template = tokenizer.special_template
+    for text in TEXTS:
+        assert template.build(tokenizer.encode(text))[0] == reference(text)["input_ids"]
+    for first, second in PAIRS:
+        ids, types = template.build(tokenizer.encode(first), tokenizer.encode(second))
+        expected = reference(first, second, return_token_type_ids=True)
+        assert (ids, types) == (expected["input_ids"], expected["token_type_ids"])
+    # fill-mask lays its row out the same way: no <|end_of_text|> that transformers would not add.
+    from bertjax.commands.fill_mask import encode_with_masks
+    row, masks = encode_with_masks(tokenizer, f"The loop {MASK} here.")
+    assert row.tolist() == reference(f"The loop{MASK} here.")["input_ids"] and row[masks[0]] == tokenizer.mask_id
 
 
 def test_a_bare_llama3_tokenizer_json_without_a_pad_says_how_to_name_one(tmp_path):

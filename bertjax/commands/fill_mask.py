@@ -59,11 +59,12 @@ def run(args: argparse.Namespace) -> int:
 # Prediction.
 
 def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
-    """([CLS] text [SEP] ids with the mask id at each [MASK], positions of the masks)."""
+    """(the row of `text` with the mask id at each [MASK], laid out as the tokenizer lays out one text, e.g.
+    `[CLS] text [SEP]`; positions of the masks)."""
     pieces = MASK_PATTERN.split(text)
     if len(pieces) < 2:
         raise ValueError(f"no [MASK] in {text!r}")
-    ids = [tokenizer.cls_id]
+    ids = []
     masks = []
     for i, piece in enumerate(pieces):
         # The mask absorbs the space before it (as RoBERTa's <mask> does); the space after it stays with the
@@ -76,8 +77,10 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
         if i < len(pieces) - 1:
             masks.append(len(ids))
             ids.append(tokenizer.mask_id)
-    ids.append(tokenizer.sep_id)
-    return np.asarray(ids, np.int32), np.asarray(masks, np.int32)
+    template = tokenizer.special_template
+    row, _ = template.build(ids)
+    start = template.text_start(0, len(ids), pair=False)
+    return np.asarray(row, np.int32), np.asarray(masks, np.int32) + start
 
 
 def fill_mask_row_fn(model, banned: np.ndarray, top_k: int):
