@@ -4,7 +4,7 @@ EuroBERT's tokenizer is Llama 3's byte-level BPE: no [CLS]/[SEP]/<unk>, texts st
 bos) and end with <|end_of_text|> (its eos, also its pad), and <|mask|> is its mask. Nothing can be downloaded
 here, so the fixture builds a tokenizer laid out as EuroBERT's (the same special tokens, ids at the end of the
 vocabulary, a post-processor adding bos/eos, a tokenizer_config.json naming bos/eos/mask/pad) on a small BPE
-trained on the embedded corpus. XLNet's SentencePiece vocabulary has both <s> and <cls>; its config says <cls>.
+trained on the embedded corpus.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from bertjax.data.default_corpus import default_corpus_documents
 from bertjax.data.tokenizer_export import save_for_transformers
-from bertjax.data.tokenizers import SentencePieceTokenizer, load_tokenizer
+from bertjax.data.tokenizers import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -163,40 +163,3 @@ def test_special_tokens_map_names_the_tokens_of_an_older_checkpoint(tmp_path):
     reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
     assert (tokenizer.cls_id, tokenizer.mask_id, tokenizer.pad_id) == \
         (reference.bos_token_id, reference.mask_token_id, reference.pad_token_id)
-
-
-def xlnet_style_model(directory) -> bytes:
-    """A SentencePiece model with XLNet's control symbols, where <s> comes before <cls>."""
-    import io
-
-    import sentencepiece
-
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(default_corpus_documents()[:200]), model_writer=model, vocab_size=300,
-        model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>"], minloglevel=2)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "spiece.model").write_bytes(model.getvalue())
-    return model.getvalue()
-
-
-def test_xlnet_config_picks_cls_over_s(tmp_path):
-    proto = xlnet_style_model(tmp_path / "bare")
-    bare = load_tokenizer(tmp_path / "bare")
-    assert bare.cls_id == bare._sp.piece_to_id("<s>")  # without a config: the usual names, <s> first
-
-    (tmp_path / "xlnet").mkdir()
-    (tmp_path / "xlnet" / "spiece.model").write_bytes(proto)
-    (tmp_path / "xlnet" / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "XLNetTokenizer", "bos_token": "<s>", "eos_token": "</s>", "cls_token": "<cls>",
-         "sep_token": "<sep>", "mask_token": "<mask>", "pad_token": "<pad>", "unk_token": "<unk>"}))
-    tokenizer = load_tokenizer(tmp_path / "xlnet")
-    sp = tokenizer._sp
-    assert (tokenizer.cls_id, tokenizer.sep_id) == (sp.piece_to_id("<cls>"), sp.piece_to_id("<sep>"))
-    # A copy (a workdir's tokenizer/, a worker process) keeps the choice.
-    again = load_tokenizer(tokenizer.save(tmp_path / "copy"))
-    assert (again.cls_id, again.sep_id, again.pad_id) == (tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
-    import pickle
-    unpickled = pickle.loads(pickle.dumps(tokenizer))
-    assert isinstance(unpickled, SentencePieceTokenizer) and unpickled.cls_id == tokenizer.cls_id

@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # Tokenizer files travel with the weights, so `bertjax fill-mask --model OUT` works on the converted directory.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "*.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "*.model")
 
 
 def copy_tokenizer_files(source: str, destination: str) -> list[str]:
@@ -53,24 +54,37 @@ def copy_tokenizer_files(source: str, destination: str) -> list[str]:
     return copied
 
 
-def check_tokenizer(source: str) -> None:
+def check_tokenizer(source: str):
     """Load the tokenizer among the files `copy_tokenizer_files` copies (the one `load_tokenizer` picks), so that a
-    truncated or foreign file is an error naming it now. A directory without tokenizer files is fine, and so is a
-    readable tokenizer bertjax's commands cannot use (special tokens it does not know): a warning, the files are
-    copied as they are, for transformers."""
+    truncated or foreign file is an error naming it now; returns it. A directory without tokenizer files is fine
+    (None), and so is a readable tokenizer bertjax's commands cannot use (special tokens it does not know): a
+    warning, the files are copied as they are, for transformers (None)."""
     from bertjax.data import load_tokenizer
     from bertjax.data.tokenizers import InvalidTokenizerFile
 
     try:
-        load_tokenizer(source)
+        return load_tokenizer(source)
     except FileNotFoundError:
-        return
+        return None
     except InvalidTokenizerFile as error:
         raise ValueError(f"--from-hf {source}: {error}. Its tokenizer files are copied with the weights; replace "
                          "the broken file (or remove the tokenizer files to convert the weights alone)") from None
     except ValueError as error:
         print(f"warning: --from-hf {source}: bertjax's commands cannot use its tokenizer ({error}); its files are "
               "copied as they are", file=sys.stderr)
+        return None
+
+
+def write_built_tokenizer_json(tokenizer, source: str, destination: str) -> None:
+    """A checkpoint saved without tokenizer.json (a family's SentencePiece model) runs from the one transformers
+    builds from its files (`HuggingFaceTokenizer.from_transformers_files`): written beside the copies, so that the
+    converted directory reads the same without transformers or the source's config.json."""
+    from bertjax.data.tokenizer_export import TOKENIZER_JSON
+
+    built = tokenizer._files().get(TOKENIZER_JSON) if tokenizer is not None else None
+    if built is not None and not os.path.isfile(os.path.join(source, TOKENIZER_JSON)):
+        with open(os.path.join(destination, TOKENIZER_JSON), "wb") as file:
+            file.write(built)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,10 +100,12 @@ def run(args: argparse.Namespace) -> int:
         # from_pretrained refuses NaN/inf weights (or values beyond --dtype's range) before anything is written
         model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype, allow_pickle=args.allow_pickle)
         token_ids = hf.special_token_ids(args.from_hf)
-        check_tokenizer(args.from_hf)  # the files copied below: a broken one would surface only at the next use
+        # the files copied below: a broken one would surface only at the next use
+        tokenizer = check_tokenizer(args.from_hf)
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         save_model_dir(args.out, model, params, token_ids=token_ids)
         copy_tokenizer_files(args.from_hf, args.out)
+        write_built_tokenizer_json(tokenizer, args.from_hf, args.out)
     else:
         model, params, tokenizer = load_model_dir(args.to_hf, step=args.step)
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything

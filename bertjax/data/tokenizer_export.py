@@ -137,7 +137,8 @@ def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_
     names = special_tokens(tokenizer, hf)
     # A checkpoint's own class and options (RobertaTokenizer, add_prefix_space, ...) when it came with them.
     kept = getattr(tokenizer, "transformers_config", {})
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", **kept, **names, "clean_up_tokenization_spaces": False}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **_padding_side(tokenizer), **kept, **names,
+              "clean_up_tokenization_spaces": False}
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
     if model_input_names is not None:
@@ -147,6 +148,17 @@ def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_
     (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
     (directory / SPECIAL_TOKENS_MAP).write_text(json.dumps(names, indent=1) + "\n")
     return [TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP]
+
+
+def _padding_side(tokenizer: Tokenizer) -> dict[str, str]:
+    """Left padding for a layout that ends with its [CLS] (XLNet's `A <sep> <cls>`), as XLNetTokenizer pads:
+    transformers' heads of such models read the last position. (A checkpoint's own padding_side wins.)"""
+    from bertjax.data.special_template import TEXT
+
+    single = tokenizer.special_template.single
+    if single[0].token == TEXT and single[-1].token == tokenizer.cls_id:
+        return {"padding_side": "left"}
+    return {}
 
 
 def save_for_model(tokenizer: Tokenizer, directory: str | Path, config) -> list[str]:

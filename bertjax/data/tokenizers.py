@@ -31,8 +31,9 @@ import numpy as np
 # Names the special tokens go by across checkpoints, in order of preference, for tokenizers whose files do not
 # name them (a bare tokenizer.json, vocab.txt or SentencePiece model).
 SPECIAL_TOKEN_NAMES: dict[str, tuple[str, ...]] = {
-    "cls": ("[CLS]", "<s>", "<cls>", "<|begin_of_text|>"),
-    "sep": ("[SEP]", "</s>", "<sep>", "<|end_of_text|>"),
+    # XLNet's vocabulary has <s> and </s> too, but its texts end in <sep> <cls>.
+    "cls": ("[CLS]", "<cls>", "<s>", "<|begin_of_text|>"),
+    "sep": ("[SEP]", "<sep>", "</s>", "<|end_of_text|>"),
     "mask": ("[MASK]", "<mask>", "<|mask|>"),
     "pad": ("[PAD]", "<pad>"),
     "unk": ("[UNK]", "<unk>"),
@@ -211,14 +212,11 @@ class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
     FILE_NAME = "tokenizer.model"
 
-    def __init__(self, model_proto: bytes, source: str = "<memory>", declared_specials: dict | None = None):
+    def __init__(self, model_proto: bytes, source: str = "<memory>"):
         import sentencepiece
 
         self._proto = bytes(model_proto)
         self._source = source
-        # What the checkpoint's tokenizer_config.json names as its special tokens (XLNet's cls is <cls>, though
-        # its vocabulary also has <s>); saved beside the model so that a copy keeps them.
-        self.declared_specials = declared_special_tokens(declared_specials or {})
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
         except Exception as error:  # RuntimeError from the C++ parser: truncated, empty or another kind of file
@@ -235,19 +233,19 @@ class SentencePieceTokenizer(Tokenizer):
 
         pieces = [self._sp.id_to_piece(i) for i in range(size)]
         special = [i for i in range(size) if self._sp.is_control(i) or self._sp.is_unknown(i) or self._sp.is_unused(i)]
-        self._finish(_find_specials(lookup, source, self.declared_specials),
+        self._finish(_find_specials(lookup, source, {}),
                      np.array([p.startswith("\u2581") for p in pieces], bool), special)
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "SentencePieceTokenizer":
         path = pathlib.Path(path)
-        return cls(path.read_bytes(), source=str(path), declared_specials=_transformers_config(path.parent))
+        return cls(path.read_bytes(), source=str(path))
 
     def __getstate__(self):  # the C++ processor does not pickle; rebuild it from the proto in worker processes
-        return {"model_proto": self._proto, "source": self._source, "declared_specials": self.declared_specials}
+        return {"model_proto": self._proto, "source": self._source}
 
     def __setstate__(self, state):
-        self.__init__(state["model_proto"], state["source"], state.get("declared_specials"))
+        self.__init__(state["model_proto"], state["source"])
 
     @property
     def vocab_size(self) -> int:
@@ -270,11 +268,6 @@ class SentencePieceTokenizer(Tokenizer):
 
     def _files(self) -> dict[str, bytes]:
         return {self.FILE_NAME: self._proto}
-
-    def _settings_files(self) -> dict[str, bytes]:
-        if not self.declared_specials:
-            return {}
-        return {TOKENIZER_CONFIG: json.dumps(self.declared_specials, indent=1).encode("utf-8")}
 
 
 # Markers of word boundaries in the vocabularies of the `tokenizers` library: (marker, marks_start).
@@ -322,6 +315,42 @@ class HuggingFaceTokenizer(Tokenizer):
     def from_file(cls, path: str | pathlib.Path) -> "HuggingFaceTokenizer":
         path = pathlib.Path(path)
         return cls(_read_text(path), source=str(path), transformers_config=_transformers_config(path.parent))
+
+    @classmethod
+    def from_transformers_files(cls, directory: str | pathlib.Path) -> "HuggingFaceTokenizer":
+        """A checkpoint's tokenizer saved without tokenizer.json (spiece.model / spm.model with its
+        tokenizer_config.json, special_tokens_map.json, added_tokens.json), built as transformers builds it.
+
+        Each family's class lays its SentencePiece model out differently (ALBERT lowercases and strips accents,
+        XLNet ends texts with `<sep> <cls>`, DeBERTa-v3 adds [MASK] after the vocabulary), so transformers' own
+        conversion makes the tokenizer.json, which bertjax then runs and saves like any other."""
+        directory = pathlib.Path(directory)
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise ValueError(
+                f"{directory} holds a transformers checkpoint's tokenizer without a tokenizer.json; bertjax reads "
+                f"those through transformers' own conversion: pip install 'bertjax[hf]' (transformers, no torch "
+                f"needed), or write its tokenizer.json once where transformers is installed: "
+                f"AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)") from None
+        try:
+            reference = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        except Exception as error:  # transformers raises OSError, ValueError, KeyError... naming no single cause
+            raise InvalidTokenizerFile(f"{directory}: transformers cannot build the checkpoint's tokenizer from "
+                                       f"its files ({type(error).__name__}: {_first_line(error)})") from None
+        backend = getattr(reference, "backend_tokenizer", None)
+        if backend is None:
+            raise InvalidTokenizerFile(f"{directory}: transformers reads it with {type(reference).__name__}, which "
+                                       "has no `tokenizers` form for bertjax to run")
+        config = _transformers_config(directory)
+        # What AutoTokenizer chose (the class from config.json's model_type where tokenizer_config.json names
+        # none, its special tokens and padding side): kept, so that copies and exports load as the checkpoint did.
+        config.setdefault("tokenizer_class", type(reference).__name__)
+        config.setdefault("padding_side", reference.padding_side)
+        for key in {key for keys in SPECIAL_TOKEN_KEYS.values() for key in keys}:
+            if getattr(reference, key, None) is not None:
+                config.setdefault(key, str(getattr(reference, key)))
+        return cls(backend.to_str(), source=f"{directory} (converted by transformers)", transformers_config=config)
 
     def __getstate__(self):
         return {"tokenizer_json": self._json, "source": self._source, "transformers_config": self.transformers_config}
@@ -475,17 +504,29 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0][:300] if text else type(error).__name__
 
 
+# Files a transformers tokenizer saves beside its SentencePiece model: with any of them the model is one family's
+# tokenizer (`HuggingFaceTokenizer.from_transformers_files`); without, a model bertjax trained (which may sit beside
+# a model's config.json, so that file says nothing about the tokenizer).
+TRANSFORMERS_CHECKPOINT_FILES = (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, "added_tokens.json")
+
+
+def _load_sentencepiece(path: pathlib.Path) -> Tokenizer:
+    if any((path.parent / name).is_file() for name in TRANSFORMERS_CHECKPOINT_FILES):
+        return HuggingFaceTokenizer.from_transformers_files(path.parent)
+    return SentencePieceTokenizer.from_file(path)
+
+
 # What `load_tokenizer` looks for in a directory, in order of preference: tokenizer.json describes a Hugging Face
 # tokenizer completely (offsets, added tokens), so it wins over a bare .model or vocab.txt next to it.
 TOKENIZER_FILES: tuple[tuple[str, Callable[[pathlib.Path], Tokenizer]], ...] = (
     ("tokenizer.json", HuggingFaceTokenizer.from_file),
-    ("*.model", SentencePieceTokenizer.from_file),
+    ("*.model", _load_sentencepiece),
     ("vocab.txt", WordPieceTokenizer.from_file),
 )
 # A single file is loaded by its suffix.
 TOKENIZER_SUFFIXES: dict[str, Callable[[pathlib.Path], Tokenizer]] = {
     ".json": HuggingFaceTokenizer.from_file,
-    ".model": SentencePieceTokenizer.from_file,
+    ".model": _load_sentencepiece,
     ".txt": WordPieceTokenizer.from_file,
 }
 

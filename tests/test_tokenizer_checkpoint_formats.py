@@ -1,0 +1,164 @@
+"""Checkpoints whose tokenizer is a SentencePiece model without tokenizer.json, against transformers' AutoTokenizer.
+
+As the Hub ships them: DeBERTa-v3 (spm.model without [MASK], which added_tokens.json puts after the vocabulary),
+ALBERT and XLNet saved by transformers 4's slow tokenizers (spiece.model + tokenizer_config.json: ALBERT
+lowercases and strips accents, XLNet lays texts out as `A <sep> <cls>` and pads on the left), and XLNet as
+xlnet-base-cased ships (spiece.model + tokenizer.json, no tokenizer_config.json). The SentencePiece models are
+trained here on the embedded corpus with each checkpoint's special pieces.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax.data.default_corpus import default_corpus_documents
+from bertjax.data.tokenizer_export import save_for_transformers
+from bertjax.data.tokenizers import HuggingFaceTokenizer, SentencePieceTokenizer, load_tokenizer
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["The Loop ENDS when the iterator is exhausted.", "naïve café  résumé\tend", "It's the [MASK] of it", "x"]
+PAIRS = [("What does a Return statement do?", "It leaves the function."), ("a", "b c")]
+
+
+def train_sentencepiece(**pieces) -> bytes:
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(default_corpus_documents()[:200]), model_writer=model, vocab_size=400,
+        model_type="unigram", character_coverage=1.0, minloglevel=2, **pieces)
+    return model.getvalue()
+
+
+def write(directory, files: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        path = directory / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(json.dumps(content))
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoints")
+    deberta = train_sentencepiece(pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]",
+                                  eos_piece="[SEP]", unk_piece="[UNK]")
+    write(root / "deberta-v3", {
+        "spm.model": deberta, "config.json": {"model_type": "deberta-v2"},
+        "tokenizer_config.json": {"do_lower_case": False, "vocab_type": "spm"},
+        "special_tokens_map.json": {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token": "[UNK]",
+                                    "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                                    "mask_token": "[MASK]"},
+        "added_tokens.json": {"[MASK]": 400}})
+    albert = train_sentencepiece(pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece="<pad>", unk_piece="<unk>",
+                                 bos_piece="[CLS]", eos_piece="[SEP]", control_symbols=["[MASK]"])
+    write(root / "albert", {
+        "spiece.model": albert, "config.json": {"model_type": "albert"},
+        "tokenizer_config.json": {"tokenizer_class": "AlbertTokenizer", "do_lower_case": True, "remove_space": True,
+                                  "keep_accents": False, "bos_token": "[CLS]", "eos_token": "[SEP]",
+                                  "unk_token": "<unk>", "sep_token": "[SEP]", "pad_token": "<pad>",
+                                  "cls_token": "[CLS]", "mask_token": "[MASK]"}})
+    xlnet = train_sentencepiece(unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"])
+    write(root / "xlnet", {
+        "spiece.model": xlnet, "config.json": {"model_type": "xlnet"},
+        "tokenizer_config.json": {"tokenizer_class": "XLNetTokenizer", "do_lower_case": False, "keep_accents": False,
+                                  "padding_side": "left", "bos_token": "<s>", "eos_token": "</s>",
+                                  "unk_token": "<unk>", "sep_token": "<sep>", "pad_token": "<pad>",
+                                  "cls_token": "<cls>", "mask_token": "<mask>"}})
+    # xlnet-base-cased: the tokenizer.json transformers' conversion writes, and no tokenizer_config.json.
+    write(root / "xlnet-hub", {"spiece.model": xlnet, "config.json": {"model_type": "xlnet"}})
+    transformers.AutoTokenizer.from_pretrained(str(root / "xlnet")).backend_tokenizer.save(
+        str(root / "xlnet-hub" / "tokenizer.json"))
+    write(root / "bare", {"spiece.model": xlnet})  # a model bertjax trained: no checkpoint files beside it
+    return root
+
+
+@pytest.mark.parametrize("name", ["deberta-v3", "albert", "xlnet", "xlnet-hub"])
+def test_sentencepiece_checkpoints_tokenize_as_transformers(checkpoints, name):
+    directory = checkpoints / name
+    tokenizer = load_tokenizer(directory)
+    reference = transformers.AutoTokenizer.from_pretrained(str(directory))
+    assert isinstance(tokenizer, HuggingFaceTokenizer)
+    assert (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.pad_id, tokenizer.unk_id) == \
+        (reference.cls_token_id, reference.sep_token_id, reference.mask_token_id, reference.pad_token_id,
+         reference.unk_token_id)
+    assert tokenizer.vocab_size == len(reference)
+    template = tokenizer.special_template
+    for text in TEXTS:
+        assert template.build(tokenizer.encode(text))[0] == reference(text)["input_ids"], text
+    for first, second in PAIRS:
+        ids, types = template.build(tokenizer.encode(first), tokenizer.encode(second))
+        expected = reference(first, second, return_token_type_ids=True)
+        assert (ids, types) == (expected["input_ids"], expected["token_type_ids"])
+
+
+def test_deberta_v3_mask_is_the_added_token_after_the_vocabulary(checkpoints):
+    tokenizer = load_tokenizer(checkpoints / "deberta-v3")
+    assert tokenizer.mask_id == 400 and tokenizer.vocab_size == 401 and 400 in tokenizer.special_ids
+    assert tokenizer.encode("the [MASK] here").tolist().count(400) == 1
+
+
+@pytest.mark.parametrize("name", ["xlnet", "xlnet-hub"])
+def test_xlnet_exports_with_its_cls_last_and_left_padding(checkpoints, name, tmp_path):
+    """transformers' XLNet heads read the last position: the export must pad on the left, as XLNetTokenizer does,
+    and name <cls>/<sep>."""
+    tokenizer = load_tokenizer(checkpoints / name)
+    save_for_transformers(tokenizer, tmp_path / "export")
+    exported = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export"))
+    original = transformers.AutoTokenizer.from_pretrained(str(checkpoints / name))
+    batch = ["a b", "the loop ends when the iterator is exhausted"]
+    assert exported(batch, padding=True)["input_ids"] == original(batch, padding=True)["input_ids"]
+    assert (exported.cls_token, exported.sep_token, exported.padding_side) == ("<cls>", "<sep>", "left")
+
+
+def test_a_copy_of_a_converted_tokenizer_needs_no_transformers(checkpoints, tmp_path, monkeypatch):
+    tokenizer = load_tokenizer(checkpoints / "albert")
+    copy = tokenizer.save(tmp_path / "copy")  # what prepare / pretrain keep in their directories
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    again = load_tokenizer(copy)
+    assert again.fingerprint == tokenizer.fingerprint
+    assert [again.encode(t).tolist() for t in TEXTS] == [tokenizer.encode(t).tolist() for t in TEXTS]
+
+
+def test_without_transformers_a_checkpoint_sentencepiece_says_what_to_install(checkpoints, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ValueError, match=r"without a tokenizer.json.*pip install 'bertjax\[hf\]'"):
+        load_tokenizer(checkpoints / "deberta-v3")
+
+
+def test_a_sentencepiece_model_bertjax_trained_stays_its_own(checkpoints):
+    tokenizer = load_tokenizer(checkpoints / "bare")
+    assert isinstance(tokenizer, SentencePieceTokenizer)
+    sp = tokenizer._sp
+    # No config to say otherwise: the usual names, XLNet's <cls>/<sep> before <s>/</s>.
+    assert (tokenizer.cls_id, tokenizer.sep_id) == (sp.piece_to_id("<cls>"), sp.piece_to_id("<sep>"))
+
+
+def test_convert_from_hf_writes_the_built_tokenizer_json(checkpoints, tmp_path):
+    """A DeBERTa-v3 checkpoint converted: its files copied (added_tokens.json too) and the tokenizer.json
+    transformers built, so the converted directory tokenizes the same without the source's config.json."""
+    import torch
+
+    from bertjax.cli import main
+
+    source = tmp_path / "hf"
+    write(source, {name.name: name.read_bytes() for name in (checkpoints / "deberta-v3").iterdir()})
+    config = transformers.DebertaV2Config(vocab_size=401, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                          intermediate_size=40, max_position_embeddings=64, type_vocab_size=0,
+                                          relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"],
+                                          norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False)
+    torch.manual_seed(0)
+    transformers.DebertaV2ForMaskedLM(config).save_pretrained(str(source))
+    assert main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "converted")]) == 0
+    written = sorted(p.name for p in (tmp_path / "converted").iterdir())
+    assert {"added_tokens.json", "spm.model", "tokenizer.json"} <= set(written)
+    converted, original = load_tokenizer(tmp_path / "converted"), load_tokenizer(source)
+    assert converted.mask_id == original.mask_id == 400
+    for text in TEXTS:
+        np.testing.assert_array_equal(converted.encode(text), original.encode(text))
