@@ -162,3 +162,36 @@ def test_convert_from_hf_writes_the_built_tokenizer_json(checkpoints, tmp_path):
     assert converted.mask_id == original.mask_id == 400
     for text in TEXTS:
         np.testing.assert_array_equal(converted.encode(text), original.encode(text))
+
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cases", "rise", "caf", "##e", "é", "c", "##o",
+         "##v", "##i", "##d", "##1", "##9", "<", ">", "e", "##n", "##t", "中", "文", "##文"]
+
+
+@pytest.mark.parametrize("config,added", [
+    ({"do_lower_case": True}, {"covid19": len(VOCAB), "<ent>": len(VOCAB) + 1}),
+    ({"do_lower_case": True, "strip_accents": False, "tokenize_chinese_chars": False}, {}),
+    ({"do_lower_case": False, "strip_accents": True, "tokenize_chinese_chars": True}, {}),
+], ids=["added-tokens", "keep-accents-no-chinese-split", "cased-strip-accents"])
+def test_vocab_txt_checkpoints_tokenize_as_transformers(config, added, tmp_path):
+    """A BERT checkpoint saved by a slow tokenizer: vocab.txt, its options, tokens added after the vocabulary."""
+    write(tmp_path / "bert", {"tokenizer_config.json": config, "config.json": {"model_type": "bert"},
+                              **({"added_tokens.json": added} if added else {})})
+    (tmp_path / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    tokenizer = load_tokenizer(tmp_path / "bert")
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "bert"))
+    assert tokenizer.vocab_size == len(reference)
+    for text in ["COVID19 cases <ent> rise", "the [SEP] a [MASK] café", "中文 the", "Café [UNK] é"]:
+        ids = tokenizer.special_template.build(tokenizer.encode(text))[0]
+        assert ids == reference(text)["input_ids"], text
+        assert tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True)
+    # A copy keeps all of it, in the fingerprint too (prepared data tokenized with it).
+    copy = load_tokenizer(tokenizer.save(tmp_path / "copy"))
+    assert copy.fingerprint == tokenizer.fingerprint and copy.vocab_size == tokenizer.vocab_size
+
+
+def test_added_tokens_that_do_not_follow_the_vocabulary_are_refused(tmp_path):
+    write(tmp_path / "bert", {"added_tokens.json": {"covid19": len(VOCAB) + 3}})
+    (tmp_path / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    with pytest.raises(ValueError, match=r"added_tokens.json \(30\) must follow the vocabulary's 27 tokens"):
+        load_tokenizer(tmp_path / "bert")

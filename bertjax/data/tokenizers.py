@@ -405,13 +405,18 @@ def _word_starts(tok, pieces: list[str]) -> np.ndarray:
 
 
 class WordPieceTokenizer(HuggingFaceTokenizer):
-    """A BERT `vocab.txt` (one token per line), run by the `tokenizers` library's WordPiece with BERT's rules."""
+    """A BERT `vocab.txt` (one token per line), run by the `tokenizers` library's WordPiece with BERT's rules, as
+    transformers' BertTokenizer runs it: the special tokens kept whole in text (and dropped by `decode`), the
+    tokenizer_config.json options `strip_accents` and `tokenize_chinese_chars` (`WORDPIECE_OPTIONS`), and the
+    tokens added after the vocabulary (`added_tokens.json`, {token: id})."""
 
     kind = "wordpiece"
     FILE_NAME = "vocab.txt"
+    ADDED_TOKENS = "added_tokens.json"
 
-    def __init__(self, vocab_text: str, lowercase: bool | None = None, source: str = "<memory>"):
-        from tokenizers import Tokenizer as HfTokenizer, decoders, models, normalizers, pre_tokenizers
+    def __init__(self, vocab_text: str, lowercase: bool | None = None, source: str = "<memory>", *,
+                 options: dict | None = None, added_tokens: dict[str, int] | None = None):
+        from tokenizers import AddedToken, Tokenizer as HfTokenizer, decoders, models, normalizers, pre_tokenizers
 
         tokens = vocab_text.splitlines()
         if not tokens:
@@ -422,30 +427,62 @@ class WordPieceTokenizer(HuggingFaceTokenizer):
             lowercase = not any(c.isupper() for t in tokens if not t.startswith("[") for c in t)
         self._vocab_text = vocab_text
         self._lowercase = lowercase
+        # Only what differs from BertTokenizer's defaults, so the files (and fingerprint) of a default one stay.
+        self._options = {key: value for key, value in (options or {}).items()
+                         if key in WORDPIECE_OPTIONS and value != WORDPIECE_OPTIONS[key][1]}
+        self._added_tokens = dict(added_tokens or {})
         unk = next((name for name in SPECIAL_TOKEN_NAMES["unk"] if name in vocab), None)
         if unk is None:
             raise ValueError(f"WordPiece vocabulary {source} has no [UNK] token")
         tok = HfTokenizer(models.WordPiece(vocab, unk_token=unk))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        tok.normalizer = normalizers.BertNormalizer(
+            lowercase=lowercase, strip_accents=self._options.get("strip_accents"),
+            handle_chinese_chars=self._options.get("tokenize_chinese_chars", True))
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
+        specials = [next(name for name in names if name in vocab) for names in SPECIAL_TOKEN_NAMES.values()
+                    if any(name in vocab for name in names)]
+        tok.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in specials])
+        added = sorted(self._added_tokens.items(), key=lambda item: item[1])
+        if [i for _, i in added] != list(range(len(tokens), len(tokens) + len(added))):
+            raise ValueError(f"{source}: the ids of {self.ADDED_TOKENS} ({', '.join(str(i) for _, i in added)}) must "
+                             f"follow the vocabulary's {len(tokens)} tokens one by one")
+        tok.add_tokens([AddedToken(token, normalized=True) for token, _ in added])
         super().__init__(tok.to_str(), source=source)
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "WordPieceTokenizer":
         path = pathlib.Path(path)
-        return cls(_read_text(path), lowercase=_lowercase_from_config(path.parent), source=str(path))
+        config = _read_tokenizer_config(path.parent)
+        lowercase = config.get("do_lower_case")
+        options = {key: config[key] for key, (kinds, _) in WORDPIECE_OPTIONS.items()
+                   if key in config and isinstance(config[key], kinds)}
+        added = _read_json_object(path.parent / cls.ADDED_TOKENS)
+        if not all(isinstance(token, str) and type(i) is int for token, i in added.items()):
+            raise InvalidTokenizerFile(f"{path.parent / cls.ADDED_TOKENS}: expected {{token: id}}")
+        return cls(_read_text(path), lowercase=lowercase if isinstance(lowercase, bool) else None, source=str(path),
+                   options=options, added_tokens=added)
 
     def __getstate__(self):
-        return {"vocab_text": self._vocab_text, "lowercase": self._lowercase, "source": self._source}
+        return {"vocab_text": self._vocab_text, "lowercase": self._lowercase, "source": self._source,
+                "options": self._options, "added_tokens": self._added_tokens}
 
     def __setstate__(self, state):
-        self.__init__(state["vocab_text"], state["lowercase"], state["source"])
+        self.__init__(state["vocab_text"], state["lowercase"], state["source"], options=state.get("options"),
+                      added_tokens=state.get("added_tokens"))
 
     def _files(self) -> dict[str, bytes]:
         files = {self.FILE_NAME: self._vocab_text.encode("utf-8")}
-        files[TOKENIZER_CONFIG] = json.dumps({"do_lower_case": self._lowercase}).encode("utf-8")
+        files[TOKENIZER_CONFIG] = json.dumps({"do_lower_case": self._lowercase, **self._options}).encode("utf-8")
+        if self._added_tokens:
+            files[self.ADDED_TOKENS] = json.dumps(self._added_tokens).encode("utf-8")
         return files
+
+
+# BertTokenizer's options in tokenizer_config.json that change how a vocab.txt tokenizes: (types, default).
+# strip_accents None strips accents when lowercasing.
+WORDPIECE_OPTIONS: dict[str, tuple[tuple[type, ...], object]] = {
+    "strip_accents": ((bool, type(None)), None), "tokenize_chinese_chars": ((bool,), True)}
 
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -485,11 +522,6 @@ def _transformers_config(directory: pathlib.Path) -> dict:
     if "auto_map" in described:  # a class of the checkpoint's own code, which a saved copy would not carry
         kept.pop("tokenizer_class", None)
     return kept
-
-
-def _lowercase_from_config(directory: pathlib.Path) -> bool | None:
-    value = _read_tokenizer_config(directory).get("do_lower_case")
-    return value if isinstance(value, bool) else None
 
 
 def _read_text(path: pathlib.Path) -> str:
