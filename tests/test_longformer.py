@@ -177,9 +177,16 @@ def test_blockwise_with_a_bound_on_global_tokens_under_jit_equals_the_dense_mode
     valid = mask.astype(bool)
     np.testing.assert_allclose(np.asarray(jitted.last_hidden_state)[valid],
                                np.asarray(expected.last_hidden_state)[valid], atol=2e-5)
+    too_few = bertjax.EncoderModel(model.config.replace(longformer={"max_global_tokens": 1}))
     with pytest.raises(ValueError, match="max_global_tokens=1"):  # checked on a concrete mask
-        bertjax.EncoderModel(model.config.replace(longformer={"max_global_tokens": 1})).apply(
-            {"params": params}, ids, attention_mask=mask, global_attention_mask=glob)
+        too_few.apply({"params": params}, ids, attention_mask=mask, global_attention_mask=glob)
+    # and on a traced one by bertjax.checked (a plain jit drops the global tokens past the bound)
+    checked = bertjax.checked(lambda p, i, m, g: too_few.apply({"params": p}, i, attention_mask=m,
+                                                              global_attention_mask=g).last_hidden_state)
+    with pytest.raises(ValueError, match=r"global_attention_mask: a row has more global tokens than "
+                                         r"max_global_tokens=1 .*; got 2"):
+        checked(params, ids, mask, glob)
+    assert np.isfinite(checked(params, ids, mask, glob * (np.cumsum(glob, 1) <= 1))).all()  # within the bound
 
 
 def test_bad_inputs_are_clear_errors_naming_the_field(tiny):

@@ -48,6 +48,11 @@ def check_traced_ids(ids: jax.Array, size: int | None, what: str, note: str = ""
                    f"{what} must be in [0, {size}){note}; got min {{}} and max {{}}", jnp.min(ids), jnp.max(ids))
 
 
+def check_traced_at_most(value: jax.Array, bound: int, what: str) -> None:
+    """Inside `checked`: a device-side check that the scalar `value` is at most `bound`; `what` says what."""
+    checkify.check(value <= bound, f"{what.replace('{', '{{').replace('}', '}}')}; got {{}}", value)
+
+
 def checked(fn: Callable) -> Callable:
     """`jax.jit(fn)` with bertjax's input checks compiled in; raises ValueError when one fails.
 

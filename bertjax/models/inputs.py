@@ -8,7 +8,7 @@ import numpy as np
 from flax import struct
 
 from bertjax.config import EncoderConfig
-from bertjax.models.checked import check_traced_ids, checking_traced_values
+from bertjax.models.checked import check_traced_at_most, check_traced_ids, checking_traced_values
 
 
 @struct.dataclass
@@ -89,6 +89,13 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
                              f"has attention_kind={config.attention_kind!r}, which has no global attention "
                              "(Longformer's is 'longformer')")
         global_tokens = (jnp.asarray(global_attention_mask) != 0) & (segment_ids != 0)  # padding is never global
+        bound = config.longformer.max_global_tokens
+        # A concrete mask is checked against the bound where it is used (ops.masks.global_slots); a traced one
+        # only by `bertjax.checked`: under a plain jit the global tokens past the bound are dropped.
+        if bound is not None and isinstance(global_tokens, jax.core.Tracer) and checking_traced_values():
+            check_traced_at_most(jnp.max(jnp.sum(global_tokens, axis=1)), bound,
+                                 f"global_attention_mask: a row has more global tokens than max_global_tokens={bound} "
+                                 "(a Longformer's longformer.max_global_tokens)")
     if config.type_vocab_size == 0:
         if token_type_ids is not None:
             raise ValueError("token_type_ids given but the model has no token-type embedding (type_vocab_size=0)")
