@@ -348,6 +348,11 @@ class EncoderConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)}")
+        from bertjax.ops.attention import IMPLEMENTATIONS  # the registry; imports no kernel
+
+        if self.attention_implementation not in ("auto", *IMPLEMENTATIONS):
+            raise ValueError(f"EncoderConfig.attention_implementation must be 'auto' or one of "
+                             f"{sorted(IMPLEMENTATIONS)}, got {self.attention_implementation!r}")
         if self.attention_head_dim is not None and self.attention_head_dim <= 0:
             raise ValueError(f"EncoderConfig.attention_head_dim must be positive or None, got "
                              f"{self.attention_head_dim}")
@@ -367,6 +372,10 @@ class EncoderConfig:
         if self.global_attention_every > 1 and self.local_window is None:
             raise ValueError("EncoderConfig.local_window must be set when global_attention_every > 1 "
                              "(some layers are local)")
+        if self.global_attention_every == 1 and self.local_window is not None:
+            raise ValueError(f"EncoderConfig.local_window={self.local_window} has no effect with "
+                             "global_attention_every=1 (every layer is global); set global_attention_every > 1 for "
+                             "local layers (ModernBERT: 3), or leave local_window unset")
         if self.num_layer_groups is not None and not 0 < self.num_layer_groups <= self.num_layers:
             raise ValueError(f"EncoderConfig.num_layer_groups ({self.num_layer_groups}) must be in "
                              f"[1, num_layers={self.num_layers}]")

@@ -54,6 +54,13 @@ def test_shared_layers_need_one_attention_pattern():
         get_config("modernbert-tiny", num_layer_groups=1)
 
 
+def test_settings_that_cannot_apply_are_errors_naming_the_field():
+    with pytest.raises(ValueError, match=r"local_window=4 has no effect with global_attention_every=1"):
+        get_config("bert-tiny", local_window=4)  # every layer global: the window would silently do nothing
+    with pytest.raises(ValueError, match=r"EncoderConfig.attention_implementation must be 'auto' or one of .*'flash'"):
+        get_config("bert-tiny", attention_implementation="flash")
+
+
 def test_unknown_fields_and_presets_are_errors():
     with pytest.raises(ValueError, match="hiden_size"):
         get_config("bert-tiny", hiden_size=3)

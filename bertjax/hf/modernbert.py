@@ -80,7 +80,7 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         norm_placement="pre", embedding_norm=True, final_norm=True, first_layer_attention_norm=False,
         attention_bias=read("attention_bias"), mlp_bias=read("mlp_bias"),
         activation=read.activation("hidden_activation"), mlp="glu", global_attention_every=every,
-        local_window=read("local_attention"), tie_word_embeddings=read("tie_word_embeddings"),
+        local_window=read("local_attention") if every > 1 else None, tie_word_embeddings=read("tie_word_embeddings"),
         decoder_bias=read("decoder_bias"), head_dense_bias=read("classifier_bias"),
         head_activation=read.activation("classifier_activation"), pooler=False,
         pad_token_id=read("pad_token_id"),
