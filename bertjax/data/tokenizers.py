@@ -172,9 +172,10 @@ def _trim_spans(text: str, spans) -> np.ndarray:
     return out
 
 
-def _find_specials(lookup: Callable[[str], int | None], source: str, declared: dict[str, str]) -> SpecialIds:
-    """Each role's id: the token `declared` (a tokenizer_config.json) names for it, else the first of the usual
-    names the vocabulary has."""
+def _find_specials(lookup: Callable[[str], int | None], source: str, declared: dict[str, str],
+                   laid_out: dict[str, int] | None = None) -> SpecialIds:
+    """Each role's id: the token `declared` (a tokenizer_config.json) names for it, else the one the tokenizer's
+    own layout puts there (`laid_out`, `_layout_roles`), else the first of the usual names the vocabulary has."""
     found = {}
     for role, names in SPECIAL_TOKEN_NAMES.items():
         key = next((key for key in SPECIAL_TOKEN_KEYS[role] if key in declared), None)
@@ -184,6 +185,9 @@ def _find_specials(lookup: Callable[[str], int | None], source: str, declared: d
                 raise ValueError(f"tokenizer {source}: its {TOKENIZER_CONFIG} names {key} {declared[key]!r}, "
                                  "which the vocabulary does not have")
             continue
+        if laid_out and role in laid_out:
+            found[role] = laid_out[role]
+            continue
         ids = [lookup(name) for name in names]
         ids = [i for i in ids if i is not None and i >= 0]
         if not ids and role not in OPTIONAL_SPECIALS:
@@ -191,6 +195,25 @@ def _find_specials(lookup: Callable[[str], int | None], source: str, declared: d
                              f"{'' if declared else f'; or name it as {SPECIAL_TOKEN_KEYS[role][0]} in {TOKENIZER_CONFIG}'})")
         found[role] = ids[0] if ids else None
     return SpecialIds(**found)
+
+
+def _layout_roles(template) -> dict[str, int]:
+    """cls and sep as a post-processor's single-text layout places them: cls first (BERT's [CLS], RoBERTa's <s>)
+    or, after the text, last (XLNet's `A <sep> <cls>`); sep right after the text. {} without a layout."""
+    if template is None:
+        return {}
+    from bertjax.data.special_template import TEXT
+
+    items = template.single
+    text = next(i for i, item in enumerate(items) if item.token == TEXT)
+    roles = {}
+    if text > 0:
+        roles["cls"] = items[0].token
+    elif len(items) > 1:
+        roles["cls"] = items[-1].token
+    if text + 1 < len(items) and items[text + 1].token != roles.get("cls"):
+        roles["sep"] = items[text + 1].token
+    return roles
 
 
 def declared_special_tokens(config: dict) -> dict[str, str]:
@@ -307,8 +330,13 @@ class HuggingFaceTokenizer(Tokenizer):
         for piece, i in vocab.items():
             pieces[i] = piece
         added = [i for i, token in self._tok.get_added_tokens_decoder().items() if token.special]
-        self._finish(_find_specials(vocab.get, source, declared_special_tokens(self.transformers_config)),
-                     _word_starts(self._tok, pieces), added)
+        from bertjax.data.special_template import from_post_processor
+        try:
+            self._laid_out, self._layout_error = from_post_processor(self._tok), None
+        except ValueError as error:  # a layout bertjax cannot follow: an error for those who lay out rows with it
+            self._laid_out, self._layout_error = None, error
+        self._finish(_find_specials(vocab.get, source, declared_special_tokens(self.transformers_config),
+                                    _layout_roles(self._laid_out)), _word_starts(self._tok, pieces), added)
         self._size = size
 
     @classmethod
@@ -376,10 +404,9 @@ class HuggingFaceTokenizer(Tokenizer):
     @property
     def special_template(self):
         """The layout of the tokenizer.json's own post-processor (RoBERTa's `<s> A </s></s> B </s>`, ...)."""
-        if "_template" not in self.__dict__:
-            from bertjax.data.special_template import from_post_processor
-            self._template = from_post_processor(self._tok) or super().special_template
-        return self._template
+        if self._layout_error is not None:
+            raise self._layout_error
+        return self._laid_out or super().special_template
 
     def _files(self) -> dict[str, bytes]:
         return {self.FILE_NAME: self._json.encode("utf-8")}
