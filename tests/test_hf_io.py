@@ -172,6 +172,9 @@ def test_legacy_and_transformers5_modernbert_configs_mean_the_same():
     # Absent keys take transformers' defaults: global every 3rd layer, theta 160k / 10k.
     default = translate(modernbert_values(), "encoder")
     assert (default.global_attention_every, default.rope_theta_global, default.rope_theta_local) == (3, 16e4, 1e4)
+    # Every layer global: local_attention means nothing, and the config holds no window.
+    every_layer_global = translate(modernbert_values(layer_types=["full_attention"] * 6), "encoder")
+    assert (every_layer_global.global_attention_every, every_layer_global.local_window) == (1, None)
 
 
 @pytest.mark.parametrize("layer_types", [
