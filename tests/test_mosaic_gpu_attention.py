@@ -20,9 +20,16 @@ from bertjax.ops.mosaic_gpu_attention_backward import backward as mosaic_backwar
 from bertjax.ops.pallas_gpu_attention import _Static, _triton_backward, _triton_forward, pallas_gpu_attention
 from bertjax.ops.xla_attention import dense_attention
 
+INTERPRETS = tuple(int(part) for part in jax.__version__.split(".")[:2]) >= mosaic.INTERPRET_FROM_JAX
 needs_interpret = pytest.mark.skipif(
-    tuple(int(part) for part in jax.__version__.split(".")[:2]) < (0, 11),
-    reason=f"JAX's Mosaic GPU interpret mode runs these kernels from JAX 0.11 (this is {jax.__version__})")
+    not INTERPRETS, reason=f"JAX's Mosaic GPU interpret mode runs these kernels from JAX 0.11 (this is {jax.__version__})")
+
+
+@pytest.mark.skipif(INTERPRETS, reason="this JAX interprets the kernels")
+def test_interpret_mode_on_an_older_jax_is_an_error_naming_the_settings():
+    q, k, v, segments = inputs(seq=128)
+    with pytest.raises(ValueError, match=r"attention_interpret=True\) from JAX 0.11; this is .*'pallas_gpu'"):
+        ops.attention(q, k, v, segment_ids=segments, implementation="pallas_gpu_mosaic", interpret=True)
 
 
 def inputs(seq=256, heads=4, kv_heads=2, head_dim=64, seed=0):

@@ -347,12 +347,21 @@ def _kernel_two_warpgroups(lo_ref, full_lo_ref, full_hi_ref, hi_ref, seg_ref, q_
                     lse_ref.at[b, h, pl.ds(q_first, BLOCK_Q)])
 
 
+INTERPRET_FROM_JAX = (0, 11)  # JAX 0.10 has the interpret module, but its Mosaic GPU loads take other arguments
+
+
 def interpret_params():
     """JAX's Mosaic GPU interpret mode (JAX >= 0.11): the kernel's copies, barriers and wgmma simulated on CPU."""
+    unable = ValueError(
+        f"the Mosaic GPU attention kernels (attention_implementation='pallas_gpu_mosaic') run in interpret mode "
+        f"(attention_interpret=True) from JAX {'.'.join(map(str, INTERPRET_FROM_JAX))}; this is {jax.__version__}: "
+        "interpret the Triton kernels instead (attention_implementation='pallas_gpu'), or run on a Hopper GPU")
+    if tuple(int(part) for part in jax.__version__.split(".")[:2]) < INTERPRET_FROM_JAX:
+        raise unable
     try:
         from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    except ImportError as error:  # pragma: no cover - depends on the installed JAX
-        raise NotImplementedError(f"Mosaic GPU interpret mode needs JAX >= 0.11 (this is {jax.__version__})") from error
+    except ImportError:  # pragma: no cover - depends on the installed JAX
+        raise unable from None
     return InterpretGPUParams()
 
 
