@@ -397,6 +397,15 @@ class EncoderConfig:
         if self.disentangled is not None and self.global_attention_every != 1:
             raise ValueError("EncoderConfig.disentangled: DeBERTa attention is global in every layer "
                              "(global_attention_every must be 1)")
+        # The projections these kinds build are their own: every head for keys and values, DeBERTa's with biases,
+        # XLNet's without. A setting they would not read is an error, not a different model than the config says.
+        for kind, bias, name in (("disentangled", True, "DeBERTa"), ("two_stream", False, "XLNet")):
+            if self.attention_kind == kind and self.kv_heads != self.num_heads:
+                raise ValueError(f"EncoderConfig.attention_kind={kind!r}: {name} attention has no grouped-query "
+                                 f"attention (num_kv_heads={self.num_kv_heads})")
+            if self.attention_kind == kind and self.attention_bias != bias:
+                raise ValueError(f"EncoderConfig.attention_kind={kind!r}: {name}'s attention projections "
+                                 f"{'have' if bias else 'have no'} biases (attention_bias must be {bias})")
         if (self.attention_kind == "longformer") != (self.longformer is not None):
             raise ValueError("EncoderConfig.longformer must be set exactly when attention_kind='longformer' "
                              f"(got attention_kind={self.attention_kind!r}, longformer={self.longformer!r})")

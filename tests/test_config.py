@@ -59,6 +59,13 @@ def test_settings_that_cannot_apply_are_errors_naming_the_field():
         get_config("bert-tiny", local_window=4)  # every layer global: the window would silently do nothing
     with pytest.raises(ValueError, match=r"EncoderConfig.attention_implementation must be 'auto' or one of .*'flash'"):
         get_config("bert-tiny", attention_implementation="flash")
+    # DeBERTa's and XLNet's attention build every head for keys and values, with (DeBERTa) or without biases.
+    with pytest.raises(ValueError, match=r"DeBERTa attention has no grouped-query attention \(num_kv_heads=2\)"):
+        get_config("deberta-v3-tiny", num_kv_heads=2)
+    with pytest.raises(ValueError, match=r"XLNet's attention projections have no biases \(attention_bias must be False\)"):
+        get_config("xlnet-tiny", attention_bias=True)
+    with pytest.raises(ValueError, match=r"DeBERTa's attention projections have biases"):
+        get_config("deberta-v3-tiny", attention_bias=False)
 
 
 def test_unknown_fields_and_presets_are_errors():

@@ -174,7 +174,7 @@ def _attention(version: _Version, key: str, path: ParamPath, cfg: EncoderConfig)
                  TensorRule((f"{a}q_bias",), (heads * dim,), (p + ("query_bias",),), heads_bias(heads, dim)),
                  TensorRule((f"{a}v_bias",), (heads * dim,), (p + ("value_bias",),), heads_bias(heads, dim))]
         if "c2p" in dis.pos_att_type:
-            rules += attention_projection(f"{a}pos_proj", p + ("pos_key",), cfg.replace(attention_bias=False), heads)
+            rules += attention_projection(f"{a}pos_proj", p + ("pos_key",), cfg, heads, bias=False)
         if "p2c" in dis.pos_att_type:
             rules += attention_projection(f"{a}pos_q_proj", p + ("pos_query",), cfg, heads)
         return rules

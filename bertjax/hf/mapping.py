@@ -114,10 +114,12 @@ def embedding(key: str, path: ParamPath, rows: int, dim: int) -> list[TensorRule
     return [_rule(f"{key}.weight", (rows, dim), path + ("embedding",))]
 
 
-def attention_projection(key: str, path: ParamPath, cfg: EncoderConfig, heads: int) -> list[TensorRule]:
+def attention_projection(key: str, path: ParamPath, cfg: EncoderConfig, heads: int,
+                         bias: bool | None = None) -> list[TensorRule]:
+    """`bias`: whether the projection has one (default: the config's attention_bias)."""
     rules = [_rule(f"{key}.weight", (heads * cfg.head_dim, cfg.hidden_size), path + ("kernel",),
                    heads_in(heads, cfg.head_dim))]
-    if cfg.attention_bias:
+    if cfg.attention_bias if bias is None else bias:
         rules.append(_rule(f"{key}.bias", (heads * cfg.head_dim,), path + ("bias",), heads_bias(heads, cfg.head_dim)))
     return rules
 
