@@ -10,7 +10,7 @@ DeBERTa's disentangled kernel (pallas_gpu_disentangled.py) data-parallel, gradie
 and the residual add + norm kernel (pallas_gpu_norm.py) data-parallel, gradients to the scale and bias included;
 and attention on the stacked q/k/v projection (pallas_gpu_rope_attention) under the train rules (batch over data,
 heads over tensor), its gradient the stack's; and the gated MLP's kernel (pallas_gpu_glu.py) under the train rules
-(batch over data, features over tensor).
+(batch over data, features over tensor); and attention under a mesh of explicit axes with replicated inputs.
 """
 
 from __future__ import annotations
@@ -214,6 +214,19 @@ def run_glu_case(results):
     results["glu_data2_tensor2"] = {"max_error": max(errors), "collectives": collectives(compiled)}
 
 
+def run_explicit_case(results):
+    """jax.make_mesh's default axis type (Explicit) and replicated inputs, as a user writes it: the kernel's
+    operands are moved to its batch split before the shard_map."""
+    args = [jnp.asarray(x) for x in inputs()]
+    (_, reference), reference_grads = jax.jit(program())(*args)
+    mesh = jax.make_mesh((4,), ("data",), axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        (_, out), grads = jax.jit(program())(*args)
+    errors = [float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip((out, *grads),
+                                                                                (reference, *reference_grads))]
+    results["explicit_data4"] = {"max_error": max(errors)}
+
+
 def main():
     assert jax.device_count() == 4, jax.devices()
     results = {}
@@ -228,6 +241,7 @@ def main():
     run_norm_case(results)
     run_stacked_rope_case(results)
     run_glu_case(results)
+    run_explicit_case(results)
     print(json.dumps(results))
 
 

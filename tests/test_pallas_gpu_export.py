@@ -357,7 +357,8 @@ def test_under_a_mesh_interpret_mode_matches_and_gathers_nothing():
     only all-reduce). The inference runner over 4 devices, DeBERTa's disentangled kernel (gradients to the
     position tables too), the residual add + norm kernel (its scale's and bias's partial sums are added across
     devices by the one all-reduce), attention on the stacked q/k/v projection (batch and heads split) and the gated
-    MLP's kernel (batch and features split), likewise."""
+    MLP's kernel (batch and features split), likewise. And attention under a mesh of explicit axes (jax.make_mesh's
+    default) with replicated inputs."""
     import json
     import os
     import subprocess
@@ -371,7 +372,9 @@ def test_under_a_mesh_interpret_mode_matches_and_gathers_nothing():
     assert result.returncode == 0, result.stderr[-3000:]
     cases = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(cases) == {"data4", "data2_tensor2", "runner_data4", "disentangled_data4", "norm_data4",
-                          "stacked_rope_data2_tensor2", "glu_data2_tensor2"}
+                          "stacked_rope_data2_tensor2", "glu_data2_tensor2", "explicit_data4"}
+    # jax.make_mesh's default (explicit) axes and replicated inputs: resharded to the kernel's split, same result.
+    assert cases.pop("explicit_data4")["max_error"] < 1e-5
     # The inference runner traces under its mesh: its pallas_gpu model has no collective at all.
     runner = cases.pop("runner_data4")
     assert runner["max_error"] < 1e-5 and runner["collectives"] == [], runner

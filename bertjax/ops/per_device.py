@@ -43,6 +43,10 @@ def per_device(kernel: Callable, operands: tuple, roles: tuple, out_roles: tuple
     by_role = {"batch": batch_axes, "heads": head_axes, "mlp": mlp_axes}
     spec = lambda dims: P(*(by_role.get(d) for d in dims))
     in_specs = tuple(None if x is None else spec(r) for x, r in zip(operands, roles))
+    if any(kind == jax.sharding.AxisType.Explicit for kind in mesh.axis_types):
+        # Under explicit axes (jax.make_mesh's default) shard_map takes operands sharded as its specs say, not
+        # whatever the caller's arrays are: move them there (nothing moves when they already are).
+        operands = tuple(x if x is None else jax.sharding.reshard(x, s) for x, s in zip(operands, in_specs))
     return jax.shard_map(kernel, mesh=mesh, in_specs=in_specs, out_specs=spec(out_roles),
                          check_vma=False)(*operands)
 
