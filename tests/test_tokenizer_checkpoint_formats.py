@@ -76,10 +76,12 @@ def checkpoints(tmp_path_factory):
     transformers.AutoTokenizer.from_pretrained(str(root / "xlnet")).backend_tokenizer.save(
         str(root / "xlnet-hub" / "tokenizer.json"))
     write(root / "bare", {"spiece.model": xlnet})  # a model bertjax trained: no checkpoint files beside it
+    # An ALBERT checkpoint with its spiece.model and config.json alone: the config names the family.
+    write(root / "albert-model-only", {"spiece.model": albert, "config.json": {"model_type": "albert"}})
     return root
 
 
-@pytest.mark.parametrize("name", ["deberta-v3", "albert", "xlnet", "xlnet-hub"])
+@pytest.mark.parametrize("name", ["deberta-v3", "albert", "xlnet", "xlnet-hub", "albert-model-only"])
 def test_sentencepiece_checkpoints_tokenize_as_transformers(checkpoints, name):
     directory = checkpoints / name
     tokenizer = load_tokenizer(directory)

@@ -564,14 +564,17 @@ def _first_line(error: Exception) -> str:
 
 
 # Files a transformers tokenizer saves beside its SentencePiece model: with any of them the model is one family's
-# tokenizer (`HuggingFaceTokenizer.from_transformers_files`); without, a model bertjax trained (which may sit beside
-# a model's config.json, so that file says nothing about the tokenizer).
+# tokenizer (`HuggingFaceTokenizer.from_transformers_files`). So is a model under a family's own name (spiece.model,
+# spm.model) beside a checkpoint's config.json, which then names the family. A model bertjax trained
+# (tokenizer.model) may sit beside a config.json bertjax wrote: that one is bertjax's to run.
 TRANSFORMERS_CHECKPOINT_FILES = (TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, "added_tokens.json")
 
 
 def _load_sentencepiece(path: pathlib.Path) -> Tokenizer:
-    if any((path.parent / name).is_file() for name in TRANSFORMERS_CHECKPOINT_FILES):
-        return HuggingFaceTokenizer.from_transformers_files(path.parent)
+    directory = path.parent
+    if any((directory / name).is_file() for name in TRANSFORMERS_CHECKPOINT_FILES) or (
+            path.name != SentencePieceTokenizer.FILE_NAME and (directory / "config.json").is_file()):
+        return HuggingFaceTokenizer.from_transformers_files(directory)
     return SentencePieceTokenizer.from_file(path)
 
 
