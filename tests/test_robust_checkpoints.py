@@ -299,6 +299,23 @@ def test_a_pipe_whose_reader_exits_stops_the_run_with_a_checkpoint(finished):
     restore_params(workdir / "checkpoints" / str(stopped))
 
 
+def test_a_reader_gone_before_the_summary_leaves_a_finished_run_its_status(finished):
+    """The run's stdout has no reader (`| head` that had its lines): the run trains to its end, saves, and its
+    summary meets the dead pipe after the training loop. The command ends 0, not 141, as the run succeeded."""
+    root, config, _ = finished
+    workdir = root / "summary-unread"
+    shutil.copytree(root / "finished", workdir)
+    errors = root / "summary-unread.stderr"
+    with open(errors, "w") as stderr:
+        run = subprocess.Popen(pretrain_command(config, workdir, f"train.steps={STEPS + EVERY}"), env=cpu_env(),
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=stderr)
+    while b"MFU is relative" not in run.stdout.readline():  # the last start-up line; the steps print nothing here
+        assert run.poll() is None, errors.read_text()
+    run.stdout.close()
+    assert run.wait(timeout=180) == 0, errors.read_text()
+    assert _steps(workdir)[-1] == STEPS + EVERY and "Traceback" not in errors.read_text()
+
+
 def test_sighup_stops_like_sigterm_unless_the_process_was_started_with_it_ignored(monkeypatch):
     import os
     import signal

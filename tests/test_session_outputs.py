@@ -115,3 +115,10 @@ def test_a_progress_bar_made_before_the_watch_writes_through_its_guard(monkeypat
         watch.close()
         bar.close()
         pipe.close()
+
+
+def test_final_report_drops_lines_into_a_dead_pipe_and_puts_the_stream_back(dead_pipe, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", dead_pipe)
+    with session_outputs.final_report():
+        print("workdir runs/x: steps 0 -> 16 in 7 s")  # buffered: the dead pipe answers at the closing flush
+    assert sys.stdout is dead_pipe and stat.S_ISCHR(os.fstat(dead_pipe.fileno()).st_mode)  # now /dev/null

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.finetune.tasks.base import chosen_keys
     from bertjax.train.run_config import read_config_file
     from bertjax.finetune.trainer import BEST_DIR, finetune
+    from bertjax.train.session_outputs import final_report
 
     task = task_class(args.task)
     config = load_finetune_config(args.config, args.overrides, task.defaults)
@@ -54,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
                       config_path=args.config)
     if jax.process_index() != 0:
         return 0
-    results = result.results
-    print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} in {result.seconds:.0f} s")
-    if results["best"] is not None:
-        print(f"best validation {results['main_metric']}: {results['best']:.4f} at step {results['best_step']} "
-              f"(epoch {results['best_epoch']:g}); model in {result.workdir / BEST_DIR}")
+    with final_report():  # a reader gone by now takes the summary, not the run's status
+        results = result.results
+        print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} in {result.seconds:.0f} s")
+        if results["best"] is not None:
+            print(f"best validation {results['main_metric']}: {results['best']:.4f} at step {results['best_step']} "
+                  f"(epoch {results['best_epoch']:g}); model in {result.workdir / BEST_DIR}")
     return 0

@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
     from bertjax.train.loop import pretrain
     from bertjax.train.run_config import load_run_config
+    from bertjax.train.session_outputs import final_report
 
     config = load_run_config(args.config, args.overrides)
     # config_path: the workdir checks name --config when it is the workdir's config.yaml, which the run would replace
@@ -44,12 +45,13 @@ def run(args: argparse.Namespace) -> int:
     import jax
     if jax.process_index() != 0:
         return 0
-    print("\n" + "\n".join(summary(result)))
-    if not result.preempted and config.eval.fill_mask_examples and jax.process_count() == 1:
-        try:
-            show_fill_mask(config, result)
-        except (ValueError, FileNotFoundError) as error:  # a demonstration: the run itself succeeded
-            print(f"\nskipped the fill-mask examples: {error}", file=sys.stderr)
+    with final_report():  # a reader gone by now takes the summary, not the run's status
+        print("\n" + "\n".join(summary(result)))
+        if not result.preempted and config.eval.fill_mask_examples and jax.process_count() == 1:
+            try:
+                show_fill_mask(config, result)
+            except (ValueError, FileNotFoundError) as error:  # a demonstration: the run itself succeeded
+                print(f"\nskipped the fill-mask examples: {error}", file=sys.stderr)
     return 0
 
 

@@ -47,24 +47,26 @@ def run(args: argparse.Namespace) -> int:
 
     from bertjax.embeddings.train_config import load_embedder_config
     from bertjax.embeddings.training import train_embedder
+    from bertjax.train.session_outputs import final_report
 
     config = load_embedder_config(args.config, args.overrides)
     result = train_embedder(config, args.workdir, args.model, args.train, args.validation, config_path=args.config)
     if jax.process_index() != 0:
         return 0
-    print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} of {result.total_steps} "
-          f"in {result.seconds:.0f} s")
-    if result.eval_start or result.eval_end:
-        names = sorted(set(result.eval_start or {}) | set(result.eval_end or {}))
-        for name in names:
-            before = (result.eval_start or {}).get(name)
-            after = (result.eval_end or {}).get(name)
-            shown = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-            when = "after" if result.eval_end_step in (None, result.final_step) else \
-                f"at step {result.eval_end_step} (the latest evaluation)"
-            print(f"{name.removeprefix('eval_')} on the validation pairs: {shown(before)} before, {shown(after)} {when}")
-    if result.model_dir is not None:
-        print(f"sentence-transformers model in {result.model_dir}")
-    elif result.preempted:
-        print("stopped before the end: rerun the same command to resume")
+    with final_report():  # a reader gone by now takes the summary, not the run's status
+        print(f"\nworkdir {result.workdir}: steps {result.start_step} -> {result.final_step} of {result.total_steps} "
+              f"in {result.seconds:.0f} s")
+        if result.eval_start or result.eval_end:
+            names = sorted(set(result.eval_start or {}) | set(result.eval_end or {}))
+            for name in names:
+                before = (result.eval_start or {}).get(name)
+                after = (result.eval_end or {}).get(name)
+                shown = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+                when = "after" if result.eval_end_step in (None, result.final_step) else \
+                    f"at step {result.eval_end_step} (the latest evaluation)"
+                print(f"{name.removeprefix('eval_')} on the validation pairs: {shown(before)} before, {shown(after)} {when}")
+        if result.model_dir is not None:
+            print(f"sentence-transformers model in {result.model_dir}")
+        elif result.preempted:
+            print("stopped before the end: rerun the same command to resume")
     return 0

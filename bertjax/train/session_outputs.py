@@ -12,6 +12,7 @@ they write to the front end, so the guard only passes their writes on.)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -132,6 +133,19 @@ def guard_outputs(on_lost: Callable[[], None]) -> Callable[[], None]:
                 setattr(sys, name, guard.stream)
 
     return restore
+
+
+@contextlib.contextmanager
+def final_report():
+    """Around the lines a training command prints once its run is saved and closed (its summary): a reader gone by
+    then (`| head` that has had its lines) loses them, and the command still ends with its run's status, not 141."""
+    restore = guard_outputs(lambda: None)
+    try:
+        yield
+        for stream in (sys.stdout, sys.stderr):  # buffered lines meet the dead pipe here, not at exit
+            stream.flush()
+    finally:
+        restore()
 
 
 class CurrentStderr:
