@@ -138,26 +138,33 @@ def distillation_with_teacher(monkeypatch, student_config, teacher_config, teach
     return objective_for("distillation", student_config, teacher="unused", **options), teacher
 
 
-def test_distillation_loss_equals_numpy_reference(monkeypatch):
+@pytest.mark.parametrize("soft_targets", ["all_tokens", "masked"])
+def test_distillation_loss_equals_numpy_reference(monkeypatch, soft_targets):
+    """DistilBERT's loss (its distiller.py): KLDivLoss(batchmean) x T^2 over every real token by default, over the
+    masked ones with --restrict_ce_to_mask; MLM at the masked ones; cosine at every real token."""
     teacher_config = BERT.replace(num_layers=3)
     teacher_params = init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(1))
     teacher_params = nn.meta.unbox(teacher_params)
     objective, teacher = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params,
-                                                   alpha_ce=5.0, alpha_mlm=2.0, alpha_cos=1.0, temperature=2.0)
+                                                   alpha_ce=5.0, alpha_mlm=2.0, alpha_cos=1.0, temperature=2.0,
+                                                   soft_targets=soft_targets)
     params, batch = params_of(objective), tiny_batch(BERT)
     frozen = {"teacher": teacher_params}
     loss, _ = loss_of(objective, params, batch, frozen)
 
-    kwargs = dict(**model_inputs(BERT, batch), masked_positions=batch["masked_positions"])
-    s = objective.model.apply({"params": params}, **kwargs)
+    kwargs = dict(**model_inputs(BERT, batch))
+    s = objective.model.apply({"params": params}, **kwargs)  # logits at every token
     t = teacher.apply({"params": teacher_params}, **kwargs)
     w = batch["masked_weights"]
+    real = batch["segment_ids"] > 0
     log_ps, log_pt = _log_softmax(np.asarray(s.logits) / 2.0), _log_softmax(np.asarray(t.logits) / 2.0)
-    kl = ((np.exp(log_pt) * (log_pt - log_ps)).sum(-1) * w).sum() / w.sum() * 4.0
-    mlm = (_numpy_cross_entropy(s.logits, batch["masked_ids"]) * w).sum() / w.sum()
+    per_token = (np.exp(log_pt) * (log_pt - log_ps)).sum(-1)
+    at_masks = np.take_along_axis(per_token, batch["masked_positions"], axis=1)
+    kl = (per_token[real].mean() if soft_targets == "all_tokens" else (at_masks * w).sum() / w.sum()) * 4.0
+    masked_logits = np.take_along_axis(np.asarray(s.logits), batch["masked_positions"][..., None], axis=1)
+    mlm = (_numpy_cross_entropy(masked_logits, batch["masked_ids"]) * w).sum() / w.sum()
     hs, ht = np.asarray(s.last_hidden_state, np.float64), np.asarray(t.last_hidden_state, np.float64)
     cos = (hs * ht).sum(-1) / np.linalg.norm(hs, axis=-1) / np.linalg.norm(ht, axis=-1)
-    real = batch["segment_ids"] > 0
     cosine = (1 - cos)[real].mean()
     np.testing.assert_allclose(loss, 5.0 * kl + 2.0 * mlm + 1.0 * cosine, rtol=1e-5)
 
@@ -283,13 +290,17 @@ def test_local_layers_count_their_window_and_padding_is_not_work():
     assert half < full and np.isclose(full - half, 3 * 512 * flops.forward_flops_per_token(config, 1024))
 
 
-def test_distillation_counts_the_teacher_forward_once(monkeypatch):
+@pytest.mark.parametrize("soft_targets", ["all_tokens", "masked"])
+def test_distillation_counts_the_teacher_forward_once(monkeypatch, soft_targets):
+    """Both models' vocabulary heads run where the soft targets are: every token, or the masked ones."""
     teacher_config = BERT.replace(num_layers=4)
     teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(6)))
-    objective, _ = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params)
+    objective, _ = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params,
+                                             soft_targets=soft_targets)
+    scored = 64.0 if soft_targets == "all_tokens" else 10.0
     counts = dict(seq_len=32, tokens=64.0, predictions=10.0, rows=2.0)
-    student = objective_for("mlm", BERT).train_flops(**counts)
-    teacher = flops.mlm_forward_flops(teacher_config, seq_len=32, tokens=64.0, predictions=10.0)
+    student = objective_for("mlm", BERT).train_flops(**{**counts, "predictions": scored})
+    teacher = flops.mlm_forward_flops(teacher_config, seq_len=32, tokens=64.0, predictions=scored)
     assert objective.train_flops(**counts) == pytest.approx(student + teacher)
 
 

@@ -1,12 +1,14 @@
 """Knowledge distillation as DistilBERT was trained (Sanh et al., 2019): a frozen teacher, a student initialised
 from every other teacher layer, and three losses.
 
-    loss = alpha_ce * T^2 * KL(p_teacher(T) || p_student(T))   at the masked positions (softened by T)
+    loss = alpha_ce * T^2 * KL(p_teacher(T) || p_student(T))   at every real token (softened by T)
          + alpha_mlm * MLM cross-entropy                         at the masked positions
          + alpha_cos * (1 - cos(h_student, h_teacher))           at every real token (last hidden states)
 
 The KL term is DistilBERT's released loss (`KLDivLoss` of the student's log-probabilities against the teacher's
-probabilities): the teacher's distribution is the target. The teacher is read from any model directory bertjax
+probabilities, averaged over the tokens it covers): the teacher's distribution is the target at every real token,
+as DistilBERT's training script does by default; `soft_targets: masked` restricts it to the masked positions (its
+`--restrict_ce_to_mask`), which computes the vocabulary logits there only. The teacher is read from any model directory bertjax
 loads; its parameters are sharded by their own logical axes, passed to the step as an argument that is never
 donated, and never updated.
 """
@@ -41,6 +43,9 @@ class DistillationOptions(ObjectiveOptions):
     # "teacher_layers": embeddings, heads and evenly spaced layers copied from the teacher (12 -> 6 takes layers
     # 0 2 4 7 9 11, as DistilBERT); "random": the preset's random initialisation.
     student_init: Literal["teacher_layers", "random"] = "teacher_layers"
+    # Where the teacher's distribution is the student's target: "all_tokens" (every real token, DistilBERT's
+    # default) or "masked" (the masked positions only: DistilBERT's --restrict_ce_to_mask).
+    soft_targets: Literal["all_tokens", "masked"] = "all_tokens"
 
     def __post_init__(self) -> None:
         if self.temperature <= 0:
@@ -135,37 +140,51 @@ class Distillation(MaskedLM):
 
     # -- loss ---------------------------------------------------------------------------------------------------
     def loss_sums(self, params, frozen, batch, key, deterministic):
-        student = self.apply(params, batch, key, deterministic)
+        everywhere = self.options.soft_targets == "all_tokens"
+        # With soft targets at every token both models score the vocabulary at every position, and the MLM loss
+        # reads the masked slots out of the student's; otherwise both score the masked slots only.
+        positions = None if everywhere else batch["masked_positions"]
         teacher_model = self.teacher[0]
+        student = self.model.apply({"params": params}, **model_inputs(self.model_config, batch),
+                                   masked_positions=positions, deterministic=deterministic,
+                                   rngs=None if deterministic else {"dropout": key})
         teacher = teacher_model.apply({"params": frozen["teacher"]}, **model_inputs(teacher_model.config, batch),
-                                      masked_positions=batch["masked_positions"], deterministic=True)
+                                      masked_positions=positions, deterministic=True)
         teacher_logits = jax.lax.stop_gradient(teacher.logits.astype(jnp.float32))
         teacher_hidden = jax.lax.stop_gradient(teacher.last_hidden_state.astype(jnp.float32))
         weights = batch["masked_weights"].astype(jnp.float32)
+        real = (batch["segment_ids"] > 0).astype(jnp.float32)
         t = self.options.temperature
         log_p_student = jax.nn.log_softmax(student.logits.astype(jnp.float32) / t, axis=-1)
         log_p_teacher = jax.nn.log_softmax(teacher_logits / t, axis=-1)
         kl = jnp.sum(jnp.exp(log_p_teacher) * (log_p_teacher - log_p_student), axis=-1)
-        mlm_loss, mlm_weight, mlm_correct = losses.mlm_sums(student.logits, batch["masked_ids"], weights)
-        real = (batch["segment_ids"] > 0).astype(jnp.float32)
+        masked_logits = student.logits
+        if everywhere:
+            masked_logits = jnp.take_along_axis(student.logits, batch["masked_positions"][..., None], axis=1)
+        mlm_loss, mlm_weight, mlm_correct = losses.mlm_sums(masked_logits, batch["masked_ids"], weights)
         h_student = student.last_hidden_state.astype(jnp.float32)
         cosine = jnp.sum(h_student * teacher_hidden, -1) / jnp.maximum(
             jnp.linalg.norm(h_student, axis=-1) * jnp.linalg.norm(teacher_hidden, axis=-1), 1e-8)
-        return {"kl_loss": jnp.sum(kl * weights) * t * t, "mlm_loss": mlm_loss, "mlm_weight": mlm_weight,
-                "mlm_correct": mlm_correct, "cosine_loss": jnp.sum((1.0 - cosine) * real),
+        return {"kl_loss": jnp.sum(kl * (real if everywhere else weights)) * t * t, "mlm_loss": mlm_loss,
+                "mlm_weight": mlm_weight, "mlm_correct": mlm_correct, "cosine_loss": jnp.sum((1.0 - cosine) * real),
                 "token_count": jnp.sum(real)}
 
     def normalisers(self, batch):
         return {"mlm_weight": losses.prediction_count(batch), "token_count": losses.real_token_count(batch)}
 
+    def _kl_count(self) -> str:
+        """The count the KL sum is averaged over: the tokens that carry soft targets."""
+        return "token_count" if self.options.soft_targets == "all_tokens" else "mlm_weight"
+
     def loss(self, sums, norm):
         o = self.options
-        return (o.alpha_ce * sums["kl_loss"] / norm["mlm_weight"] + o.alpha_mlm * sums["mlm_loss"] / norm["mlm_weight"]
+        return (o.alpha_ce * sums["kl_loss"] / norm[self._kl_count()]
+                + o.alpha_mlm * sums["mlm_loss"] / norm["mlm_weight"]
                 + o.alpha_cos * sums["cosine_loss"] / norm["token_count"])
 
     def metrics(self, sums):
         o = self.options
-        out = {"kl_loss": losses.mean(sums["kl_loss"], sums["mlm_weight"]),
+        out = {"kl_loss": losses.mean(sums["kl_loss"], sums[self._kl_count()]),
                "mlm_loss": losses.mean(sums["mlm_loss"], sums["mlm_weight"]),
                "mlm_accuracy": losses.mean(sums["mlm_correct"], sums["mlm_weight"]),
                "cosine_loss": losses.mean(sums["cosine_loss"], sums["token_count"])}
@@ -173,6 +192,8 @@ class Distillation(MaskedLM):
         return out
 
     def train_flops(self, *, seq_len, tokens, predictions, rows):
+        if self.options.soft_targets == "all_tokens":
+            predictions = tokens  # both models score the vocabulary at every token
         teacher_forward = flops_lib.mlm_forward_flops(self.teacher[0].config, seq_len=seq_len, tokens=tokens,
                                                       predictions=predictions)
         return super().train_flops(seq_len=seq_len, tokens=tokens, predictions=predictions, rows=rows) + \
