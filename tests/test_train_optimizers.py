@@ -125,17 +125,29 @@ def test_decay_only_touches_masked_in_parameters(name):
     assert not np.allclose(params["dense"]["kernel"], PARAMS["dense"]["kernel"])
 
 
-def test_lamb_update_norm_is_learning_rate_times_parameter_norm():
-    # LAMB scales each tensor's Adam direction r by ||p|| / ||r||: every update has norm lr * ||p||.
-    config = OptimizerConfig(name="lamb", learning_rate=0.01, weight_decay=0.01, b2=0.999)
-    optimizer = build_optimizer(config, 0.01)
+def test_lamb_trust_ratio_on_decayed_tensors_only_as_bert_and_albert_trained():
+    """LAMB scales each decayed tensor's Adam direction r = u + wd * p by ||p|| / ||r||, so its update has norm
+    lr * ||p||; biases and norms, which get no weight decay, are left out of the trust ratio too (ALBERT's and
+    BERT's `exclude_from_layer_adaptation`): their update is Adam's, -lr * u. A numpy first step, in float64."""
+    lr, wd, eps = 0.01, 0.01, 1e-6
+    config = OptimizerConfig(name="lamb", learning_rate=lr, weight_decay=wd, b2=0.999, eps=eps)
+    optimizer = build_optimizer(config, lr)
     params = jax.tree.map(jnp.asarray, PARAMS)
     state = jax.jit(optimizer.init)(params)
-    updates, _ = jax.jit(optimizer.update)(_grads(0), state, params)  # one compile, not op by op
+    grads = _grads(0)
+    updates, _ = jax.jit(optimizer.update)(grads, state, params)  # one compile, not op by op
+    decays = decay_mask(PARAMS)
     for k in PARAMS:
         for n in PARAMS[k]:
-            expected = 0.01 * np.linalg.norm(PARAMS[k][n])
-            np.testing.assert_allclose(np.linalg.norm(updates[k][n]), expected, rtol=1e-5, err_msg=f"{k}/{n}")
+            p, g = PARAMS[k][n].astype(np.float64), grads[k][n].astype(np.float64)
+            u = g / (np.abs(g) + eps)  # Adam's bias-corrected first step
+            if decays[k][n]:
+                r = u + wd * p
+                expected = -lr * np.linalg.norm(p) / np.linalg.norm(r) * r
+            else:
+                expected = -lr * u
+            np.testing.assert_allclose(updates[k][n], expected, rtol=1e-4, atol=1e-9, err_msg=f"{k}/{n}")
+    assert not decays["dense"]["bias"] and decays["dense"]["kernel"]  # both kinds are exercised
 
 
 def test_unknown_optimizer_is_a_clear_error():

@@ -121,8 +121,13 @@ def _adamw(config: OptimizerConfig, learning_rate, mask) -> optax.GradientTransf
 
 
 def _lamb(config: OptimizerConfig, learning_rate, mask) -> optax.GradientTransformation:
-    return optax.lamb(learning_rate, b1=config.b1, b2=config.b2, eps=config.eps,
-                      weight_decay=config.weight_decay, mask=mask)
+    """LAMB as BERT and ALBERT were trained with it: the parameters without weight decay (biases, norms) are also
+    left out of the layer-wise trust ratio (their `exclude_from_layer_adaptation`). optax.lamb scales every
+    parameter by it, so a bias starting at zero would move by about lr^2 a step."""
+    return optax.chain(optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps),
+                       optax.add_decayed_weights(config.weight_decay, mask),
+                       optax.masked(optax.scale_by_trust_ratio(), mask),
+                       optax.scale_by_learning_rate(learning_rate))
 
 
 def _stable_adamw(config: OptimizerConfig, learning_rate, mask) -> optax.GradientTransformation:
