@@ -89,3 +89,14 @@ def test_electra_learns_and_saves_both_models(tmp_path):
     assert described["head"] == "replaced_token_detection" and described["params_key"] == "discriminator"
     for name in ("discriminator", "generator"):
         assert (result.workdir / EXPORTS_DIR / name / "model_config.json").is_file(), name
+
+
+def test_deberta_v3_replaced_token_detection_with_gdes_learns_and_saves_both_models(tmp_path):
+    """configs/pretrain/tiny-deberta-v3.yaml: the discriminator's embeddings are the generator's (under
+    stop_gradient) plus its own residual, which its workdir description and exports compute from shapes first."""
+    result = run(tmp_path / "deberta-v3", "tiny-deberta-v3.yaml", "model.overrides.num_layers=2")
+    assert_learns(result)
+    described = json.loads((result.workdir / "model_config.json").read_text())
+    assert described["head"] == "replaced_token_detection" and described["config"]["family"] == "deberta-v2"
+    for name in ("discriminator", "generator"):
+        assert (result.workdir / EXPORTS_DIR / name / "model_config.json").is_file(), name

@@ -292,7 +292,7 @@ def model_description(objective: Objective) -> dict:
     several models, the key of its subtree."""
     from bertjax.hf.pretrained import head_of
 
-    name, (model, _) = next(iter(objective.exports(objective.abstract_params()).items()))
+    model = next(iter(objective.export_models().values()))
     description = {"head": head_of(model), "config": model.config.to_dict()}
     if objective.params_key is not None:
         description["params_key"] = objective.params_key

@@ -130,3 +130,16 @@ class Objective(abc.ABC):
     @abc.abstractmethod
     def exports(self, params: Params) -> dict[str, tuple[nn.Module, Params]]:
         """The user-facing models held by `params`, by name; the first is the one pretraining is for."""
+
+    def export_models(self) -> dict[str, nn.Module]:
+        """The models `exports` returns, by name, without any parameter values: `exports` traced on shapes (its
+        parameters may be computed, as GDES adds the generator's embeddings to the discriminator's)."""
+        models = {}
+
+        def parameters_of(params):
+            exported = self.exports(params)
+            models.update({name: model for name, (model, _) in exported.items()})
+            return {name: model_params for name, (_, model_params) in exported.items()}
+
+        jax.eval_shape(parameters_of, self.abstract_params())
+        return models
