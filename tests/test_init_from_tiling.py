@@ -106,6 +106,16 @@ def test_grown_model_runs_and_init_from_reads_it_unchanged(grown):
     jax.tree.map(np.testing.assert_array_equal, read, params)
 
 
+def test_the_printed_next_command_keeps_the_overrides_given(grown, capsys):
+    """Copied as printed, the run builds the model init-from grew (its overrides included) and loads it as is."""
+    from bertjax.cli import main
+
+    root, args, *_ = grown
+    assert main([*args, str(root / "with-overrides"), "model.overrides.dropout_rate=0.0"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("start the run from it"))
+    assert line.endswith(f"model.overrides.dropout_rate=0.0 model.init_from={root / 'with-overrides'}")
+
+
 def test_vocabulary_change_is_an_error_naming_the_field(grown, capsys):
     from bertjax.cli import main
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 HELP = "build a larger model from a trained smaller one (centre tiling, layer map) to start a run from"
@@ -73,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"{args.source} ({size(source_config)}) -> {out} ({size(target_config)})")
     print(f"layer map (target layer <- source layer): {', '.join(f'{i}<-{j}' for i, j in enumerate(mapping))}")
-    tokenizer_arg = f" tokenizer.path={out / 'tokenizer'}" if tokenizer is not None else ""
-    print(f"start the run from it: bertjax pretrain --config {args.config} --workdir DIR "
-          f"model.init_from={out}{tokenizer_arg}")
+    # The overrides given here too: without them the run would build the config's own model and grow this one again.
+    settings = [*args.overrides, f"model.init_from={out}"]
+    if tokenizer is not None:
+        settings.append(f"tokenizer.path={out / 'tokenizer'}")
+    print(f"start the run from it: bertjax pretrain --config {shlex.quote(str(args.config))} --workdir DIR "
+          f"{' '.join(shlex.quote(setting) for setting in settings)}")
     return 0
