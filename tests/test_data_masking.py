@@ -154,7 +154,7 @@ def test_whole_word_and_span_masking_never_split_a_word(strategy):
     # Whole words rarely fit the budget exactly; the shortfall stays small.
     assert 0.13 < rate <= 0.15 + 0.005
     if strategy == "span":
-        # Geometric(0.2) capped at 10 has mean ~3.9 words (shortened by the budget and by run ends): spans are
+        # Geometric(0.2) truncated at 10 has mean 3.8 words (shortened by the budget and by run ends): spans are
         # clearly longer than single words.
         assert np.mean(span_words) > 1.8
 
@@ -199,3 +199,16 @@ def test_modernbert_configs_mask_as_published(size):
         assert abs(kept.sum() / total - 0.1 * rate) < 0.01
     assert (data.mlm_probability, data.mask_token_fraction, data.random_token_fraction) == (0.3, 0.8, 0.1)
     assert data.for_evaluation().mlm_probability == 0.15
+
+
+def test_span_lengths_follow_spanberts_truncated_geometric_law():
+    """SpanBERT (Joshi et al., 2020, section 3.1): geometric(0.2) truncated at 10 words and renormalised, mean 3.8.
+    Clipping at 10 instead would put the tail's mass on 10 (mean 4.46)."""
+    from bertjax.data.masking import span_length_law
+
+    lengths, law = span_length_law(0.2, 10)
+    numpy_law = np.array([0.2 * 0.8 ** (k - 1) for k in range(1, 11)])
+    np.testing.assert_allclose(law, numpy_law / numpy_law.sum(), rtol=1e-12)
+    assert abs(float((lengths * law).sum()) - 3.797) < 1e-3
+    _, albert = span_length_law(0.5, 3)  # configs/pretrain/albert-base.yaml
+    np.testing.assert_allclose(albert, [4 / 7, 2 / 7, 1 / 7])

@@ -5,7 +5,8 @@ budget is `rate * candidates`, rounded up or down at random so that its expectat
 capped at `max_predictions`. A strategy (`STRATEGIES`) picks which candidates to predict within the budget:
 - "token": any tokens (BERT, RoBERTa, ModernBERT);
 - "whole_word": whole words only, never part of one (BERT's whole-word masking);
-- "span": runs of whole words whose length in words is geometric (SpanBERT: p=0.2, at most 10 words).
+- "span": runs of whole words whose length in words is geometric, truncated at a maximum and renormalised
+  (SpanBERT: p=0.2, at most 10 words, mean 3.8 words).
 Each picked token becomes [MASK] with probability `mask_fraction`, a random non-special token with probability
 `random_fraction`, else stays (BERT's 80/10/10). The outputs have static shapes: `masked_positions`,
 `masked_ids` (the original tokens: the labels) and `masked_weights` (1 for a real prediction, 0 for padding) are
@@ -149,15 +150,24 @@ def select_spans(input_ids, candidate, budget, vocab, options, rng) -> np.ndarra
     return selected
 
 
+def span_length_law(p: float, max_words: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths 1..max_words, their probabilities): geometric(p) truncated at max_words and renormalised, as
+    SpanBERT draws its spans (not clipped: clipping would pile the tail's mass onto the longest span)."""
+    lengths = np.arange(1, max_words + 1)
+    law = p * (1.0 - p) ** (lengths - 1)
+    return lengths, law / law.sum()
+
+
 def _spans_in_row(first, length, is_candidate, budget, options, rng, seq_len) -> np.ndarray:
     chosen = np.zeros(len(first), bool)
     used = 0
     starts = np.flatnonzero(is_candidate)
+    lengths, law = span_length_law(options.span_p, options.span_max_words)
     # Each attempt draws a span; a span that cannot fit at all costs an attempt, so the loop always ends.
     for _ in range(4 * budget + 4):
         if used >= budget or not len(starts):
             break
-        words = min(int(rng.geometric(options.span_p)), options.span_max_words)
+        words = int(rng.choice(lengths, p=law))
         start = int(starts[rng.integers(len(starts))])
         end = start
         size = 0
