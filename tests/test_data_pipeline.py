@@ -224,3 +224,13 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="divisible"):
         DataConfig(global_batch_size=10).batch_size_per_process(4)
     assert DataConfig(seq_len=512, mlm_probability=0.3).predictions_per_row == 154
+
+
+def test_a_prediction_cap_below_the_masking_rate_is_said():
+    """ALBERT's released flags (20 predictions at 512 tokens) mask about 4% of a full row: the run says so."""
+    albert = DataConfig(seq_len=512, mlm_probability=0.15, max_predictions=20)
+    assert albert.capped_masking_note() == (
+        "data.max_predictions=20 caps the masking of a full 512-token row at 3.9%, below data.mlm_probability=0.15 "
+        "(77 predictions); leave max_predictions unset for the full rate")
+    assert DataConfig(seq_len=512, mlm_probability=0.15).capped_masking_note() is None
+    assert DataConfig(seq_len=128, mlm_probability=0.15, max_predictions=20).capped_masking_note() is None  # BERT's

@@ -112,6 +112,16 @@ class DataConfig:
             return self.max_predictions
         return math.ceil(self.seq_len * self.mlm_probability)
 
+    def capped_masking_note(self) -> str | None:
+        """What a `max_predictions` below the rate's share of a full row does to the masking (ALBERT's released
+        flags, 20 at 512 tokens, mask about 4% of a full row, not 15%); None when the cap does not bind."""
+        wanted = math.ceil(self.seq_len * self.mlm_probability)
+        if self.max_predictions is None or self.max_predictions >= wanted:
+            return None
+        return (f"data.max_predictions={self.max_predictions} caps the masking of a full {self.seq_len}-token row at "
+                f"{self.max_predictions / self.seq_len:.1%}, below data.mlm_probability={self.mlm_probability} "
+                f"({wanted} predictions); leave max_predictions unset for the full rate")
+
     def masking_options(self) -> MaskingOptions:
         return MaskingOptions(rate=self.mlm_probability, mask_fraction=self.mask_token_fraction,
                               random_fraction=self.random_token_fraction, max_predictions=self.predictions_per_row,

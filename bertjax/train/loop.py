@@ -149,6 +149,9 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
         note = schedule_change_on_resume(config, held_steps, mesh_lib.batch_shards(mesh), start)
         if note is not None:
             log.warning("%s", note)
+    for note in dict.fromkeys(phase.data.capped_masking_note() for phase in phases):
+        if note is not None and primary and not done_before:
+            log.warning("%s", note)
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)
     eval_cache: dict[int, list] = {}
     try:
