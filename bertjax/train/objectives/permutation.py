@@ -3,7 +3,9 @@
 Following the released XLNet code (data_utils.py `_sample_mask` and `_local_perm`):
 - Targets are spans. The row is cut into consecutive windows; window t has a span length n ~ p(n) ∝ 1/n for
   n in 1..max_span and width K * n, and a span of n tokens at a uniform offset inside it, so a fraction 1/K of the
-  tokens is predicted (partial prediction, K = 6 in the paper). Padding is never a target.
+  tokens is predicted (partial prediction, K = 6 in the paper). Padding is never a target, nor are the special
+  tokens the pipeline puts at both ends of every document piece ([CLS] first, [SEP] last: bertjax.data.packing),
+  as XLNet never predicts its functional tokens.
 - The order: every non-target comes first (they see each other), targets follow in a uniformly random order. A
   target's query stream sees the non-targets and the targets before it; its content stream also sees itself.
   In perm_mask terms (1 = may not attend): perm_mask[i, j] = target[j] and rank[j] >= rank[i], with rank -1 for
@@ -40,7 +42,11 @@ def span_targets(key: jax.Array, segment_ids: jax.Array, ratio: int, max_span: i
                                      ).astype(span.dtype)
     position = jnp.arange(seq)[None, None, :]
     inside = (position >= start[..., None]) & (position < (start + span)[..., None])
-    return jnp.any(inside, axis=1) & (segment_ids > 0)
+    real = segment_ids > 0
+    before = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+    after = jnp.pad(segment_ids, ((0, 0), (0, 1)))[:, 1:]
+    piece_ends = (segment_ids != before) | (segment_ids != after)  # a piece's [CLS] and [SEP]
+    return jnp.any(inside, axis=1) & real & ~piece_ends
 
 
 def sample_permutation(key: jax.Array, segment_ids: jax.Array, *, ratio: int, max_span: int,
