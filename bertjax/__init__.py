@@ -1,5 +1,9 @@
 """bertjax: the BERT family of encoders in JAX/Flax."""
 
+from bertjax.platforms import quiet_libtpu
+
+quiet_libtpu()  # before JAX first looks for a TPU: libtpu (the tpu-aot extra) is silent on machines without one
+
 from bertjax.config import PRESETS, EncoderConfig, TaskConfig, get_config
 from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForMultipleChoice,
                             EncoderForNextSentencePrediction, EncoderForPreTraining, EncoderForQuestionAnswering,

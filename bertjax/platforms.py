@@ -51,12 +51,21 @@ def _platforms_without_tpu() -> str | None:
     return "cpu"
 
 
-def quiet_start() -> None:
-    """Call before the first JAX computation (the CLI does, before running a command)."""
+def quiet_libtpu() -> None:
+    """libtpu's settings for a machine without chips, where the user has set none (`import bertjax` does this, so
+    a script's first JAX computation prints no libtpu error): nothing changes which backends JAX uses."""
     if has_tpu_chips():
         return
     for name, value in _QUIET_LIBTPU.items():
         os.environ.setdefault(name, value)
+
+
+def quiet_start() -> None:
+    """Call before the first JAX computation (the CLI does, before running a command): `quiet_libtpu`, and JAX
+    told to skip the TPU attempt where there is no chip."""
+    if has_tpu_chips():
+        return
+    quiet_libtpu()
     if os.environ.get("JAX_PLATFORMS"):
         return  # the user's choice
     platforms = _platforms_without_tpu()

@@ -46,6 +46,24 @@ def test_fill_mask_starts_without_libtpu_output(tmp_path):
     assert not list(logs.rglob("*"))  # no log file either
 
 
+def test_a_python_script_importing_bertjax_starts_without_libtpu_output(tmp_path):
+    """The README's quick start in a plain `python`: `import bertjax` sets libtpu's quiet defaults before JAX first
+    looks for a TPU."""
+    if not libtpu_available():
+        pytest.skip("libtpu is not installed: there is nothing to silence")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS" and not k.startswith("TPU_")}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env["TEST_TMPDIR"] = str(logs)
+    script = "import bertjax, jax; print(float(jax.numpy.ones(3).sum()), jax.default_backend())"
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0 and result.stdout.startswith("3.0"), result.stderr
+    output = result.stdout + result.stderr
+    assert not [word for word in NOISE if word in output], output
+    assert not list(logs.rglob("*"))
+
+
 @pytest.mark.parametrize("topology, module, check, words", [
     ("h100:3", "gpu_aot", "cuda_plugin_available", "needs JAX's CUDA plugin"),
     ("v5e:2x2", "tpu_aot", "libtpu_available", "needs the libtpu wheel"),
