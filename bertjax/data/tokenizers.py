@@ -7,10 +7,8 @@ Every tokenizer gives the pipeline what it needs and nothing more:
 - `encode_with_offsets(text)`: the ids and, per token, the [start, end) character span of `text` it covers
   (extractive question answering maps answers to tokens and back through these);
 - the special ids `cls_id sep_id mask_id pad_id unk_id`, and `special_ids` (every id that must never be masked
-  nor drawn as a random replacement). A checkpoint's tokenizer_config.json (or special_tokens_map.json) names
-  them as transformers reads them (`cls_token`, or `bos_token` where there is no cls: EuroBERT's
-  `<|begin_of_text|>`); otherwise the usual names are looked up. `unk_id` is None for a vocabulary without one
-  (byte-level BPE never needs it);
+  nor drawn as a random replacement), found as bertjax.data.special_tokens says (`unk_id` is None for a
+  vocabulary without one);
 - `word_start` (bool per vocabulary id): whether a token begins a word, for whole-word and span masking;
 - `save(directory)`: copy the tokenizer into a run or a prepared-data directory; `fingerprint` identifies it.
 
@@ -20,7 +18,6 @@ Every tokenizer gives the pipeline what it needs and nothing more:
 from __future__ import annotations
 
 import abc
-import dataclasses
 import hashlib
 import json
 import pathlib
@@ -28,40 +25,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-# Names the special tokens go by across checkpoints, in order of preference, for tokenizers whose files do not
-# name them (a bare tokenizer.json, vocab.txt or SentencePiece model).
-SPECIAL_TOKEN_NAMES: dict[str, tuple[str, ...]] = {
-    # XLNet's vocabulary has <s> and </s> too, but its texts end in <sep> <cls>.
-    "cls": ("[CLS]", "<cls>", "<s>", "<|begin_of_text|>"),
-    "sep": ("[SEP]", "<sep>", "</s>", "<|end_of_text|>"),
-    "mask": ("[MASK]", "<mask>", "<|mask|>"),
-    "pad": ("[PAD]", "<pad>"),
-    "unk": ("[UNK]", "<unk>"),
-}
-# The tokenizer_config.json keys that name each role, in transformers' order: an encoder whose tokenizer has no
-# cls/sep (EuroBERT's Llama-3 vocabulary) starts and ends its texts with bos/eos.
-SPECIAL_TOKEN_KEYS: dict[str, tuple[str, ...]] = {
-    "cls": ("cls_token", "bos_token"),
-    "sep": ("sep_token", "eos_token"),
-    "mask": ("mask_token",),
-    "pad": ("pad_token",),
-    "unk": ("unk_token",),
-}
-OPTIONAL_SPECIALS = ("unk",)  # byte-level vocabularies encode every text without an unknown token
-
+from bertjax.data.special_tokens import (SPECIAL_TOKEN_KEYS, SPECIAL_TOKEN_NAMES, SpecialIds, declared_special_tokens,
+                                         find_specials, layout_roles)
 
 class InvalidTokenizerFile(ValueError):
     """A tokenizer file that cannot be read at all (truncated, empty, not UTF-8, another kind of file), as opposed
     to a readable tokenizer bertjax cannot use (special tokens it does not know)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SpecialIds:
-    cls: int
-    sep: int
-    mask: int
-    pad: int
-    unk: int | None
 
 
 class Tokenizer(abc.ABC):
@@ -172,63 +141,6 @@ def _trim_spans(text: str, spans) -> np.ndarray:
     return out
 
 
-def _find_specials(lookup: Callable[[str], int | None], source: str, declared: dict[str, str],
-                   laid_out: dict[str, int] | None = None) -> SpecialIds:
-    """Each role's id: the token `declared` (a tokenizer_config.json) names for it, else the one the tokenizer's
-    own layout puts there (`laid_out`, `_layout_roles`), else the first of the usual names the vocabulary has."""
-    found = {}
-    for role, names in SPECIAL_TOKEN_NAMES.items():
-        key = next((key for key in SPECIAL_TOKEN_KEYS[role] if key in declared), None)
-        if key is not None:
-            found[role] = lookup(declared[key])
-            if found[role] is None or found[role] < 0:
-                raise ValueError(f"tokenizer {source}: its {TOKENIZER_CONFIG} names {key} {declared[key]!r}, "
-                                 "which the vocabulary does not have")
-            continue
-        if laid_out and role in laid_out:
-            found[role] = laid_out[role]
-            continue
-        ids = [lookup(name) for name in names]
-        ids = [i for i in ids if i is not None and i >= 0]
-        if not ids and role not in OPTIONAL_SPECIALS:
-            raise ValueError(f"tokenizer {source} has no {role} token (looked for {', '.join(names)}"
-                             f"{'' if declared else f'; or name it as {SPECIAL_TOKEN_KEYS[role][0]} in {TOKENIZER_CONFIG}'})")
-        found[role] = ids[0] if ids else None
-    return SpecialIds(**found)
-
-
-def _layout_roles(template) -> dict[str, int]:
-    """cls and sep as a post-processor's single-text layout places them: cls first (BERT's [CLS], RoBERTa's <s>)
-    or, after the text, last (XLNet's `A <sep> <cls>`); sep right after the text. {} without a layout."""
-    if template is None:
-        return {}
-    from bertjax.data.special_template import TEXT
-
-    items = template.single
-    text = next(i for i, item in enumerate(items) if item.token == TEXT)
-    roles = {}
-    if text > 0:
-        roles["cls"] = items[0].token
-    elif len(items) > 1:
-        roles["cls"] = items[-1].token
-    if text + 1 < len(items) and items[text + 1].token != roles.get("cls"):
-        roles["sep"] = items[text + 1].token
-    return roles
-
-
-def declared_special_tokens(config: dict) -> dict[str, str]:
-    """The special tokens a tokenizer_config.json names ({"cls_token": "[CLS]", ...}); a token may be written as
-    text or as transformers' AddedToken dict."""
-    declared = {}
-    for key in {key for keys in SPECIAL_TOKEN_KEYS.values() for key in keys}:
-        value = config.get(key)
-        if isinstance(value, dict):
-            value = value.get("content")
-        if isinstance(value, str) and value:
-            declared[key] = value
-    return declared
-
-
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece `.model`: the ones bertjax trains, and those of converted checkpoints (ALBERT, ...)."""
 
@@ -256,7 +168,7 @@ class SentencePieceTokenizer(Tokenizer):
 
         pieces = [self._sp.id_to_piece(i) for i in range(size)]
         special = [i for i in range(size) if self._sp.is_control(i) or self._sp.is_unknown(i) or self._sp.is_unused(i)]
-        self._finish(_find_specials(lookup, source, {}),
+        self._finish(find_specials(lookup, source, {}),
                      np.array([p.startswith("\u2581") for p in pieces], bool), special)
 
     @classmethod
@@ -335,8 +247,8 @@ class HuggingFaceTokenizer(Tokenizer):
             self._laid_out, self._layout_error = from_post_processor(self._tok), None
         except ValueError as error:  # a layout bertjax cannot follow: an error for those who lay out rows with it
             self._laid_out, self._layout_error = None, error
-        self._finish(_find_specials(vocab.get, source, declared_special_tokens(self.transformers_config),
-                                    _layout_roles(self._laid_out)), _word_starts(self._tok, pieces), added)
+        self._finish(find_specials(vocab.get, source, declared_special_tokens(self.transformers_config),
+                                    layout_roles(self._laid_out)), _word_starts(self._tok, pieces), added)
         self._size = size
 
     @classmethod
