@@ -166,6 +166,10 @@ def test_matches_transformers_and_round_trips(case_id, checkpoint, tmp_path):
     types = np.random.default_rng(3).integers(0, 2, ids.shape) if reference.config.type_vocab_size else None
     expected = reference_outputs(reference, ids, mask, types)
     assert_outputs_close(bertjax_outputs(model, params, ids, mask, types), expected, mask)
+    if types is None:  # the token_type_ids DeBERTa's tokenizers return: taken and unread, as by transformers
+        pair_types = np.random.default_rng(3).integers(0, 2, ids.shape)
+        assert_outputs_close(bertjax_outputs(model, params, ids, mask, pair_types),
+                             reference_outputs(reference, ids, mask, pair_types), mask)
 
     # bertjax -> transformers: the same class, every tensor consumed, the same outputs; and back to the same config.
     bertjax.save_pretrained(str(tmp_path), model, params)

@@ -257,3 +257,12 @@ def test_multiple_choice_int64_ids_past_int32_are_rejected():
     ids = np.array([[[1, 2, 3], [1, 2, 2**32 + 1]]], np.int64)  # [batch, choices, seq]
     with pytest.raises(ValueError, match=rf"token ids must be in \[0, 128\).*max {2**32 + 1}"):
         model.apply({"params": params}, ids)
+
+
+def test_token_type_ids_for_a_model_without_them_are_refused_unless_deberta_reads_none(masked_lm):
+    """ModernBERT (as transformers' class) takes no token types; DeBERTa's classes take its tokenizer's and ignore
+    them (tests/test_deberta.py compares that with transformers)."""
+    model, params = masked_lm("modernbert-tiny")
+    ids = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
+    with pytest.raises(ValueError, match="no token-type embedding .*can be left out"):
+        model.apply({"params": params}, ids, token_type_ids=jnp.zeros_like(ids))

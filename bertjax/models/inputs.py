@@ -97,8 +97,14 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
                                  f"global_attention_mask: a row has more global tokens than max_global_tokens={bound} "
                                  "(a Longformer's longformer.max_global_tokens)")
     if config.type_vocab_size == 0:
+        # DeBERTa's tokenizers return token_type_ids for every checkpoint, none of which has a token-type embedding;
+        # transformers' DeBERTa classes take them and read nothing, and so does bertjax's. Other models without one
+        # (ModernBERT, DistilBERT, EuroBERT) refuse them, as transformers' classes do.
+        if token_type_ids is not None and config.attention_kind == "disentangled":
+            token_type_ids = None
         if token_type_ids is not None:
-            raise ValueError("token_type_ids given but the model has no token-type embedding (type_vocab_size=0)")
+            raise ValueError("token_type_ids given but the model has no token-type embedding (type_vocab_size=0); "
+                             "its tokenizer's token_type_ids can be left out")
     elif token_type_ids is None:
         token_type_ids = jnp.zeros((batch, seq), jnp.int32)
     else:
