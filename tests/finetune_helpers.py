@@ -23,7 +23,9 @@ def tiny_model_dir(path: Path, preset: str = "bert-tiny", **overrides) -> Path:
 
     config = bertjax.get_config(preset, vocab_size=len(VOCAB), pad_token_id=0, dropout_rate=0.0, **overrides)
     model = MODEL_CLASSES["masked_lm"](config)
-    bertjax.save_pretrained(str(path), model, init_params(model, jax.random.key(0)))
+    # With the special-token ids a checkpoint's config.json carries besides the padding one (best/ keeps them).
+    bertjax.save_pretrained(str(path), model, init_params(model, jax.random.key(0)),
+                            token_ids={"bos_token_id": VOCAB.index("[CLS]"), "eos_token_id": VOCAB.index("[SEP]")})
     WordPieceTokenizer("\n".join(VOCAB)).save(path)
     return path
 

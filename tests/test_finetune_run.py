@@ -62,6 +62,9 @@ def test_best_is_a_transformers_directory(files, full_run):
     best = full_run[0] / "best"
     model = transformers.AutoModelForSequenceClassification.from_pretrained(best).eval()
     assert model.config.id2label == {0: "negative", 1: "positive"}
+    source = transformers.AutoConfig.from_pretrained(files["model"])  # its special-token ids are kept
+    assert (model.config.bos_token_id, model.config.eos_token_id) == (source.bos_token_id, source.eos_token_id)
+    assert source.bos_token_id is not None
     texts = [json.loads(line)["text"] for line in files["validation"].read_text().splitlines()[:8]]
     rows = encode_texts(load_tokenizer(best), texts, None, 16, True, "validation")
     with torch.no_grad():

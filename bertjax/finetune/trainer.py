@@ -213,9 +213,11 @@ class TrainSpeed:
 # Saving the best model.
 
 def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Labels, config: FinetuneConfig,
-              say: Callable[[str], None]) -> str:
+              say: Callable[[str], None], token_ids: dict[str, int] | None = None) -> str:
     """A transformers directory (config with id2label/label2id, weights, tokenizer files) when transformers has
-    this family's task class, else a bertjax model directory; both load with `bertjax predict`."""
+    this family's task class, else a bertjax model directory; both load with `bertjax predict`. `token_ids`: the
+    base model's special-token ids (bos, eos, mask, ...: `read_token_ids`), kept in the config as `convert` keeps
+    them."""
     import bertjax
     from bertjax.data.tokenizer_export import save_for_model
     from bertjax.model_dirs import save_model_dir
@@ -227,11 +229,11 @@ def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Lab
         return "none (only process 0 writes)"
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        bertjax.save_pretrained(str(directory), model, host_params)
+        bertjax.save_pretrained(str(directory), model, host_params, token_ids=token_ids)
         kind = "transformers"
     except ValueError as error:  # a family or head transformers has no class for
         say(f"best/: {error}; writing a bertjax model directory instead")
-        save_model_dir(str(directory), model, host_params)
+        save_model_dir(str(directory), model, host_params, token_ids=token_ids)
         kind = "bertjax"
     tokenizer.save(directory)
     if kind == "transformers":  # AutoTokenizer reads tokenizer.json; a bare tokenizer.model has no special tokens
@@ -348,7 +350,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
                                   say: Callable[[str], None], chosen: Collection[str]) -> FinetuneResult:
     """finetune's body, run while the workdir's lock (and a checkpoint.directory's of its own) is held: two runs on
     one workdir would write each other's checkpoints and best/."""
-    from bertjax.model_dirs import load_model_dir
+    from bertjax.model_dirs import load_model_dir, read_token_ids
     from bertjax.models.inputs import check_ids
     from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.optimizers import build_optimizer
@@ -363,6 +365,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
                 "train": workdir_lib.path_identity(train_file),
                 "validation": workdir_lib.path_identity(validation_file)}
     base_model, base_params, tokenizer = load_model_dir(model_dir)
+    token_ids = read_token_ids(model_dir)  # bos, eos, mask, ... for best/'s config, as `convert` keeps them
     fitted = fit_max_length(config.data, base_model.config, chosen=chosen, model=f"--model {model_dir}")
     if fitted != config.data:
         say(f"data.max_length {config.data.max_length} -> {fitted.max_length} (the positions of --model {model_dir})"
@@ -459,7 +462,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
                 if best is None or report.improves(main_metric, record[main_metric], best[main_metric]):
                     best = record
                     save_best(workdir / BEST_DIR, model, state.params, tokenizer, task, labels, config,
-                              lambda text: _say(bar, say, text))
+                              lambda text: _say(bar, say, text), token_ids=token_ids)
                 accumulated = {"loss_sum": 0.0, "count": 0.0}
                 if patience and report.evaluations_since_best(log.records, main_metric) >= patience:
                     stopped_early = True
