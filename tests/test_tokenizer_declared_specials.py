@@ -140,7 +140,7 @@ def test_tokenizer_json_post_processor_wins_over_add_bos_eos_flags_as_in_transfo
     # fill-mask lays its row out the same way: no <|end_of_text|> that transformers would not add.
     from bertjax.commands.fill_mask import encode_with_masks
     row, masks = encode_with_masks(tokenizer, f"The loop {MASK} here.")
-    assert row.tolist() == reference(f"The loop{MASK} here.")["input_ids"] and row[masks[0]] == tokenizer.mask_id
+    assert row.tolist() == reference(f"The loop {MASK} here.")["input_ids"] and row[masks[0]] == tokenizer.mask_id
 
 
 def test_a_bare_llama3_tokenizer_json_without_a_pad_says_how_to_name_one(tmp_path):
@@ -163,3 +163,24 @@ def test_special_tokens_map_names_the_tokens_of_an_older_checkpoint(tmp_path):
     reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
     assert (tokenizer.cls_id, tokenizer.mask_id, tokenizer.pad_id) == \
         (reference.bos_token_id, reference.mask_token_id, reference.pad_token_id)
+
+
+@pytest.mark.parametrize("lstrip", [False, True])
+def test_fill_mask_gives_the_space_before_the_mask_where_the_mask_token_says(lstrip, tmp_path):
+    """A mask token with lstrip (RoBERTa's <mask>) takes the space before it; one without (this Llama-3 layout's
+    <|mask|>) leaves it to the text, a token of its own: the row is what transformers' tokenizer makes of the text."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from bertjax.commands.fill_mask import encode_with_masks
+
+    eurobert_style_tokenizer(tmp_path / "tok")
+    hf = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    hf.add_special_tokens([AddedToken(MASK, special=True, lstrip=lstrip, normalized=False)])
+    hf.save(str(tmp_path / "tok" / "tokenizer.json"))
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    assert tokenizer.mask_takes_space_before is lstrip
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    for text in (f"The loop {MASK} here.", f"{MASK} ends, {MASK}  {MASK}"):
+        row, masks = encode_with_masks(tokenizer, text)
+        assert row.tolist() == reference(text)["input_ids"], text
+        assert all(row[m] == tokenizer.mask_id for m in masks)

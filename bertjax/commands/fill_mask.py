@@ -66,13 +66,14 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"no [MASK] in {text!r}")
     ids = []
     masks = []
+    absorbs_space = tokenizer.mask_takes_space_before
     for i, piece in enumerate(pieces):
-        # The mask absorbs the space before it (as RoBERTa's <mask> does); the space after it stays with the
-        # next word, which byte-level BPE needs to pick the word-initial token.
-        piece = piece.rstrip() if i == 0 else piece
-        if i < len(pieces) - 1:
+        # The mask absorbs the space before it where its token says so (RoBERTa's <mask>: lstrip), as transformers'
+        # tokenizer does; the space after it stays with the next word, which byte-level BPE needs to pick the
+        # word-initial token.
+        if i < len(pieces) - 1 and absorbs_space:
             piece = piece.rstrip()
-        if piece.strip():
+        if piece and (piece.strip() or not absorbs_space):
             ids.extend(int(t) for t in tokenizer.encode(piece))
         if i < len(pieces) - 1:
             masks.append(len(ids))

@@ -83,6 +83,12 @@ class Tokenizer(abc.ABC):
         return self._specials.unk
 
     @property
+    def mask_takes_space_before(self) -> bool:
+        """Whether a text's space before its mask token belongs to the mask ("The [MASK]": the mask's `lstrip`)
+        rather than to the text before it. True unless a tokenizer.json's added mask token says otherwise."""
+        return True
+
+    @property
     def special_ids(self) -> np.ndarray:
         """Sorted int32 ids never masked and never used as random replacements."""
         return self._special_ids
@@ -312,6 +318,11 @@ class HuggingFaceTokenizer(Tokenizer):
     def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         encoding = self._tok.encode(text, add_special_tokens=False)
         return np.asarray(encoding.ids, np.int32), _trim_spans(text, encoding.offsets)
+
+    @property
+    def mask_takes_space_before(self) -> bool:
+        added = self._tok.get_added_tokens_decoder().get(self.mask_id)
+        return True if added is None else bool(added.lstrip)
 
     @property
     def special_template(self):
