@@ -25,8 +25,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from bertjax.data.special_template import bert_template, from_post_processor
 from bertjax.data.special_tokens import (SPECIAL_TOKEN_KEYS, SPECIAL_TOKEN_NAMES, SpecialIds, declared_special_tokens,
                                          find_specials, layout_roles)
+
 
 class InvalidTokenizerFile(ValueError):
     """A tokenizer file that cannot be read at all (truncated, empty, not UTF-8, another kind of file), as opposed
@@ -101,7 +103,6 @@ class Tokenizer(abc.ABC):
     @property
     def special_template(self):
         """Where [CLS]/[SEP] (or <s>/</s>) go around one text or a pair (bertjax.data.special_template)."""
-        from bertjax.data.special_template import bert_template
         return bert_template(self.cls_id, self.sep_id)
 
     @property
@@ -248,7 +249,6 @@ class HuggingFaceTokenizer(Tokenizer):
         for piece, i in vocab.items():
             pieces[i] = piece
         added = [i for i, token in self._tok.get_added_tokens_decoder().items() if token.special]
-        from bertjax.data.special_template import from_post_processor
         try:
             self._laid_out, self._layout_error = from_post_processor(self._tok), None
         except ValueError as error:  # a layout bertjax cannot follow: an error for those who lay out rows with it
