@@ -280,7 +280,7 @@ def test_local_layers_count_their_window_and_padding_is_not_work():
     config = get_config("modernbert-base")
     global_layer = 4 * config.num_heads * config.head_dim * 1024
     local_layer = 4 * config.num_heads * config.head_dim * 129  # |i - j| <= 64
-    dense = get_config("modernbert-base", global_attention_every=1)
+    dense = get_config("modernbert-base", global_attention_every=1, local_window=None)
     saved = flops.forward_flops_per_token(dense, 1024) - flops.forward_flops_per_token(config, 1024)
     local_layers = sum(not config.is_global_layer(i) for i in range(config.num_layers))
     assert saved == local_layers * (global_layer - local_layer)
