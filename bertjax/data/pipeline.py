@@ -59,7 +59,7 @@ class DataConfig:
     masking: Masking = "token"
     max_predictions: int | None = None  # per row; None: ceil(seq_len * mlm_probability)
     span_p: float = 0.2  # span masking: span length in words ~ Geometric(span_p) ...
-    span_max_words: int = 10  # ... capped here (SpanBERT's values)
+    span_max_words: int = 10  # ... truncated here and renormalised (SpanBERT's values)
 
     # Sentence-pair objective: rows become [CLS] A [SEP] B [SEP] pairs with `nsp_labels` (needs packing="pad").
     sentence_objective: SentenceObjective = "none"

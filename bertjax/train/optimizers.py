@@ -1,7 +1,7 @@
 """Optimizers as optax GradientTransformations, chosen by name from `OPTIMIZERS`.
 
 - "adamw": Adam with decoupled weight decay (optax.adamw), as BERT/RoBERTa fine-tuning and most pretraining.
-- "lamb": layer-wise adaptive moments (optax.lamb), BERT's large-batch recipe.
+- "lamb": layer-wise adaptive moments, BERT's large-batch recipe (biases and norms outside the trust ratio).
 - "stable_adamw": ModernBERT's optimizer (see `stable_adamw`).
 
 Every optimizer decays only the parameters that `decay_mask` selects (norms and biases are excluded by default)
