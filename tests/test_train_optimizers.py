@@ -148,6 +148,9 @@ def test_lamb_trust_ratio_on_decayed_tensors_only_as_bert_and_albert_trained():
                 expected = -lr * u
             np.testing.assert_allclose(updates[k][n], expected, rtol=1e-4, atol=1e-9, err_msg=f"{k}/{n}")
     assert not decays["dense"]["bias"] and decays["dense"]["kernel"]  # both kinds are exercised
+    # The state is optax.lamb's, node for node: a run's LAMB checkpoints from before this exclusion still restore.
+    assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(
+        optax.lamb(lr, weight_decay=wd, mask=decay_mask).init(params))
 
 
 def test_unknown_optimizer_is_a_clear_error():

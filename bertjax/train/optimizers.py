@@ -120,13 +120,29 @@ def _adamw(config: OptimizerConfig, learning_rate, mask) -> optax.GradientTransf
                        weight_decay=config.weight_decay, mask=mask)
 
 
+def _trust_ratio_where(mask) -> optax.GradientTransformation:
+    """optax.scale_by_trust_ratio on the leaves `mask` selects, the others passed through. Its state is the
+    unmasked transformation's own, so checkpoints of optax.lamb's chain restore into it (optax.masked would wrap
+    that state in another node)."""
+    inner = optax.scale_by_trust_ratio()
+
+    def update(updates, state, params=None):
+        scaled, state = inner.update(updates, state, params)
+        selected = mask(params) if callable(mask) else mask
+        return jax.tree.map(lambda ratio_scaled, plain, keep: ratio_scaled if keep else plain,
+                            scaled, updates, selected), state
+
+    return optax.GradientTransformation(inner.init, update)
+
+
 def _lamb(config: OptimizerConfig, learning_rate, mask) -> optax.GradientTransformation:
     """LAMB as BERT and ALBERT were trained with it: the parameters without weight decay (biases, norms) are also
     left out of the layer-wise trust ratio (their `exclude_from_layer_adaptation`). optax.lamb scales every
-    parameter by it, so a bias starting at zero would move by about lr^2 a step."""
+    parameter by it, so a bias starting at zero would move by about lr^2 a step. The chain is optax.lamb's, so
+    its state (and a run's checkpoints) are the same."""
     return optax.chain(optax.scale_by_adam(b1=config.b1, b2=config.b2, eps=config.eps),
                        optax.add_decayed_weights(config.weight_decay, mask),
-                       optax.masked(optax.scale_by_trust_ratio(), mask),
+                       _trust_ratio_where(mask),
                        optax.scale_by_learning_rate(learning_rate))
 
 
