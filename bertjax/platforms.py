@@ -15,6 +15,7 @@ has not set it.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 
@@ -29,6 +30,7 @@ _QUIET_LIBTPU = {
 }
 
 
+@functools.cache  # the chips do not change under a process; `import bertjax` and the CLI both ask
 def has_tpu_chips() -> bool:
     """TPU chips attached to this machine: /dev/accel* (v2-v4) or /dev/vfio/<n> (v5+), or Google PCI devices."""
     if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):

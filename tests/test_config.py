@@ -62,7 +62,8 @@ def test_settings_that_cannot_apply_are_errors_naming_the_field():
     # DeBERTa's and XLNet's attention build every head for keys and values, with (DeBERTa) or without biases.
     with pytest.raises(ValueError, match=r"DeBERTa attention has no grouped-query attention \(num_kv_heads=2\)"):
         get_config("deberta-v3-tiny", num_kv_heads=2)
-    with pytest.raises(ValueError, match=r"XLNet's attention projections have no biases \(attention_bias must be False\)"):
+    with pytest.raises(ValueError,
+                       match=r"XLNet's attention projections have no biases \(attention_bias must be False\)"):
         get_config("xlnet-tiny", attention_bias=True)
     with pytest.raises(ValueError, match=r"DeBERTa's attention projections have biases"):
         get_config("deberta-v3-tiny", attention_bias=False)

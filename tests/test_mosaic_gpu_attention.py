@@ -22,7 +22,8 @@ from bertjax.ops.xla_attention import dense_attention
 
 INTERPRETS = tuple(int(part) for part in jax.__version__.split(".")[:2]) >= mosaic.INTERPRET_FROM_JAX
 needs_interpret = pytest.mark.skipif(
-    not INTERPRETS, reason=f"JAX's Mosaic GPU interpret mode runs these kernels from JAX 0.11 (this is {jax.__version__})")
+    not INTERPRETS,
+    reason=f"JAX's Mosaic GPU interpret mode runs these kernels from JAX 0.11 (this is {jax.__version__})")
 
 
 @pytest.mark.skipif(INTERPRETS, reason="this JAX interprets the kernels")

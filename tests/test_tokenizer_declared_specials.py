@@ -28,7 +28,8 @@ TEXTS = ["The loop ends when the iterator is exhausted.", "  Leading spaces, caf
 PAIRS = [("What does a return statement do?", "It leaves the function."), ("a", "b c")]
 
 
-def eurobert_style_tokenizer(directory, config=EUROBERT_CONFIG, single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B {EOS}"):
+def eurobert_style_tokenizer(directory, config=EUROBERT_CONFIG, single=f"{BOS} $A {EOS}",
+                              pair=f"{BOS} $A {EOS} $B {EOS}"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())

@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
                 shown = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
                 when = "after" if result.eval_end_step in (None, result.final_step) else \
                     f"at step {result.eval_end_step} (the latest evaluation)"
-                print(f"{name.removeprefix('eval_')} on the validation pairs: {shown(before)} before, {shown(after)} {when}")
+                print(f"{name.removeprefix('eval_')} on the validation pairs: {shown(before)} before, "
+                      f"{shown(after)} {when}")
         if result.model_dir is not None:
             print(f"sentence-transformers model in {result.model_dir}")
         elif result.preempted:

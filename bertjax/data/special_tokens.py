@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from bertjax.data.special_template import TEXT
+
 # Names the special tokens go by across checkpoints, in order of preference, for tokenizers whose files do not
 # name them (a bare tokenizer.json, vocab.txt or SentencePiece model).
 SPECIAL_TOKEN_NAMES: dict[str, tuple[str, ...]] = {
@@ -61,8 +63,8 @@ def find_specials(lookup: Callable[[str], int | None], source: str, declared: di
         ids = [lookup(name) for name in names]
         ids = [i for i in ids if i is not None and i >= 0]
         if not ids and role not in OPTIONAL_SPECIALS:
-            raise ValueError(f"tokenizer {source} has no {role} token (looked for {', '.join(names)}"
-                             f"{'' if declared else f'; or name it as {SPECIAL_TOKEN_KEYS[role][0]} in tokenizer_config.json'})")
+            hint = "" if declared else f"; or name it as {SPECIAL_TOKEN_KEYS[role][0]} in tokenizer_config.json"
+            raise ValueError(f"tokenizer {source} has no {role} token (looked for {', '.join(names)}{hint})")
         found[role] = ids[0] if ids else None
     return SpecialIds(**found)
 
@@ -72,8 +74,6 @@ def layout_roles(template) -> dict[str, int]:
     or, after the text, last (XLNet's `A <sep> <cls>`); sep right after the text. {} without a layout."""
     if template is None:
         return {}
-    from bertjax.data.special_template import TEXT
-
     items = template.single
     text = next(i for i, item in enumerate(items) if item.token == TEXT)
     roles = {}

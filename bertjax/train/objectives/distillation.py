@@ -8,9 +8,9 @@ from every other teacher layer, and three losses.
 The KL term is DistilBERT's released loss (`KLDivLoss` of the student's log-probabilities against the teacher's
 probabilities, averaged over the tokens it covers): the teacher's distribution is the target at every real token,
 as DistilBERT's training script does by default; `soft_targets: masked` restricts it to the masked positions (its
-`--restrict_ce_to_mask`), which computes the vocabulary logits there only. The teacher is read from any model directory bertjax
-loads; its parameters are sharded by their own logical axes, passed to the step as an argument that is never
-donated, and never updated.
+`--restrict_ce_to_mask`), which computes the vocabulary logits there only. The teacher is read from any model
+directory bertjax loads; its parameters are sharded by their own logical axes, passed to the step as an argument
+that is never donated, and never updated.
 """
 
 from __future__ import annotations
@@ -145,9 +145,7 @@ class Distillation(MaskedLM):
         # reads the masked slots out of the student's; otherwise both score the masked slots only.
         positions = None if everywhere else batch["masked_positions"]
         teacher_model = self.teacher[0]
-        student = self.model.apply({"params": params}, **model_inputs(self.model_config, batch),
-                                   masked_positions=positions, deterministic=deterministic,
-                                   rngs=None if deterministic else {"dropout": key})
+        student = self.apply(params, batch, key, deterministic, every_token=everywhere)
         teacher = teacher_model.apply({"params": frozen["teacher"]}, **model_inputs(teacher_model.config, batch),
                                       masked_positions=positions, deterministic=True)
         teacher_logits = jax.lax.stop_gradient(teacher.logits.astype(jnp.float32))

@@ -28,10 +28,11 @@ class MaskedLM(Objective):
     def init_params(self, key):
         return init_boxed(self.model, key)
 
-    def apply(self, params, batch, key, deterministic):
+    def apply(self, params, batch, key, deterministic, *, every_token: bool = False):
+        """The model on the batch, its vocabulary logits at the masked slots (or, `every_token`, everywhere)."""
         return self.model.apply({"params": params}, **model_inputs(self.model_config, batch),
-                                masked_positions=batch["masked_positions"], deterministic=deterministic,
-                                rngs=None if deterministic else {"dropout": key})
+                                masked_positions=None if every_token else batch["masked_positions"],
+                                deterministic=deterministic, rngs=None if deterministic else {"dropout": key})
 
     def loss_sums(self, params, frozen, batch, key, deterministic):
         output = self.apply(params, batch, key, deterministic)
