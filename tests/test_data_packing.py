@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bertjax.data.nsp import make_sentence_pairs
-from bertjax.data.packing import (SpecialTokens, best_fit_decreasing, pack_documents, pad_documents,
+from bertjax.data.packing import (SpecialTokens, best_fit, pack_documents, pad_documents,
                                   split_long_documents)
 
 CLS, SEP, PAD = 2, 3, 0
@@ -74,13 +74,44 @@ def test_long_documents_split_into_consecutive_chunks():
 def test_best_fit_decreasing_fills_bins():
     rng = np.random.default_rng(1)
     sizes = rng.integers(3, 60, 2000)
-    bins = best_fit_decreasing(sizes, 128)
+    bins = best_fit(sizes, 128)
     load = np.bincount(bins, weights=sizes)
     assert load.max() <= 128
     # Within 1% of the lower bound on the number of bins.
     assert bins.max() + 1 <= np.ceil(sizes.sum() / 128) * 1.01 + 1
     with pytest.raises(ValueError, match="sizes"):
-        best_fit_decreasing(np.array([129]), 128)
+        best_fit(np.array([129]), 128)
+    with pytest.raises(ValueError, match="at least 1"):
+        best_fit(np.array([0, 3]), 128)
+
+
+def _best_fit_by_scanning(sizes, capacity, order, max_items):
+    """The definition, row by row: each item into the open row with the least room that holds it (the earliest
+    such row on a tie), else a new row whose room `capacity` gives from the item."""
+    free, count, rows = [], [], np.empty(len(sizes), np.int64)
+    for item in order:
+        fits = [(free[r], r) for r in range(len(free)) if free[r] >= sizes[item] and count[r] < max_items]
+        row = min(fits)[1] if fits else len(free)
+        if not fits:
+            free.append(capacity(int(sizes[item])))
+            count.append(0)
+        free[row] -= sizes[item]
+        count[row] += 1
+        rows[item] = row
+    return rows
+
+
+@pytest.mark.parametrize("max_items", [1, 3, 10 ** 6])
+def test_best_fit_in_a_given_order_matches_the_definition(max_items):
+    rng = np.random.default_rng(max_items)
+    sizes = rng.integers(1, 40, 400)
+    order = rng.permutation(len(sizes))
+    room = lambda first: 48 if first <= 48 else 64  # a row's room from its first item (inference's buckets)
+    expected = _best_fit_by_scanning(sizes, room, order, max_items)
+    np.testing.assert_array_equal(best_fit(sizes, room, order=order, max_items=max_items), expected)
+    decreasing = np.argsort(-sizes, kind="stable")
+    np.testing.assert_array_equal(best_fit(sizes, 48, max_items=max_items),
+                                  _best_fit_by_scanning(sizes, lambda first: 48, decreasing, max_items))
 
 
 def test_padded_rows_hold_one_document_each():

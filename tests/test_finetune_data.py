@@ -201,7 +201,7 @@ def test_packing_places_whole_examples_in_segments(tok):
     assert packed["segment_ids"][1].tolist() == [1] * 5 + [2] * 4 + [0] * 3
     second = packed["input_ids"][0, 8:11]
     assert second.tolist() == rows["input_ids"][1, :3].tolist()  # [CLS] dog [SEP], unchanged
-    # In another order (training files are packed shuffled): first fit over 5, 4, 8, 3 -> [5 + 4 + 3], [8]
+    # In another order (training files are packed shuffled): best fit over 5, 4, 8, 3 -> [5 + 4 + 3], [8]
     reordered = pack_rows(rows, tok.pad_id, np.array([2, 3, 0, 1]))
     assert reordered["slot_example"].tolist() == [[2, 3, 1], [0, -1, -1]]
     assert reordered["labels"].tolist() == [[0, 1, 1], [0, 0, 0]]

@@ -59,30 +59,54 @@ def split_long_documents(docs: Sequence[np.ndarray], max_tokens: int) -> tuple[l
     return chunks, split
 
 
-def best_fit_decreasing(sizes: np.ndarray, capacity: int) -> np.ndarray:
-    """Assign items to bins of `capacity`; returns the bin of each item (bins numbered in opening order)."""
+def best_fit(sizes: np.ndarray, capacity: int | Callable[[int], int], *, order: np.ndarray | None = None,
+             max_items: int | None = None) -> np.ndarray:
+    """Assign items to rows of limited room, each into the fullest open row that still holds it; returns the row of
+    each item (rows numbered in opening order). The one placement routine of pretraining, fine-tuning and
+    inference packing, O(n log n).
+
+    order: the order items are placed in; default longest first, equal sizes in index order (best-fit
+    decreasing; stable, so a packing is reproducible). capacity: every row's room, or a function of the size of
+    a row's first item giving that row's room. max_items: items one row may hold at most.
+    """
     sizes = np.asarray(sizes)
-    if sizes.size and (sizes.max() > capacity or sizes.min() <= 0):
+    room_of = capacity if callable(capacity) else (lambda first, room=int(capacity): room)
+    if sizes.size and sizes.min() <= 0:
+        raise ValueError(f"item sizes must be at least 1, got {sizes.min()}")
+    if sizes.size and not callable(capacity) and sizes.max() > capacity:
         raise ValueError(f"item sizes must be in [1, {capacity}], got [{sizes.min()}, {sizes.max()}]")
-    bins = np.empty(len(sizes), np.int64)
-    order = np.argsort(-sizes, kind="stable")  # stable: equal sizes keep document order, so packing is reproducible
+    rows = np.empty(len(sizes), np.int64)
+    order = np.argsort(-sizes, kind="stable") if order is None else np.asarray(order)
     smallest = int(sizes.min()) if sizes.size else 1
-    # Open bins by free space, as (free, bin) sorted ascending: the first with free >= size is the best fit.
-    free: list[tuple[int, int]] = []
-    num_bins = 0
+    # Open rows by free room, as (free, row) sorted ascending: the first with free >= size is the best fit.
+    open_rows: list[tuple[int, int]] = []
+    items_in: list[int] = []
     for item in order:
         size = int(sizes[item])
-        slot = bisect.bisect_left(free, (size, -1))
-        if slot < len(free):
-            space, which = free.pop(slot)
+        slot = bisect.bisect_left(open_rows, (size, -1))
+        if slot < len(open_rows):
+            free, row = open_rows.pop(slot)
         else:
-            space, which = capacity, num_bins
-            num_bins += 1
-        bins[item] = which
-        space -= size
-        if space >= smallest:  # a bin nothing can fill any more leaves the search list
-            bisect.insort(free, (space, which))
-    return bins
+            free, row = room_of(size), len(items_in)
+            if size > free:
+                raise ValueError(f"an item of size {size} is larger than its row's room {free}")
+            items_in.append(0)
+        rows[item] = row
+        free -= size
+        items_in[row] += 1
+        # A row that nothing can fill any more, or that holds its most items, leaves the search list.
+        if free >= smallest and (max_items is None or items_in[row] < max_items):
+            bisect.insort(open_rows, (free, row))
+    return rows
+
+
+def rows_in_order(rows: np.ndarray, order: np.ndarray | None = None) -> list[list[int]]:
+    """Each row's items from `best_fit`'s result, listed in `order` (the order they were placed; default index
+    order)."""
+    members: list[list[int]] = [[] for _ in range(int(rows.max()) + 1 if rows.size else 0)]
+    for item in (range(len(rows)) if order is None else order):
+        members[int(rows[item])].append(int(item))
+    return members
 
 
 def write_rows(pieces: Sequence[np.ndarray], row: np.ndarray, column: np.ndarray, segment: np.ndarray,
@@ -121,7 +145,7 @@ def pack_documents(docs: Sequence[np.ndarray], seq_len: int, specials: SpecialTo
     chunks, split = split_long_documents(docs, seq_len - 2)
     pieces = _with_specials(chunks, specials)
     sizes = np.fromiter((len(p) for p in pieces), np.int64, len(pieces))
-    bins = best_fit_decreasing(sizes, seq_len)
+    bins = best_fit(sizes, seq_len)
     num_rows = int(bins.max()) + 1 if len(bins) else 0
     # Within a row, pieces keep document order; columns and segment numbers follow from that order.
     order = np.lexsort((np.arange(len(bins)), bins))

@@ -3,8 +3,8 @@
 Padding a batch of short sentences to data.max_length wastes most of every row; packing fills rows with whole
 examples (segment ids 1, 2, ...; attention never crosses segments, positions restart at each) and the model pools
 one prediction per segment (`max_segments`). Examples are placed in a given order (the training file's in a
-seeded shuffled order, `training_order`; other files in file order), each in the first row with room, so a packing
-is a pure function of the data: the same rows every epoch and after a resume. Shuffling first matters: files are
+seeded shuffled order, `training_order`; other files in file order), each in the fullest row that holds it
+(bertjax.data.packing.best_fit), so a packing is a pure function of the data: the same rows every epoch and after a resume. Shuffling first matters: files are
 often sorted by label, and rows of consecutive examples would make every packed row (and batch) one-label, which
 costs accuracy (measured: bench/finetune_bench.py, docs/benchmarks.md).
 """
@@ -12,6 +12,8 @@ costs accuracy (measured: bench/finetune_bench.py, docs/benchmarks.md).
 from __future__ import annotations
 
 import numpy as np
+
+from bertjax.data.packing import best_fit, rows_in_order
 
 MAX_SEGMENTS = 32  # examples per row at most: bounds the [rows, K, labels] logits of a row of tiny examples
 TRAINING_ORDER_SEED = 0  # the order training examples are packed in (fixed: the rows must not change on resume)
@@ -27,17 +29,8 @@ def pack_rows(arrays: dict[str, np.ndarray], pad_id: int, order: np.ndarray | No
     in `order` (default: as given)."""
     lengths = (arrays["segment_ids"] > 0).sum(1)
     max_length = arrays["input_ids"].shape[1]
-    rows: list[list[int]] = []  # example indices per packed row
-    room: list[int] = []
-    for example in (range(len(lengths)) if order is None else order):
-        example, length = int(example), int(lengths[example])
-        target = next((r for r, free in enumerate(room) if free >= length and len(rows[r]) < MAX_SEGMENTS), None)
-        if target is None:
-            rows.append([])
-            room.append(max_length)
-            target = len(rows) - 1
-        rows[target].append(example)
-        room[target] -= int(length)
+    order = np.arange(len(lengths)) if order is None else np.asarray(order)
+    rows = rows_in_order(best_fit(lengths, max_length, order=order, max_items=MAX_SEGMENTS), order)
     slots = max(len(r) for r in rows)
     out = {"input_ids": np.full((len(rows), max_length), pad_id, np.int32),
            "segment_ids": np.zeros((len(rows), max_length), np.int32),

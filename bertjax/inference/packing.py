@@ -9,12 +9,12 @@ into batches of that bucket's row count.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
+from bertjax.data.packing import best_fit, rows_in_order
 from bertjax.inference.buckets import BucketPlan
 
 
@@ -67,26 +67,11 @@ def pack(sequences: Sequence[np.ndarray], plan: BucketPlan, pad_id: int, *, pack
                          "truncate or chunk it first")
     if len(lengths) and lengths.min() == 0:
         raise ValueError("an empty token sequence cannot be placed (an empty text still has its special tokens)")
-    rows_of: list[list[int]] = []  # sequence indices per row, in placement order
-    used: list[int] = []
-    capacity: list[int] = []
-    open_rows: list[tuple[int, int]] = []  # (free tokens, row) of rows that may take more segments, sorted
-    for i in np.argsort(-lengths, kind="stable"):
-        n = int(lengths[i])
-        at = bisect.bisect_left(open_rows, (n, -1)) if packing else len(open_rows)
-        if at < len(open_rows):
-            free, r = open_rows.pop(at)
-        else:
-            r = len(rows_of)
-            rows_of.append([])
-            used.append(0)
-            capacity.append(max(plan.pack_length, plan.length_for(n)) if packing else plan.length_for(n))
-            free = capacity[r]
-        rows_of[r].append(int(i))
-        used[r] += n
-        free -= n
-        if packing and len(rows_of[r]) < plan.max_segments and free > 0:
-            bisect.insort(open_rows, (free, r))
+    order = np.argsort(-lengths, kind="stable")
+    room = (lambda first: max(plan.pack_length, plan.length_for(first))) if packing else plan.length_for
+    rows_of = rows_in_order(best_fit(lengths, room, order=order, max_items=plan.max_segments if packing else 1),
+                            order)  # sequence indices per row, in placement order
+    used = [int(lengths[members].sum()) for members in rows_of]
 
     count = len(sequences)
     placement = Placement(*(np.zeros(count, np.int64) for _ in range(5)))
