@@ -247,11 +247,11 @@ def test_summary_dates_an_evaluation_older_than_the_last_step(monkeypatch, capsy
 
 def test_nonfinite_advice_names_the_run_types_keys():
     """The embedder's non-finite stop names its own keys (train.*), not pretraining's optimizer.* ones."""
-    from bertjax.embeddings.training import OPTIMIZER_KEYS
+    from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS
     from bertjax.train.guards import NonFiniteError, NonFiniteGuard
 
     for keys, rate, clip in ((None, "optimizer.learning_rate", "optimizer.clip_global_norm"),
-                             (OPTIMIZER_KEYS, "train.learning_rate", "train.max_grad_norm")):
+                             (TRAINER_OPTIMIZER_KEYS, "train.learning_rate", "train.max_grad_norm")):
         guard = NonFiniteGuard("stop", keys=keys)
         guard.observe(1, {"loss": float("nan"), "grad_norm": 1.0})
         with pytest.raises(NonFiniteError, match=f"Lower {rate}, set {clip}, or skip"):

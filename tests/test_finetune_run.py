@@ -3,6 +3,7 @@ artefacts, resumes exactly, and runs every task through `bertjax predict`."""
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -464,3 +465,30 @@ def test_sequence_predict_counts_cut_examples(files, full_run):
                     f"data.max_length={POSITIONS} (the most the model takes) to see more of them"]
     predict(workdir / "best", source, ["data.max_length=64"], say=said.append)
     assert len(said) == 1
+
+
+def test_a_diverging_run_stops_before_saving_or_skips_the_updates(files, caplog):
+    """A non-finite loss or gradient norm: train.nonfinite=stop (default) stops with an error before best/ or a
+    checkpoint holds the diverged weights; skip keeps the weights of the last finite update and finishes."""
+    from bertjax.train.guards import NonFiniteError
+
+    diverging = ("train.learning_rate=1e38", "train.max_grad_norm=null", "train.warmup_ratio=0", "eval.every=2",
+                 "train.epochs=1")
+    workdir = files["root"] / "diverged"
+    with pytest.raises(NonFiniteError, match=r"step \d+: non-finite .*Lower train.learning_rate, set "
+                                             r"train.max_grad_norm"):
+        finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
+                 workdir, config("sequence-classification", *diverging), say=lambda _: None)
+    assert not (workdir / "best").exists()
+    assert not (workdir / "results.json").exists()
+
+    skipping = files["root"] / "skipped"
+    with caplog.at_level("WARNING", logger="bertjax.train.guards"):
+        result = finetune(files["model"], task_class("sequence-classification"), files["train"], files["validation"],
+                          skipping, config("sequence-classification", *diverging, "train.nonfinite=skip"),
+                          say=lambda _: None)
+    skipped = [r for r in caplog.records if "update skipped" in r.getMessage()]
+    assert result.results["finished"] and skipped
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(result.params))
+    losses = [r["loss"] for r in read_metrics(skipping) if r["split"] == "train"]
+    assert all(np.isfinite(losses))  # the skipped steps' losses are left out of the reported mean

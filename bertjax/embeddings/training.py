@@ -35,7 +35,8 @@ from bertjax.embeddings.retrieval_metrics import pair_corpus, retrieval_metrics
 from bertjax.embeddings.train_config import EmbedderConfig, embedder_config_from_dict, save_embedder_config
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import workdir as workdir_lib
-from bertjax.train.run_config import ConfigError, OptimizerConfig, ScheduleConfig, to_dict
+from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
+from bertjax.train.run_config import ConfigError, ScheduleConfig, to_dict
 
 log = logging.getLogger(__name__)
 
@@ -255,20 +256,10 @@ def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict, resumable
     except ConfigError:  # written by another version: the restore's own structure check still applies
         held = None
     if held is not None:
-        workdir_lib.check_optimizer_state(workdir, optimizer_config(held), optimizer_config(config), OPTIMIZER_KEYS)
+        workdir_lib.check_optimizer_state(workdir, trainer_adamw(held.train), trainer_adamw(config.train),
+                                         TRAINER_OPTIMIZER_KEYS)
     if found and jax.process_index() == 0:
         log.warning("resuming %s with changed settings: %s", workdir, workdir_lib.describe_differences(found))
-
-
-# The run config's keys behind the optimizer settings `optimizer_config` takes from it (the others are constants).
-OPTIMIZER_KEYS = {"learning_rate": "train.learning_rate", "weight_decay": "train.weight_decay",
-                  "clip_global_norm": "train.max_grad_norm"}
-
-
-def optimizer_config(config: EmbedderConfig) -> OptimizerConfig:
-    """sentence-transformers' AdamW (betas 0.9/0.999, eps 1e-8) with the run's rate, decay and clipping."""
-    return OptimizerConfig(name="adamw", learning_rate=config.train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
-                           weight_decay=config.train.weight_decay, clip_global_norm=config.train.max_grad_norm)
 
 
 def save_final_model(directory: Path, encoder, params) -> Any:
@@ -318,7 +309,6 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
     from bertjax.train.distributed import PreemptionWatch
     from bertjax.train.guards import NonFiniteGuard
     from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
-    from bertjax.train.optimizers import build_optimizer
     from bertjax.train.schedules import build_schedule
     from bertjax.train.state import abstract_state, count_params, create_train_state, state_shardings
 
@@ -346,7 +336,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
 
     schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total),
                               config.train.learning_rate, total)
-    optimizer = build_optimizer(optimizer_config(config), schedule)
+    optimizer = build_optimizer(trainer_adamw(config.train), schedule)
     model = encoder.model
     initialise = boxed_initialiser(model)
     start = start or 0
@@ -376,7 +366,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
                    f"{f' in cached chunks of {rows_per_chunk}' if config.train.mini_batch_size else ''}, mesh "
                    f"{dict(mesh.shape)}; {'resuming from step ' + str(start) if start else 'starting'} of {total}")
     watch = PreemptionWatch()
-    nonfinite = NonFiniteGuard(config.train.nonfinite, keys=OPTIMIZER_KEYS)
+    nonfinite = NonFiniteGuard(config.train.nonfinite, keys=TRAINER_OPTIMIZER_KEYS)
     eval_start = eval_end = eval_end_step = None
     step, preempted, last_saved = start, False, start or None
     end = total if stop_after is None else min(total, start + stop_after)

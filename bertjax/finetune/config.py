@@ -44,6 +44,7 @@ class FinetuneTrainConfig:
     max_grad_norm: float | None = 1.0  # global-norm clipping, as transformers' Trainer
     seed: int = 0  # head initialisation, shuffling, dropout
     early_stopping_patience: int = 0  # stop after this many evaluations without a better main metric; 0: never
+    nonfinite: Literal["stop", "skip"] = "stop"  # a NaN/inf loss or gradient norm: as pretraining's train.nonfinite
     progress_bar: bool = True
 
 

@@ -31,8 +31,10 @@ from bertjax.finetune.tasks.base import fit_max_length
 from bertjax.inference.texts import check_tokenizer_fits  # shared with predict and the embedding commands
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.distributed import PreemptionWatch
+from bertjax.train.guards import NonFiniteGuard
 from bertjax.train import workdir as workdir_lib
-from bertjax.train.run_config import ConfigError, OptimizerConfig, ScheduleConfig, to_dict
+from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
+from bertjax.train.run_config import ConfigError, ScheduleConfig, to_dict
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "finetune.json"  # in the workdir and in best/: task, labels, data settings (what predict needs)
@@ -104,7 +106,8 @@ def known_labels(model) -> tuple[str, ...] | None:
 # ---------------------------------------------------------------------------------------------------------------
 # Steps.
 
-def make_steps(task: Task, model, optimizer, schedule, mesh, shardings, seed: int):
+def make_steps(task: Task, model, optimizer, schedule, mesh, shardings, seed: int, nonfinite: str = "stop"):
+    from bertjax.train import guards
     from bertjax.train.state import TrainState
     from bertjax.train.step import JittedStep, batch_shardings
 
@@ -125,9 +128,12 @@ def make_steps(task: Task, model, optimizer, schedule, mesh, shardings, seed: in
         grads, (total, count) = jax.grad(loss_fn, has_aux=True)(state.params, batch, key)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {"loss_sum": total, "count": count, "learning_rate": schedule(state.step),
-                   "grad_norm": optax.tree.norm(grads)}
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        metrics = {"loss_sum": total, "count": count, "loss": total / jnp.maximum(count, 1.0),
+                   "learning_rate": schedule(state.step), "grad_norm": optax.tree.norm(grads)}
+        new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+        if nonfinite == "skip":
+            return guards.keep_finite_update(state, new_state, metrics)
+        return new_state, metrics
 
     def eval_step(params, batch):
         output = forward(params, batch, True)
@@ -322,12 +328,6 @@ def check_main_metric(task: Task, model, validation: Encoded, labels: Labels, ma
                           f"{sorted(names)}")
 
 
-def optimizer_config(config: FinetuneConfig) -> OptimizerConfig:
-    """transformers Trainer's AdamW (betas 0.9/0.999, eps 1e-8) with the run's rate, decay and clipping."""
-    return OptimizerConfig(name="adamw", learning_rate=config.train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
-                           weight_decay=config.train.weight_decay, clip_global_norm=config.train.max_grad_norm)
-
-
 def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path, validation_file: str | Path,
              workdir: str | Path, config: FinetuneConfig, *, stop_after: int | None = None,
              say: Callable[[str], None] = print, chosen: Collection[str] = (),
@@ -353,7 +353,6 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     from bertjax.model_dirs import load_model_dir, read_token_ids
     from bertjax.models.inputs import check_ids
     from bertjax.train.checkpoints import open_for_resume
-    from bertjax.train.optimizers import build_optimizer
     from bertjax.train.schedules import build_schedule
     from bertjax.train.state import abstract_state, create_train_state, state_shardings
 
@@ -399,7 +398,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     total_steps = per_epoch * config.train.epochs
     schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total_steps),
                               config.train.learning_rate, total_steps)
-    optimizer = build_optimizer(optimizer_config(config), schedule)
+    optimizer = build_optimizer(trainer_adamw(config.train), schedule)
     initialise = boxed_initialiser(model)
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -421,7 +420,8 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
         save_finetune_config(config, workdir / CONFIG_FILE)
         write_run_file(workdir, task, labels, config, {**identity, "config": to_dict(config)})
 
-    train_step, evaluate = make_steps(task, model, optimizer, schedule, mesh, shardings, config.train.seed)
+    train_step, evaluate = make_steps(task, model, optimizer, schedule, mesh, shardings, config.train.seed,
+                                      config.train.nonfinite)
     every = config.eval.every or per_epoch
     log = report.EvaluationLog(workdir, start_step, write=primary)
     best = report.best_record(log.records, main_metric)
@@ -433,6 +433,8 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     stopped_early = bool(patience) and report.evaluations_since_best(log.records, main_metric) >= patience
     speed = TrainSpeed()
     watch = PreemptionWatch()  # SIGTERM (preemption), SIGHUP, Ctrl-C: save this step's checkpoint, then stop
+    nonfinite = NonFiniteGuard(config.train.nonfinite, keys=TRAINER_OPTIMIZER_KEYS)
+    last_saved = start_step or None
     try:
         while step < end and not stopped_early:
             began, began_cpu = time.perf_counter(), time.process_time()
@@ -440,7 +442,10 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
             state, metrics = train_step(state, global_batch(batch, mesh))
             step += 1
             checkpointer.record_finished()  # a completed save gets its checksums now, not at the next save
-            accumulated = {k: accumulated[k] + float(metrics[k]) for k in accumulated}  # float() waits for the step
+            nonfinite.observe(step, metrics)
+            nonfinite.check(last_saved)  # every step: the loop waits for each step's loss anyway
+            if not float(metrics.get("skipped", 0.0)):  # float() waits for the step
+                accumulated = {k: accumulated[k] + float(metrics[k]) for k in accumulated}
             speed.add(float(metrics["count"]), time.perf_counter() - began, time.process_time() - began_cpu)
             learning_rate = float(metrics["learning_rate"])
             if bar is not None:
@@ -470,6 +475,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
             stop = watch.should_stop(step)
             if evaluating or step % config.checkpoint.every == 0 or step == end or stop:
                 checkpointer.save(step, state, accumulated)
+                last_saved = step
             if stop and step < total_steps:
                 _say(bar, say, f"{watch.reason}: saved a checkpoint at step {step}; rerun the same command to resume")
                 break

@@ -159,6 +159,19 @@ OPTIMIZERS: dict[str, Callable[[OptimizerConfig, optax.ScalarOrSchedule, Callabl
 }
 
 
+# The keys of a fine-tuning or embedder run config behind `trainer_adamw`'s settings (the others are constants):
+# what a resume with changed settings and the non-finite guard's advice name.
+TRAINER_OPTIMIZER_KEYS = {"learning_rate": "train.learning_rate", "weight_decay": "train.weight_decay",
+                          "clip_global_norm": "train.max_grad_norm"}
+
+
+def trainer_adamw(train) -> OptimizerConfig:
+    """The AdamW of transformers' Trainer and sentence-transformers (betas 0.9/0.999, eps 1e-8) with a fine-tuning
+    or embedder run's `train.learning_rate`, `train.weight_decay` and `train.max_grad_norm`."""
+    return OptimizerConfig(name="adamw", learning_rate=train.learning_rate, b1=0.9, b2=0.999, eps=1e-8,
+                           weight_decay=train.weight_decay, clip_global_norm=train.max_grad_norm)
+
+
 def build_optimizer(config: OptimizerConfig, schedule: optax.ScalarOrSchedule) -> optax.GradientTransformation:
     """The optimizer named by `config.name`, with its weight-decay mask and optional global-norm clipping."""
     if config.name not in OPTIMIZERS:
