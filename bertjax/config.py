@@ -420,14 +420,14 @@ class EncoderConfig:
             if self.kv_heads != self.num_heads:
                 raise ValueError("EncoderConfig.longformer: Longformer attention has no grouped-query attention "
                                  f"(num_kv_heads={self.num_kv_heads})")
-        if self.position_embedding == "alibi":
-            if self.attention_kind != "standard":
-                raise ValueError("EncoderConfig.position_embedding='alibi' needs attention_kind='standard' (the "
-                                 f"ALiBi bias is added by bertjax.ops.attention), got {self.attention_kind!r}")
-            if (self.rope_theta_global, self.rope_theta_local) != (10_000.0, 10_000.0):
-                raise ValueError("EncoderConfig.position_embedding='alibi' cannot be combined with RoPE: "
-                                 "rope_theta_global/rope_theta_local are read only with position_embedding='rope' "
-                                 f"(got {self.rope_theta_global}, {self.rope_theta_local})")
+        if self.position_embedding == "alibi" and self.attention_kind != "standard":
+            raise ValueError("EncoderConfig.position_embedding='alibi' needs attention_kind='standard' (the "
+                             f"ALiBi bias is added by bertjax.ops.attention), got {self.attention_kind!r}")
+        if self.position_embedding != "rope" and (self.rope_theta_global, self.rope_theta_local) != (10_000.0,
+                                                                                                      10_000.0):
+            raise ValueError(f"EncoderConfig.rope_theta_global/rope_theta_local ({self.rope_theta_global}, "
+                             f"{self.rope_theta_local}) are read only with position_embedding='rope', not "
+                             f"{self.position_embedding!r}: leave them at 10000")
         if self.attention_fused_qkv and (self.position_embedding != "rope" or self.kv_heads != self.num_heads
                                          or self.attention_kind != "standard"):
             raise ValueError("EncoderConfig.attention_fused_qkv needs position_embedding='rope', "

@@ -136,3 +136,14 @@ def test_a_pretraining_workdir_is_not_a_finetuning_workdir(tmp_path, capsys):
     assert "holds a run of `bertjax pretrain` (model_config.json), not one of `bertjax finetune`" in \
         capsys.readouterr().err
     assert sorted(p.name for p in pretraining.iterdir()) == ["config.yaml", "model_config.json"]
+
+
+@pytest.mark.parametrize("task", ["token-classification", "question-answering", "multiple-choice"])
+def test_packing_a_task_that_does_not_pack_is_refused(task):
+    """data.packing used to be accepted and ignored by every task but sequence classification (trained unpacked,
+    config.yaml saying packed)."""
+    config = load_finetune_config(None, ["data.packing=true"], task_class(task).defaults)
+    with pytest.raises(ConfigError, match=f"data.packing: the {task} task does not pack"):
+        task_class(task)(config.data, config.task)
+    config = load_finetune_config(None, ["data.packing=true"], task_class("sequence-classification").defaults)
+    assert task_class("sequence-classification")(config.data, config.task).data.packing

@@ -123,8 +123,10 @@ def test_presets_have_the_published_sizes():
 
 
 def test_alibi_with_rope_or_another_attention_kind_is_a_clear_error():
-    with pytest.raises(ValueError, match="position_embedding='alibi' cannot be combined with RoPE"):
-        get_config("modernbert-tiny", position_embedding="alibi")
+    with pytest.raises(ValueError, match="read only with position_embedding='rope', not 'alibi'"):
+        get_config("modernbert-tiny", position_embedding="alibi")  # its RoPE thetas would be ignored
+    with pytest.raises(ValueError, match="read only with position_embedding='rope', not 'learned'"):
+        get_config("bert-tiny", rope_theta_global=160_000.0)  # ModernBERT's long-context step on BERT: a no-op
     with pytest.raises(ValueError, match="position_embedding='alibi' needs attention_kind='standard'"):
         get_config("deberta-v3-tiny", position_embedding="alibi")
     with pytest.raises(ValueError, match="EncoderConfig.position_embedding must be"):

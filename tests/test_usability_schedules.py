@@ -72,6 +72,22 @@ def test_fraction_above_one_is_a_config_error():
         load_run_config(CONFIGS / "tiny.yaml", ["schedule.decay=-0.1"])
 
 
+def test_a_setting_the_schedule_does_not_read_is_a_config_error():
+    """tiny.yaml's wsd decay kept after switching to linear used to be recorded in config.yaml and do nothing."""
+    with pytest.raises(ConfigError, match=r"schedule.decay: 0.4 does nothing for the 'linear' schedule .*\['wsd'\]"):
+        load_run_config(CONFIGS / "tiny.yaml", ["schedule.name=linear"])
+    with pytest.raises(ConfigError, match="schedule.final_lr_ratio: 0.1 does nothing for the 'constant' schedule"):
+        load_run_config(CONFIGS / "tiny.yaml", ["schedule.name=constant", "schedule.decay=null",
+                                                "schedule.decay_shape=linear", "schedule.final_lr_ratio=0.1"])
+    with pytest.raises(ConfigError, match="schedule.name: unknown schedule 'cosin'"):
+        load_run_config(CONFIGS / "tiny.yaml", ["schedule.name=cosin"])
+    config = load_run_config(CONFIGS / "tiny.yaml", ["schedule.name=cosine", "schedule.decay=null",
+                                                     "schedule.decay_shape=linear"])
+    assert config.schedule.name == "cosine"
+    with pytest.raises(ConfigError, match="tokenizer.max_lines must be at least 1"):
+        load_run_config(CONFIGS / "tiny.yaml", ["tokenizer.max_lines=-5"])
+
+
 def test_a_resume_that_stretches_a_fraction_schedule_warns_with_the_rate_before_and_after():
     from bertjax.train.setup import schedule_change_on_resume
 

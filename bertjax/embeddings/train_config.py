@@ -3,7 +3,7 @@
 
     loss:       {scale: 20.0, symmetric: false, similarity: cosine}
     train:      {epochs: 1, steps: null, batch_size: 64, mini_batch_size: null, learning_rate: 5.0e-5, ...}
-    data:       {max_length: 128, anchor_column: anchor, positive_column: positive, negative_column: negative, ...}
+    data:       {max_length: null, anchor_column: anchor, positive_column: positive, negative_column: negative, ...}
     pooling:    {modes: null, normalize: null}   (null: the model's own; a transformers directory: mean)
     eval:       {every: 0, k: 10, batch_size: 64, at_start: true}
     checkpoint: {every: 500, keep: 2, ...}  (pretraining's)

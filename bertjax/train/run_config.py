@@ -1,7 +1,8 @@
 """The typed YAML run config of `bertjax pretrain`: frozen dataclasses, one per section.
 
     model:      {preset: modernbert-tiny, overrides: {hidden_size: 64}, remat_policy: none}
-    objective:  {name: mlm}  (or mlm_nsp, mlm_sop, electra, distillation, with their options: bertjax.train.objectives)
+    objective:  {name: mlm}  (or mlm_nsp, mlm_sop, electra, distillation, permutation_lm, with their options:
+                bertjax.train.objectives)
     tokenizer:  {path: null, vocab_size: 8192}  (null: train one on the run's training documents)
     data:       the data pipeline's own config (bertjax.data.DataConfig): input, seq_len, global_batch_size, ...
     optimizer:  {name: stable_adamw, learning_rate: 1.0e-3, ...}
@@ -447,6 +448,9 @@ def _validate(config: RunConfig) -> None:
     from bertjax.models.encoder import REMAT_POLICIES
 
     _check_model_fields(config.model.overrides, "model.overrides")
+    if config.tokenizer.max_lines < 1:
+        raise ConfigError(f"tokenizer.max_lines must be at least 1 (lines sampled to train the tokenizer), got "
+                          f"{config.tokenizer.max_lines}")
     try:
         get_config(config.model.preset, **config.model.overrides)
     except ValueError as error:
@@ -566,7 +570,25 @@ def _validate_phases(config: RunConfig) -> None:
             raise ConfigError(f"train.phases: fractions must sum to 1, got {total}")
 
 
+# ScheduleConfig fields that only some schedules read, by the keyword of bertjax.train.schedules' builders.
+_SCHEDULE_KEYWORDS = {"decay": "decay", "decay_shape": "decay_shape", "final_lr_ratio": "final", "total": "total"}
+
+
 def _validate_schedule(schedule: ScheduleConfig, where: str = "schedule") -> None:
+    import inspect
+
+    from bertjax.train.schedules import SCHEDULES
+
+    if schedule.name not in SCHEDULES:
+        raise ConfigError(f"{where}.name: unknown schedule {schedule.name!r}; known: {sorted(SCHEDULES)}")
+    reads = inspect.signature(SCHEDULES[schedule.name]).parameters
+    for field, keyword in _SCHEDULE_KEYWORDS.items():
+        value, default = getattr(schedule, field), getattr(ScheduleConfig, field)
+        if keyword not in reads and value != default:
+            readers = sorted(name for name, build in SCHEDULES.items()
+                             if keyword in inspect.signature(build).parameters)
+            raise ConfigError(f"{where}.{field}: {value!r} does nothing for the {schedule.name!r} schedule (it is read "
+                              f"by {readers}); remove it, or choose one of those schedules")
     lengths = {"warmup": schedule.warmup, "decay": schedule.decay, "total": schedule.total}
     for name, value in lengths.items():
         if value is not None and value < 0:

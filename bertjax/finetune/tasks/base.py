@@ -69,8 +69,15 @@ class Task(abc.ABC):
     prediction_unit: ClassVar[str | None] = None
     # What data.truncation's cut means for the task's predictions (tasks that cut examples set it; see Encoded).
     truncation_effect: ClassVar[str] = "each is predicted from the tokens that fit"
+    # Whether data.packing packs this task's training examples several to a row (its `encode` does).
+    packs_training_rows: ClassVar[bool] = False
 
     def __init__(self, data_config, task_config):
+        if data_config.packing and not self.packs_training_rows:
+            from bertjax.train.run_config import ConfigError
+
+            raise ConfigError(f"data.packing: the {self.name} task does not pack its training examples (sequence "
+                              "classification does); set data.packing=false")
         self.data = data_config
         self.task_config = task_config
 
@@ -209,3 +216,4 @@ def _is_int(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return number.is_integer() and not isinstance(value, bool)
+

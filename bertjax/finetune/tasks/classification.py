@@ -27,6 +27,7 @@ class SequenceClassification(Task):
     head = "sequence_classification"
     main_metric = "accuracy"  # regression: pearson
     prediction_unit = "segments"  # packed prediction: the head pools each packed example
+    packs_training_rows = True
     truncation_effect = "each is predicted from the tokens that fit (the longer text of a pair is cut first)"
     defaults = {"train": {"learning_rate": 2e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
 
