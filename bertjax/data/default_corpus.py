@@ -68,14 +68,6 @@ def in_split(text: str | bytes, split: str, eval_fraction: float) -> bool:
     return (bucket < eval_fraction) == (split == "eval")
 
 
-def corpus_fingerprint() -> str:
-    """A short hash of the whole corpus: record it with a run to tell which corpus it trained on."""
-    digest = hashlib.sha256()
-    for doc in _all_documents():
-        digest.update(hashlib.sha256(doc.encode("utf-8")).digest())
-    return digest.hexdigest()[:16]
-
-
 @functools.lru_cache(maxsize=1)
 def _all_documents() -> tuple[str, ...]:
     cache_path = _cache_path()

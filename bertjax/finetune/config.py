@@ -20,16 +20,14 @@ from typing import Literal, Mapping
 
 import yaml
 
+from bertjax.config import ProblemType
 from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, check_grad_clip,
                                       parse_dataclass, read_config_file, to_dict)
-
-PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
-
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
     num_labels: int | None = None  # None: the number of distinct training labels (1 for numeric labels)
-    problem_type: Literal["single_label_classification", "multi_label_classification", "regression"] | None = None
+    problem_type: ProblemType | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,9 +79,6 @@ AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
     "gpu": ("pallas_gpu", "xla_auto"),
 }
 AUTO_FALLBACK = ("xla",)
-# The best implementation per platform for a call needing no optional feature (kept for callers that resolve
-# "auto" for another platform, such as compile-check).
-AUTO_BY_PLATFORM: dict[str, str] = {platform: names[0] for platform, names in AUTO_PREFERENCE.items()}
 
 
 def required_features(*, heads: int, kv_heads: int, local_window: int | None = None, alibi: bool = False,

@@ -19,7 +19,6 @@ with `python -m bench.attention_bench` (see docs/benchmarks.md, "Attention kerne
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -216,10 +215,3 @@ def xla_auto_attention(q, k, v, *, segment_ids, local_window, scale, interpret=F
                                          global_slots=global_slots)
     return dense_attention(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale,
                            alibi_slopes=alibi_slopes, global_tokens=global_tokens)
-
-
-def blockwise_work(seq: int, local_window: int, chunk: int | None = None) -> int:
-    """Query-key pairs scored per head by `blockwise_local_attention` (for benchmarks and tests)."""
-    half = local_window // 2
-    chunk = chunk or default_chunk(half)
-    return math.ceil(seq / chunk) * chunk * (2 * math.ceil(half / chunk) + 1) * chunk

@@ -202,12 +202,6 @@ class Electra(Objective):
                                                 predictions=predictions)
         return 3.0 * (discriminator + generator)
 
-    def generator_flops_share(self, seq_len: int, tokens: float, predictions: float) -> float:
-        """The generator's share of the step's FLOPs (the cost of ELECTRA over training the discriminator alone)."""
-        generator = flops_lib.mlm_forward_flops(self.generator_config, seq_len=seq_len, tokens=tokens,
-                                                predictions=predictions)
-        return 3.0 * generator / self.train_flops(seq_len=seq_len, tokens=tokens, predictions=predictions, rows=0)
-
     def _models(self, params) -> tuple[dict, dict]:
         """(generator, discriminator) full parameter trees with the shared embeddings filled in."""
         if self.gdes:
