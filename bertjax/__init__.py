@@ -9,7 +9,9 @@ from bertjax.models import (MODEL_CLASSES, EncoderForMaskedLM, EncoderForMultipl
                             EncoderForNextSentencePrediction, EncoderForPreTraining, EncoderForQuestionAnswering,
                             EncoderForReplacedTokenDetection, EncoderForSequenceClassification,
                             EncoderForTokenClassification, EncoderModel, EncoderOutput, MaskedLMOutput,
-                            NextSentenceOutput, PreTrainingOutput, ReplacedTokenOutput, init_params, logical_axes)
+                            MultipleChoiceOutput, NextSentenceOutput, PreTrainingOutput, QuestionAnsweringOutput,
+                            ReplacedTokenOutput, SequenceClassifierOutput, TokenClassifierOutput, init_params,
+                            logical_axes)
 from bertjax.models.checked import checked
 
 __version__ = "0.1.0"
@@ -36,5 +38,6 @@ __all__ = ["PRESETS", "EncoderConfig", "TaskConfig", "get_config", "MODEL_CLASSE
            "EncoderForMaskedLM", "EncoderForPreTraining", "EncoderForNextSentencePrediction", "NextSentenceOutput",
            "EncoderForReplacedTokenDetection", "ReplacedTokenOutput",
            "EncoderForSequenceClassification", "EncoderForTokenClassification", "EncoderForQuestionAnswering",
-           "EncoderForMultipleChoice", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
+           "EncoderForMultipleChoice", "SequenceClassifierOutput", "TokenClassifierOutput", "QuestionAnsweringOutput",
+           "MultipleChoiceOutput", "EncoderOutput", "MaskedLMOutput", "PreTrainingOutput", "from_pretrained",
            "save_pretrained", "init_params", "logical_axes", "checked", "__version__"]
