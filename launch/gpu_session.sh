@@ -68,7 +68,7 @@
 # Each stage writes $OUT/<stage>.log (or ./gpu-logs/); the inference stage also inference.json: at most 8 files
 # come back from a call.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 declare -A CAP=([env]=20 [check]=100 [norm]=40 [train_kernels]=180 [train]=190 [attention]=60 [inference]=130
                 [memory]=220 [tune]=130 [tune_train]=140 [tune_wide]=120 [profile]=50 [mosaic]=60
@@ -130,7 +130,7 @@ run() {  # run STAGE CAP COMMAND...: the command's output to the terminal and to
   # The caps are estimates made before any GPU run: these lines are what to size the next plan by.
   [ "$status" -eq 124 ] && echo "=== $stage: stopped at its ${cap}s cap"
   [ "$status" -eq 0 ] || [ "$status" -eq 124 ] || echo "=== $stage: exit status $status"
-  echo "=== $stage: $(($SECONDS - began))s"
+  echo "=== $stage: $((SECONDS - began))s"
 }
 
 total=0
