@@ -269,10 +269,10 @@ def test_demo_dataset_leaves_out_a_package_the_interpreter_lacks(tmp_path, monke
 # Label spaces and losses of the tasks (no model needed).
 
 def _classification(**task):
-    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig
     from bertjax.finetune.tasks import task_class
 
-    return task_class("sequence-classification")(FinetuneDataConfig(), TaskConfig(**task))
+    return task_class("sequence-classification")(FinetuneDataConfig(), FinetuneTaskConfig(**task))
 
 
 def test_labels_integers_strings_and_regression():
@@ -308,10 +308,10 @@ def test_question_answering_loss_is_over_present_tokens_only():
 
     import jax.numpy as jnp
 
-    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig
     from bertjax.finetune.tasks import task_class
 
-    task = task_class("question-answering")(FinetuneDataConfig(max_length=32, doc_stride=8), TaskConfig())
+    task = task_class("question-answering")(FinetuneDataConfig(max_length=32, doc_stride=8), FinetuneTaskConfig())
     rng = np.random.default_rng(0)
     start, end = rng.normal(size=(2, 5)).astype(np.float32), rng.normal(size=(2, 5)).astype(np.float32)
     batch = {"segment_ids": np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), "start_positions": np.array([1, 0]),
@@ -342,11 +342,11 @@ def test_question_answering_loss_is_over_present_tokens_only():
 
 
 def test_task_input_errors_and_counted_skips(tok):
-    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig
     from bertjax.finetune.tasks import Labels, task_class
 
     data = FinetuneDataConfig(max_length=32, doc_stride=8)
-    qa_task = task_class("question-answering")(data, TaskConfig())
+    qa_task = task_class("question-answering")(data, FinetuneTaskConfig())
     good = {"question": "who ran ?", "context": CONTEXT, "answers": {"text": ["dog"], "answer_start": [
         CONTEXT.index("dog")]}}
     wrong = {"question": "who ran ?", "context": CONTEXT, "answers": {"text": ["cat"], "answer_start": [0]}}
@@ -359,7 +359,7 @@ def test_task_input_errors_and_counted_skips(tok):
     validation = qa_task.encode(tok, [good, wrong], labels, "dev.jsonl", with_targets=True)
     assert len(validation.examples) == 2 and "kept, scored against their gold texts" in validation.notes[0]
 
-    tagger = task_class("token-classification")(data, TaskConfig())
+    tagger = task_class("token-classification")(data, FinetuneTaskConfig())
     tags = tagger.fit_labels([{"tokens": ["the", "cat"], "tags": ["O", "B-ANIMAL"]}], "train.jsonl", None)
     assert tags.names == ("O", "B-ANIMAL")
     with pytest.raises(ValueError, match=r"dev.jsonl, row 1, word 1: label 'B-PLACE' in column 'tags' does not occur"):
@@ -368,13 +368,13 @@ def test_task_input_errors_and_counted_skips(tok):
         tagger.fit_labels([{"tokens": ["the", "cat"], "tags": ["O"]}], "train.jsonl", None)
 
     classifier = task_class("sequence-classification")(FinetuneDataConfig(max_length=6, truncation=False),
-                                                       TaskConfig())
+                                                       FinetuneTaskConfig())
     with pytest.raises(ValueError, match=r"train.jsonl, example 1 is 8 tokens, longer than data.max_length=6"):
         classifier.encode(tok, [{"text": "the cat sat on the mat", "label": "a"}], Labels(names=("a", "b")),
                           "train.jsonl", with_targets=True)
     with pytest.raises(ValueError, match=r"no column 'text'.*data.text_column=NAME"):
         classifier.fit_labels([{"sentence": "x", "label": "a"}], "train.jsonl", None)
-    chooser = task_class("multiple-choice")(FinetuneDataConfig(max_length=8, truncation=False), TaskConfig())
+    chooser = task_class("multiple-choice")(FinetuneDataConfig(max_length=8, truncation=False), FinetuneTaskConfig())
     rows = [{"question": "what", "choices": ["paris", "france", "rome"], "label": 0},
             {"question": "who ran", "choices": ["the dog", "a cat", "the big red cat sat on the mat"], "label": 0}]
     with pytest.raises(ValueError, match=r"dev.jsonl, row 2, choice 3 is 13 tokens, longer than data.max_length=8"):
@@ -421,7 +421,7 @@ def test_text_pair_is_decided_per_row(tok):
 def test_null_cells_are_errors_naming_file_row_and_column(tok):
     """A null or missing text is an error naming the file, row and column (and the key that renames it), never the
     text "None"; in every task, for training labels too."""
-    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig
     from bertjax.finetune.tasks import task_class
 
     labels = Labels(names=("a", "b"))
@@ -434,16 +434,16 @@ def test_null_cells_are_errors_naming_file_row_and_column(tok):
         classifier.fit_labels([{"text": "a", "label": "x"}, {"text": "b", "label": None}, {"text": "c", "label": "y"}],
                               "train.jsonl", None)
     data = FinetuneDataConfig(max_length=32, doc_stride=8)
-    qa_task = task_class("question-answering")(data, TaskConfig())
+    qa_task = task_class("question-answering")(data, FinetuneTaskConfig())
     with pytest.raises(ValueError, match=r"^q.jsonl, row 1: column 'question' is null; .*data.question_column"):
         qa_task.encode(tok, [{"question": None, "context": CONTEXT}], Labels(), "q.jsonl", with_targets=False)
     predicted = qa_task.encode(tok, [{"question": "who", "context": CONTEXT, "id": None}], Labels(), "q.jsonl",
                                with_targets=False)
     assert predicted.examples[0].id == "0"  # an optional id: the row index, not "None"
-    tagger = task_class("token-classification")(data, TaskConfig())
+    tagger = task_class("token-classification")(data, FinetuneTaskConfig())
     with pytest.raises(ValueError, match=r"^t.jsonl, row 1, tokens: item 2 is null, not a text"):
         tagger.encode(tok, [{"tokens": ["the", None]}], Labels(names=("O",)), "t.jsonl", with_targets=False)
-    chooser = task_class("multiple-choice")(data, TaskConfig())
+    chooser = task_class("multiple-choice")(data, FinetuneTaskConfig())
     with pytest.raises(ValueError, match=r"^m.jsonl, row 1, choices: item 1 is null"):
         chooser.encode(tok, [{"question": "who", "choices": [None, "cat"]}], Labels(), "m.jsonl", with_targets=False)
     with pytest.raises(ValueError, match=r"^m.jsonl, row 1: column 'question' is null"):
@@ -488,7 +488,7 @@ def test_words_of_byte_level_bpe_start_with_word_initial_pieces(tmp_path):
 def test_encoders_count_the_examples_they_cut(tok):
     """What `bertjax predict` warns about: an example counts when any of its tokens were cut to data.max_length
     (an exact fit does not); a multiple-choice question counts once, whichever of its choices was cut."""
-    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig
     from bertjax.finetune.tasks import task_class
 
     _, cut = encoding.encode_texts_and_cuts(tok, ["the cat sat on the mat", "dog", "the red house"], None, 8, True,
@@ -497,7 +497,32 @@ def test_encoders_count_the_examples_they_cut(tok):
     _, cut = encoding.encode_texts_and_cuts(tok, ["the cat sat on the mat .", "dog"], ["far away", None], 8, True,
                                             "x")
     assert cut.tolist() == [True, False]
-    choice = task_class("multiple-choice")(FinetuneDataConfig(max_length=8), TaskConfig())
+    choice = task_class("multiple-choice")(FinetuneDataConfig(max_length=8), FinetuneTaskConfig())
     rows = [{"question": "who ran", "choices": ["the dog", "the big red cat sat on the mat"], "label": 0},
             {"question": "what", "choices": ["paris", "france"], "label": 1}]
     assert choice.encode(tok, rows, Labels(names=()), "x", with_targets=True).truncated == 1
+
+
+def test_head_settings_take_the_run_config_over_the_checkpoint():
+    """task.classifier_pooling / task.classifier_dropout set the new head (a ModernBERT classifier pooled by the
+    mean); unset, the checkpoint's values stay; a token-level head refuses a pooling it would ignore."""
+    from bertjax.config import TaskConfig
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig, load_finetune_config
+    from bertjax.finetune.tasks import Labels, task_class
+    from bertjax.train.run_config import ConfigError
+
+    checkpoint = TaskConfig(classifier_dropout=0.2, classifier_pooling="cls")
+    labels = Labels(names=("neg", "pos"))
+    config = load_finetune_config(None, ["task.classifier_pooling=mean", "task.classifier_dropout=0.0"])
+    settings = task_class("sequence-classification")(config.data, config.task).head_settings(labels, checkpoint)
+    assert (settings.classifier_pooling, settings.classifier_dropout, settings.labels) == ("mean", 0.0, labels.names)
+    kept = _classification().head_settings(labels, checkpoint)
+    assert (kept.classifier_pooling, kept.classifier_dropout, kept.problem_type) == (
+        "cls", 0.2, "single_label_classification")
+    tags = task_class("token-classification")(FinetuneDataConfig(), FinetuneTaskConfig()).head_settings(
+        Labels(names=("O", "B-X")), checkpoint)
+    assert (tags.num_labels, tags.labels, tags.classifier_dropout) == (2, ("O", "B-X"), 0.2)
+    with pytest.raises(ConfigError, match="task.classifier_pooling: the token-classification head predicts per token"):
+        task_class("token-classification")(FinetuneDataConfig(), FinetuneTaskConfig(classifier_pooling="mean"))
+    with pytest.raises(ConfigError, match=r"task.classifier_dropout must be in \[0, 1\)"):
+        load_finetune_config(None, ["task.classifier_dropout=1.5"])

@@ -20,14 +20,20 @@ from typing import Literal, Mapping
 
 import yaml
 
-from bertjax.config import ProblemType
+from bertjax.config import ClassifierPooling, ProblemType
 from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, check_grad_clip,
                                       parse_dataclass, read_config_file, to_dict)
 
 @dataclasses.dataclass(frozen=True)
-class TaskConfig:
+class FinetuneTaskConfig:
+    """The run config's `task:` section: what the new head predicts, and how (bertjax.TaskConfig is what the
+    model config then holds)."""
+
     num_labels: int | None = None  # None: the number of distinct training labels (1 for numeric labels)
     problem_type: ProblemType | None = None
+    # The head's dropout and its pooling of a sequence (ModernBERT's "mean"); None: the checkpoint's.
+    classifier_dropout: float | None = None
+    classifier_pooling: ClassifierPooling | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +83,7 @@ class FinetuneEvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
-    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    task: FinetuneTaskConfig = dataclasses.field(default_factory=FinetuneTaskConfig)
     train: FinetuneTrainConfig = dataclasses.field(default_factory=FinetuneTrainConfig)
     data: FinetuneDataConfig = dataclasses.field(default_factory=FinetuneDataConfig)
     eval: FinetuneEvalConfig = dataclasses.field(default_factory=FinetuneEvalConfig)
@@ -134,6 +140,9 @@ def _validate(config: FinetuneConfig) -> None:
                           f"{config.train.early_stopping_patience}")
     if config.eval.every < 0:
         raise ConfigError(f"eval.every must be >= 0 (0: at the end of each epoch), got {config.eval.every}")
+    if config.task.classifier_dropout is not None and not 0.0 <= config.task.classifier_dropout < 1.0:
+        raise ConfigError(f"task.classifier_dropout must be in [0, 1) or null (the checkpoint's), got "
+                          f"{config.task.classifier_dropout}")
     if config.task.num_labels is not None and config.task.num_labels <= 0:
         raise ConfigError(f"task.num_labels must be positive, got {config.task.num_labels}")
     if config.task.problem_type == "multi_label_classification":

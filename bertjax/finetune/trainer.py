@@ -56,23 +56,11 @@ class FinetuneResult:
 # ---------------------------------------------------------------------------------------------------------------
 # The model: the loaded backbone under a fresh task head.
 
-def task_model(base_config, task: Task, labels: Labels, problem_type: str | None):
-    from bertjax.config import TaskConfig
+def task_model(base_config, task: Task, labels: Labels):
+    """The task's model on the checkpoint's backbone (its head's settings: `Task.head_settings`)."""
     from bertjax.models import MODEL_CLASSES
 
-    current = base_config.task_or_default
-    if task.head == "sequence_classification":
-        problem = "regression" if labels.regression else (problem_type or "single_label_classification")
-        settings = TaskConfig(num_labels=labels.num_labels, labels=labels.names or None, problem_type=problem,
-                              classifier_dropout=current.classifier_dropout,
-                              classifier_pooling=current.classifier_pooling)
-    elif task.head == "token_classification":
-        settings = TaskConfig(num_labels=labels.num_labels, labels=labels.names,
-                              classifier_dropout=current.classifier_dropout)
-    else:  # question answering and multiple choice have a fixed number of outputs
-        settings = TaskConfig(classifier_dropout=current.classifier_dropout,
-                              classifier_pooling=current.classifier_pooling)
-    return MODEL_CLASSES[task.head](base_config.replace(task=settings))
+    return MODEL_CLASSES[task.head](base_config.replace(task=task.head_settings(labels, base_config.task_or_default)))
 
 
 def boxed_initialiser(model) -> Callable[[jax.Array], Any]:
@@ -383,7 +371,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     validation = task.encode(tokenizer, validation_rows, labels, str(validation_file), with_targets=True)
     for note in train_data.notes + validation.notes:
         say(note)
-    model = task_model(base_model.config, task, labels, config.task.problem_type)
+    model = task_model(base_model.config, task, labels)
     for name, data in (("train", train_data), ("validation", validation)):  # once, on the host: the steps are jitted
         check_ids(data.arrays["input_ids"], model.config.vocab_size, f"--{name} token ids")
     main_metric = config.eval.main_metric or task.main_metric_for(labels)

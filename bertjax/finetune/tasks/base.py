@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.config import TaskConfig
 from bertjax.train.objectives import losses as objective_losses
 
 
@@ -71,15 +72,34 @@ class Task(abc.ABC):
     truncation_effect: ClassVar[str] = "each is predicted from the tokens that fit"
     # Whether data.packing packs this task's training examples several to a row (its `encode` does).
     packs_training_rows: ClassVar[bool] = False
+    # Whether the head pools a sequence into one vector (what task.classifier_pooling chooses).
+    pools_sequence: ClassVar[bool] = False
 
     def __init__(self, data_config, task_config):
-        if data_config.packing and not self.packs_training_rows:
-            from bertjax.train.run_config import ConfigError
+        from bertjax.train.run_config import ConfigError
 
+        if data_config.packing and not self.packs_training_rows:
             raise ConfigError(f"data.packing: the {self.name} task does not pack its training examples (sequence "
                               "classification does); set data.packing=false")
+        if getattr(task_config, "classifier_pooling", None) is not None and not self.pools_sequence:
+            raise ConfigError(f"task.classifier_pooling: the {self.name} head predicts per token and pools nothing; "
+                              "remove it")
         self.data = data_config
         self.task_config = task_config
+
+    def head_settings(self, labels: Labels, current: TaskConfig) -> TaskConfig:
+        """The model config's TaskConfig for this task's head: the run's `task:` section where it sets a value,
+        else the checkpoint's (`current`), with what the labels decide."""
+        own = self.task_config
+        return TaskConfig(**self.label_settings(labels),
+                          classifier_dropout=(current.classifier_dropout if own.classifier_dropout is None
+                                              else own.classifier_dropout),
+                          classifier_pooling=own.classifier_pooling or current.classifier_pooling)
+
+    def label_settings(self, labels: Labels) -> dict[str, Any]:
+        """TaskConfig fields the label space sets (question answering and multiple choice: none, their number of
+        outputs is fixed)."""
+        return {}
 
     def main_metric_for(self, labels: "Labels") -> str:
         """The metric best/ follows for this label space (regression follows another one than classification)."""

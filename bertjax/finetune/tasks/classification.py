@@ -28,8 +28,14 @@ class SequenceClassification(Task):
     main_metric = "accuracy"  # regression: pearson
     prediction_unit = "segments"  # packed prediction: the head pools each packed example
     packs_training_rows = True
+    pools_sequence = True
     truncation_effect = "each is predicted from the tokens that fit (the longer text of a pair is cut first)"
     defaults = {"train": {"learning_rate": 2e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
+
+    def label_settings(self, labels: Labels) -> dict:
+        problem = ("regression" if labels.regression
+                   else (self.task_config.problem_type or "single_label_classification"))
+        return {"num_labels": labels.num_labels, "labels": labels.names or None, "problem_type": problem}
 
     def main_metric_for(self, labels: Labels) -> str:
         return "pearson" if labels.regression else "accuracy"

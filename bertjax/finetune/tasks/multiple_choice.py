@@ -23,6 +23,7 @@ class MultipleChoice(Task):
     # Prediction stays one question per row: the model takes [questions, choices, seq] and scores a question's
     # choices side by side; packed segments have no choices axis (each choice would be a separate example).
     prediction_unit = None
+    pools_sequence = True  # each choice's row pools to one score
     defaults = {"train": {"learning_rate": 2e-5, "batch_size": 16, "epochs": 3}, "data": {"max_length": 128}}
 
     def _choices(self, rows, source):

@@ -36,6 +36,9 @@ class TokenClassification(Task):
     truncation_effect = "their words past the cut were never seen by the model and have tag and score null"
     defaults = {"train": {"learning_rate": 5e-5, "batch_size": 32, "epochs": 3}, "data": {"max_length": 128}}
 
+    def label_settings(self, labels: Labels) -> dict:
+        return {"num_labels": labels.num_labels, "labels": labels.names}
+
     def _words_and_tags(self, rows, source, with_targets):
         columns = {"data.tokens_column": self.data.tokens_column}
         if with_targets:
