@@ -148,3 +148,20 @@ def test_a_finite_epoch_ends_on_every_host_at_the_same_step(tmp_path):
         assert f"the training data ran out at step {stop} of 100000" in output, f"process {i}:\n{output}"
     saved = workdir / "checkpoints" / str(stop) / "data"
     assert sorted(p.name for p in saved.glob("process_*")) == ["process_0-of-2.json", "process_1-of-2.json"]
+
+
+def test_a_mesh_whose_batch_axes_do_not_reach_every_process_is_refused(tmp_path):
+    """Tensor parallelism over all four devices of two hosts leaves the batch unsplit across processes; each
+    process passes its own rows, so the "replicated" batch would differ per host and so would every parameter
+    after the first update (the processes logged different losses). Refused before training, naming the mesh."""
+    config = write_config(tmp_path / "run.yaml", small_tokenizer(), mesh={"data": 1, "fsdp": 1, "tensor": 4})
+    coordinator = f"127.0.0.1:{_free_port()}"
+    processes = [subprocess.Popen(pretrain_command(config, tmp_path / "run", "--coordinator", coordinator,
+                                                   "--num-processes", "2", "--process-id", str(i)),
+                                  env=cpu_env(devices=2), cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [process.communicate(timeout=240)[0] for process in processes]
+    for process, output in zip(processes, outputs):
+        assert process.returncode != 0, output
+        assert "mesh: the batch axes (data*fsdp = 1) do not split the rows over the 2 processes" in output, output
+    assert not list((tmp_path / "run").glob("checkpoints/*"))

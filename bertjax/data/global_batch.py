@@ -32,3 +32,22 @@ def to_global_batch(batch: Mapping[str, np.ndarray], mesh: Mesh,
         raise ValueError(f"batch arrays disagree on the number of rows: {sizes}")
     return {name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
             for name, value in batch.items()}
+
+
+def rows_of_each_process(sharding: NamedSharding, rows: int) -> dict[int, frozenset[int]]:
+    """The rows of a [rows, ...] array that each process's devices hold under `sharding` (the same answer on every
+    process: it reads the global device layout)."""
+    held: dict[int, set[int]] = {}
+    for device, index in sharding.devices_indices_map((rows,)).items():
+        held.setdefault(device.process_index, set()).update(range(rows)[index[0]])
+    return {process: frozenset(block) for process, block in held.items()}
+
+
+def processes_feed_distinct_rows(sharding: NamedSharding, rows: int) -> bool:
+    """Whether each process's devices hold rows no other process holds, rows / process_count of them: what
+    `to_global_batch` needs, since every process passes only its own rows. A mesh whose batch axes do not reach
+    across the processes (tensor parallelism over every chip of a multi-host slice) replicates rows over
+    processes, and each would then see its own data under one "replicated" array."""
+    blocks = rows_of_each_process(sharding, rows)
+    share = rows // len(blocks)
+    return all(len(block) == share for block in blocks.values()) and len(frozenset().union(*blocks.values())) == rows

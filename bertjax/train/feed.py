@@ -15,6 +15,7 @@ import numpy as np
 
 from bertjax.data import build_eval_iterator, build_pretraining_iterator, load_tokenizer, to_global_batch
 from bertjax.data import reshard as reshard_lib
+from bertjax.data.global_batch import batch_sharding, processes_feed_distinct_rows
 from bertjax.data.pipeline import open_source, window_plan
 from bertjax.data.sources import NoDocuments
 from bertjax.train import mesh as mesh_lib
@@ -103,6 +104,11 @@ def check_batch_fits(phases: list[Phase], mesh, accumulation_steps: int) -> None
             if rows % jax.process_count():
                 raise ConfigError(f"data.global_batch_size ({rows}) must be divisible by the number of processes "
                                   f"({jax.process_count()})")
+            if not processes_feed_distinct_rows(batch_sharding(mesh, mesh_lib.BATCH_AXES), rows):
+                raise ConfigError(f"mesh: the batch axes (data*fsdp = {shards}) do not split the rows over the "
+                                  f"{jax.process_count()} processes, and each process feeds its own rows: make "
+                                  "mesh.data*mesh.fsdp a multiple of the number of processes (tensor parallelism "
+                                  "within each host)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
