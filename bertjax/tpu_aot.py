@@ -28,6 +28,7 @@ from jax.experimental import topologies
 from jax.sharding import AxisType, Mesh
 
 EXAMPLE_TOPOLOGIES = ("v4:2x2x1", "v5e:2x2", "v5e:4x4", "v5p:2x2x1", "v5p:2x2x2", "v6e:2x2")
+MEGACORE = ("v4",)  # generations whose chips libtpu splits into one device per TensorCore unless told otherwise
 INSTALL_HINT = 'AOT compilation for TPU needs the libtpu wheel: pip install -e ".[tpu-aot]" (or pip install libtpu)'
 
 
@@ -42,8 +43,11 @@ def topology_devices(topology: str = "v5e:2x2") -> list:
     # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so two processes cannot drive one TPU. Compile-only
     # devices drive nothing, so concurrent compile checks (tests, other jobs) may share the library.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    # A v4 chip's two TensorCores are two devices in libtpu's default chip config; a v4 VM runs them as one device
+    # per chip ("megacore"), the layout jax.make_mesh requires of TPUs after v3.
+    chip_config = {"chip_config_name": "megacore"} if topology.split(":")[0].lower() in MEGACORE else {}
     try:
-        return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+        return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **chip_config).devices)
     except jax.errors.JaxRuntimeError as error:  # libtpu's own words name what is wrong with the name
         reason = str(error).strip().splitlines()[0].removeprefix("INVALID_ARGUMENT: ")
         raise ValueError(f"TPU topology {topology!r} cannot be compiled for: {reason}. Examples of valid ones: "

@@ -46,6 +46,24 @@ def test_topology_mesh_rejects_wrong_axis_sizes():
         tpu_aot.topology_mesh("v5e:2x2", {"data": 2, "tensor": 4})
 
 
+def test_every_example_topology_has_one_device_per_chip():
+    """As a TPU VM runs them (megacore on v4; libtpu's default splits a v4 chip into its two TensorCores, which
+    jax.make_mesh refuses): `compile-check --topology v4:2x2x1` crashed with an AssertionError."""
+    import math
+
+    for topology in tpu_aot.EXAMPLE_TOPOLOGIES:
+        chips = math.prod(int(n) for n in topology.split(":")[1].split("x"))
+        assert len(tpu_aot.topology_devices(topology)) == chips, topology
+
+
+def test_compile_check_compiles_for_a_v4_slice(capsys):
+    from bertjax.cli import main
+
+    assert main(["compile-check", "--config", "configs/pretrain/tiny.yaml", "--topology", "v4:2x2x1",
+                 "data.global_batch_size=8", "data.seq_len=64", "tokenizer.vocab_size=512"]) == 0
+    assert "fits in 32 GiB" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("config, objective", [("tiny-electra.yaml", "electra"), ("tiny-albert.yaml", "mlm_sop"),
                                                ("tiny-deberta-v3.yaml", "electra")])
 def test_compile_check_compiles_the_objective_step_for_v5e(config, objective, capsys):
