@@ -326,3 +326,16 @@ def test_a_users_config_and_another_kind_of_run_are_refused_before_anything_is_w
                                           r"`bertjax train-embedder`"):
         train_embedder(config, pretraining, model, train)
     assert [p.name for p in pretraining.iterdir()] == ["model_config.json"]
+
+
+def test_a_bfloat16_model_directory_trains_in_float32(files, tmp_path):
+    """A directory stored in bfloat16 (`convert --dtype bfloat16`) is trained with float32 parameters and compute:
+    bfloat16 master weights rounded away most updates at 5e-5."""
+    from bertjax.cli import main
+    from bertjax.embeddings.training import load_encoder
+
+    _, model, _, _ = files
+    stored = tmp_path / "bf16"
+    assert main(["convert", "--from-hf", str(model), "--out", str(stored), "--dtype", "bfloat16"]) == 0
+    encoder = load_encoder(stored, embedder_config_from_dict(RAW))
+    assert (encoder.config.dtype, encoder.config.param_dtype) == ("float32", "float32")

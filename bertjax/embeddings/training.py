@@ -82,8 +82,10 @@ def load_encoder(model_dir: str | Path, config: EmbedderConfig):
             raise ConfigError(f"data.max_length must be in [2, {limit}] (the positions of {model_dir}), got "
                               f"{config.data.max_length}")
         encoder = encoder.replace(max_seq_length=config.data.max_length)
-    # Train in float32: the loaded dtype may be a fast-inference bfloat16.
-    return encoder.replace(model=encoder.model.clone(config=encoder.config.replace(dtype="float32")))
+    # Train in float32, master weights included: the loaded directory may store a fast-inference bfloat16, whose
+    # parameters would round away most updates at these learning rates.
+    return encoder.replace(model=encoder.model.clone(config=encoder.config.replace(dtype="float32",
+                                                                                   param_dtype="float32")))
 
 
 def trained_prompts(encoder, config: EmbedderConfig) -> dict[str, str]:

@@ -371,7 +371,9 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     validation = task.encode(tokenizer, validation_rows, labels, str(validation_file), with_targets=True)
     for note in train_data.notes + validation.notes:
         say(note)
-    model = task_model(base_model.config, task, labels)
+    # Float32 master weights whatever the directory stores: bfloat16 parameters would round away most updates at
+    # fine-tuning's learning rates (the compute dtype stays the directory's).
+    model = task_model(base_model.config.replace(param_dtype="float32"), task, labels)
     for name, data in (("train", train_data), ("validation", validation)):  # once, on the host: the steps are jitted
         check_ids(data.arrays["input_ids"], model.config.vocab_size, f"--{name} token ids")
     main_metric = config.eval.main_metric or task.main_metric_for(labels)
