@@ -420,6 +420,33 @@ def test_convert_round_trip_through_a_bertjax_model_directory(bert_mlm_dir, tmp_
     assert "config.json" in capsys.readouterr().err
 
 
+def test_convert_to_hf_writes_the_dtype_asked_for(bert_mlm_dir, tmp_path, capsys):
+    """--dtype bfloat16 with --to-hf (float32 training weights published in bfloat16) was accepted and ignored."""
+    import torch
+    import transformers
+
+    native, back = str(tmp_path / "native"), str(tmp_path / "hf")
+    assert cli_main(["convert", "--from-hf", bert_mlm_dir, "--out", native]) == 0
+    assert cli_main(["convert", "--to-hf", native, "--out", back, "--dtype", "bfloat16"]) == 0
+    original = safetensors.numpy.load_file(os.path.join(bert_mlm_dir, "model.safetensors"))
+    with safetensors.safe_open(os.path.join(back, "model.safetensors"), "pt") as exported:
+        for name in original:
+            tensor = exported.get_tensor(name)
+            assert tensor.dtype == torch.bfloat16, name
+            np.testing.assert_array_equal(tensor.float().numpy(),
+                                          torch.from_numpy(original[name]).bfloat16().float().numpy(), name)
+    assert json.loads(open(os.path.join(back, "config.json")).read())["dtype"] == "bfloat16"
+    assert transformers.AutoModelForMaskedLM.from_pretrained(back).dtype == torch.bfloat16
+    huge = tmp_path / "huge"
+    model, params = bertjax.from_pretrained(bert_mlm_dir)
+    params["mlm_head"]["decoder_bias"] = params["mlm_head"]["decoder_bias"].at[0].set(1e6)
+    from bertjax.model_dirs import save_model_dir
+    save_model_dir(str(huge), model, params)
+    assert cli_main(["convert", "--to-hf", str(huge), "--out", str(tmp_path / "f16"), "--dtype", "float16"]) == 2
+    assert "values beyond the range of float16" in capsys.readouterr().err
+    assert not (tmp_path / "f16").exists()
+
+
 @pytest.mark.parametrize("preset", ["bert-tiny", "modernbert-tiny"])
 def test_convert_round_trip_keeps_special_token_ids(preset, tmp_path):
     """bos/eos/cls/sep ids of the source config.json are not EncoderConfig fields (the arithmetic never reads

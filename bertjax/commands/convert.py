@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write")
     parser.add_argument("--step", type=int, metavar="N", help="with --to-hf on a pretraining workdir: the checkpoint "
                         "to export (default: the latest)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                        help="parameter dtype when reading a transformers checkpoint (default float32)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="parameter dtype of what is written: with --from-hf the model directory's (default "
+                        "float32), with --to-hf the checkpoint's tensors (default: the model's own)")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
     parser.add_argument("--allow-pickle", action="store_true",
                         help="read a pytorch_model.bin (a pickle: only for files you trust); default: safetensors only")
@@ -87,6 +88,18 @@ def write_built_tokenizer_json(tokenizer, source: str, destination: str) -> None
             file.write(built)
 
 
+def cast_model(model, params, dtype: str, source: str):
+    """The model with its parameters (and compute) in `dtype`; values beyond the dtype's range are an error."""
+    import jax
+    import jax.numpy as jnp
+
+    from bertjax.train.checkpoints import check_finite
+
+    cast = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    check_finite(cast, source, f"values beyond the range of {dtype}")
+    return model.clone(config=model.config.replace(dtype=dtype, param_dtype=dtype)), cast
+
+
 def run(args: argparse.Namespace) -> int:
     from bertjax import hf
     from bertjax.commands.output_dir import check_output_dir
@@ -98,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         if args.step is not None:
             raise ValueError("--step applies to --to-hf (a pretraining workdir's checkpoint)")
         # from_pretrained refuses NaN/inf weights (or values beyond --dtype's range) before anything is written
-        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype, allow_pickle=args.allow_pickle)
+        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype or "float32",
+                                           allow_pickle=args.allow_pickle)
         token_ids = hf.special_token_ids(args.from_hf)
         # the files copied below: a broken one would surface only at the next use
         tokenizer = check_tokenizer(args.from_hf)
@@ -108,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         write_built_tokenizer_json(tokenizer, args.from_hf, args.out)
     else:
         model, params, tokenizer = load_model_dir(args.to_hf, step=args.step)
+        if args.dtype is not None:  # a bfloat16 export of float32 master weights, as checkpoints are published
+            model, params = cast_model(model, params, args.dtype, f"--to-hf {args.to_hf}")
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         hf.save_pretrained(args.out, model, params, token_ids=read_token_ids(args.to_hf))
         if tokenizer is not None:
