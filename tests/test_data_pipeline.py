@@ -10,6 +10,7 @@ import pytest
 from pydoc_data.topics import topics
 
 from bertjax.data.default_corpus import in_split
+from bertjax.data.masking import MaskingVocab
 from bertjax.data.pipeline import DataConfig, batch_spec, build_eval_iterator, build_pretraining_iterator
 from bertjax.data.sources import InMemorySource
 from bertjax.data.tokenizer_training import train_sentencepiece
@@ -234,3 +235,35 @@ def test_a_prediction_cap_below_the_masking_rate_is_said():
         "(77 predictions); leave max_predictions unset for the full rate")
     assert DataConfig(seq_len=512, mlm_probability=0.15).capped_masking_note() is None
     assert DataConfig(seq_len=128, mlm_probability=0.15, max_predictions=20).capped_masking_note() is None  # BERT's
+
+
+def test_masking_follows_the_tokenizers_specials_end_to_end(tokenizer):
+    """The pipeline builds its masking vocabulary from the real tokenizer (`MaskingVocab.from_tokenizer`), and
+    hand-built vocabularies in test_data_masking cannot see that link. The reference is the tokenizer's own named
+    ids ([CLS] [SEP] [PAD] [MASK] [UNK]) and `special_ids`. No special may ever be a target (each row's [CLS] and
+    [SEP] are in every batch). No "random" replacement may be a special either. A high rate with only random
+    replacements gives thousands of draws, so even a few specials among 600 ids would be drawn."""
+    named = {tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id, tokenizer.unk_id}
+    specials = np.asarray(tokenizer.special_ids)
+    assert named <= set(specials.tolist())
+    vocab = MaskingVocab.from_tokenizer(tokenizer)
+    np.testing.assert_array_equal(np.flatnonzero(vocab.is_special), np.sort(specials))
+    for mask_fraction, random_fraction in [(0.8, 0.1), (0.0, 1.0)]:
+        cfg = config(seq_len=128, global_batch_size=16, mlm_probability=0.5, mask_token_fraction=mask_fraction,
+                     random_token_fraction=random_fraction)
+        batches = take(build_pretraining_iterator(cfg, tokenizer, seed=SEED, source=source()), 3)
+        draws = 0
+        for batch in batches:
+            original = unmasked(batch)
+            assert np.any(np.isin(original, [tokenizer.cls_id, tokenizer.sep_id]))
+            rows, slots = np.nonzero(batch["masked_weights"])
+            positions = batch["masked_positions"][rows, slots]
+            labels = batch["masked_ids"][rows, slots]
+            corrupted = batch["input_ids"][rows, positions]
+            assert not np.isin(labels, specials).any(), "a special token is an MLM target"
+            np.testing.assert_array_equal(labels, original[rows, positions])
+            replaced = corrupted != tokenizer.mask_id
+            assert not np.isin(corrupted[replaced], specials).any(), "a special token was drawn as a random token"
+            draws += int((corrupted != labels).sum())
+        if random_fraction == 1.0:
+            assert draws > 2000  # the draws are many: a special among them would be seen

@@ -144,6 +144,45 @@ def test_windows_answer_across_boundary(tok):
     assert all(list(row[1:5]) == list(tok.encode("where is paris ?")) for row in windows.input_ids)
 
 
+def run_qa_labels(offsets, start_char, end_char):
+    """transformers' run_qa `prepare_train_features` labels of one window, from its offsets alone: the answer's
+    first and last tokens when the window's context covers [start_char, end_char), else the [CLS] index 0."""
+    context = np.nonzero(offsets[:, 0] != qa.NO_OFFSET)[0]
+    first, last = context[0], context[-1]
+    if not (offsets[first, 0] <= start_char and offsets[last, 1] >= end_char):
+        return 0, 0
+    while first <= last and offsets[first, 0] <= start_char:
+        first += 1
+    while offsets[last, 1] >= end_char:
+        last -= 1
+    return first - 1, last + 1
+
+
+@pytest.mark.parametrize("text, labelled", [
+    ("the dog", [True, True, False]),  # tokens 7-8: ends on window 0's last token (0-8)
+    ("dog ran", [False, True, False]),  # tokens 8-9: ends one token past window 0
+    (", paris", [False, True, True]),  # tokens 12-13: ends on window 1's last token (5-13)
+    ("paris is", [False, False, True]),  # tokens 13-14: ends one token past window 1
+])
+def test_windows_label_an_answer_only_when_whole_inside(tok, text, labelled):
+    """An answer whose last token is a window's last context token is in that window; one that ends a token past
+    it is cut, and the window is labelled [CLS] (0, 0), as transformers' run_qa labels it. Were it labelled, its
+    end would fall on the row's closing [SEP] and a cut answer would become a training target."""
+    answer = qa.Answer(text, CONTEXT.index(text))
+    # as in test_windows_answer_across_boundary: room 9 context tokens, windows at 0, 5 and 10
+    windows = qa.make_windows(tok, "where is paris ?", CONTEXT, answer, max_length=16, doc_stride=4)
+    assert len(windows.input_ids) == 3
+    end_char = answer.start + len(text)
+    for w in range(3):
+        reference = run_qa_labels(windows.offsets[w], answer.start, end_char)
+        got = (int(windows.start_positions[w]), int(windows.end_positions[w]))
+        assert got == reference, (w, got, reference)
+        assert (got != (0, 0)) == labelled[w], (w, got)
+        if labelled[w]:
+            assert windows.input_ids[w, got[1]] not in tok.special_ids
+            assert tok.decode(windows.input_ids[w, got[0]:got[1] + 1]).replace(" ,", ",") == text
+
+
 def test_unanswerable_and_answer_not_in_context(tok):
     windows = qa.make_windows(tok, "who ran ?", CONTEXT, None, max_length=32, doc_stride=8)
     assert list(windows.start_positions) == [0] and list(windows.end_positions) == [0]
@@ -170,6 +209,28 @@ def test_best_span_over_windows_and_empty_answer(tok):
                         allow_empty=True).text == ""
     assert qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30,
                         allow_empty=False).text == "the dog"
+
+
+def test_null_score_is_the_lowest_cls_score_over_windows(tok):
+    """With unanswerable questions allowed, the empty answer needs a [CLS] score above the best span's. The score
+    to use is the window that most believes in an answer, i.e. the lowest [CLS] score, as transformers'
+    `postprocess_qa_predictions` keeps `min_null_prediction`. Here the windows' [CLS] scores differ (12 and 2) and
+    the best span scores 10: the null score is 2 and the span wins. Only when every window's [CLS] beats the span
+    is the answer empty."""
+    answer = qa.Answer("the dog", CONTEXT.index("the dog"))
+    windows = qa.make_windows(tok, "who ran ?", CONTEXT, answer, max_length=16, doc_stride=4)
+    assert len(windows.input_ids) >= 2
+    starts, ends = np.zeros(windows.input_ids.shape), np.zeros(windows.input_ids.shape)
+    w = int(np.argmax(windows.start_positions > 0))
+    starts[w, windows.start_positions[w]] = ends[w, windows.end_positions[w]] = 5.0  # span score 10
+    other = (w + 1) % len(windows.input_ids)
+    starts[:, 0] = ends[:, 0] = 6.0  # [CLS] score 12 ...
+    starts[other, 0] = ends[other, 0] = 1.0  # ... but 2 in another window
+    found = qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30, allow_empty=True)
+    assert (found.text, found.score) == ("the dog", 10.0)
+    starts[other, 0] = ends[other, 0] = 5.5  # every window's [CLS] now beats the span: min null 11 > 10
+    found = qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30, allow_empty=True)
+    assert (found.text, found.score) == ("", 11.0)
 
 
 def test_best_span_ranks_context_tokens_only(tok):
@@ -301,6 +362,41 @@ def test_losses_match_their_definitions(tok):
     regression = {"labels": jnp.array([1.0, 3.0]), "weight": jnp.array([1.0, 1.0])}
     total, count = task.loss_sums(types.SimpleNamespace(logits=jnp.array([[2.0], [0.0]])), regression)
     assert float(total) / float(count) == pytest.approx((1 + 9) / 2)
+
+
+def test_token_classification_loss_is_the_mean_over_labelled_tokens():
+    """The loss is the mean over the tokens that carry a tag (each word's first sub-token), as transformers'
+    cross entropy with ignore_index=-100 takes it. Later sub-tokens, specials and padding positions (IGNORE)
+    and padding rows (weight 0) are in neither the sum nor the count. Counting them would dilute the reported
+    loss and any loss-based early stopping by the share of unlabelled positions."""
+    import types
+
+    import jax.numpy as jnp
+
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig
+    from bertjax.finetune.encoding import IGNORE
+    from bertjax.finetune.tasks import task_class
+
+    task = task_class("token-classification")(FinetuneDataConfig(), FinetuneTaskConfig())
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 6, 4)).astype(np.float32)
+    labels = np.array([[IGNORE, 2, IGNORE, 0, IGNORE, IGNORE],  # [CLS] w ##sub w [SEP] pad
+                       [IGNORE, 1, 3, 3, IGNORE, IGNORE],
+                       [IGNORE, 1, 2, IGNORE, IGNORE, IGNORE]], np.int32)  # a padding row: weight 0
+    batch = {"labels": jnp.asarray(labels), "weight": jnp.array([1.0, 1.0, 0.0])}
+    total, count = task.loss_sums(types.SimpleNamespace(logits=jnp.asarray(logits)), batch)
+    kept = labels[:2] >= 0
+    log_probs = logits[:2].astype(np.float64) - np.log(np.exp(logits[:2].astype(np.float64)).sum(-1, keepdims=True))
+    picked = np.take_along_axis(log_probs, np.maximum(labels[:2], 0)[..., None], -1)[..., 0]
+    assert float(count) == kept.sum() == 5
+    assert float(total) / float(count) == pytest.approx(-picked[kept].mean(), rel=1e-5)
+    try:
+        import torch
+    except ImportError:
+        return
+    reference = torch.nn.functional.cross_entropy(torch.from_numpy(logits[:2]).reshape(-1, 4),
+                                                  torch.from_numpy(labels[:2]).long().reshape(-1), ignore_index=IGNORE)
+    assert float(total) / float(count) == pytest.approx(float(reference), rel=1e-5)
 
 
 def test_question_answering_loss_is_over_present_tokens_only():

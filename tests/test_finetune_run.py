@@ -345,6 +345,34 @@ def test_packed_rows_predict_what_padded_rows_do(files, full_run):
             assert one["scores"][name] == pytest.approx(other["scores"][name], abs=1e-5)
 
 
+def test_evaluation_runs_without_dropout(files):
+    """Real checkpoints load with dropout on (hidden_dropout_prob 0.1); evaluation must switch it off, as
+    transformers' Trainer evaluates in eval mode. Every other test model here has dropout_rate=0, so this one
+    has 0.3, and the reference is `bertjax predict` on best/, which is deterministic. The validation loss and
+    accuracy in the workdir's metrics must be what best/ gives on the validation file. Dropout at evaluation
+    would make them noisy and biased, and so best/ and early stopping too."""
+    import bertjax
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from bertjax.models import MODEL_CLASSES, init_params
+    from finetune_helpers import VOCAB
+
+    model_dir = files["root"] / "model-with-dropout"
+    model_config = bertjax.get_config("bert-tiny", vocab_size=len(VOCAB), pad_token_id=0, dropout_rate=0.3)
+    model = MODEL_CLASSES["masked_lm"](model_config)
+    bertjax.save_pretrained(str(model_dir), model, init_params(model, jax.random.key(0)))
+    WordPieceTokenizer("\n".join(VOCAB)).save(model_dir)
+    workdir = files["root"] / "dropout"
+    finetune(model_dir, task_class("sequence-classification"), files["train"], files["validation"], workdir,
+             config("sequence-classification", "train.epochs=1"), say=lambda _: None)
+    [validation] = [r for r in read_metrics(workdir) if r["split"] == "validation"]
+    assert json.loads((workdir / "best" / "config.json").read_text())["hidden_dropout_prob"] == 0.3
+    predictions = predict(workdir / "best", files["validation"])
+    gold = [json.loads(line)["label"] for line in files["validation"].read_text().splitlines()]
+    loss = -np.mean([np.log(p["scores"][g]) for p, g in zip(predictions, gold)])
+    assert validation["loss"] == pytest.approx(loss, rel=1e-5)
+    assert validation["accuracy"] == pytest.approx(np.mean([p["label"] == g for p, g in zip(predictions, gold)]))
+
+
 def test_early_stopping_stops_and_stays_stopped(files):
     workdir = files["root"] / "early"
     args = (files["model"], task_class("sequence-classification"), files["train"], files["validation"], workdir,

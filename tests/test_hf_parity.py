@@ -28,11 +28,17 @@ VOCAB = 100
 TINY = dict(vocab_size=VOCAB, hidden_size=32, num_attention_heads=4)
 
 
-def perturb_(model, seed: int) -> None:
+def perturb_(model, seed: int, weight_std: float = 0.02) -> None:
+    """Add N(0, 0.02) noise to every parameter; the matrices outside the embeddings get N(0, weight_std).
+
+    A larger weight_std (see LARGE_WEIGHTS) makes the layers' pre-activations O(1). There the activation forms
+    differ (tanh-GELU vs erf-GELU by up to 5e-4, against 5e-7 at 0.2), and a wrong activation shows in the
+    outputs at ATOL."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
+        for name, parameter in model.named_parameters():
+            std = weight_std if parameter.ndim == 2 and "embeddings" not in name else 0.02
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * std)
 
 
 def padded_batch(lengths, seq: int, pad_id: int, seed: int):
@@ -85,6 +91,7 @@ CASES = [
     ("bert-nsp", "BertForNextSentencePrediction", lambda: bert_config(), None),
     ("bert-mlm-untied-gelu-new", "BertForMaskedLM",
      lambda: bert_config(tie_word_embeddings=False, hidden_act="gelu_new", layer_norm_eps=1e-6), None),
+    ("bert-mlm-gelu-large-weights", "BertForMaskedLM", lambda: bert_config(tie_word_embeddings=False), None),
     ("roberta-model", "RobertaModel", lambda: roberta_config(), None),
     ("roberta-mlm", "RobertaForMaskedLM", lambda: roberta_config(), None),
     ("modernbert-model-3l-every2-w8-legacy", "ModernBertModel",
@@ -96,6 +103,15 @@ CASES = [
      lambda: modernbert_config(3, 2, 16, attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True,
                                norm_eps=1e-6, tie_word_embeddings=False, classifier_activation="gelu_new"), None),
 ]
+
+
+# Cases whose weight matrices are perturbed with this std instead of 0.02 (perturb_). At 0.02, pre-activations
+# are about 0.1-0.2, and there tanh-GELU and erf-GELU agree far below ATOL: an activation form or mapping bug would
+# pass. With these weights, swapping the form in transformers' intermediate layers or MLM transform moves the
+# logits by more than 10 * ATOL (test_large_weights_tell_the_activation_forms_apart), while bertjax still agrees to
+# about 5e-6. gelu-new checks HF "gelu_new" -> tanh form, and that BERT's MLM transform follows hidden_act;
+# gelu-large-weights checks that "gelu" is the exact erf form.
+LARGE_WEIGHTS = {"bert-mlm-untied-gelu-new": 0.3, "bert-mlm-gelu-large-weights": 0.3}
 
 
 def family(case_id: str) -> str:
@@ -115,7 +131,7 @@ def checkpoint(tmp_path_factory):
             _, class_name, make_config, legacy_every = next(case for case in CASES if case[0] == case_id)
             torch.manual_seed(0)
             model = getattr(transformers, class_name)(make_config()).eval()
-            perturb_(model, seed=1)
+            perturb_(model, seed=1, weight_std=LARGE_WEIGHTS.get(case_id, 0.02))
             directory = str(tmp_path_factory.mktemp(case_id))
             model.save_pretrained(directory)
             if legacy_every is not None:
@@ -179,6 +195,34 @@ def test_matches_transformers_on_padded_batch(case_id, checkpoint):
         token_types = np.random.default_rng(3).integers(0, 2, ids.shape)
     assert_outputs_close(bertjax_outputs(model, params, ids, mask, token_types),
                          reference_outputs(reference, ids, mask, token_types), mask)
+
+
+@pytest.mark.parametrize("case_id", sorted(LARGE_WEIGHTS))
+def test_large_weights_tell_the_activation_forms_apart(case_id, checkpoint):
+    """The LARGE_WEIGHTS cases must be sensitive enough for their job. In transformers itself, swapping tanh-GELU
+    for erf-GELU (or back) in the intermediate layers, or in the MLM transform alone, moves the logits by more
+    than 10 * ATOL. bertjax then loads each case with the activations of its config.json: hidden_act for both
+    the layers and BERT's MLM transform."""
+    import copy
+
+    from transformers.activations import ACT2FN
+
+    reference, directory = checkpoint(case_id)
+    act = reference.config.hidden_act
+    other = ACT2FN["gelu" if act == "gelu_new" else "gelu_new"]
+    ids, mask = padded_batch(LENGTHS, SEQ, reference.config.pad_token_id, seed=2)
+    token_types = np.random.default_rng(3).integers(0, 2, ids.shape)
+    logits = reference_outputs(reference, ids, mask, token_types)["logits"][mask.astype(bool)]
+    layers, head = copy.deepcopy(reference), copy.deepcopy(reference)
+    for layer in layers.bert.encoder.layer:
+        layer.intermediate.intermediate_act_fn = other
+    head.cls.predictions.transform.transform_act_fn = other
+    for swapped in (layers, head):
+        moved = reference_outputs(swapped, ids, mask, token_types)["logits"][mask.astype(bool)]
+        assert np.max(np.abs(moved - logits)) > 10 * ATOL
+    model, _ = bertjax.from_pretrained(directory, dtype=jnp.float32)
+    form = {"gelu": "gelu", "gelu_new": "gelu_tanh"}[act]
+    assert (model.config.activation, model.config.head_activation) == (form, form)
 
 
 def gapped_batch(seq: int, pad_id: int, seed: int):

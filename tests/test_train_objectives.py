@@ -393,3 +393,30 @@ def test_electra_generator_gets_no_gradient_through_the_samples():
     generator_norm = sum(float(jnp.abs(g).sum()) for g in jax.tree.leaves(grads["generator"]))
     assert generator_norm == 0.0
     assert float(jnp.abs(grads["discriminator"]["embeddings"]["word_embeddings"]["embedding"]).sum()) > 0
+
+
+def test_electra_sample_equal_to_the_original_counts_as_original(monkeypatch):
+    """In real batches a masked slot holds [MASK] (80%), a random token (10%) or the original token (10%). The
+    generator often samples the original token. The paper (and the module docstring) label such a position
+    "original": the target is `corrupted != original token`, never `corrupted != masked input`. The batch here is
+    built as the data pipeline builds it, and the sampler is pinned. Even slots draw the original token and odd
+    slots another one. The numpy reference counts only the odd used slots as replaced."""
+    from bertjax.train.objectives import electra
+
+    batch = tiny_batch(ELECTRA, seed=3)
+    mask_id = 4
+    rows, slots = np.nonzero(batch["masked_weights"])
+    positions = batch["masked_positions"][rows, slots]
+    kept = (rows + slots) % 5 == 0  # some slots keep the original token, the rest hold [MASK]
+    batch["input_ids"][rows, positions] = np.where(kept, batch["masked_ids"][rows, slots], mask_id)
+    other = 5 + (batch["masked_ids"] - 5 + 1) % (ELECTRA.vocab_size - 5)  # never the original token
+    samples = np.where(np.arange(batch["masked_ids"].shape[1]) % 2 == 0, batch["masked_ids"], other)
+    monkeypatch.setattr(electra, "sample_replacements", lambda key, logits, temperature: jnp.asarray(samples))
+
+    objective = objective_for("electra", ELECTRA, rtd_weight=1.0)
+    _, sums = loss_of(objective, params_of(objective, compiled=True), batch, compiled=True)
+    expected = int((slots % 2 == 1).sum())  # the used slots whose sample differs from the original token
+    assert 0 < expected < len(slots)
+    assert float(sums["replaced"]) == expected
+    real = (batch["segment_ids"] > 0).sum()
+    np.testing.assert_allclose(float(objective.metrics(sums)["replacement_rate"]), expected / real, rtol=1e-6)
