@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.train import mesh as mesh_lib
     from bertjax.train.run_config import load_run_config
     from bertjax.train.setup import setup_run
-    from bertjax.train.state import count_params
+    from bertjax.train.state import count_params, unsplit_parameters_note
 
     config = load_run_config(args.config, args.overrides)
     on_gpu = gpu_aot.is_gpu_topology(args.topology)
@@ -58,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
           f"{' on the stacked q/k/v' if model_config.attention_fused_qkv else ''}, norm "
           f"{model_config.norm_implementation}, GLU {model_config.glu_implementation}, remat "
           f"{config.model.remat_policy}) on {args.topology}: {len(devices)} x {kind}, mesh {dict(mesh.shape)}")
+    note = unsplit_parameters_note(objective.init_params, mesh)
+    if note is not None:
+        print(f"warning: {note}")
     hbm = next((gib for prefix, gib in HBM_GIB.items() if args.topology.startswith(prefix + ":")), None)
     if on_gpu:  # what JAX's allocator may take of the card, not the card
         hbm = gpu_aot.device_memory_gib(args.topology) * gpu_aot.jax_memory_fraction()

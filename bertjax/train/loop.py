@@ -29,7 +29,7 @@ from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
 from bertjax.train.objectives import Objective
 from bertjax.train.run_config import RunConfig
 from bertjax.train.setup import schedule_change_on_resume, setup_run
-from bertjax.train.state import count_params
+from bertjax.train.state import count_params, unsplit_parameters_note
 from bertjax.train.step import COUNT_METRICS
 from bertjax.train.workdir import CONFIG_FILE  # noqa: F401 (the resolved run config in a workdir)
 
@@ -149,7 +149,9 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
         note = schedule_change_on_resume(config, held_steps, mesh_lib.batch_shards(mesh), start)
         if note is not None:
             log.warning("%s", note)
-    for note in dict.fromkeys(phase.data.capped_masking_note() for phase in phases):
+    notes = [phase.data.capped_masking_note() for phase in phases]
+    notes.append(unsplit_parameters_note(objective.init_params, mesh) if primary and not done_before else None)
+    for note in dict.fromkeys(notes):
         if note is not None and primary and not done_before:
             log.warning("%s", note)
     feed = feed_lib.TrainFeed(phases, tokenizer, mesh, config.train.seed)

@@ -115,6 +115,19 @@ def logical_to_spec(logical: PartitionSpec | Sequence[str | None], shape: Sequen
     return PartitionSpec(*spec)
 
 
+def unsplit_axes(logical: PartitionSpec | Sequence[str | None], shape: Sequence[int],
+                 mesh: Mesh) -> list[tuple[str, int, str]]:
+    """The axes of an array that its logical names would split over the mesh but `logical_to_spec` keeps whole
+    because the mesh axes do not divide them: (logical name, size, "tensor=4") each."""
+    logical = tuple(logical) + (None,) * (len(shape) - len(tuple(logical)))
+    kept = []
+    for name, size in zip(logical, shape):
+        axes = tuple(a for a in _mesh_axes(name) if mesh.shape[a] > 1)
+        if axes and size % math.prod(mesh.shape[a] for a in axes):
+            kept.append((name, size, "*".join(f"{a}={mesh.shape[a]}" for a in axes)))
+    return kept
+
+
 def logical_shardings(logical_specs: Any, abstract: Any, mesh: Mesh) -> Any:
     """NamedShardings for a pytree of arrays (`abstract`) given the matching pytree of logical specs."""
     return jax.tree.map(lambda spec, x: NamedSharding(mesh, logical_to_spec(spec, x.shape, mesh)),

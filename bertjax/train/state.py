@@ -45,6 +45,28 @@ def param_logical_specs(init_params: Initialiser) -> Any:
     return nn.get_partition_spec(jax.eval_shape(init_params, jax.random.key(0)))
 
 
+def unsplit_parameters_note(init_params: Initialiser, mesh: Mesh, min_bytes: int = 1 << 20) -> str | None:
+    """A warning naming the parameters (of `min_bytes` or more) that the mesh would split but keeps whole on every
+    chip, with their optimizer state, because a mesh axis does not divide one of their axes (BERT's vocabulary of
+    30522 over tensor=4): memory a user expects to save and does not. None when there are none."""
+    abstract = jax.eval_shape(init_params, jax.random.key(0))
+    specs = nn.get_partition_spec(abstract)
+    lines = []
+    for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(nn.meta.unbox(abstract))[0],
+                                  jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))):
+        size = leaf.size * jnp.dtype(leaf.dtype).itemsize
+        kept = mesh_lib.unsplit_axes(spec, leaf.shape, mesh) if size >= min_bytes else []
+        if kept:
+            axes = ", ".join(f"{name} {length} over {over}" for name, length, over in kept)
+            lines.append(f"{param_path(path)} ({size / 2**20:.1f} MiB; {axes})")
+    if not lines:
+        return None
+    return (f"mesh {dict(mesh.shape)}: {len(lines)} parameter(s) stay whole on every chip, with their optimizer "
+            f"state, because the mesh axes do not divide them: {'; '.join(lines[:6])}"
+            f"{'; ...' if len(lines) > 6 else ''}. A vocabulary padded to a multiple of the axis "
+            "(model.overrides.vocab_size), or another mesh shape, splits them")
+
+
 def mirrored_shardings(tree: Any, param_shardings: dict[str, NamedSharding], param_shapes: dict[str, tuple],
                        mesh: Mesh) -> Any:
     """Shard each leaf like the parameter whose path its own path ends with (optimizer moments mirror the
