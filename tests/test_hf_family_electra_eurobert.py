@@ -153,7 +153,7 @@ def test_eurobert_config_refusals_name_the_key(changes, match):
 def test_electra_relative_positions_are_refused():
     values = {**electra_config().to_dict(), "position_embedding_type": "relative_key"}
     with pytest.raises(ValueError, match="position_embedding_type"):
-        electra.to_encoder_config(values, "masked_lm")
+        electra.FAMILY.to_encoder_config(values, "masked_lm")
 
 
 @pytest.mark.parametrize("preset,head,overrides,match", [

@@ -27,18 +27,27 @@ class BertLikeConfig:
     defaults: dict
     positions_after_padding: bool  # RoBERTa: position ids start at pad_token_id + 1
     head_follows_hidden_act: bool  # BERT's MLM transform uses hidden_act; RoBERTa's lm_head always exact GELU
+    factorised_embedding: bool = False  # ELECTRA: embeddings of `embedding_size`, projected to hidden_size
+    pooler: bool = True  # whether the family's base model has the [CLS] tanh pooler (ELECTRA's has none)
+    sequence_summary: bool = False  # multiple choice through a SequenceSummary (ELECTRA), its summary_* keys read
 
     def to_encoder_config(self, values: dict, head: str) -> EncoderConfig:
         read = ConfigReader(values, self.defaults)
         read.expect("is_decoder", (False,))
         read.expect("add_cross_attention", (False,))
-        read.expect("position_embedding_type", ("absolute",))
+        read.expect("position_embedding_type", ("absolute",))  # older files carry it; relative kinds are refused
+        if head == "multiple_choice" and self.sequence_summary:  # bertjax builds the default summary
+            read.expect("summary_type", ("first",))
+            read.expect("summary_use_proj", (True,))
+            read.expect("summary_activation", ("gelu",))
+            read.expect("summary_proj_to_labels", (False,))
         activation = read.activation("hidden_act")
         pad = read("pad_token_id")
         return EncoderConfig(
             family=self.model_type,
             vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=read("num_hidden_layers"),
             num_heads=read("num_attention_heads"), intermediate_size=read("intermediate_size"),
+            embedding_size=read("embedding_size") if self.factorised_embedding else None,
             max_position_embeddings=read("max_position_embeddings"), type_vocab_size=read("type_vocab_size"),
             position_embedding="learned", position_offset=pad + 1 if self.positions_after_padding else 0,
             norm="layernorm", norm_eps=float(read("layer_norm_eps")), norm_bias=True, norm_placement="post",
@@ -49,24 +58,27 @@ class BertLikeConfig:
             # Whether the family's base model (EncoderModel) has a pooler: BertModel/RobertaModel always do. The MLM
             # classes are built without one, but the MLM model never reads the flag: the family's value makes an
             # export of a preset come back equal, and EncoderModel(config) the base model the family has.
-            pooler=True, pad_token_id=pad,
+            pooler=self.pooler, pad_token_id=pad,
             # bertjax has one dropout rate (no attention-probability dropout); dropout never changes inference.
             dropout_rate=float(read("hidden_dropout_prob")), initializer_range=float(read("initializer_range")))
 
     def to_hf_config(self, config: EncoderConfig, head: str) -> dict:
         refuse = Refusals(config, self.model_type)
-        refuse.common()
+        refuse.common(factorised_embedding=self.factorised_embedding)
         refuse.need(position_embedding="learned", norm_bias=True, norm_placement="post", embedding_norm=True,
                     final_norm=False, attention_bias=True, mlp_bias=True, mlp="dense", global_attention_every=1,
                     head_dense_bias=True, decoder_bias=True)
         refuse.need(position_offset=config.pad_token_id + 1 if self.positions_after_padding else 0)
         refuse.need(head_activation=config.activation if self.head_follows_hidden_act else "gelu")
         refuse.check(config.type_vocab_size >= 1, "type_vocab_size=0 (the family always has token types)")
-        if head == "encoder":
-            refuse.check(config.pooler, f"pooler=False (the {self.model_type} base model has a pooler)")
+        if head == "encoder" or not self.pooler:
+            refuse.check(config.pooler == self.pooler, f"pooler={config.pooler} (the {self.model_type} base model "
+                                                       f"has {'a' if self.pooler else 'no'} pooler)")
         refuse.raise_if_any()
+        embedding_size = {"embedding_size": config.embed_dim} if self.factorised_embedding else {}
         return {
-            "model_type": self.model_type, "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+            "model_type": self.model_type, "vocab_size": config.vocab_size, **embedding_size,
+            "hidden_size": config.hidden_size,
             "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
             "intermediate_size": config.intermediate_size, "hidden_act": ACTIVATION_TO_HF[config.activation],
             "hidden_dropout_prob": config.dropout_rate, "attention_probs_dropout_prob": 0.0,
@@ -99,23 +111,33 @@ class HeadNames:
     nsp: str | None  # BERT's next-sentence classifier; RoBERTa has none
 
 
+def bert_like_backbone(cfg: EncoderConfig, base: str) -> tuple[list[TensorRule], set[str]]:
+    """The embeddings (of width embedding_size, projected to hidden_size where they differ: ELECTRA) and the layer
+    stack of BERT's layout under `base` ("bert.", "electra.", "" for a bare model): (rules, ignored keys)."""
+    h, width = cfg.hidden_size, cfg.embed_dim
+    e = f"{base}embeddings."
+    rules = [
+        *embedding(f"{e}word_embeddings", ("embeddings", "word_embeddings"), cfg.vocab_size, width),
+        *embedding(f"{e}position_embeddings", ("embeddings", "position_embeddings"), cfg.max_position_embeddings,
+                   width),
+        *layer_norm(f"{e}LayerNorm", ("embeddings", "norm"), width, bias=True),
+    ]
+    if cfg.type_vocab_size:
+        rules += embedding(f"{e}token_type_embeddings", ("embeddings", "token_type_embeddings"),
+                           cfg.type_vocab_size, width)
+    if width != h:
+        rules += linear(f"{base}embeddings_project", ("embeddings", "projection"), width, h, bias=True)
+    for i in range(cfg.num_layers):
+        rules += bert_layer(f"{base}encoder.layer.{i}.", ("encoder", f"layers_{i}"), cfg)
+    # Buffers older transformers versions saved alongside the weights.
+    return rules, {f"{e}position_ids", f"{e}token_type_ids"}
+
+
 def bert_like_mapping(cfg: EncoderConfig, head: str, base_prefix: str, names: HeadNames) -> KeyMapping:
     """`base_prefix` names the base model inside the head classes (`bert.`); the bare model has none."""
     h = cfg.hidden_size
     base = "" if head == "encoder" else base_prefix
-    e = f"{base}embeddings."
-    rules = [
-        *embedding(f"{e}word_embeddings", ("embeddings", "word_embeddings"), cfg.vocab_size, h),
-        *embedding(f"{e}position_embeddings", ("embeddings", "position_embeddings"), cfg.max_position_embeddings, h),
-        *layer_norm(f"{e}LayerNorm", ("embeddings", "norm"), h, bias=True),
-    ]
-    if cfg.type_vocab_size:
-        rules += embedding(f"{e}token_type_embeddings", ("embeddings", "token_type_embeddings"),
-                           cfg.type_vocab_size, h)
-    for i in range(cfg.num_layers):
-        rules += bert_layer(f"{base}encoder.layer.{i}.", ("encoder", f"layers_{i}"), cfg)
-    # Buffers older transformers versions saved alongside the weights.
-    ignored = {f"{e}position_ids", f"{e}token_type_ids"}
+    rules, ignored = bert_like_backbone(cfg, base)
     pooler = linear(f"{base}pooler.dense", ("pooler", "dense"), h, h, bias=True)
     if head in ("encoder", "pretraining", "next_sentence"):
         rules += pooler
