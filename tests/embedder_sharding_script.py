@@ -65,9 +65,9 @@ def train_step_case() -> dict:
     from bertjax.embeddings import EncoderForEmbedding, PoolingConfig
     from bertjax.embeddings.train_config import embedder_config_from_dict
     from bertjax.embeddings.training import make_steps
-    from bertjax.finetune.trainer import boxed_initialiser, global_batch
+    from bertjax.data.global_batch import from_full_batch
     import optax
-    from bertjax.train.state import create_train_state
+    from bertjax.train.state import boxed_initialiser, create_train_state
 
     model_config = bertjax.get_config("bert-tiny", vocab_size=40, dropout_rate=0.0, hidden_size=16, num_layers=1,
                                       num_heads=2, intermediate_size=24)
@@ -88,7 +88,7 @@ def train_step_case() -> dict:
         mesh = mesh_lib.build_mesh(MeshConfig(*shape), devices)
         state, shardings = create_train_state(boxed_initialiser(model), optimizer, mesh, seed=0)
         train, _ = make_steps(model, optimizer, schedule, mesh, shardings, config, np.zeros(3, np.int32))
-        state, metrics = train(state, global_batch(batch, mesh))
+        state, metrics = train(state, from_full_batch(batch, mesh, mesh_lib.BATCH_AXES))
         results[name] = (float(metrics["loss"]), jax.tree.map(np.asarray, jax.device_get(state.params)))
     difference = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), results["one"][1],
                                                   results["mesh"][1])))

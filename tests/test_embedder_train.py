@@ -284,10 +284,9 @@ def test_evaluation_embeddings_equal_encode_with_prompts(files):
     import optax
 
     from bertjax.embeddings.training import embed_texts, load_encoder, make_steps
-    from bertjax.finetune.trainer import boxed_initialiser
     from bertjax.train import mesh as mesh_lib
     from bertjax.train.run_config import MeshConfig
-    from bertjax.train.state import state_shardings
+    from bertjax.train.state import boxed_initialiser, state_shardings
 
     _, model, _, _ = files
     config = embedder_config_from_dict({"data": {"max_length": 16}})

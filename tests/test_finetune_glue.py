@@ -66,7 +66,7 @@ def test_glue_runs_mnli_then_mrpc_from_mnli(tmp_path, capsys):
     # The reported MRPC scores are those of its best evaluation; the mismatched accuracy that of best/.
     mrpc_best = json.loads((workdir / "MRPC" / "lr0.003-wd0.01-ep2" / "results.json").read_text())["best_metrics"]
     assert table[1]["scores"] == {"f1": mrpc_best["f1"], "accuracy": mrpc_best["accuracy"]}
-    from bertjax.commands.predict import predict
+    from bertjax.finetune.prediction import predict
     gold = [line.split("\t")[-1] for line in (data / "MNLI" / "dev_mismatched.tsv").read_text().splitlines()[1:]]
     predicted = [p["label"] for p in predict(mnli_dir / "best", workdir / "data" / "MNLI" / "mismatched.jsonl")]
     assert table[0]["scores"]["accuracy_mismatched"] == pytest.approx(np.mean([p == g for p, g in zip(predicted, gold)]))

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.commands.predict import predict
+from bertjax.finetune.prediction import predict
 from bertjax.finetune.config import load_finetune_config
 from bertjax.finetune.tasks import task_class
 from bertjax.finetune.trainer import finetune

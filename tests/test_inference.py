@@ -484,7 +484,7 @@ def test_fill_mask_packed_equals_the_model_on_each_text():
     """`bertjax fill-mask`'s predictor runs through TextInference (several texts packed per row); its top-k at
     each [MASK] equals a plain forward of each text alone (softmax over non-special tokens)."""
     import bertjax
-    from bertjax.commands.fill_mask import encode_with_masks, make_predictor
+    from bertjax.inference.fill_mask import encode_with_masks, make_predictor
     from bertjax.data import load_tokenizer
     from train_helpers import small_tokenizer
 
@@ -537,12 +537,12 @@ def test_packed_task_prediction_equals_each_example_alone(family, task_name):
     logits of the classification head (it pools each packed segment), per-token logits of tagging and QA at every
     real token (padding positions re-padded below any real logit). Output order and count equal the input's."""
     from bertjax.config import TaskConfig as HeadConfig
-    from bertjax.finetune.config import FinetuneDataConfig, TaskConfig
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig
     from bertjax.finetune.inference import PAD_LOGIT, predict_outputs
     from bertjax.finetune.tasks import Encoded, task_class
     from bertjax.models import MODEL_CLASSES
 
-    task = task_class(task_name)(FinetuneDataConfig(), TaskConfig())
+    task = task_class(task_name)(FinetuneDataConfig(), FinetuneTaskConfig())
     config = get_config(family, max_position_embeddings=64, pad_token_id=0, task=HeadConfig(num_labels=3))
     model = MODEL_CLASSES[task.head](config)
     params = random_params(model, seed=4)
@@ -571,7 +571,7 @@ def test_predict_command_packs_and_keeps_input_order(tmp_path):
     """`bertjax predict` on a saved sequence-classification model: one record per input line, in input order, with
     the label and probabilities the model gives each text alone (an empty text included)."""
     import bertjax
-    from bertjax.commands.predict import predict
+    from bertjax.finetune.prediction import predict
     from bertjax.config import TaskConfig as HeadConfig
     from bertjax.data.tokenizers import WordPieceTokenizer
     from bertjax.models import MODEL_CLASSES

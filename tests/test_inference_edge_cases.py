@@ -247,7 +247,7 @@ def test_predict_question_answering_on_a_short_model(tmp_path):
     of an explicit data.max_length=48 and doc_stride=16 (128 scaled by 48 / 384); a longer explicit one is an error
     naming data.max_length; an empty context has no span and a null score (standard JSON, not -Infinity)."""
     import bertjax
-    from bertjax.commands.predict import predict
+    from bertjax.finetune.prediction import predict
     from bertjax.config import TaskConfig as HeadConfig
     from bertjax.data.tokenizers import WordPieceTokenizer
     from bertjax.models import MODEL_CLASSES

@@ -101,7 +101,7 @@ def test_checked_apply_rejects_out_of_range_ids_that_plain_jit_lets_through(tiny
 
 
 def test_fill_mask_checks_ids_against_the_model_vocabulary(tiny_mlm):
-    from bertjax.commands.fill_mask import make_predictor
+    from bertjax.inference.fill_mask import make_predictor
     from train_helpers import small_tokenizer
     from bertjax.data import load_tokenizer
 

@@ -97,7 +97,7 @@ def test_fill_mask_on_a_eurobert_checkpoint_matches_transformers(tmp_path):
     fill-mask does; the README says so)."""
     import torch
 
-    from bertjax.commands.fill_mask import encode_with_masks, load_predictor
+    from bertjax.inference.fill_mask import encode_with_masks, load_predictor
 
     hf = eurobert_style_tokenizer(tmp_path / "hf")
     config = transformers.EuroBertConfig(
@@ -139,7 +139,7 @@ def test_tokenizer_json_post_processor_wins_over_add_bos_eos_flags_as_in_transfo
         expected = reference(first, second, return_token_type_ids=True)
         assert (ids, types) == (expected["input_ids"], expected["token_type_ids"])
     # fill-mask lays its row out the same way: no <|end_of_text|> that transformers would not add.
-    from bertjax.commands.fill_mask import encode_with_masks
+    from bertjax.inference.fill_mask import encode_with_masks
     row, masks = encode_with_masks(tokenizer, f"The loop {MASK} here.")
     assert row.tolist() == reference(f"The loop {MASK} here.")["input_ids"] and row[masks[0]] == tokenizer.mask_id
 
@@ -172,7 +172,7 @@ def test_fill_mask_gives_the_space_before_the_mask_where_the_mask_token_says(lst
     <|mask|>) leaves it to the text, a token of its own: the row is what transformers' tokenizer makes of the text."""
     from tokenizers import AddedToken, Tokenizer
 
-    from bertjax.commands.fill_mask import encode_with_masks
+    from bertjax.inference.fill_mask import encode_with_masks
 
     eurobert_style_tokenizer(tmp_path / "tok")
     hf = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))

@@ -6,7 +6,7 @@ import pytest
 
 import bertjax
 from bertjax.cli import main
-from bertjax.commands.fill_mask import encode_with_masks
+from bertjax.inference.fill_mask import encode_with_masks
 from bertjax.data import load_tokenizer
 from bertjax.model_dirs import load_model_dir
 from train_helpers import small_tokenizer

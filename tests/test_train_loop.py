@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bertjax.commands.fill_mask import load_predictor
+from bertjax.inference.fill_mask import load_predictor
 from bertjax.train.loop import pretrain
 from bertjax.train.metrics import read_metrics
 from bertjax.train.run_config import run_config_from_dict

@@ -66,7 +66,7 @@ def test_the_two_process_checkpoint_restores_in_one_process(two_process_run):
     params = restore_params(workdir / "checkpoints" / str(STEPS))
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
-    from bertjax.commands.fill_mask import load_predictor
+    from bertjax.inference.fill_mask import load_predictor
     predictions = load_predictor(workdir)("The [MASK] statement ends a loop.", 3)
     assert len(predictions) == 1 and len(predictions[0]) == 3
     assert 0.0 < sum(p.probability for p in predictions[0]) <= 1.0 + 1e-6

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax.cli import main
-from bertjax.commands.fill_mask import load_predictor
+from bertjax.inference.fill_mask import load_predictor
 from bertjax.model_dirs import load_model_dir
 from train_helpers import small_tokenizer, write_config
 

@@ -102,7 +102,7 @@ def cast_model(model, params, dtype: str, source: str):
 
 def run(args: argparse.Namespace) -> int:
     from bertjax import hf
-    from bertjax.commands.output_dir import check_output_dir
+    from bertjax.output_paths import check_output_dir
     from bertjax.data.tokenizer_export import save_for_model
     from bertjax.model_dirs import load_model_dir, read_token_ids, save_model_dir
 

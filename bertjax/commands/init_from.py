@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import jax
 
-    from bertjax.commands.output_dir import check_output_dir
+    from bertjax.output_paths import check_output_dir
     from bertjax.hf.pretrained import head_of
     from bertjax.model_dirs import load_model_dir, save_model_dir
     from bertjax.models import MODEL_CLASSES, abstract_params

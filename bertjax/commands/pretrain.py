@@ -72,7 +72,7 @@ def summary(result) -> list[str]:
 
 def show_fill_mask(config, result) -> None:
     """Fill-mask predictions of the trained model on a few held-out sentences, one word masked in each."""
-    from bertjax.commands.fill_mask import format_predictions, make_predictor
+    from bertjax.inference.fill_mask import format_predictions, make_predictor
     from bertjax.train import feed as feed_lib
 
     data = feed_lib.plan_phases(config)[-1].data

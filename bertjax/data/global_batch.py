@@ -51,3 +51,21 @@ def processes_feed_distinct_rows(sharding: NamedSharding, rows: int) -> bool:
     blocks = rows_of_each_process(sharding, rows)
     share = rows // len(blocks)
     return all(len(block) == share for block in blocks.values()) and len(frozenset().union(*blocks.values())) == rows
+
+
+def process_rows(sharding, rows: int) -> np.ndarray:
+    """The rows of a [rows, ...] global batch that `sharding` puts on this process's devices, in order: what this
+    process feeds `jax.make_array_from_process_local_data` (all of them on a single process)."""
+    indices = sharding.addressable_devices_indices_map((rows,))
+    mine = sorted({i for index in indices.values() for i in range(rows)[index[0]]})
+    return np.asarray(mine, np.int64)
+
+
+def from_full_batch(batch: Mapping[str, np.ndarray], mesh: Mesh,
+                    batch_axes: str | Sequence[str] = "data") -> dict[str, jax.Array]:
+    """The global arrays of a batch that every process builds whole (a pure function of seed and step, as in
+    fine-tuning and embedder training), from this process's rows only: the rows the batch sharding puts on its
+    devices. Any mesh works, batch axes within one host included."""
+    rows = len(next(iter(batch.values())))
+    mine = process_rows(batch_sharding(mesh, batch_axes), rows)
+    return to_global_batch({k: v[mine] for k, v in batch.items()}, mesh, batch_axes)

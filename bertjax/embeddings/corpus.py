@@ -119,7 +119,7 @@ def check_output_paths(npy: str | os.PathLike, input_path: str | os.PathLike | N
     """Refuse, before any work, an --output whose FILE.npy or FILE.json would destroy a file that is not an earlier
     `bertjax embed` output: the input itself, or an existing FILE.json of another kind (a results.json beside
     results.npy)."""
-    from bertjax.commands.output_dir import check_output_file  # the check `predict` makes of its --output too
+    from bertjax.output_paths import check_output_file  # the check `predict` makes of its --output too
 
     npy = Path(npy)
     if npy.suffix != ".npy":

@@ -170,7 +170,7 @@ def make_steps(model, optimizer, schedule, mesh, shardings, config: EmbedderConf
 # ---------------------------------------------------------------------------------------------------------------
 # Batches and evaluation.
 
-def steps_per_epoch(pairs: int, batch_size: int) -> int:
+def full_batches_per_epoch(pairs: int, batch_size: int) -> int:
     """Full batches per epoch: a last partial batch is dropped (a padded row would be a false in-batch negative)."""
     return pairs // batch_size
 
@@ -178,7 +178,7 @@ def steps_per_epoch(pairs: int, batch_size: int) -> int:
 def train_batch(arrays: dict[str, np.ndarray], step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
     """The pairs of global step `step`: a shuffled order per epoch that depends only on (seed, epoch)."""
     rows = len(arrays["input_ids"])
-    epoch, position = divmod(step, steps_per_epoch(rows, batch_size))
+    epoch, position = divmod(step, full_batches_per_epoch(rows, batch_size))
     chosen = np.random.default_rng([seed, epoch]).permutation(rows)[position * batch_size:(position + 1) * batch_size]
     return {k: arrays[k][chosen] for k in ("input_ids", "segment_ids")}
 
@@ -186,7 +186,7 @@ def train_batch(arrays: dict[str, np.ndarray], step: int, batch_size: int, seed:
 def embed_texts(embed_step, params, encoder, texts: list[str], prompt: str | None, batch_size: int,
                 mesh) -> np.ndarray:
     """float32 [len(texts), dim] through the jitted deterministic embedding (one text per row)."""
-    from bertjax.finetune.trainer import global_batch
+    from bertjax.data.global_batch import from_full_batch
 
     arrays = tokenize_columns(encoder, [texts], [prompt])
     prompt_lengths = np.broadcast_to(arrays["prompt_lengths"][None, :], (batch_size, 1)).copy()
@@ -197,7 +197,7 @@ def embed_texts(embed_step, params, encoder, texts: list[str], prompt: str | Non
         batch = {k: arrays[k][padded] for k in ("input_ids", "segment_ids")}
         if not encoder.pooling.include_prompt:
             batch["prompt_lengths"] = prompt_lengths
-        out.append(np.asarray(embed_step(params, global_batch(batch, mesh)))[:len(chosen), 0])
+        out.append(np.asarray(embed_step(params, from_full_batch(batch, mesh, mesh_lib.BATCH_AXES)))[:len(chosen), 0])
     return np.concatenate(out)
 
 
@@ -306,13 +306,14 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
            validation_file: str | Path | None, encoder, *, began: float, stop_after: int | None,
            on_log: Callable[[int, dict], bool | None] | None) -> EmbedderResult:
     """`train_embedder` with the loaded encoder, holding the workdir's lock."""
-    from bertjax.finetune.trainer import boxed_initialiser, global_batch, place, transplant
+    from bertjax.data.global_batch import from_full_batch
     from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.distributed import PreemptionWatch
     from bertjax.train.guards import NonFiniteGuard
     from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
     from bertjax.train.schedules import build_schedule
-    from bertjax.train.state import abstract_state, count_params, create_train_state, state_shardings
+    from bertjax.train.state import (abstract_state, boxed_initialiser, count_params, create_train_state, place,
+                                     state_shardings, transplant)
 
     workdir = Path(workdir)
     primary = jax.process_index() == 0
@@ -329,7 +330,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
         raise ConfigError(f"train.batch_size ({config.train.batch_size}), train.mini_batch_size "
                           f"({config.train.mini_batch_size}) and eval.batch_size ({config.eval.batch_size}) must "
                           f"divide over the {shards} batch shards of the mesh")
-    per_epoch = steps_per_epoch(len(pairs), config.train.batch_size)
+    per_epoch = full_batches_per_epoch(len(pairs), config.train.batch_size)
     if per_epoch == 0:
         raise ValueError(f"{train_file}: {len(pairs)} pairs, fewer than train.batch_size ({config.train.batch_size});"
                          " lower train.batch_size or give more pairs")
@@ -379,7 +380,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
             logger.log(0, eval_start)
         while step < end:
             batch = train_batch(arrays, step, config.train.batch_size, config.train.seed)
-            state, metrics = train_step(state, global_batch(batch, mesh))
+            state, metrics = train_step(state, from_full_batch(batch, mesh, mesh_lib.BATCH_AXES))
             step += 1
             checkpointer.record_finished()  # a completed save gets its checksums now, not at the next save
             nonfinite.observe(step, metrics)

@@ -48,11 +48,3 @@ def eval_batches(arrays: dict[str, np.ndarray], batch_size: int) -> Iterator[tup
     for start in range(0, rows, batch_size):
         indices = np.arange(start, min(start + batch_size, rows))
         yield take(arrays, indices, batch_size), len(indices)
-
-
-def process_rows(sharding, rows: int) -> np.ndarray:
-    """The rows of a [rows, ...] global batch that `sharding` puts on this process's devices, in order: what this
-    process feeds `jax.make_array_from_process_local_data` (all of them on a single process)."""
-    indices = sharding.addressable_devices_indices_map((rows,))
-    mine = sorted({i for index in indices.values() for i in range(rows)[index[0]]})
-    return np.asarray(mine, np.int64)

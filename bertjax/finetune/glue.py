@@ -134,7 +134,7 @@ def _number(value: float) -> str:
 
 def mismatched_accuracy(model_dir: Path, path: Path) -> float:
     """Accuracy of a fine-tuned model directory on a JSONL file with `label` (MNLI's mismatched dev set)."""
-    from bertjax.commands.predict import predict
+    from bertjax.finetune.prediction import predict
     from bertjax.finetune.readers import read_rows
     from bertjax.finetune.tasks.base import label_key
 

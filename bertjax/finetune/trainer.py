@@ -30,6 +30,7 @@ from bertjax.finetune.tasks import Encoded, Labels, Task
 from bertjax.finetune.tasks.base import fit_max_length
 from bertjax.inference.texts import check_tokenizer_fits  # shared with predict and the embedding commands
 from bertjax.train import mesh as mesh_lib
+from bertjax.data.global_batch import from_full_batch
 from bertjax.train.distributed import PreemptionWatch
 from bertjax.train.guards import NonFiniteGuard
 from bertjax.train import workdir as workdir_lib
@@ -61,29 +62,6 @@ def task_model(base_config, task: Task, labels: Labels):
     from bertjax.models import MODEL_CLASSES
 
     return MODEL_CLASSES[task.head](base_config.replace(task=task.head_settings(labels, base_config.task_or_default)))
-
-
-def boxed_initialiser(model) -> Callable[[jax.Array], Any]:
-    """key -> parameters boxed with their logical axis names (what sharded state creation reads)."""
-    return lambda key: model.init({"params": key, "dropout": key}, model.example_input_ids(8))["params"]
-
-
-def transplant(fresh: Any, pretrained: Any, path: str = "") -> tuple[Any, list[str]]:
-    """`fresh` with every subtree that `pretrained` has with the same structure and shapes replaced by it;
-    returns the paths that stayed fresh (the new head, or a classifier of another size)."""
-    if isinstance(fresh, dict):
-        out, new = {}, []
-        for key, value in fresh.items():
-            if isinstance(pretrained, dict) and key in pretrained:
-                out[key], more = transplant(value, pretrained[key], f"{path}/{key}" if path else key)
-                new += more
-            else:
-                out[key] = value
-                new.append(f"{path}/{key}" if path else key)
-        return out, new
-    if hasattr(pretrained, "shape") and tuple(pretrained.shape) == tuple(fresh.shape):
-        return np.asarray(jax.device_get(pretrained)).astype(fresh.dtype), []
-    return fresh, [path]
 
 
 def known_labels(model) -> tuple[str, ...] | None:
@@ -135,26 +113,6 @@ def make_steps(task: Task, model, optimizer, schedule, mesh, shardings, seed: in
     return train, evaluate
 
 
-def global_batch(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
-    """The global arrays of a batch that every process can build (it is a pure function of seed and step), from
-    this process's rows only: the rows the batch sharding puts on its devices."""
-    from bertjax.data.global_batch import batch_sharding, to_global_batch
-
-    rows = len(next(iter(batch.values())))
-    mine = batch_lib.process_rows(batch_sharding(mesh, mesh_lib.BATCH_AXES), rows)
-    return to_global_batch({k: v[mine] for k, v in batch.items()}, mesh, mesh_lib.BATCH_AXES)
-
-
-def place(tree: Any, shardings: Any) -> Any:
-    """Host values (the same on every process) onto their global shardings; device arrays stay as they are."""
-    def put(value, sharding):
-        if isinstance(value, jax.Array):
-            return value
-        value = np.asarray(value)
-        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-    return jax.tree.map(put, tree, shardings)
-
-
 def _has_targets(task: Task, batch: dict) -> bool:
     return all(key in batch for key in task.target_keys)
 
@@ -168,7 +126,7 @@ def run_eval(evaluate: Callable, params, encoded: Encoded, batch_size: int,
     pieces: list[dict] = []
     total = count = 0.0
     for batch, real in batch_lib.eval_batches(encoded.arrays, batch_size):
-        outputs, loss_sum, loss_count = evaluate(params, batch if mesh is None else global_batch(batch, mesh))
+        outputs, loss_sum, loss_count = evaluate(params, batch if mesh is None else from_full_batch(batch, mesh, mesh_lib.BATCH_AXES))
         pieces.append({k: np.asarray(v)[:real] for k, v in outputs.items()})
         total += float(loss_sum)
         count += float(loss_count)
@@ -342,7 +300,8 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     from bertjax.models.inputs import check_ids
     from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.schedules import build_schedule
-    from bertjax.train.state import abstract_state, create_train_state, state_shardings
+    from bertjax.train.state import (abstract_state, boxed_initialiser, create_train_state, place, state_shardings,
+                                     transplant)
 
     started = time.time()
     primary = jax.process_index() == 0  # on several hosts, only process 0 writes files (checkpoints: all)
@@ -429,7 +388,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
         while step < end and not stopped_early:
             began, began_cpu = time.perf_counter(), time.process_time()
             batch, _ = batch_lib.train_batch(train_data.arrays, step, config.train.batch_size, config.train.seed)
-            state, metrics = train_step(state, global_batch(batch, mesh))
+            state, metrics = train_step(state, from_full_batch(batch, mesh, mesh_lib.BATCH_AXES))
             step += 1
             checkpointer.record_finished()  # a completed save gets its checksums now, not at the next save
             nonfinite.observe(step, metrics)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding
@@ -114,3 +115,38 @@ def abstract_state(init_params: Initialiser, optimizer: optax.GradientTransforma
 
 def count_params(params: Any) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+# Starting a fine-tuning or embedder run from a pretrained model's parameters.
+
+def boxed_initialiser(model) -> Callable[[jax.Array], Any]:
+    """key -> parameters boxed with their logical axis names (what sharded state creation reads)."""
+    return lambda key: model.init({"params": key, "dropout": key}, model.example_input_ids(8))["params"]
+
+
+def transplant(fresh: Any, pretrained: Any, path: str = "") -> tuple[Any, list[str]]:
+    """`fresh` with every subtree that `pretrained` has with the same structure and shapes replaced by it;
+    returns the paths that stayed fresh (the new head, or a classifier of another size)."""
+    if isinstance(fresh, dict):
+        out, new = {}, []
+        for key, value in fresh.items():
+            if isinstance(pretrained, dict) and key in pretrained:
+                out[key], more = transplant(value, pretrained[key], f"{path}/{key}" if path else key)
+                new += more
+            else:
+                out[key] = value
+                new.append(f"{path}/{key}" if path else key)
+        return out, new
+    if hasattr(pretrained, "shape") and tuple(pretrained.shape) == tuple(fresh.shape):
+        return np.asarray(jax.device_get(pretrained)).astype(fresh.dtype), []
+    return fresh, [path]
+
+
+def place(tree: Any, shardings: Any) -> Any:
+    """Host values (the same on every process) onto their global shardings; device arrays stay as they are."""
+    def put(value, sharding):
+        if isinstance(value, jax.Array):
+            return value
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+    return jax.tree.map(put, tree, shardings)

@@ -1,0 +1,99 @@
+"""Predictions of a fine-tuned model over a file of examples: one record per example, in input order (what
+`bertjax predict` writes as JSON lines, and what `bertjax glue` scores).
+
+The model directory is the `best/` of `bertjax finetune` (its finetune.json gives the task, the labels and the data
+settings) or any transformers directory of a task model (the task comes from its class, labels from id2label).
+Records: sequence classification `{"label", "score", "scores"}` (regression `{"score"}`), token classification
+`{"tokens", "tags", "scores"}` (one tag per input word; tag and score null for a word the model never saw: one past
+data.max_length, or one without any token), question answering `{"id", "answer", "start", "end", "score"}` (the
+answer as text of the context; "" for no answer, with a null score when the context has no span at all), multiple
+choice `{"label", "scores"}`. Examples longer than data.max_length are cut (data.truncation, the default) and a
+warning counts them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+
+def load_task(model_dir: str | Path, model, overrides: list[str]):
+    """(task, labels) of a fine-tuned model: from its finetune.json when present, else from its class."""
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.finetune.tasks import Labels, task_class, task_for_head
+    from bertjax.finetune.tasks.base import chosen_keys, fit_max_length
+    from bertjax.finetune.trainer import RUN_FILE, read_run_file
+    from bertjax.hf.pretrained import head_of
+
+    if (Path(model_dir) / RUN_FILE).is_file():
+        described = read_run_file(model_dir)
+        cls = task_class(described["task"])
+        labels = Labels(names=tuple(described["labels"]), regression=described["regression"],
+                        unanswerable=described["unanswerable"])
+        defaults = {"data": described["data"]}
+    else:
+        cls = task_for_head(head_of(model))
+        task = model.config.task_or_default
+        regression = task.problem_type == "regression"
+        labels = Labels(names=() if regression or cls.head in ("question_answering", "multiple_choice")
+                        else task.label_names, regression=regression,
+                        multi_label=cls.head == "sequence_classification"
+                        and task.problem_type == "multi_label_classification")
+        defaults = cls.defaults
+    config = load_finetune_config(None, overrides, defaults)
+    # A task default (QA's 384) is capped to a smaller checkpoint; a data.max_length the user set must fit it.
+    data = fit_max_length(config.data, model.config, chosen=chosen_keys(overrides), model=f"--model {model_dir}")
+    return cls(data, config.task), labels
+
+
+def warn(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr)
+
+
+def truncation_warning(task, encoded, input_file, model_config) -> str | None:
+    """The line that counts the examples cut to data.max_length (None when none was): part of each never reached
+    the model, which a record alone does not show."""
+    from bertjax.inference.texts import model_max_length
+
+    if not encoded.truncated:
+        return None
+    length, limit = task.data.max_length, model_max_length(model_config)
+    advice = (f"pass data.max_length={limit} (the most the model takes) to see more of them" if length < limit
+              else f"the model takes no more than {limit} tokens")
+    return (f"{input_file}: {encoded.truncated} of {len(encoded.examples)} examples are longer than "
+            f"data.max_length={length} tokens and were cut; {task.truncation_effect}; {advice}")
+
+
+def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] = (), *,
+            batch_size: int = 64, max_tokens: int | None = None, say: Callable[[str], None] = warn) -> list[dict]:
+    """The records of `input_file`'s examples, in input order (see the module docstring). `say` gets the warning
+    that counts examples cut to data.max_length (default: printed to stderr)."""
+    import dataclasses
+
+    from bertjax.finetune.inference import predict_outputs
+    from bertjax.finetune.readers import read_rows
+    from bertjax.inference.texts import check_tokenizer_fits
+    from bertjax.model_dirs import load_model_dir
+    from bertjax.models.inputs import check_ids
+
+    if batch_size <= 0:
+        raise ValueError(f"--batch-size must be positive, got {batch_size}")
+    if max_tokens is not None and max_tokens <= 0:
+        raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
+    model, params, tokenizer = load_model_dir(model_dir)
+    if tokenizer is None:
+        raise FileNotFoundError(f"{model_dir} holds no tokenizer")
+    check_tokenizer_fits(tokenizer, model.config, model_dir)
+    task, labels = load_task(model_dir, model, list(overrides))
+    # One row per example: the inference layer packs them itself (data.packing is the training-time layout).
+    task.data = dataclasses.replace(task.data, packing=False)
+    encoded = task.encode(tokenizer, read_rows(input_file), labels, str(input_file), with_targets=False)
+    check_ids(encoded.arrays["input_ids"], model.config.vocab_size, "token ids")  # on the host, before any compile
+    warning = truncation_warning(task, encoded, input_file, model.config)
+    if warning:
+        say(warning)
+    # The inference layer (as fill-mask and embed): examples packed several per row where the model allows it,
+    # shape buckets under a token budget, rows split over every local device (bertjax/finetune/inference.py).
+    outputs = predict_outputs(model, params, task, encoded, tokenizer, max_tokens=max_tokens, batch_size=batch_size)
+    return task.predictions(outputs, encoded, labels)

@@ -1,0 +1,172 @@
+"""Fill-mask prediction: the most likely tokens at each [MASK] of a text, from a masked language model.
+
+`load_predictor(DIR)` reads any directory `bertjax.model_dirs.load_model_dir` reads (a pretraining workdir, a
+Hugging Face checkpoint, a bertjax model directory); `make_predictor` takes a model, its parameters and tokenizer.
+Texts run packed through `bertjax.inference`, as `embed` does. The `bertjax fill-mask` command prints them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Mask spellings accepted in the text, whatever the tokenizer's own mask token is (EuroBERT's is <|mask|>).
+MASK_PATTERN = re.compile(r"\[MASK\]|<mask>|<\|mask\|>")
+
+# Heads (keys of bertjax.models.MODEL_CLASSES) whose `logits` score the vocabulary at every token. Other heads'
+# `logits` are per label or per sequence (or absent, on a bare encoder): fed to the softmax they crash or mislead.
+MLM_HEADS = ("masked_lm", "pretraining")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    token: str
+    token_id: int
+    probability: float
+
+
+def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the row of `text` with the mask id at each [MASK], laid out as the tokenizer lays out one text, e.g.
+    `[CLS] text [SEP]`; positions of the masks)."""
+    pieces = MASK_PATTERN.split(text)
+    if len(pieces) < 2:
+        raise ValueError(f"no [MASK] in {text!r}")
+    ids = []
+    masks = []
+    absorbs_space = tokenizer.mask_takes_space_before
+    for i, piece in enumerate(pieces):
+        # The mask absorbs the space before it where its token says so (RoBERTa's <mask>: lstrip), as transformers'
+        # tokenizer does; the space after it stays with the next word, which byte-level BPE needs to pick the
+        # word-initial token.
+        if i < len(pieces) - 1 and absorbs_space:
+            piece = piece.rstrip()
+        if piece and (piece.strip() or not absorbs_space):
+            ids.extend(int(t) for t in tokenizer.encode(piece))
+        if i < len(pieces) - 1:
+            masks.append(len(ids))
+            ids.append(tokenizer.mask_id)
+    template = tokenizer.special_template
+    row, _ = template.build(ids)
+    start = template.text_start(0, len(ids), pair=False)
+    return np.asarray(row, np.int32), np.asarray(masks, np.int32) + start
+
+
+def fill_mask_row_fn(model, banned: np.ndarray, top_k: int):
+    """Row function (bertjax.inference.runner) of a masked language model: per token, the top_k token ids and
+    their probabilities (special tokens and rows beyond the tokenizer's vocabulary banned), float32."""
+    type_vocab_size = model.config.type_vocab_size
+
+    def row_fn(params, batch, max_segments):
+        ids = batch["input_ids"]
+        kwargs = {"token_type_ids": jnp.zeros_like(ids)} if type_vocab_size else {}
+        logits = model.apply({"params": params}, ids, segment_ids=batch["segment_ids"], **kwargs).logits
+        probs = jax.nn.softmax(jnp.where(jnp.asarray(banned), -jnp.inf, logits.astype(jnp.float32)), axis=-1)
+        top_probs, top_ids = jax.lax.top_k(probs, top_k)
+        return {"tokens": {"top_ids": top_ids, "top_probs": top_probs}}
+
+    return row_fn
+
+
+def check_masked_lm(model, source: str | None = None) -> None:
+    """Refuse a model without an MLM head before anything is compiled: its outputs would fail deep in JAX (a bare
+    encoder has no `logits`) or broadcast into nonsense (a classifier's logits are per label).
+    `source` (e.g. "--model DIR") names where the model came from in the error."""
+    from bertjax.hf.pretrained import head_of
+    from bertjax.models import MODEL_CLASSES
+
+    if isinstance(model, tuple(MODEL_CLASSES[head] for head in MLM_HEADS)):
+        return
+    try:
+        head = head_of(model)
+    except ValueError:  # not one of bertjax's classes: its class name is all there is to say
+        head = "non-bertjax"
+    held = f"a {head} model ({type(model).__name__})"
+    said = f"{source} holds {held}" if source else f"the model is {held}"
+    raise ValueError(f"{said}, not a masked language model; fill-mask needs one with an MLM head "
+                     f"(heads {', '.join(MLM_HEADS)}), e.g. an MLM pretraining workdir or a *ForMaskedLM checkpoint")
+
+
+def make_predictor(model, params, tokenizer, *,
+                   max_tokens: int | None = None) -> Callable[[str, int], list[list[Prediction]]]:
+    """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities.
+    `predict.many(texts, top_k)` does a list of texts in packed batches (bertjax.inference, as `embed`).
+    A model without an MLM head is a ValueError."""
+    from bertjax.inference import BucketConfig, TextInference, model_max_length, supports_packing
+    from bertjax.models.inputs import check_ids
+
+    check_masked_lm(model)
+    config = model.config
+    banned = np.zeros(config.vocab_size, bool)
+    banned[tokenizer.special_ids[tokenizer.special_ids < config.vocab_size]] = True
+    banned[tokenizer.vocab_size:] = True  # padding rows of an embedding larger than the vocabulary
+    max_length = model_max_length(config)
+    packing = supports_packing(config)
+    buckets = BucketConfig(max_tokens=max_tokens, max_segments=16 if packing else 1)
+    by_k: dict[int, TextInference] = {}
+    placed = []
+
+    def many(texts: list[str], top_k: int = 5) -> list[list[list[Prediction]]]:
+        if top_k <= 0:
+            raise ValueError(f"top_k must be positive, got {top_k}")
+        encoded = [encode_with_masks(tokenizer, text) for text in texts]
+        for text, (ids, _) in zip(texts, encoded):
+            if len(ids) > max_length:
+                raise ValueError(f"text is {len(ids)} tokens; the model takes at most {max_length}: {text[:60]!r}")
+            check_ids(ids, config.vocab_size, "token ids")  # a tokenizer larger than the model's vocabulary
+        k = min(top_k + 8, config.vocab_size)  # spare candidates: pieces that decode to nothing are skipped
+        if k not in by_k:
+            by_k[k] = TextInference(fill_mask_row_fn(model, banned, k), tokenizer, max_length, buckets=buckets,
+                                    packing=packing)
+        inference = by_k[k]
+        if not placed:
+            placed.append(inference.runner.place_params(params))
+        outputs = inference.run_sequences(placed[0], [ids for ids, _ in encoded])
+        results = []
+        for (_, masks), top_ids, top_probs in zip(encoded, outputs.tokens["top_ids"], outputs.tokens["top_probs"]):
+            per_mask = []
+            for position in masks:
+                options = []
+                for t, p in zip(top_ids[position], top_probs[position]):
+                    if p == 0.0:
+                        break
+                    token = tokenizer.decode([int(t)]).strip()
+                    if token:  # pieces that decode to nothing (a lone word-boundary marker) say nothing to a reader
+                        options.append(Prediction(token, int(t), float(p)))
+                per_mask.append(options[:top_k])
+            results.append(per_mask)
+        return results
+
+    def predict(text: str, top_k: int = 5) -> list[list[Prediction]]:
+        return many([text], top_k)[0]
+
+    predict.many = many
+    return predict
+
+
+def load_predictor(model_dir: str | Path, step: int | None = None,
+                   allow_pickle: bool = False) -> Callable[[str, int], list[list[Prediction]]]:
+    from bertjax.model_dirs import load_model_dir
+
+    model, params, tokenizer = load_model_dir(model_dir, step=step, allow_pickle=allow_pickle)
+    check_masked_lm(model, f"--model {model_dir}")  # first: with the wrong model a tokenizer would not help
+    if tokenizer is None:
+        raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model or "
+                                "vocab.txt); copy the checkpoint's tokenizer files next to its weights")
+    return make_predictor(model, params, tokenizer)
+
+
+def format_predictions(text: str, predictions: list[list[Prediction]]) -> str:
+    """The text with each [MASK] filled by its best guess, then the top-k list per mask."""
+    best = iter(p[0].token for p in predictions)
+    filled = MASK_PATTERN.sub(lambda _: f"[{next(best)}]", text)
+    lines = [filled]
+    for i, options in enumerate(predictions):
+        shown = ", ".join(f"{p.token!r} {p.probability:.3f}" for p in options)
+        lines.append(f"  mask {i + 1}: {shown}")
+    return "\n".join(lines)
