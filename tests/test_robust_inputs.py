@@ -196,3 +196,42 @@ def test_integer_tensor_where_a_float_parameter_belongs_is_an_error(hf_dir, tmp_
     for task in ({}, {"head": "sequence_classification", "num_labels": 2}):  # as it is, and into a new head
         with pytest.raises(ValueError, match=f"tensor '{name}' is int32; model parameters are floating point"):
             bertjax.from_pretrained(str(broken), **task)
+
+
+def test_every_command_that_reads_a_model_takes_allow_pickle(hf_dir, tmp_path, caplog):
+    """One door, on every command that reads a model directory (it was on convert, fill-mask, embed and search
+    only: finetune of a .bin-only checkpoint could not be asked for at all)."""
+    import argparse
+    import importlib
+    import shutil
+
+    import safetensors.numpy
+    torch = pytest.importorskip("torch")
+    from bertjax.cli import COMMANDS
+
+    reading = {"convert", "fill-mask", "finetune", "predict", "glue", "embed", "search", "train-embedder",
+               "init-from"}
+    for name in reading:
+        parser = argparse.ArgumentParser()
+        importlib.import_module(COMMANDS[name]).add_arguments(parser)
+        assert any("--allow-pickle" in action.option_strings for action in parser._actions), name
+
+    from finetune_helpers import finetune_files
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.finetune.tasks import task_class
+    from bertjax.finetune.trainer import finetune
+
+    files = finetune_files(tmp_path / "data", 16, 8)
+    pickled = tmp_path / "pickled"
+    shutil.copytree(files["model"], pickled)
+    tensors = safetensors.numpy.load_file(pickled / "model.safetensors")
+    torch.save({k: torch.from_numpy(v) for k, v in tensors.items()}, pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    task = task_class("sequence-classification")
+    config = load_finetune_config(None, ["train.batch_size=8", "train.epochs=1", "data.max_length=16",
+                                         "train.progress_bar=false", "eval.batch_size=8"], task.defaults)
+    with pytest.raises(ValueError, match="--allow-pickle"):
+        finetune(pickled, task, files["train"], files["validation"], tmp_path / "refused", config, say=lambda _: None)
+    result = finetune(pickled, task, files["train"], files["validation"], tmp_path / "run", config,
+                      say=lambda _: None, allow_pickle=True)
+    assert result.results["finished"] and "unpickling a PyTorch checkpoint" in caplog.text

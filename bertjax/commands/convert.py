@@ -20,6 +20,7 @@ import glob
 import os
 import shutil
 import sys
+from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or a model or run back."
 
@@ -36,8 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parameter dtype of what is written: with --from-hf the model directory's (default "
                         "float32), with --to-hf the checkpoint's tensors (default: the model's own)")
     parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
-    parser.add_argument("--allow-pickle", action="store_true",
-                        help="read a pytorch_model.bin (a pickle: only for files you trust); default: safetensors only")
+    add_allow_pickle(parser)
 
 
 # Tokenizer files travel with the weights, so `bertjax fill-mask --model OUT` works on the converted directory.
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         copy_tokenizer_files(args.from_hf, args.out)
         write_built_tokenizer_json(tokenizer, args.from_hf, args.out)
     else:
-        model, params, tokenizer = load_model_dir(args.to_hf, step=args.step)
+        model, params, tokenizer = load_model_dir(args.to_hf, step=args.step, allow_pickle=args.allow_pickle)
         if args.dtype is not None:  # a bfloat16 export of float32 master weights, as checkpoints are published
             model, params = cast_model(model, params, args.dtype, f"--to-hf {args.to_hf}")
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything

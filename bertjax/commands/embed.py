@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "embed a file of texts with a sentence-embedding model into FILE.npy"
 
@@ -48,8 +49,7 @@ def add_embedding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stride", type=int, default=0, help="with --overflow chunk: tokens shared by neighbours")
     parser.add_argument("--truncate-dim", type=int, metavar="N", help="Matryoshka: keep the first N dimensions")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise embeddings (if the model does not)")
-    parser.add_argument("--allow-pickle", action="store_true",
-                        help="read PyTorch .bin weights (a pickle: only for files you trust)")
+    add_allow_pickle(parser)
 
 
 def resolve_dtype(dtype: str) -> str:

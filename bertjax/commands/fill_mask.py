@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from bertjax.inference.fill_mask import format_predictions, load_predictor
+from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "predict the tokens hidden behind [MASK] with a pretrained masked language model"
 
@@ -20,8 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, metavar="N",
                         help="with a pretraining workdir: the checkpoint to use (default: the latest)")
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")
-    parser.add_argument("--allow-pickle", action="store_true",
-                        help="read a Hugging Face pytorch_model.bin (a pickle: only for files you trust)")
+    add_allow_pickle(parser)
     parser.add_argument("texts", nargs="+", metavar="TEXT", help="sentences containing [MASK] (or <mask>, <|mask|>)")
 
 

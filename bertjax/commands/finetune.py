@@ -11,6 +11,7 @@ host's devices, each host feeds its rows of every batch, and process 0 writes th
 from __future__ import annotations
 
 import argparse
+from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "fine-tune a model on a classification, tagging, question-answering or multiple-choice data file"
 
@@ -32,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides, e.g. train.epochs=5 data.text_column=sentence")
     distributed.add_arguments(parser)
+    add_allow_pickle(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_finetune_config(args.config, args.overrides, task.defaults)
     chosen = chosen_keys(args.overrides, read_config_file(args.config, empty_ok=True) if args.config else None)
     result = finetune(args.model, task, args.train, args.validation, args.workdir, config, chosen=chosen,
-                      config_path=args.config)
+                      config_path=args.config, allow_pickle=args.allow_pickle)
     if jax.process_index() != 0:
         return 0
     with final_report():  # a reader gone by now takes the summary, not the run's status

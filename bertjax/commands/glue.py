@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "fine-tune on the GLUE tasks found in a directory (ModernBERT's grid and protocol) and print dev scores"
 
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"SST-2; {listed(SMALL_EPOCHS)} for CoLA, MRPC, RTE, STS-B)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="fine-tuning overrides for every run, e.g. train.batch_size=16 data.max_length=256")
+    add_allow_pickle(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
     table = run_glue(args.model, args.data_dir, args.workdir, tasks=tasks, learning_rates=args.learning_rates,
-                     weight_decays=args.weight_decays, epochs=args.epochs, overrides=args.overrides)
+                     weight_decays=args.weight_decays, epochs=args.epochs, overrides=args.overrides,
+                      allow_pickle=args.allow_pickle)
     print("\nGLUE dev scores (best over the grid):")
     print(format_table(table))
     return 0

@@ -16,6 +16,7 @@ import argparse
 import json
 import shlex
 from pathlib import Path
+from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "build a larger model from a trained smaller one (centre tiling, layer map) to start a run from"
 
@@ -33,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write into a non-empty --out (files of the same names are replaced)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="run config overrides on dotted keys, e.g. model.overrides.num_layers=4")
+    add_allow_pickle(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     # Before reading anything: writing into the source (a workdir) would replace its model_config.json.
     check_output_dir(args.out, reading=[args.source], overwrite=args.overwrite)
     config = load_run_config(args.config, args.overrides)
-    source_model, source_params, tokenizer = load_model_dir(args.source)
+    source_model, source_params, tokenizer = load_model_dir(args.source, allow_pickle=args.allow_pickle)
     source_config = source_model.config
     seq_len = max([config.data.seq_len] + [int(p.data.get("seq_len", 0)) for p in config.train.phases])
     # The vocabulary is the source's (its tokenizer), as in the run that follows.

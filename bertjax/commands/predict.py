@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from bertjax.jsonl import write_json_objects
+from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "predict with a fine-tuned model: labels with scores, word-aligned tags, answer spans as text"
 
@@ -22,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="token budget of one packed batch (default 2048 on CPU, 16384 on GPU/TPU)")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="multiple choice (not packed): questions per forward pass (default 64)")
+    add_allow_pickle(parser)
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="data settings, e.g. data.text_column=sentence data.max_length=256")
 
@@ -33,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(output, args.input, what="the predictions")  # before any work: never replace the input
     from bertjax.finetune.prediction import predict
 
-    records = predict(args.model, args.input, args.overrides, batch_size=args.batch_size, max_tokens=args.max_tokens)
+    records = predict(args.model, args.input, args.overrides, batch_size=args.batch_size, max_tokens=args.max_tokens,
+                      allow_pickle=args.allow_pickle)
     output.parent.mkdir(parents=True, exist_ok=True)
     write_json_objects(output, records, allow_nan=False)  # standard JSON: other programs read it
     print(f"{len(records)} predictions -> {output}")

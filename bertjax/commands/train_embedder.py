@@ -15,6 +15,7 @@ each with `--coordinator HOST:PORT --num-processes N --process-id I`, as `bertja
 from __future__ import annotations
 
 import argparse
+from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "fine-tune an embedding model on (anchor, positive[, negative]) pairs with in-batch negatives"
 
@@ -36,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides, e.g. train.batch_size=512 train.mini_batch_size=32 loss.symmetric=true")
     distributed.add_arguments(parser)
+    add_allow_pickle(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from bertjax.train.session_outputs import final_report
 
     config = load_embedder_config(args.config, args.overrides)
-    result = train_embedder(config, args.workdir, args.model, args.train, args.validation, config_path=args.config)
+    result = train_embedder(config, args.workdir, args.model, args.train, args.validation, config_path=args.config,
+                            allow_pickle=args.allow_pickle)
     if jax.process_index() != 0:
         return 0
     with final_report():  # a reader gone by now takes the summary, not the run's status

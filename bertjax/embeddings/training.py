@@ -64,13 +64,13 @@ class EmbedderResult:
 # ---------------------------------------------------------------------------------------------------------------
 # The model.
 
-def load_encoder(model_dir: str | Path, config: EmbedderConfig):
+def load_encoder(model_dir: str | Path, config: EmbedderConfig, allow_pickle: bool = False):
     """The SentenceEncoder to train: the directory's (sentence-transformers settings kept), with the run config's
     pooling changes and maximum length, its similarity (what the evaluation scores with and the saved model's
     `similarity_fn_name`) and its prompts (`trained_prompts`)."""
     from bertjax.embeddings import load_sentence_encoder
 
-    encoder = load_sentence_encoder(model_dir)
+    encoder = load_sentence_encoder(model_dir, allow_pickle=allow_pickle)
     encoder = encoder.replace(similarity_fn_name=config.loss.similarity, prompts=trained_prompts(encoder, config))
     changes = {k: v for k, v in (("modes", config.pooling.modes), ("normalize", config.pooling.normalize))
                if v is not None}
@@ -283,7 +283,7 @@ def save_final_model(directory: Path, encoder, params) -> Any:
 def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str | Path, train_file: str | Path,
                    validation_file: str | Path | None = None, *, stop_after: int | None = None,
                    on_log: Callable[[int, dict], bool | None] | None = None,
-                   config_path: str | Path | None = None) -> EmbedderResult:
+                   config_path: str | Path | None = None, allow_pickle: bool = False) -> EmbedderResult:
     """Train in `workdir`, resuming from its latest checkpoint. `stop_after` ends this invocation after that many
     steps, as a kill would after a checkpoint (used to test resuming). `config_path`: the run config's file, named
     when it is the workdir's own config.yaml (which the run rewrites).
@@ -292,7 +292,7 @@ def train_embedder(config: EmbedderConfig, workdir: str | Path, model_dir: str |
     larger than its vocabulary, a data.max_length past its positions) is refused with nothing written."""
     began = time.perf_counter()
     workdir_lib.check_local_workdir(workdir, workdir_lib.RUN_FILES[RUN_FILE])  # before the model loads
-    encoder = load_encoder(model_dir, config)
+    encoder = load_encoder(model_dir, config, allow_pickle)
     return _train(config, workdir, model_dir, train_file, validation_file, encoder, began=began,
                   stop_after=stop_after, on_log=on_log, config_path=config_path)
 

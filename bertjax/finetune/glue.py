@@ -173,7 +173,7 @@ def grid_configs(task: GlueTask, learning_rates, weight_decays, epochs, override
 def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, tasks: list[str] | None = None,
              learning_rates: list[float] = LEARNING_RATES, weight_decays: list[float] = WEIGHT_DECAYS,
              epochs: list[int] | None = None, overrides: list[str] = (),
-             say: Callable[[str], None] = print) -> list[dict]:
+             say: Callable[[str], None] = print, allow_pickle: bool = False) -> list[dict]:
     """Fine-tune every task found (or `tasks`) over the grid (`epochs` None: each task's own epochs); returns one
     row per task (and writes glue.json, keeping the rows of tasks that earlier runs in this workdir did)."""
     from bertjax.finetune.tasks import task_class
@@ -204,7 +204,8 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
         for (lr, wd, count), config in grids[name].items():
             run_dir = workdir / name / f"lr{_number(lr)}-wd{_number(wd)}-ep{count}"
             say(f"{name}: learning rate {lr:g}, weight decay {wd:g}, {count} epochs, from {start}")
-            result = finetune(start, cls, files["train"], files["validation"], run_dir, config, say=say)
+            result = finetune(start, cls, files["train"], files["validation"], run_dir, config, say=say,
+                              allow_pickle=allow_pickle)
             record = result.results["best_metrics"]
             if record is not None and (best is None or record[task.metric] > best["score"]):
                 best = {"task": name, "metric": task.metric, "score": record[task.metric],

@@ -66,9 +66,11 @@ def truncation_warning(task, encoded, input_file, model_config) -> str | None:
 
 
 def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] = (), *,
-            batch_size: int = 64, max_tokens: int | None = None, say: Callable[[str], None] = warn) -> list[dict]:
+            batch_size: int = 64, max_tokens: int | None = None, say: Callable[[str], None] = warn,
+            allow_pickle: bool = False) -> list[dict]:
     """The records of `input_file`'s examples, in input order (see the module docstring). `say` gets the warning
-    that counts examples cut to data.max_length (default: printed to stderr)."""
+    that counts examples cut to data.max_length (default: printed to stderr); `allow_pickle` reads a transformers
+    directory that has only a pytorch_model.bin (trusted files only)."""
     import dataclasses
 
     from bertjax.finetune.inference import predict_outputs
@@ -81,7 +83,7 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
     if max_tokens is not None and max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {max_tokens}")
-    model, params, tokenizer = load_model_dir(model_dir)
+    model, params, tokenizer = load_model_dir(model_dir, allow_pickle=allow_pickle)
     if tokenizer is None:
         raise FileNotFoundError(f"{model_dir} holds no tokenizer")
     check_tokenizer_fits(tokenizer, model.config, model_dir)

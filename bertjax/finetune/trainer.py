@@ -277,12 +277,14 @@ def check_main_metric(task: Task, model, validation: Encoded, labels: Labels, ma
 def finetune(model_dir: str | Path, task_cls: type[Task], train_file: str | Path, validation_file: str | Path,
              workdir: str | Path, config: FinetuneConfig, *, stop_after: int | None = None,
              say: Callable[[str], None] = print, chosen: Collection[str] = (),
-             config_path: str | Path | None = None) -> FinetuneResult:
+             config_path: str | Path | None = None, allow_pickle: bool = False) -> FinetuneResult:
     """Fine-tune; `stop_after` ends the run after that many steps (as a kill would, used to test resuming).
     `chosen`: the dotted keys the user set; a data.max_length among them must fit the model, a default is capped
-    to it (tasks.base.fit_max_length). `config_path`: the run config's file, named in the workdir checks' errors."""
+    to it (tasks.base.fit_max_length). `config_path`: the run config's file, named in the workdir checks' errors.
+    `allow_pickle`: read a transformers directory that has only a pytorch_model.bin (trusted files only)."""
     return _finetune_holding_the_workdir(config, workdir, model_dir, task_cls, train_file, validation_file,
-                                         stop_after=stop_after, say=say, chosen=chosen, config_path=config_path)
+                                         stop_after=stop_after, say=say, chosen=chosen, config_path=config_path,
+                                         allow_pickle=allow_pickle)
 
 
 def _check_workdir_first(workdir: Path, config: FinetuneConfig, config_path: str | Path | None) -> None:
@@ -293,7 +295,8 @@ def _check_workdir_first(workdir: Path, config: FinetuneConfig, config_path: str
 @workdir_lib.exclusive(check=_check_workdir_first, record=RUN_FILE)
 def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_dir: str | Path, task_cls: type[Task],
                                   train_file: str | Path, validation_file: str | Path, *, stop_after: int | None,
-                                  say: Callable[[str], None], chosen: Collection[str]) -> FinetuneResult:
+                                  say: Callable[[str], None], chosen: Collection[str],
+                                  allow_pickle: bool) -> FinetuneResult:
     """finetune's body, run while the workdir's lock (and a checkpoint.directory's of its own) is held: two runs on
     one workdir would write each other's checkpoints and best/."""
     from bertjax.model_dirs import load_model_dir, read_token_ids
@@ -310,7 +313,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     identity = {"model": workdir_lib.path_identity(model_dir), "task": task_cls.name,
                 "train": workdir_lib.path_identity(train_file),
                 "validation": workdir_lib.path_identity(validation_file)}
-    base_model, base_params, tokenizer = load_model_dir(model_dir)
+    base_model, base_params, tokenizer = load_model_dir(model_dir, allow_pickle=allow_pickle)
     token_ids = read_token_ids(model_dir)  # bos, eos, mask, ... for best/'s config, as `convert` keeps them
     fitted = fit_max_length(config.data, base_model.config, chosen=chosen, model=f"--model {model_dir}")
     if fitted != config.data:
