@@ -15,7 +15,6 @@ import argparse
 import os
 import platform
 import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,24 +22,10 @@ import numpy as np
 import optax
 
 import bertjax
+from bench.timing import median_call
 from bertjax.ops.disentangled_attention import disentangled_attention
 
 MASK_RATE = 0.15
-
-
-def time_call(fn, repeats: int, min_seconds: float = 3.0) -> tuple[float, float]:
-    """Median (wall seconds, process CPU seconds) per call over at least `repeats` calls and `min_seconds`, after
-    a warm-up call. CPU seconds (all threads of this process) are the fairer comparison when other jobs load the
-    machine: a thread waiting for a core costs wall time but no CPU time."""
-    fn()
-    walls, cpus = [], []
-    start = time.perf_counter()
-    while len(walls) < repeats or time.perf_counter() - start < min_seconds:
-        w, c = time.perf_counter(), time.process_time()
-        fn()
-        cpus.append(time.process_time() - c)
-        walls.append(time.perf_counter() - w)
-    return float(np.median(walls)), float(np.median(cpus))
 
 
 def _models(name: str):
@@ -63,14 +48,14 @@ def bench_shape(batch: int, seq: int, repeats: int, train: bool, deberta, bert, 
 
     for name, (config, encoder, lm, params) in (("deberta-v3-base", deberta), ("bert-base", bert)):
         forward = jax.jit(lambda p, i, m, enc=encoder: enc.apply({"params": p}, i, attention_mask=m).last_hidden_state)
-        results[f"bertjax {name} forward"] = time_call(lambda: forward(params, j_ids, j_mask).block_until_ready(),
+        results[f"bertjax {name} forward"] = median_call(lambda: forward(params, j_ids, j_mask).block_until_ready(),
                                                        repeats)
     torch_lm.eval()
 
     def torch_forward():
         with torch.no_grad():
             torch_lm.deberta(input_ids=t_ids, attention_mask=t_mask)
-    results["transformers deberta-v3-base forward"] = time_call(torch_forward, repeats)
+    results["transformers deberta-v3-base forward"] = median_call(torch_forward, repeats)
     with torch.no_grad():
         ours = jax.jit(deberta[1].apply)({"params": deberta[3]}, j_ids, attention_mask=j_mask).last_hidden_state
         diff = np.abs(np.asarray(ours) - torch_lm.deberta(input_ids=t_ids, attention_mask=t_mask)
@@ -99,7 +84,7 @@ def bench_shape(batch: int, seq: int, repeats: int, train: bool, deberta, bert, 
             def run(step=step):
                 state[0], state[1], loss = step(state[0], state[1], j_ids, j_pos, j_labels)
                 loss.block_until_ready()
-            results[f"bertjax {name} train step"] = time_call(run, repeats)
+            results[f"bertjax {name} train step"] = median_call(run, repeats)
             del state
 
         rows = torch.arange(batch)[:, None]
@@ -114,7 +99,7 @@ def bench_shape(batch: int, seq: int, repeats: int, train: bool, deberta, bert, 
             logits = head(hidden) if torch_lm.legacy else head(hidden, torch_lm.deberta.embeddings.word_embeddings)
             torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels_t.flatten()).backward()
             torch_opt.step()
-        results["transformers deberta-v3-base train step"] = time_call(torch_step, repeats)
+        results["transformers deberta-v3-base train step"] = median_call(torch_step, repeats)
 
     print(f"\n{batch}x{seq} (max |diff| of the DeBERTa forward vs transformers: {diff:.1e})", flush=True)
     for kind in ("forward", "train step"):

@@ -15,7 +15,6 @@ import argparse
 import os
 import platform
 import tempfile
-import time
 
 import sys
 
@@ -31,23 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bench.timing import median_call
 
-CLOCK = time.perf_counter  # time.process_time with --cpu-time
-
-
-def time_call(fn, repeats: int, min_seconds: float = 3.0) -> float:
-    """Median seconds per call over at least `repeats` calls and `min_seconds` of timing."""
-    fn()  # warm-up (compile for JAX)
-    times = []
-    start = CLOCK()
-    while len(times) < repeats or CLOCK() - start < min_seconds:
-        t0 = CLOCK()
-        fn()
-        times.append(CLOCK() - t0)
-    return float(np.median(times))
-
-
-def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
+def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int, cpu_time: bool = False) -> list[dict]:
+    """`cpu_time`: rates per CPU second instead of per wall second."""
     import torch
     import transformers
 
@@ -77,8 +63,9 @@ def bench_model(name: str, shapes: list[tuple[int, int]], repeats: int) -> list[
         with torch.no_grad():
             diff = np.abs(np.asarray(forward(params, jax_ids, jax_mask))
                           - torch_model(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.numpy()).max()
-        t_jax = time_call(run_jax, repeats)
-        t_torch = time_call(run_torch, repeats)
+        clock = 1 if cpu_time else 0  # median_call gives (wall, cpu)
+        t_jax = median_call(run_jax, repeats)[clock]
+        t_torch = median_call(run_torch, repeats)[clock]
         tokens = batch * seq
         row = dict(model=name, shape=f"{batch}x{seq}", jax_tok_s=tokens / t_jax, torch_tok_s=tokens / t_torch,
                    ratio=t_torch / t_jax, max_abs_diff=float(diff))
@@ -97,16 +84,14 @@ def main() -> None:
     args = parser.parse_args()
     import torch
     if args.cpu_time:
-        global CLOCK
         torch.set_num_threads(1)
-        CLOCK = time.process_time
     import transformers
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__} "
           f"({jax.default_backend()}); torch {torch.__version__} ({torch.get_num_threads()} threads); "
           f"transformers {transformers.__version__}", flush=True)
     for name in args.models:
-        bench_model(name, shapes, args.repeats)
+        bench_model(name, shapes, args.repeats, args.cpu_time)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 import bertjax
-from bench.model_forward_bench import time_call
+from bench.timing import median_call
 from bertjax.train.objectives.permutation import sample_permutation
 
 RATIO = 6
@@ -61,13 +61,13 @@ def bench_shape(batch: int, seq: int, repeats: int, train: bool, xl, bert, torch
     torch_models[0].eval()
     for name, (config, encoder, lm, params) in (("xlnet-base", xl), ("bert-base", bert)):
         forward = jax.jit(lambda p, i, m, enc=encoder: enc.apply({"params": p}, i, attention_mask=m).last_hidden_state)
-        results[f"bertjax {name} forward"] = time_call(lambda: forward(params, j_ids, j_mask).block_until_ready(),
-                                                       repeats)
+        results[f"bertjax {name} forward"] = median_call(
+            lambda: forward(params, j_ids, j_mask).block_until_ready(), repeats)[0]  # wall seconds
 
     def torch_forward():
         with torch.no_grad():
             torch_encoder(input_ids=t_ids, attention_mask=t_mask)
-    results["transformers xlnet-base forward"] = time_call(torch_forward, repeats)
+    results["transformers xlnet-base forward"] = median_call(torch_forward, repeats)[0]
     with torch.no_grad():
         diff = np.abs(np.asarray(jax.jit(xl[1].apply)({"params": xl[3]}, j_ids, attention_mask=j_mask)
                                  .last_hidden_state) - torch_encoder(input_ids=t_ids, attention_mask=t_mask)
@@ -97,7 +97,7 @@ def bench_shape(batch: int, seq: int, repeats: int, train: bool, xl, bert, torch
             def run(step=step, inputs=inputs):
                 state[0], state[1], loss = step(state[0], state[1], j_ids, *inputs)
                 loss.block_until_ready()
-            results[f"bertjax {name} train step"] = time_call(run, repeats)
+            results[f"bertjax {name} train step"] = median_call(run, repeats)[0]
 
         perm_t, map_t = torch.from_numpy(np.asarray(plm.perm_mask)), torch.from_numpy(np.asarray(plm.target_mapping))
         labels_t = torch.from_numpy(np.asarray(labels).astype(np.int64))
@@ -111,7 +111,7 @@ def bench_shape(batch: int, seq: int, repeats: int, train: bool, xl, bert, torch
             (loss * weights_t.flatten()).sum().div(weights_t.sum()).backward()
             torch_opt.step()
         torch_lm.train()
-        results["transformers xlnet-base train step"] = time_call(torch_step, repeats)
+        results["transformers xlnet-base train step"] = median_call(torch_step, repeats)[0]
 
     print(f"\n{batch}x{seq} (max |diff| of the XLNet forward vs transformers: {diff:.1e})", flush=True)
     for kind in ("forward", "train step"):
