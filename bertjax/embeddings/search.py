@@ -78,6 +78,10 @@ def top_k_search(queries, corpus, k: int = 10, *, similarity: str = "cosine",
         raise ValueError("a query embedding holds NaN or infinite values")
     k = min(int(k), rows)
     chunk_rows = min(chunk_size, 1 << (rows - 1).bit_length())  # small corpora: one chunk of a power of two
+    # Queries padded with zero rows to a power of two, as the corpus chunks are: a service searching with each
+    # request's number of queries compiles a few programs, not a set per count. The padding rows are dropped below.
+    count = queries.shape[0]
+    queries = np.concatenate([queries, np.zeros(((1 << (count - 1).bit_length()) - count, dim), np.float32)])
     query_array = unit_rows(queries) if similarity == "cosine" else jnp.asarray(queries)
     best_scores = jnp.full((queries.shape[0], k), -jnp.inf, jnp.float32)
     best_indices = jnp.full((queries.shape[0], k), -1, jnp.int32 if rows < 2**31 else jnp.int64)
@@ -98,4 +102,4 @@ def top_k_search(queries, corpus, k: int = 10, *, similarity: str = "cosine",
         warnings.warn(f"{unusable} of {rows} corpus rows hold NaN or infinite values and are never returned "
                       "(re-embed those texts)", RuntimeWarning, stacklevel=2)
     found = min(k, rows - unusable)  # the entries past the usable rows are the -inf / -1 of "no row"
-    return np.asarray(best_scores)[:, :found], np.asarray(best_indices)[:, :found].astype(np.int64)
+    return np.asarray(best_scores)[:count, :found], np.asarray(best_indices)[:count, :found].astype(np.int64)

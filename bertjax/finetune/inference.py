@@ -15,6 +15,8 @@ Multiple choice (prediction_unit None) stays one example per row, batch by batch
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from bertjax.finetune.packing import MAX_SEGMENTS
@@ -26,8 +28,11 @@ from bertjax.inference.buckets import DEFAULT_LENGTHS
 PAD_LOGIT = -1e9
 
 
-def task_row_fn(model, task):
-    """Row function (bertjax.inference.runner) of a task model: its host outputs per slot or per token."""
+@functools.lru_cache(maxsize=16)
+def task_row_fn(model, task: type):
+    """Row function (bertjax.inference.runner) of a task model and task class: its host outputs per slot or per
+    token. Cached (modules hash by their fields), so every prediction with an equal model reuses the compiled
+    programs, as `embed` does."""
     unit = task.prediction_unit
     type_vocab_size = model.config.type_vocab_size
 
@@ -75,7 +80,7 @@ def predict_outputs(model, params, task, encoded, tokenizer, *, max_tokens: int 
     # A model that cannot pack keeps rows of the task's width (the shape it was trained and evaluated at).
     lengths = DEFAULT_LENGTHS if packing else (width,)
     buckets = BucketConfig(lengths=lengths, max_tokens=max_tokens, max_segments=MAX_SEGMENTS if packing else 1)
-    inference = TextInference(task_row_fn(model, task), tokenizer, width, buckets=buckets, packing=packing, mesh=mesh)
+    inference = TextInference(task_row_fn(model, type(task)), tokenizer, width, buckets=buckets, packing=packing, mesh=mesh)
     sequences, token_inputs = example_sequences(arrays)
     outputs = inference.run_sequences(inference.runner.place_params(params), sequences, token_inputs=token_inputs)
     if task.prediction_unit == "segments":
@@ -88,7 +93,7 @@ def _one_example_per_row(model, params, task, encoded, batch_size: int, mesh) ->
 
     if batch_size <= 0:
         raise ValueError(f"batch size must be positive, got {batch_size}")
-    runner = Runner(task_row_fn(model, task), mesh)
+    runner = Runner(task_row_fn(model, type(task)), mesh)
     batch_size = -(-batch_size // runner.devices) * runner.devices
     batches = list(batch_lib.eval_batches(encoded.arrays, batch_size))
     outputs = runner.run(runner.place_params(params), (batch for batch, _ in batches), max_segments=1)

@@ -31,7 +31,8 @@ class BucketConfig:
     lengths: row lengths that may be compiled (ascending); those above the model's length are dropped.
     max_tokens: token budget of one batch (rows * length); None: default_max_tokens of the devices' platform.
     max_segments: texts packed into one row at most (the static pooled-slot count K); 1 turns packing off.
-    pack_length: row length that short texts are packed into (default: the longest usable bucket up to 512).
+    pack_length: row length that short texts are packed into (default: the longest usable bucket up to 512 and up
+    to max_tokens).
     """
 
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
@@ -81,11 +82,11 @@ def plan_buckets(config: BucketConfig, model_max_length: int, devices: int = 1, 
     if model_max_length <= 0:
         raise ValueError(f"the model takes no tokens (max length {model_max_length})")
     lengths = tuple(n for n in config.lengths if n < model_max_length) + (model_max_length,)
+    max_tokens = config.max_tokens if config.max_tokens is not None else default_max_tokens(platform)
     if config.pack_length is not None and config.pack_length <= model_max_length:
         pack_length = config.pack_length
-    else:
-        pack_length = max([n for n in lengths if n <= 512] or [lengths[0]])
-    max_tokens = config.max_tokens if config.max_tokens is not None else default_max_tokens(platform)
+    else:  # rows of up to 512 tokens, and never longer than the token budget when a bucket fits in it
+        pack_length = max([n for n in lengths if n <= min(512, max_tokens)] or [lengths[0]])
     rows = {}
     for length in lengths:
         per_batch = max(max_tokens // length, 1)

@@ -7,6 +7,7 @@ Texts run packed through `bertjax.inference`, as `embed` does. The `bertjax fill
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,10 +58,15 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(row, np.int32), np.asarray(masks, np.int32) + start
 
 
-def fill_mask_row_fn(model, banned: np.ndarray, top_k: int):
+@functools.lru_cache(maxsize=16)
+def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, top_k: int):
     """Row function (bertjax.inference.runner) of a masked language model: per token, the top_k token ids and
-    their probabilities (special tokens and rows beyond the tokenizer's vocabulary banned), float32."""
+    their probabilities (the special tokens and the rows from `tokenizer_size` on, beyond the tokenizer's
+    vocabulary, banned), float32. Cached on hashable arguments: predictors of an equal model share programs."""
     type_vocab_size = model.config.type_vocab_size
+    banned = np.zeros(model.config.vocab_size, bool)
+    banned[[i for i in special_ids if i < model.config.vocab_size]] = True
+    banned[tokenizer_size:] = True  # padding rows of an embedding larger than the vocabulary
 
     def row_fn(params, batch, max_segments):
         ids = batch["input_ids"]
@@ -102,9 +108,7 @@ def make_predictor(model, params, tokenizer, *,
 
     check_masked_lm(model)
     config = model.config
-    banned = np.zeros(config.vocab_size, bool)
-    banned[tokenizer.special_ids[tokenizer.special_ids < config.vocab_size]] = True
-    banned[tokenizer.vocab_size:] = True  # padding rows of an embedding larger than the vocabulary
+    special_ids = tuple(sorted(int(i) for i in tokenizer.special_ids))
     max_length = model_max_length(config)
     packing = supports_packing(config)
     buckets = BucketConfig(max_tokens=max_tokens, max_segments=16 if packing else 1)
@@ -119,10 +123,12 @@ def make_predictor(model, params, tokenizer, *,
             if len(ids) > max_length:
                 raise ValueError(f"text is {len(ids)} tokens; the model takes at most {max_length}: {text[:60]!r}")
             check_ids(ids, config.vocab_size, "token ids")  # a tokenizer larger than the model's vocabulary
-        k = min(top_k + 8, config.vocab_size)  # spare candidates: pieces that decode to nothing are skipped
+        # Spare candidates (pieces that decode to nothing are skipped), rounded up to a power of two: a service
+        # passing each request's top_k compiles a few programs, not one set per value.
+        k = min(max(16, 1 << (top_k + 8 - 1).bit_length()), config.vocab_size)
         if k not in by_k:
-            by_k[k] = TextInference(fill_mask_row_fn(model, banned, k), tokenizer, max_length, buckets=buckets,
-                                    packing=packing)
+            row_fn = fill_mask_row_fn(model, special_ids, tokenizer.vocab_size, k)
+            by_k[k] = TextInference(row_fn, tokenizer, max_length, buckets=buckets, packing=packing)
         inference = by_k[k]
         if not placed:
             placed.append(inference.runner.place_params(params))

@@ -121,11 +121,15 @@ class Task(abc.ABC):
     def loss_sums(self, output, batch: dict) -> tuple[jax.Array, jax.Array]:
         """(sum of per-example losses, number of examples) over the rows whose `weight` is 1."""
 
+    # The two methods the jitted steps call are the class's, not an instance's: a compiled program depends on the
+    # task's kind alone (bertjax.finetune.inference.task_row_fn caches per model and task class).
+    @classmethod
     @abc.abstractmethod
-    def host_outputs(self, output) -> dict[str, jax.Array]:
+    def host_outputs(cls, output) -> dict[str, jax.Array]:
         """The arrays of the model output that evaluation and prediction need on the host."""
 
-    def model_kwargs(self, batch: dict, type_vocab_size: int) -> dict:
+    @classmethod
+    def model_kwargs(cls, batch: dict, type_vocab_size: int) -> dict:
         inputs = {"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"]}
         if type_vocab_size:
             inputs["token_type_ids"] = batch["token_type_ids"]

@@ -107,7 +107,8 @@ class SequenceClassification(Task):
         return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold), truncated=int(cut.sum()))
 
     # Packed rows carry [rows, K] labels and weights; unpacked ones [rows].
-    def model_kwargs(self, batch, type_vocab_size):
+    @classmethod
+    def model_kwargs(cls, batch, type_vocab_size):
         inputs = super().model_kwargs(batch, type_vocab_size)
         if "slot_weight" in batch:
             inputs["max_segments"] = batch["slot_weight"].shape[1]
@@ -129,7 +130,8 @@ class SequenceClassification(Task):
             losses = cross_entropy(logits, labels.astype(jnp.int32))
         return jnp.sum(losses * weights), jnp.sum(weights)
 
-    def host_outputs(self, output):
+    @classmethod
+    def host_outputs(cls, output):
         return {"logits": output.logits.astype(jnp.float32)}
 
     def _example_logits(self, outputs, encoded):

@@ -69,7 +69,8 @@ class MultipleChoice(Task):
         losses = cross_entropy(output.logits, batch["labels"])
         return jnp.sum(losses * batch["weight"]), jnp.sum(batch["weight"])
 
-    def host_outputs(self, output):
+    @classmethod
+    def host_outputs(cls, output):
         return {"logits": output.logits.astype(jnp.float32)}
 
     def metrics(self, outputs, encoded, labels):

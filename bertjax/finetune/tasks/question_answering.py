@@ -129,7 +129,8 @@ class QuestionAnswering(Task):
             counts.append(jnp.sum(counted))
         return (sums[0] + sums[1]) / 2, (counts[0] + counts[1]) / 2
 
-    def host_outputs(self, output):
+    @classmethod
+    def host_outputs(cls, output):
         return {"start_logits": output.start_logits.astype(jnp.float32),
                 "end_logits": output.end_logits.astype(jnp.float32)}
 

@@ -85,7 +85,8 @@ class TokenClassification(Task):
         counted = (labels >= 0) * batch["weight"][:, None]
         return jnp.sum(losses * counted), jnp.sum(counted)
 
-    def host_outputs(self, output):
+    @classmethod
+    def host_outputs(cls, output):
         return {"logits": output.logits.astype(jnp.float32)}
 
     def _word_tags(self, outputs, encoded, labels):
