@@ -20,6 +20,7 @@ import glob
 import os
 import shutil
 import sys
+
 from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or a model or run back."

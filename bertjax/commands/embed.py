@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
 from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "embed a file of texts with a sentence-embedding model into FILE.npy"

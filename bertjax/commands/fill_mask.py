@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from bertjax.inference.fill_mask import format_predictions, load_predictor
 from bertjax.commands.model_args import add_allow_pickle
+from bertjax.inference.fill_mask import format_predictions, load_predictor
 
 HELP = "predict the tokens hidden behind [MASK] with a pretrained masked language model"
 

@@ -11,6 +11,7 @@ host's devices, each host feeds its rows of every batch, and process 0 writes th
 from __future__ import annotations
 
 import argparse
+
 from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "fine-tune a model on a classification, tagging, question-answering or multiple-choice data file"

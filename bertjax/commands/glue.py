@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+
 from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "fine-tune on the GLUE tasks found in a directory (ModernBERT's grid and protocol) and print dev scores"

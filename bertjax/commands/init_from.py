@@ -16,6 +16,7 @@ import argparse
 import json
 import shlex
 from pathlib import Path
+
 from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "build a larger model from a trained smaller one (centre tiling, layer map) to start a run from"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bertjax.jsonl import write_json_objects
 from bertjax.commands.model_args import add_allow_pickle
+from bertjax.jsonl import write_json_objects
 
 HELP = "predict with a fine-tuned model: labels with scores, word-aligned tags, answer spans as text"
 

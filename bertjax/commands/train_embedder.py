@@ -15,6 +15,7 @@ each with `--coordinator HOST:PORT --num-processes N --process-id I`, as `bertja
 from __future__ import annotations
 
 import argparse
+
 from bertjax.commands.model_args import add_allow_pickle
 
 HELP = "fine-tune an embedding model on (anchor, positive[, negative]) pairs with in-batch negatives"

@@ -24,6 +24,7 @@ from bertjax.config import ClassifierPooling, ProblemType
 from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, check_grad_clip,
                                       parse_dataclass, read_config_file, to_dict)
 
+
 @dataclasses.dataclass(frozen=True)
 class FinetuneTaskConfig:
     """The run config's `task:` section: what the new head predicts, and how (bertjax.TaskConfig is what the

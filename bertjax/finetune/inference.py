@@ -80,7 +80,8 @@ def predict_outputs(model, params, task, encoded, tokenizer, *, max_tokens: int 
     # A model that cannot pack keeps rows of the task's width (the shape it was trained and evaluated at).
     lengths = DEFAULT_LENGTHS if packing else (width,)
     buckets = BucketConfig(lengths=lengths, max_tokens=max_tokens, max_segments=MAX_SEGMENTS if packing else 1)
-    inference = TextInference(task_row_fn(model, type(task)), tokenizer, width, buckets=buckets, packing=packing, mesh=mesh)
+    inference = TextInference(task_row_fn(model, type(task)), tokenizer, width, buckets=buckets, packing=packing,
+                              mesh=mesh)
     sequences, token_inputs = example_sequences(arrays)
     outputs = inference.run_sequences(inference.runner.place_params(params), sequences, token_inputs=token_inputs)
     if task.prediction_unit == "segments":

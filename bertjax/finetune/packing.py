@@ -4,9 +4,9 @@ Padding a batch of short sentences to data.max_length wastes most of every row; 
 examples (segment ids 1, 2, ...; attention never crosses segments, positions restart at each) and the model pools
 one prediction per segment (`max_segments`). Examples are placed in a given order (the training file's in a
 seeded shuffled order, `training_order`; other files in file order), each in the fullest row that holds it
-(bertjax.data.packing.best_fit), so a packing is a pure function of the data: the same rows every epoch and after a resume. Shuffling first matters: files are
-often sorted by label, and rows of consecutive examples would make every packed row (and batch) one-label, which
-costs accuracy (measured: bench/finetune_bench.py, docs/benchmarks.md).
+(bertjax.data.packing.best_fit), so a packing is a pure function of the data: the same rows every epoch and after a
+resume. Shuffling first matters: files are often sorted by label, and rows of consecutive examples would make every
+packed row (and batch) one-label, which costs accuracy (measured: bench/finetune_bench.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations

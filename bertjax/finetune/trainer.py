@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax.data.global_batch import from_full_batch
 from bertjax.finetune import batches as batch_lib
 from bertjax.finetune import report
 from bertjax.finetune.config import FinetuneConfig, save_finetune_config
@@ -30,7 +31,6 @@ from bertjax.finetune.tasks import Encoded, Labels, Task
 from bertjax.finetune.tasks.base import fit_max_length
 from bertjax.inference.texts import check_tokenizer_fits  # shared with predict and the embedding commands
 from bertjax.train import mesh as mesh_lib
-from bertjax.data.global_batch import from_full_batch
 from bertjax.train.distributed import PreemptionWatch
 from bertjax.train.guards import NonFiniteGuard
 from bertjax.train import workdir as workdir_lib
@@ -126,7 +126,8 @@ def run_eval(evaluate: Callable, params, encoded: Encoded, batch_size: int,
     pieces: list[dict] = []
     total = count = 0.0
     for batch, real in batch_lib.eval_batches(encoded.arrays, batch_size):
-        outputs, loss_sum, loss_count = evaluate(params, batch if mesh is None else from_full_batch(batch, mesh, mesh_lib.BATCH_AXES))
+        fed = batch if mesh is None else from_full_batch(batch, mesh, mesh_lib.BATCH_AXES)
+        outputs, loss_sum, loss_count = evaluate(params, fed)
         pieces.append({k: np.asarray(v)[:real] for k, v in outputs.items()})
         total += float(loss_sum)
         count += float(loss_count)

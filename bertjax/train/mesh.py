@@ -104,10 +104,8 @@ def logical_to_spec(logical: PartitionSpec | Sequence[str | None], shape: Sequen
     An axis whose size the mesh axes do not divide is replicated instead (e.g. 12 heads over tensor=8), so any
     model fits any mesh; it then simply does not benefit from that split.
     """
-    logical = tuple(logical) + (None,) * (len(shape) - len(tuple(logical)))
     spec = []
-    for name, size in zip(logical, shape):
-        axes = tuple(a for a in _mesh_axes(name) if mesh.shape[a] > 1)
+    for _, size, axes in _split_wanted(logical, shape, mesh):
         if not axes or size % math.prod(mesh.shape[a] for a in axes):
             spec.append(None)
         else:
@@ -115,17 +113,20 @@ def logical_to_spec(logical: PartitionSpec | Sequence[str | None], shape: Sequen
     return PartitionSpec(*spec)
 
 
+def _split_wanted(logical: PartitionSpec | Sequence[str | None], shape: Sequence[int],
+                  mesh: Mesh) -> list[tuple[str | None, int, tuple[str, ...]]]:
+    """(logical name, size, the mesh axes of more than one device its rules split it over) of each array axis."""
+    logical = tuple(logical) + (None,) * (len(shape) - len(tuple(logical)))
+    return [(name, size, tuple(a for a in _mesh_axes(name) if mesh.shape[a] > 1)) for name, size in zip(logical, shape)]
+
+
 def unsplit_axes(logical: PartitionSpec | Sequence[str | None], shape: Sequence[int],
                  mesh: Mesh) -> list[tuple[str, int, str]]:
     """The axes of an array that its logical names would split over the mesh but `logical_to_spec` keeps whole
     because the mesh axes do not divide them: (logical name, size, "tensor=4") each."""
-    logical = tuple(logical) + (None,) * (len(shape) - len(tuple(logical)))
-    kept = []
-    for name, size in zip(logical, shape):
-        axes = tuple(a for a in _mesh_axes(name) if mesh.shape[a] > 1)
-        if axes and size % math.prod(mesh.shape[a] for a in axes):
-            kept.append((name, size, "*".join(f"{a}={mesh.shape[a]}" for a in axes)))
-    return kept
+    return [(name, size, "*".join(f"{a}={mesh.shape[a]}" for a in axes))
+            for name, size, axes in _split_wanted(logical, shape, mesh)
+            if axes and size % math.prod(mesh.shape[a] for a in axes)]
 
 
 def logical_shardings(logical_specs: Any, abstract: Any, mesh: Mesh) -> Any:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.config import TaskConfig
+from bertjax.train.run_config import ConfigError
 from bertjax.train.objectives import losses as objective_losses
 
 
@@ -76,8 +77,6 @@ class Task(abc.ABC):
     pools_sequence: ClassVar[bool] = False
 
     def __init__(self, data_config, task_config):
-        from bertjax.train.run_config import ConfigError
-
         if data_config.packing and not self.packs_training_rows:
             raise ConfigError(f"data.packing: the {self.name} task does not pack its training examples (sequence "
                               "classification does); set data.packing=false")
@@ -240,4 +239,3 @@ def _is_int(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return number.is_integer() and not isinstance(value, bool)
-
