@@ -163,7 +163,7 @@ if ! command -v uv >/dev/null; then
   PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --user uv || curl -LsSf https://astral.sh/uv/install.sh | sh
 fi
 [ -x ~/bertjax-venv/bin/python ] || uv venv -q --python "$PYTHON_VERSION" ~/bertjax-venv
-uv pip install -q --python ~/bertjax-venv/bin/python 'jax[tpu]' -e ~/bertjax
+uv pip install -q --python ~/bertjax-venv/bin/python 'jax[tpu]' -e "$HOME/bertjax[gcs]"  # gcs: gs:// paths
 echo "$(hostname): $(~/bertjax-venv/bin/python -c 'import sys, jax; print("Python", sys.version.split()[0], "JAX", jax.__version__)')"
 EOF
 )

@@ -3,6 +3,8 @@ etils.epath, tested on an in-memory filesystem that stands for a bucket (no buck
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 
 import numpy as np
@@ -40,6 +42,8 @@ def bucket(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     # epath reaches gs:// through fsspec (without TensorFlow installed): hand it the fake filesystem instead of gcsfs.
     patch.setattr(epath_backend._FileSystemSpecBackend, "_get_filesystem", lambda self, name: fs)
+    # and to the check that gcsfs is installed (bertjax.data.remote.require_filesystem)
+    patch.setitem(importlib.import_module("fsspec.registry")._registry, "gs", FakeBucket)
     patch.setenv("BERTJAX_CACHE_DIR", str(tmp_path_factory.mktemp("remote_cache")))
     documents = default_corpus_documents("all")[:200]
     for part in range(2):
@@ -120,6 +124,24 @@ def test_remote_inputs_read_like_local_ones(bucket, prepared, tmp_path):
         open_documents("gs://bucket/nothing.txt")
 
 
+@pytest.mark.parametrize("spec", ["gs://bucket/shared", "gs://bucket/shared/*.txt"])
+def test_object_names_with_dot_dot_are_refused_before_anything_is_copied(bucket, tmp_path, monkeypatch, spec):
+    """Whoever can write a shared bucket could name an object `dir/../../x`: copied as listed, it would replace a
+    file outside the cache (the user's ~/.bashrc from the default one). Nothing is copied, and nothing replaced."""
+    cache = tmp_path / "deep" / "er" / "cache"
+    monkeypatch.setenv("BERTJAX_CACHE_DIR", str(cache))
+    victim = tmp_path / "deep" / "victim.txt"
+    victim.parent.mkdir(parents=True)
+    victim.write_text("the user's own file\n")
+    bucket.pipe("bucket/shared/metadata.json", b"{}")
+    bucket.pipe("bucket/shared/a.txt", b"a document\n")
+    bucket.pipe("bucket/shared/../../../../../victim.txt", b"written outside the cache\n")
+    with pytest.raises(ValueError, match=r"'\.\.' segment .*refused"):
+        open_documents(spec)
+    assert victim.read_text() == "the user's own file\n"
+    assert not any(path.is_file() for path in tmp_path.rglob("*") if path != victim)
+
+
 def test_pretrain_reads_the_bucket(bucket, prepared, tmp_path):
     from bertjax.train.loop import pretrain
 
@@ -160,3 +182,19 @@ def test_a_bucket_workdir_is_refused_before_anything_is_made_naming_checkpoint_d
     hint = "checkpoint.directory=gs://my-bucket/run/checkpoints"
     assert (hint in err) is (command != "glue") and err.rstrip().endswith(("--workdir", "/checkpoints")), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.yaml"]  # no local `gs:` directory
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(name) for name in ("gcsfs", "tensorflow")),
+                    reason="gcsfs (or TensorFlow) is installed: gs:// paths are readable here")
+@pytest.mark.parametrize("override", ["checkpoint.directory=gs://bucket/checkpoints", "data.input=gs://bucket/corpus"])
+def test_a_bucket_path_without_gcsfs_is_one_line_naming_the_install(override, tmp_path, capsys, monkeypatch):
+    """A bucket path on an install without gcsfs (etils' epath extra does not bring it) is refused before the
+    model is built, in one line naming the field and `bertjax[gcs]`, not a traceback at the first checkpoint."""
+    # the module's fake bucket may still stand in for gcsfs (a module fixture): take it out for this test
+    monkeypatch.delitem(importlib.import_module("fsspec.registry")._registry, "gs", raising=False)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(json.dumps(TINY_RUN))
+    assert main(["pretrain", "--config", str(config), "--workdir", str(tmp_path / "run"), override]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "gs://bucket/" in error and "pip install 'bertjax[gcs]'" in error, error
+    assert not (tmp_path / "run").exists()

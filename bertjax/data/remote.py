@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -33,6 +34,30 @@ def is_remote(path: str | os.PathLike) -> bool:
     return "://" in os.fspath(path)
 
 
+# The fsspec package a bucket scheme needs, and the install that brings it (etils reads buckets through fsspec
+# unless TensorFlow is installed, whose gfile it prefers).
+_FILESYSTEM_INSTALL = {"gs": ("gcsfs", "pip install 'bertjax[gcs]'"), "s3": ("s3fs", "pip install 'etils[epath-s3]'")}
+
+
+def require_filesystem(uri: str | os.PathLike, name: str | None = None) -> None:
+    """Refuse a bucket path whose filesystem package is missing, in one line naming `name` (the config field or
+    option) and the install: etils raises that ImportError only at the path's first use, as a long traceback (for a
+    checkpoint directory, after the model is built). Local paths pass."""
+    if not is_remote(uri) or importlib.util.find_spec("tensorflow") is not None:
+        return
+    import fsspec
+
+    scheme = os.fspath(uri).split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(scheme)
+    except (ImportError, ValueError) as error:  # ValueError: a scheme fsspec does not know
+        package, install = _FILESYSTEM_INSTALL.get(scheme, (None, None))
+        what = f"{name} {os.fspath(uri)}" if name else os.fspath(uri)
+        if package is None:
+            raise ValueError(f"{what}: no filesystem for {scheme}:// paths ({error})") from None
+        raise ValueError(f"{what}: {scheme}:// paths need the {package} package: {install}") from None
+
+
 def cache_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "bertjax" / "remote")
 
@@ -42,15 +67,26 @@ def _copy(source, destination) -> None:
         shutil.copyfileobj(reader, writer, length=1 << 24)
 
 
+def _refuse_dot_segments(name: str, uri: str | os.PathLike) -> None:
+    """Object stores allow `..` inside object names, and fsspec lists them as path segments: copied as they are,
+    such an object (written by whoever else can write the bucket) would land outside the cache, over the user's own
+    files (six of them reach ~ from the default cache)."""
+    if any(segment in (".", "..") for segment in name.split("/")):
+        raise ValueError(f"{os.fspath(uri)}: a bucket object named with a '.' or '..' segment ({name!r}) would be "
+                         f"copied outside bertjax's cache ({cache_dir()}); refused")
+
+
 def cached_path(uri: str | epath.Path) -> pathlib.Path:
     """Where the cache keeps a copy of `uri`: the URI's own layout (gs://b/x/y -> <cache>/gs/b/x/y), so copies
     sort as their originals do (the sources order files by path)."""
     scheme, rest = os.fspath(uri).split("://", 1)
+    _refuse_dot_segments(rest.strip("/"), uri)
     return cache_dir() / scheme / rest.strip("/")
 
 
 def local_file(uri: str | epath.Path) -> pathlib.Path:
     """The local cached copy of one remote file (copied now if absent or of another size)."""
+    require_filesystem(uri)
     remote = epath.Path(uri)
     local = cached_path(remote)
     size = remote.stat().length
@@ -79,10 +115,14 @@ def files_under(directory: epath.Path) -> list[tuple[str, epath.Path]]:
 
 def local_directory(uri: str | epath.Path) -> pathlib.Path:
     """A local copy of a remote directory tree (a prepared directory: metadata, tokenizer, ArrayRecord files)."""
+    require_filesystem(uri)
     remote = epath.Path(uri)
     root = cached_path(remote)
     # metadata.json last: a local copy holding it is complete, as for the remote directory.
-    for relative, path in sorted(files_under(remote), key=lambda item: (item[0] == _LAST, item[0])):
+    listed = sorted(files_under(remote), key=lambda item: (item[0] == _LAST, item[0]))
+    for relative, _ in listed:  # all checked before anything is copied
+        _refuse_dot_segments(relative, uri)
+    for relative, path in listed:
         target = root / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if not (target.is_file() and target.stat().st_size == path.stat().length):
@@ -94,6 +134,7 @@ def local_directory(uri: str | epath.Path) -> pathlib.Path:
 
 def expand(spec: str, suffixes: tuple[str, ...]) -> list[epath.Path]:
     """The remote files of one input spec: a file, a directory (its files with a data suffix) or a glob."""
+    require_filesystem(spec)
     path = epath.Path(spec)
     if any(char in spec.split("://", 1)[1] for char in "*?["):
         scheme, rest = spec.split("://", 1)
@@ -121,6 +162,7 @@ def staged_output(out: str | os.PathLike) -> Iterator[pathlib.Path]:
     if not is_remote(out):
         yield pathlib.Path(out)
         return
+    require_filesystem(out, "--out")
     remote = epath.Path(out)
     with tempfile.TemporaryDirectory(prefix="bertjax-upload-") as staging:
         yield pathlib.Path(staging)

@@ -40,6 +40,7 @@ import jax
 import yaml
 
 from bertjax.config import EncoderConfig
+from bertjax.data import remote
 from bertjax.train.run_config import ConfigError, OptimizerConfig, RunConfig, parse_dataclass, to_dict
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,9 @@ def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None
     def run(config, workdir: str | Path, *args, config_path: str | Path | None = None, **kwargs):
         if record is not None:
             check_local_workdir(workdir, RUN_FILES[record])
+        directory = getattr(getattr(config, "checkpoint", None), "directory", None)
+        if directory is not None:  # a bucket needs its filesystem package: say so now, not at the first read
+            remote.require_filesystem(directory, "checkpoint.directory")
         workdir = Path(workdir).absolute()
         if workdir.exists() and not workdir.is_dir():
             raise ConfigError(f"--workdir {workdir} is a file, not a directory: give a directory (new or a run's)")
