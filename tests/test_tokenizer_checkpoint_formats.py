@@ -197,3 +197,20 @@ def test_added_tokens_that_do_not_follow_the_vocabulary_are_refused(tmp_path):
     (tmp_path / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     with pytest.raises(ValueError, match=r"added_tokens.json \(30\) must follow the vocabulary's 27 tokens"):
         load_tokenizer(tmp_path / "bert")
+
+
+def test_a_tokenizer_directory_naming_its_own_code_is_refused_without_running_it(checkpoints, tmp_path,
+                                                                                  monkeypatch):
+    """A downloaded tokenizer/ whose tokenizer_config.json maps AutoTokenizer to a module beside it: transformers
+    would ask on stdin whether to run it, and a piped "y" imports it. bertjax runs no checkpoint code."""
+    directory = tmp_path / "tokenizer"
+    directory.mkdir()
+    (directory / "spm.model").write_bytes((checkpoints / "deberta-v3" / "spm.model").read_bytes())
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tokenization_planted.Planted", "tokenization_planted.Planted"]}}))
+    ran = tmp_path / "ran"
+    (directory / "tokenization_planted.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 4))
+    with pytest.raises(ValueError, match="transformers cannot build"):
+        load_tokenizer(directory)
+    assert not ran.exists()

@@ -280,7 +280,9 @@ class HuggingFaceTokenizer(Tokenizer):
                 f"needed), or write its tokenizer.json once where transformers is installed: "
                 f"AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)") from None
         try:
-            reference = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+            # trust_remote_code=False: an auto_map naming a module in the directory is refused at once; by default
+            # transformers asks on stdin and, given "y" (a pipe, a script), imports and runs it
+            reference = AutoTokenizer.from_pretrained(str(directory), local_files_only=True, trust_remote_code=False)
         except Exception as error:  # transformers raises OSError, ValueError, KeyError... naming no single cause
             raise InvalidTokenizerFile(f"{directory}: transformers cannot build the checkpoint's tokenizer from "
                                        f"its files ({type(error).__name__}: {_first_line(error)})") from None
