@@ -1,6 +1,6 @@
 """Compile for a real TPU topology on a machine without one, and read the compiled program's memory.
 
-With the `libtpu` wheel installed (`pip install -e ".[tpu-aot]"`), `jax.experimental.topologies` describes a TPU
+With the `libtpu` wheel installed (`pip install "bertjax[tpu-aot]"`), `jax.experimental.topologies` describes a TPU
 slice (e.g. "v5e:2x2", four chips) whose devices can compile but not run. XLA then does the same sharding
 propagation, Mosaic (Pallas TPU) kernel compilation and buffer assignment as on the real slice, so a program that
 compiles here fits (or not) on the real chips, per `memory_analysis()`.
@@ -29,7 +29,8 @@ from jax.sharding import AxisType, Mesh
 
 EXAMPLE_TOPOLOGIES = ("v4:2x2x1", "v5e:2x2", "v5e:4x4", "v5p:2x2x1", "v5p:2x2x2", "v6e:2x2")
 MEGACORE = ("v4",)  # generations whose chips libtpu splits into one device per TensorCore unless told otherwise
-INSTALL_HINT = 'AOT compilation for TPU needs the libtpu wheel: pip install -e ".[tpu-aot]" (or pip install libtpu)'
+INSTALL_HINT = ('AOT compilation for TPU needs the libtpu wheel that matches the installed jax: pip install '
+                '"bertjax[tpu-aot]" (in a clone: pip install -e ".[tpu-aot]")')
 
 
 def libtpu_available() -> bool:

@@ -21,7 +21,9 @@ HBM_GIB = {"v4": 32, "v5e": 16, "v5litepod": 16, "v5p": 95, "v6e": 32}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="PATH", help="YAML run config (configs/pretrain/)")
+    parser.add_argument("--config", required=True, metavar="PATH",
+                        help="a YAML run config file, or the name of one shipped with bertjax (configs/pretrain/: "
+                        "tiny, modernbert-base, ...)")
     parser.add_argument("--topology", default="v5p:2x2x2", help='TPU slice, e.g. "v5p:2x2x2", "v5e:4x4" '
                         '(default v5p:2x2x2, 8 chips), or GPUs on one host: "h100", "h100:8", "h200"')
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",

@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", required=True, metavar="DIR",
                         help="checkpoints, metrics.jsonl, results.json, best/, TensorBoard events, finetune.png")
     parser.add_argument("--config", metavar="PATH", default=None,
-                        help="a YAML run config (configs/finetune/); the task's defaults otherwise")
+                        help="a YAML run config file or the name of one shipped with bertjax (configs/finetune/); the "
+                             "task's defaults otherwise")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides, e.g. train.epochs=5 data.text_column=sentence")
     distributed.add_arguments(parser)
@@ -53,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     task = task_class(args.task)
     config = load_finetune_config(args.config, args.overrides, task.defaults)
-    chosen = chosen_keys(args.overrides, read_config_file(args.config, empty_ok=True) if args.config else None)
+    chosen = chosen_keys(args.overrides, read_config_file(args.config, empty_ok=True, kind="finetune")
+                          if args.config else None)
     result = finetune(args.model, task, args.train, args.validation, args.workdir, config, chosen=chosen,
                       config_path=args.config, allow_pickle=args.allow_pickle)
     if jax.process_index() != 0:

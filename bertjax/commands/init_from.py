@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--source", required=True, metavar="DIR",
                         help="the trained model: a pretraining workdir, a bertjax or a transformers model directory")
     parser.add_argument("--config", required=True, metavar="PATH",
-                        help="the YAML run config of the larger model (configs/pretrain/modernbert-large.yaml)")
+                        help="the YAML run config of the larger model, a file or a shipped name "
+                             "(configs/pretrain/modernbert-large.yaml)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="where the grown model directory goes: a new or empty directory, not --source")
     parser.add_argument("--overwrite", action="store_true",

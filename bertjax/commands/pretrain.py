@@ -21,7 +21,9 @@ FILL_MASK_SEED = 0  # which word of each held-out sentence gets masked in the en
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bertjax.train import distributed
 
-    parser.add_argument("--config", required=True, metavar="PATH", help="YAML run config (configs/pretrain/)")
+    parser.add_argument("--config", required=True, metavar="PATH",
+                        help="a YAML run config file, or the name of one shipped with bertjax (configs/pretrain/: "
+                        "tiny, modernbert-base, ...)")
     parser.add_argument("--workdir", required=True, metavar="DIR",
                         help="where checkpoints, metrics, the tokenizer and loss.png go")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",

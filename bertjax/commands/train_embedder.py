@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", required=True, metavar="DIR",
                         help="checkpoints, metrics.jsonl, TensorBoard events, loss.png and model/ at the end")
     parser.add_argument("--config", metavar="PATH", default=None,
-                        help="a YAML run config (configs/embedder/contrastive.yaml); the defaults otherwise")
+                        help="a YAML run config file or the name of one shipped with bertjax (configs/embedder/: "
+                             "contrastive, tiny-docstrings); the defaults otherwise")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides, e.g. train.batch_size=512 train.mini_batch_size=32 loss.symmetric=true")
     distributed.add_arguments(parser)

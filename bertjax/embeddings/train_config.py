@@ -93,7 +93,7 @@ class EmbedderConfig:
 
 def load_embedder_config(path: str | Path | None, overrides: list[str] = ()) -> EmbedderConfig:
     """The defaults, then the YAML file at `path` (optional), then `key=value` overrides."""
-    raw = {} if path is None else read_config_file(path, empty_ok=True)
+    raw = {} if path is None else read_config_file(path, empty_ok=True, kind="embedder")
     for override in overrides:
         apply_override(raw, override)
     return parse_dataclass(EmbedderConfig, raw, "")

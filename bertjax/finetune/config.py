@@ -102,7 +102,7 @@ def load_finetune_config(path: str | Path | None, overrides: list[str] = (),
     for section, values in (defaults or {}).items():
         raw[section] = dict(values)
     if path is not None:
-        for section, values in read_config_file(path, empty_ok=True).items():
+        for section, values in read_config_file(path, empty_ok=True, kind="finetune").items():
             if isinstance(values, dict) and isinstance(raw.get(section), dict):
                 raw[section].update(values)
             else:

@@ -38,7 +38,8 @@ def read_torch_bin(path: str) -> dict[str, np.ndarray]:
     try:
         import torch
     except ImportError as error:
-        raise ValueError(f"{path} is a PyTorch pickle: reading it needs torch (pip install torch), which loads it "
+        raise ValueError(f"{path} is a PyTorch pickle: reading it needs torch (the CPU build will do: pip install "
+                         "torch --index-url https://download.pytorch.org/whl/cpu), which loads it "
                          "with weights_only=True; bertjax never unpickles a file any other way. "
                          "Convert it to safetensors, or install torch.") from error
     try:

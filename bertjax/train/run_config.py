@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 import math
 import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -185,7 +186,7 @@ def data_config_class() -> type:
 
 def load_run_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     """Read a YAML run config, apply `key=value` overrides, and check every key and type."""
-    raw = read_config_file(path)
+    raw = read_config_file(path, kind="pretrain")
     for override in overrides:
         apply_override(raw, override)
     config = run_config_from_dict(raw)
@@ -211,14 +212,29 @@ def check_overrides_reach_phases(config: RunConfig, overrides: Sequence[str]) ->
                                   "or drop them with train.phases=[]")
 
 
-def read_config_file(path: str | Path, *, empty_ok: bool = False) -> dict:
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases: a run config needs none, and a few nested ones (a 300-byte file) expand to gigabytes
+    wherever the value is walked or shown (a type error's message)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(f"line {mark.line + 1}: aliases (*name) are not accepted in a run config; write "
+                                 "the value out")
+        return super().compose_node(parent, index)
+
+
+def read_config_file(path: str | Path, *, empty_ok: bool = False, kind: str | None = None) -> dict:
     """A YAML run config file as a dict of sections (pretraining, fine-tuning and embedder runs read it alike);
-    `empty_ok`: an empty file is no sections, for run types whose every key has a default."""
-    path = Path(path)
+    `empty_ok`: an empty file is no sections, for run types whose every key has a default. A path that does not
+    exist may name a config shipped with bertjax (`bertjax.shipped_configs`), of the run type `kind`."""
+    from bertjax import shipped_configs
+
+    path = shipped_configs.resolve(path, kind)
     if not path.is_file():
-        raise FileNotFoundError(f"run config {path} does not exist")
+        raise FileNotFoundError(f"run config {path} does not exist (nor is it one of {shipped_configs.describe(kind)})")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_NoAliasLoader)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if raw is None and empty_ok:
@@ -345,13 +361,22 @@ def to_dict(config: Any) -> Any:
 _FLOAT_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 
 
+_SHOWN = reprlib.Repr()  # (keyword arguments from Python 3.12)
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 3, 8, 8, 80, 80
+
+
+def _shown(value: Any) -> str:
+    """A config value as an error shows it: its repr, cut short (a long list is not worth a screenful)."""
+    return _SHOWN.repr(value)
+
+
 def parse_dataclass(cls: type, values: Any, path: str) -> Any:
     """Build dataclass `cls` from a mapping, checking keys and types; errors name the dotted key."""
     where = path or "the run config"
     if values is None:
         values = {}
     if not isinstance(values, Mapping):
-        raise ConfigError(f"{where} must be a mapping, got {type(values).__name__}: {values!r}")
+        raise ConfigError(f"{where} must be a mapping, got {type(values).__name__}: {_shown(values)}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in values if k not in fields]
     if unknown:
@@ -383,7 +408,7 @@ def parse_value(annotation: Any, value: Any, key: str) -> Any:
         return parse_dataclass(annotation, value, key)
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{key} must be one of {list(args)}, got {value!r}")
+            raise ConfigError(f"{key} must be one of {list(args)}, got {_shown(value)}")
         return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -396,42 +421,42 @@ def parse_value(annotation: Any, value: Any, key: str) -> Any:
                 return parse_value(arg, value, key)
             except ConfigError as error:
                 errors.append(str(error))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{key} has the wrong type: {value!r} "
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key} has the wrong type: {_shown(value)} "
                           f"(expected {annotation})")
     if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {type(value).__name__}: {value!r}")
+            raise ConfigError(f"{key} must be a list, got {type(value).__name__}: {_shown(value)}")
         item = args[0] if args else Any
         items = [parse_value(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or annotation is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}: {value!r}")
+            raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}: {_shown(value)}")
         return _plain(dict(value))
     if annotation is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
+            raise ConfigError(f"{key} must be true or false, got {_shown(value)}")
         return value
     if annotation is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
+            raise ConfigError(f"{key} must be an integer, got {_shown(value)}")
         return value
     if annotation is float:
         # PyYAML reads "1e-3" (no dot) as a string; accept it as the number everyone means.
         if isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
             return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
+            raise ConfigError(f"{key} must be a number, got {_shown(value)}")
         if not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite number, got {value!r}")
+            raise ConfigError(f"{key} must be a finite number, got {_shown(value)}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
+            raise ConfigError(f"{key} must be a string, got {_shown(value)}")
         return value
     if isinstance(annotation, type):
         if not isinstance(value, annotation):
-            raise ConfigError(f"{key} must be {annotation.__name__}, got {value!r}")
+            raise ConfigError(f"{key} must be {annotation.__name__}, got {_shown(value)}")
         return value
     return value
 
