@@ -100,6 +100,36 @@ def test_the_config_file_in_the_workdir_is_not_overwritten(tmp_path, capsys):
     assert (exp / "config.yaml").read_bytes() == before and [p.name for p in exp.iterdir()] == ["config.yaml"]
 
 
+def test_a_directory_of_the_users_holding_files_a_run_writes_is_refused_untouched(tmp_path, capsys):
+    """A --workdir that holds no run but a results.json, metrics.jsonl or plot of the user's: the run would
+    replace them (as only config.yaml was protected)."""
+    from bertjax.cli import main
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("results.json", "metrics.jsonl", "finetune.png", "notes.txt"):
+        (mine / name).write_text(f"my own {name}\n")
+    args = ["finetune", "--model", str(tmp_path / "model"), "--task", "sequence-classification", "--train",
+            str(tmp_path / "t.jsonl"), "--validation", str(tmp_path / "v.jsonl"), "--workdir", str(mine)]
+    assert main(args) == 2
+    assert "holds metrics.jsonl, results.json, finetune.png, which a run writes there" in capsys.readouterr().err
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {name: f"my own {name}\n" for name in
+                                                              ("results.json", "metrics.jsonl", "finetune.png",
+                                                               "notes.txt")}
+
+
+def test_the_outputs_a_run_may_replace_are_the_names_the_runs_write():
+    from bertjax.embeddings.training import MODEL_DIR
+    from bertjax.finetune import report
+    from bertjax.finetune.trainer import BEST_DIR
+    from bertjax.model_dirs import TOKENIZER_DIR
+    from bertjax.train import metrics
+    from bertjax.train.workdir import RUN_OUTPUTS
+
+    assert set(RUN_OUTPUTS) == {metrics.METRICS_FILE, metrics.PLOT_FILE, metrics.TENSORBOARD_DIR,
+                                report.RESULTS_FILE, report.PLOT_FILE, BEST_DIR, MODEL_DIR, TOKENIZER_DIR}
+
+
 def test_glue_grid_is_checked_before_anything_trains(tmp_path, capsys):
     from bertjax.cli import main
     from bertjax.finetune.glue import run_glue

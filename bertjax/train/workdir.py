@@ -60,6 +60,11 @@ LOCAL_CONTENTS = {"bertjax pretrain": "its lock, config.yaml, the tokenizer, met
                   "bertjax train-embedder": "its lock, config.yaml, metrics.jsonl and the trained model (model/)",
                   "bertjax glue": "glue.json, the prepared task data and a fine-tuning run per task and grid point"}
 CHECKPOINTS_IN_A_BUCKET = tuple(RUN_FILES.values())  # every command with a run file; not glue
+# What runs write into a workdir besides their record and config.yaml (bertjax.train.metrics, bertjax.finetune.report
+# and trainer, bertjax.embeddings.training, the pretraining tokenizer): a workdir that holds no run but one of these
+# is a directory of the user's, whose files the run would replace.
+RUN_OUTPUTS = ("metrics.jsonl", "loss.png", "tensorboard", "results.json", "finetune.png", "best", "model",
+               "tokenizer")
 # Run-config keys the workdir's tokenizer is made from (tokenizer.path, or one trained on data.input's train split).
 TOKENIZER_KEYS = ("tokenizer", "data.input", "data.text_format", "data.text_field", "data.eval_fraction",
                   "train.seed")
@@ -281,7 +286,13 @@ def check_workdir_is_for(workdir: Path, own_record: str, checkpoint: Any,
         if name != own_record and (workdir / name).is_file():
             raise ConfigError(f"workdir {workdir} holds a run of `{what}` ({name}), not one of "
                               f"`{RUN_FILES[own_record]}`; give another --workdir")
-    check_config_is_ours(workdir, holds_run(workdir, checkpoint), config_path)
+    has_run = holds_run(workdir, checkpoint)
+    check_config_is_ours(workdir, has_run, config_path)
+    found = [name for name in RUN_OUTPUTS if (workdir / name).exists()] if not has_run else []
+    if found:
+        raise ConfigError(f"workdir {workdir} holds no bertjax run (no checkpoint, no {' or '.join(RUN_FILES)}) but "
+                          f"holds {', '.join(found)}, which a run writes there, replacing what is there; give a new "
+                          "or empty --workdir")
 
 
 def check_pretraining_workdir(workdir: Path, config: RunConfig, config_path: str | Path | None = None) -> None:
