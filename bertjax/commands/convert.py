@@ -46,13 +46,28 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.txt", "*.model")
 
 
+def _inside_checkpoint(path: str, source: str) -> bool:
+    """Whether a file of `source` really is the checkpoint's: no link out of it, to some other file on the disk that
+    the copy would carry into the output. A Hugging Face cache snapshot (models--org--name/snapshots/REV/) links
+    each file into its repository's blobs/, which is the checkpoint's too."""
+    root = os.path.realpath(source)
+    if os.path.basename(os.path.dirname(root)) == "snapshots":
+        root = os.path.dirname(os.path.dirname(root))
+    return os.path.commonpath([os.path.realpath(path), root]) == root
+
+
 def copy_tokenizer_files(source: str, destination: str) -> list[str]:
     copied = []
     for pattern in TOKENIZER_FILES:
         for path in sorted(glob.glob(os.path.join(glob.escape(source), pattern))):
-            if os.path.isfile(path):
-                shutil.copyfile(path, os.path.join(destination, os.path.basename(path)))
-                copied.append(os.path.basename(path))
+            if not os.path.isfile(path):
+                continue
+            if not _inside_checkpoint(path, source):
+                print(f"warning: not copied: {path} links to {os.path.realpath(path)}, outside the checkpoint",
+                      file=sys.stderr)
+                continue
+            shutil.copyfile(path, os.path.join(destination, os.path.basename(path)))
+            copied.append(os.path.basename(path))
     return copied
 
 
