@@ -244,7 +244,7 @@ class HuggingFaceTokenizer(Tokenizer):
         vocab = self._tok.get_vocab(with_added_tokens=True)
         if not vocab:
             raise InvalidTokenizerFile(f"{source} is not a valid tokenizer: its vocabulary is empty")
-        size = max(vocab.values()) + 1
+        size = _id_range(vocab, source)
         pieces = [""] * size
         for piece, i in vocab.items():
             pieces[i] = piece
@@ -340,6 +340,21 @@ class HuggingFaceTokenizer(Tokenizer):
         if not self.transformers_config:
             return {}
         return {TOKENIZER_CONFIG: json.dumps(self.transformers_config, indent=1).encode("utf-8")}
+
+
+# Ids a vocabulary may skip: real tokenizers number their tokens 0..n-1, give or take a few reserved or removed ids.
+_MAX_ID_HOLES = 1024
+
+
+def _id_range(vocab: dict[str, int], source: str) -> int:
+    """Largest id + 1, the length of every per-id table the tokenizer builds, refused when far beyond the number of
+    tokens: a few bytes naming id 2000000000 would otherwise ask for gigabytes before the model is compared."""
+    size = max(vocab.values()) + 1
+    if size > 2 * len(vocab) + _MAX_ID_HOLES:
+        raise InvalidTokenizerFile(f"{source} is not a valid tokenizer: its largest token id is {size - 1}, but it "
+                                   f"has {len(vocab)} tokens (ids should run 0..{len(vocab) - 1}, give or take a "
+                                   "few)")
+    return size
 
 
 def _word_starts(tok, pieces: list[str]) -> np.ndarray:
