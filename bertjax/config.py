@@ -229,6 +229,12 @@ def alibi_slopes(num_heads: int) -> tuple[float, ...]:
     return tuple(slopes)
 
 
+# The model is traced layer by layer in Python (~50 ms each), so a config claiming a million layers would trace for
+# hours. Weights files are compared with the layer count before tracing; this bounds what no file can contradict
+# (ALBERT's steps over shared layers, a fresh run). Published encoders have tens of layers.
+MAX_LAYERS = 1024
+
+
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
     """Architecture of one encoder. Frozen and hashable, so it can be a static argument of `jax.jit`."""
@@ -348,6 +354,8 @@ class EncoderConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_layers > MAX_LAYERS:
+            raise ValueError(f"EncoderConfig.num_layers must be at most {MAX_LAYERS}, got {self.num_layers}")
         from bertjax.ops.attention import IMPLEMENTATIONS  # the registry; imports no kernel
 
         if self.attention_implementation not in ("auto", *IMPLEMENTATIONS):

@@ -85,7 +85,11 @@ def read_model(directory: Path):
     head = described.get("head")
     if head not in MODEL_CLASSES:
         raise ValueError(f"{directory / MODEL_CONFIG_FILE}: head {head!r} is not one of {sorted(MODEL_CLASSES)}")
-    return MODEL_CLASSES[head](EncoderConfig.from_dict(described["config"]))
+    try:
+        config = EncoderConfig.from_dict(described["config"])
+    except ValueError as error:  # the config's own checks name the field; this names the file
+        raise ValueError(f"{directory / MODEL_CONFIG_FILE}: {error}") from None
+    return MODEL_CLASSES[head](config)
 
 
 def _tokenizer_in(*candidates: Path):
@@ -150,13 +154,13 @@ def _is_model_dir(path: Path) -> bool:
 
 
 def _load_model_dir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
-    from bertjax.models import abstract_params
     from bertjax.train.checkpoints import restore_param_tree
 
     model = read_model(path)
     # Checked as a workdir checkpoint's parameters are: shapes against model_config.json before reading, damaged
     # files, NaN/inf (a one-line error naming the directory each time).
-    params = restore_param_tree(path / PARAMS_DIR, abstract_params(model), f"model directory {path}")
+    params = restore_param_tree(path / PARAMS_DIR, model, f"model directory {path}",
+                                f"its {MODEL_CONFIG_FILE}")
     return LoadedModel(model, params, _tokenizer_in(path / TOKENIZER_DIR, path))
 
 
@@ -197,7 +201,7 @@ def checkpoint_steps(workdir: Path) -> list[int]:
 
 
 def _load_workdir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
-    from bertjax.train.checkpoints import CheckpointError, restore_params
+    from bertjax.train.checkpoints import CheckpointError, ModelMismatch, restore_params
 
     steps, complete = step_dirs(path), checkpoint_steps(path)
     if not steps:
@@ -210,8 +214,15 @@ def _load_workdir(path: Path, step: int | None, allow_pickle: bool) -> LoadedMod
     elif step not in steps:
         raise FileNotFoundError(f"{path}: no checkpoint of step {step}; available steps: {complete}")
     step_dir = checkpoints_dir(path) / str(step)
+    model = read_model(path)
+    # The checkpoint's shapes are compared with the model model_config.json describes before reading: a restore
+    # allocates whatever its own metadata claims. The params_key model (ELECTRA) is the only part read.
+    params_key = read_model_config(path).get("params_key")
     try:
-        params = restore_params(step_dir)
+        params = restore_params(step_dir, model=model, params_key=params_key,
+                                model_source=str(path / MODEL_CONFIG_FILE))
+    except ModelMismatch:
+        raise  # every step of the workdir was saved from the same model: an earlier one would not fit either
     except CheckpointError as error:
         earlier = [s for s in complete if s < step]
         if earlier:
@@ -221,10 +232,7 @@ def _load_workdir(path: Path, step: int | None, allow_pickle: bool) -> LoadedMod
         else:
             hint = f"There is no earlier checkpoint; restore or delete {step_dir}"
         raise CheckpointError(f"{error}. {hint}") from None
-    params_key = read_model_config(path).get("params_key")
-    if params_key:  # the checkpoint trains several models (ELECTRA): the main one is this subtree
-        params = params[params_key]
-    return LoadedModel(read_model(path), params, _tokenizer_in(path / TOKENIZER_DIR))
+    return LoadedModel(model, params, _tokenizer_in(path / TOKENIZER_DIR))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,8 +282,9 @@ def load_model_dir(path: str | Path, step: int | None = None, allow_pickle: bool
     `allow_pickle` lets a transformers directory with only a pytorch_model.bin be read (trusted files only).
 
     Every kind is refused, with a one-line error (a ValueError) naming the directory, when its parameters hold a NaN
-    or an infinity, its files are damaged, or (bertjax `params/`) their shapes are not those model_config.json
-    describes. A workdir's latest step directory that is incomplete is an error naming it and the earlier steps,
+    or an infinity, its files are damaged, or (a workdir's checkpoint, bertjax `params/`, a transformers
+    directory's layers) their shapes are not those model_config.json / config.json describes: compared before any
+    array is read or the model is traced at the claimed sizes. A workdir's latest step directory that is incomplete is an error naming it and the earlier steps,
     never passed over for an older one."""
     kind = model_dir_kind(path)
     if step is not None and not kind.has_steps:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 
 import flax.linen as nn
 import jax
@@ -110,9 +111,11 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
             task = {**task, "labels": None}
         config = config.replace(task=config.task_or_default.replace(**task))
     config = config.replace(dtype=dtype_name, param_dtype=dtype_name)
+    # The file first: its layers are compared with config.json's before the model is traced (tracing is per layer).
+    tensors = weights.read_weights(path, allow_pickle=allow_pickle)
+    _check_layer_count(path, values, config, tensors)
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
-    tensors = weights.read_weights(path, allow_pickle=allow_pickle)
     # Head classes name the backbone's tensors with a prefix ("bert."), the bare model without. Files exist whose
     # names disagree with their architectures[0] (a head model's weights under "BertModel", or the reverse);
     # transformers goes by the names, and so does bertjax.
@@ -140,6 +143,29 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
         cause += f", or values beyond the range of {dtype_name}"
     check_finite(params, f"transformers directory {path}", cause)  # NaN weights give NaN outputs, silently
     return model, params
+
+
+# The layer index in every family's tensor names: "bert.encoder.layer.3.", "model.layers.3.", "transformer.layer.3.";
+# ALBERT's are its shared groups, "albert.encoder.albert_layer_groups.0.".
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|albert_layer_groups)\.(\d+)\.")
+# The config.json fields that give the number of layers the file holds (ALBERT: of distinct groups), by family.
+_LAYER_FIELDS = ("num_hidden_groups", "num_hidden_layers", "n_layers", "n_layer")
+
+
+def _check_layer_count(path: str, values: dict, config: EncoderConfig, tensors: dict[str, np.ndarray]) -> None:
+    """config.json's layer count against the layers the weights file holds, before the model is traced: tracing
+    costs ~50 ms and ~0.25 MB per layer, so `num_hidden_layers: 1000000` over a 2-layer file would run for hours
+    before the first missing tensor is noticed. Only a claim beyond the file is refused here: extra layers in the
+    file and gaps in its numbering cost nothing to trace and are left to the per-tensor checks, which name the
+    tensor."""
+    held = {int(match.group(1)) for key in tensors if (match := _LAYER_INDEX.search(key))}
+    claimed = config.layer_groups  # distinct layers: the number of layers, or ALBERT's groups
+    if claimed <= (max(held) + 1 if held else 0):
+        return
+    field = next((name for name in _LAYER_FIELDS if values.get(name) == claimed), "num_hidden_layers")
+    holds = f"layers 0..{max(held)}" if held else "no layers"
+    raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: {field} {claimed}, but {weights.weights_file(path)} "
+                     f"holds {holds}")
 
 
 def _load_exact(path: str, values: dict, head: str, mapping: KeyMapping, tensors: dict[str, np.ndarray],

@@ -79,14 +79,20 @@ READERS: dict[str, Callable[[str], dict[str, np.ndarray]]] = {
 }
 
 
+def weights_file(directory: str) -> str:
+    """The name of the weights file `read_weights` reads in `directory` (the first of READERS present)."""
+    for name in READERS:
+        if os.path.isfile(os.path.join(directory, name)):
+            return name
+    raise FileNotFoundError(f"{directory}: no weights found (looked for {', '.join(READERS)})")
+
+
 def read_weights(directory: str, allow_pickle: bool = False) -> dict[str, np.ndarray]:
     """Every tensor of the checkpoint in `directory`, by its Hugging Face name (pickles only with allow_pickle)."""
-    for name, reader in READERS.items():
-        if os.path.isfile(os.path.join(directory, name)):
-            if name in PICKLED:
-                _check_pickle_allowed(directory, name, allow_pickle)
-            return reader(directory)
-    raise FileNotFoundError(f"{directory}: no weights found (looked for {', '.join(READERS)})")
+    name = weights_file(directory)
+    if name in PICKLED:
+        _check_pickle_allowed(directory, name, allow_pickle)
+    return READERS[name](directory)
 
 
 def _check_pickle_allowed(directory: str, name: str, allow_pickle: bool) -> None:

@@ -316,10 +316,15 @@ class Checkpointer:
         self.manager.close()
 
 
-def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> Any:
+def restore_params(step_dir: str | Path, device: jax.Device | None = None, model: Any = None,
+                   params_key: str | None = None, model_source: str = "model_config.json") -> Any:
     """Only the parameters of a saved train state, on one device (inference: fill-mask, export).
 
-    The optimizer state is not read, so this needs a third of the memory of a full restore.
+    The optimizer state is not read, so this needs a third of the memory of a full restore. `params_key`: read only
+    that subtree of the parameters (the main model of a checkpoint that trains several, ELECTRA). `model`: the model
+    the parameters must fit (`model_source` describes it, a workdir's model_config.json); their stored shapes are
+    compared with its before any array is read (ModelMismatch naming the first differing paths), since a restore
+    allocates whatever shapes the checkpoint's own metadata claims.
     """
     step_dir = Path(step_dir).absolute()  # orbax reads metadata of relative paths as missing
     state_dir = step_dir / "state"
@@ -341,8 +346,11 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
             if tree is None:
                 raise CheckpointError(f"checkpoint {step_dir}: the array metadata of state/ cannot be read (a file "
                                       "of state/ is missing or damaged)")
-            target = {"params": jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                                             tree["params"])}
+            stored = _params_subtree(tree, params_key, step_dir)
+            if model is not None:
+                check_stored_model(stored, model, f"checkpoint {step_dir}", model_source)
+            target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), stored)
+            target = {"params": {params_key: target} if params_key else target}
             restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
                 item=target, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=sharding), target),
                 partial_restore=True))
@@ -354,8 +362,56 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None) -> An
     finally:
         absl_logger.setLevel(previous_level)
         checkpointer.close()
-    _check_finite(restored["params"], step_dir)
-    return restored["params"]
+    params = restored["params"][params_key] if params_key else restored["params"]
+    _check_finite(params, step_dir)
+    return params
+
+
+def _params_subtree(tree: Any, params_key: str | None, step_dir) -> Any:
+    """The stored metadata of the parameters (of the `params_key` model), or a CheckpointError saying they are
+    missing."""
+    params = tree.get("params") if isinstance(tree, dict) else None
+    if params_key and isinstance(params, dict):
+        params = params.get(params_key)
+    if not isinstance(params, dict):
+        what = f"params/{params_key}" if params_key else "params"
+        raise CheckpointError(f"checkpoint {step_dir}: the train state holds no {what} (not a checkpoint of this "
+                              "kind of run, or damaged)")
+    return params
+
+
+def check_stored_model(stored: Any, model: Any, source: str, model_source: str) -> None:
+    """The stored metadata of a parameter tree against `model` (described by `model_source`, a model_config.json),
+    before any array is read: a ModelMismatch naming `source` and the first differing paths with both shapes.
+    Restoring reads arrays at the stored shapes, so a few-kilobyte checkpoint claiming a huge embedding would be
+    allocated first and refused by Flax only afterwards. The layer count is compared before the model is traced."""
+    from bertjax.models import abstract_params  # here: bertjax.models imports nothing of training
+
+    differing = _layer_count_difference(stored, model.config) or _shape_differences(
+        _leaf_shapes(stored), _leaf_shapes(abstract_params(model)), model_source)
+    if differing:
+        raise ModelMismatch(f"{source} holds another model than {model_source} describes ({differing}); was "
+                            "model_config.json edited?")
+
+
+_LAYER_NAME = re.compile(r"layers_(\d+)")  # the layer stack's parameter scopes, encoder/layers_<k>
+
+
+def _layer_count_difference(stored: Any, config: Any) -> str:
+    """How the config's number of distinct layers differs from the stored encoder's ("" when it does not), found
+    before the model is traced to compare every shape: tracing costs ~50 ms and ~0.25 MB per layer, so
+    `num_layers: 1000000` would run for hours. Only a claim beyond the stored layers is refused here: extra stored
+    layers and gaps cost nothing to trace and are left to the shape comparison, which names the path."""
+    encoder = stored.get("encoder") if isinstance(stored, dict) else None
+    held = [int(match.group(1)) for name in (encoder if isinstance(encoder, dict) else {})
+            if (match := _LAYER_NAME.fullmatch(name))]
+    claimed = config.layer_groups * config.layers_per_group
+    if claimed <= (max(held) + 1 if held else 0):
+        return ""
+    described = f"num_layers {config.num_layers}"
+    if config.shares_layers:
+        described += f" in {config.layer_groups} groups of {config.layers_per_group} layers"
+    return f"{described}, but it stores {f'layers 0..{max(held)}' if held else 'no layers'}"
 
 
 def _leaf_shapes(tree: Any) -> dict[str, tuple]:
@@ -429,12 +485,15 @@ def check_finite(tree: Any, source: str, cause: str = "damaged, or saved by a di
 _WRITE_AGAIN = "Write the directory again (bertjax convert --from-hf, or init-from)"
 
 
-def restore_param_tree(params_dir: str | Path, abstract_params: Any, source: str) -> Any:
-    """The parameter pytree an Orbax checkpointer saved in `params_dir`, read onto `abstract_params`' shapes.
+def restore_param_tree(params_dir: str | Path, model: Any, source: str, model_source: str) -> Any:
+    """The parameter pytree an Orbax checkpointer saved in `params_dir`, read onto the shapes of `model` (described
+    by `model_source`, the directory's model_config.json).
 
     Damage is a one-line CheckpointError naming `source` and what is wrong: parameters shaped for another model than
-    `abstract_params` (ModelMismatch, naming the first differing paths, before reading any array), a missing or
-    unreadable file, NaN/inf values."""
+    `model` (ModelMismatch, naming the first differing paths, before reading any array or tracing more layers than
+    are stored), a missing or unreadable file, NaN/inf values."""
+    from bertjax.models import abstract_params
+
     params_dir = Path(params_dir).absolute()  # orbax reads metadata of relative paths as missing
     damaged = f"{source}: {params_dir.name}/ cannot be read"
     with ocp.StandardCheckpointer() as checkpointer, quiet_abandoned_reads():
@@ -445,12 +504,12 @@ def restore_param_tree(params_dir: str | Path, abstract_params: Any, source: str
         stored = getattr(stored, "tree", stored)
         if stored is None:
             raise CheckpointError(f"{damaged} (its array metadata is missing or damaged). {_WRITE_AGAIN}")
-        differing = _shape_differences(_leaf_shapes(stored), _leaf_shapes(abstract_params), "its model_config.json")
-        if differing:
-            raise ModelMismatch(f"{source}: {params_dir.name}/ holds another model than its model_config.json "
-                                f"describes ({differing}); was model_config.json edited? {_WRITE_AGAIN}")
         try:
-            params = checkpointer.restore(params_dir, abstract_params)
+            check_stored_model(stored, model, f"{source}: {params_dir.name}/", model_source)
+        except ModelMismatch as error:
+            raise ModelMismatch(f"{error} {_WRITE_AGAIN}") from None
+        try:
+            params = checkpointer.restore(params_dir, abstract_params(model))
         except Exception as error:  # orbax/tensorstore raise many types for damaged files
             raise CheckpointError(f"{damaged} ({describe_read_error(error)}); the directory is damaged. "
                                   f"{_WRITE_AGAIN}") from error
