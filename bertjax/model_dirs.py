@@ -284,8 +284,8 @@ def load_model_dir(path: str | Path, step: int | None = None, allow_pickle: bool
     Every kind is refused, with a one-line error (a ValueError) naming the directory, when its parameters hold a NaN
     or an infinity, its files are damaged, or (a workdir's checkpoint, bertjax `params/`, a transformers
     directory's layers) their shapes are not those model_config.json / config.json describes: compared before any
-    array is read or the model is traced at the claimed sizes. A workdir's latest step directory that is incomplete is an error naming it and the earlier steps,
-    never passed over for an older one."""
+    array is read or the model is traced at the claimed sizes. A workdir's latest step directory that is incomplete
+    is an error naming it and the earlier steps, never passed over for an older one."""
     kind = model_dir_kind(path)
     if step is not None and not kind.has_steps:
         raise ValueError(f"{path} is a {kind.name}: it holds one set of weights, so a step cannot be chosen "
