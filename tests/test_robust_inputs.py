@@ -235,3 +235,12 @@ def test_every_command_that_reads_a_model_takes_allow_pickle(hf_dir, tmp_path, c
     result = finetune(pickled, task, files["train"], files["validation"], tmp_path / "run", config,
                       say=lambda _: None, allow_pickle=True)
     assert result.results["finished"] and "unpickling a PyTorch checkpoint" in caplog.text
+
+
+def test_a_mask_without_a_readable_candidate_is_shown_as_such():
+    """An untrained model may rank only pieces that decode to nothing first; fill-mask printed an IndexError."""
+    from bertjax.inference.fill_mask import Prediction, format_predictions
+
+    shown = format_predictions("the [MASK] sat on the [MASK]", [[], [Prediction("mat", 7, 0.5)]])
+    assert shown.splitlines() == ["the [MASK] sat on the [mat]",
+                                  "  mask 1: no candidate among the top ones decodes to text", "  mask 2: 'mat' 0.500"]

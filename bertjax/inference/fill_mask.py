@@ -168,11 +168,13 @@ def load_predictor(model_dir: str | Path, step: int | None = None,
 
 
 def format_predictions(text: str, predictions: list[list[Prediction]]) -> str:
-    """The text with each [MASK] filled by its best guess, then the top-k list per mask."""
-    best = iter(p[0].token for p in predictions)
+    """The text with each [MASK] filled by its best guess, then the top-k list per mask. A mask whose candidates
+    all decode to nothing (control or word-boundary pieces, as an untrained model may rank first) stays [MASK]."""
+    best = iter(options[0].token if options else "MASK" for options in predictions)
     filled = MASK_PATTERN.sub(lambda _: f"[{next(best)}]", text)
     lines = [filled]
     for i, options in enumerate(predictions):
-        shown = ", ".join(f"{p.token!r} {p.probability:.3f}" for p in options)
+        shown = ", ".join(f"{p.token!r} {p.probability:.3f}" for p in options) or \
+            "no candidate among the top ones decodes to text"
         lines.append(f"  mask {i + 1}: {shown}")
     return "\n".join(lines)
