@@ -471,6 +471,48 @@ def test_data_running_out_saves_the_steps_trained_and_is_a_one_line_error(tmp_pa
     assert _steps(workdir) == [stopped]
 
 
+def test_the_data_position_saved_when_the_data_runs_out_keeps_the_partial_batch(tmp_path):
+    """The checkpoint saved when a finite epoch runs out is where a rerun with more epochs continues: its rows of
+    the last, partial batch must still be ahead of it, or that rerun skips them and differs from the run that had
+    those epochs from the start (one process too, not only the multi-host case)."""
+    import numpy as np
+
+    from bertjax.data import load_tokenizer
+    from bertjax.train import feed as feed_lib
+    from bertjax.train.mesh import build_mesh
+
+    corpus = _small_corpus(tmp_path / "small.txt")
+    tokenizer = load_tokenizer(small_tokenizer())
+
+    def feed(epochs: int):
+        config = load_run_config(write_config(tmp_path / f"run{epochs}.yaml", small_tokenizer(),
+                                              data={"input": str(corpus), "num_epochs": epochs},
+                                              train={"steps": 500}))  # more than the data has
+        return feed_lib.TrainFeed(feed_lib.plan_phases(config), tokenizer, build_mesh(config.mesh),
+                                  config.train.seed)
+
+    one = feed(1)
+    one.start(0, None)
+    step = 0
+    with pytest.raises(feed_lib.DataExhausted):
+        while True:
+            one.next(step)
+            step += 1
+    saved = one.state()
+    two = feed(2)
+    two.start(0, None)
+    for earlier in range(step):
+        two.next(earlier)
+    expected = two.next(step)
+    resumed = feed(2)
+    resumed.start(step, saved)
+    got = resumed.next(step)
+    for fed in (one, two, resumed):
+        fed.close()
+    for key in expected:  # (the old position, past the partial batch's rows, gave another batch here)
+        np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(expected[key]), err_msg=key)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Model directories (transformers and bertjax `params/`) get the checks of workdir checkpoints: NaN/inf, damaged
 # files, parameters of another model, each a one-line error naming the directory.

@@ -171,20 +171,23 @@ class TrainFeed:
     def next(self, step: int) -> dict[str, jax.Array]:
         if self.phase is None or not self.phase.start <= step < self.phase.end:
             self._open(phase_at(self.phases, step), None)
-        agree = self.phase.data.num_epochs is not None and jax.process_count() > 1
-        before = self.iterator.get_state() if agree else None
+        finite = self.phase.data.num_epochs is not None
+        before = self.iterator.get_state() if finite else None
         try:
             batch = self.iterator.take(self.phase.batch_at(step) // jax.process_count())
         except StopIteration:
             batch = None
-        if agree and not all_processes_have(batch is not None):
+        if finite and jax.process_count() > 1 and not all_processes_have(batch is not None):
             # Each process packs its share of the documents into its own number of rows, so with a finite epoch
             # they run out at different steps: all stop at the first step any of them lacks a batch (else the
-            # others would wait in that step's collectives), and a process that took one gives it back to the
-            # checkpoint's data position, so that a rerun with more epochs trains it.
-            self.iterator.set_state(before)
+            # others would wait in that step's collectives).
             batch = None
         if batch is None:
+            if finite:
+                # The data position goes back to before this step's rows (a partial batch's, or a whole one another
+                # process lacked the rows to match): the checkpoint saved now keeps them, so that a rerun with more
+                # epochs trains them, as the run with those epochs from the start did.
+                self.iterator.set_state(before)
             key = "data" if len(self.phases) == 1 else f"train.phases[{self.phase.index}].data"
             raise DataExhausted(f"the training data ran out at step {step} of {self.phases[-1].end} ({key}.num_epochs="
                                 f"{self.phase.data.num_epochs}): raise {key}.num_epochs or set it to null (repeat), "
