@@ -102,3 +102,29 @@ def test_every_task_is_checked_before_any_training(tmp_path, capsys, broken, exp
     err = capsys.readouterr().err
     assert err.startswith("bertjax glue: error: ") and expected in err
     assert not (workdir / "SST-2").exists()  # no grid point of the first task was started
+
+
+def test_a_stopped_grid_point_stops_the_grid_and_reports_no_partial_score(tmp_path, capsys, monkeypatch):
+    """SIGTERM, SIGHUP or Ctrl-C in a grid point saves its checkpoint and ends that point's `finetune`; glue went on
+    with the rest of the grid and wrote the stopped point's partial score into glue.json as final. (The signal is
+    stood for by `finetune(stop_after=1)`, which returns from the loop the same way.)"""
+    from bertjax.cli import main
+    from bertjax.finetune import trainer
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "glue"
+    mrpc_header = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
+    _write(data / "MRPC" / "train.tsv", mrpc_header, [(label, i, i, a, b) for i, a, b, label in _pairs(rng, 32, [1, 0])])
+    _write(data / "MRPC" / "dev.tsv", mrpc_header, [(label, i, i, a, b) for i, a, b, label in _pairs(rng, 16, [1, 0])])
+    finetune = trainer.finetune
+    monkeypatch.setattr(trainer, "finetune", lambda *args, **kwargs: finetune(*args, stop_after=1, **kwargs))
+    workdir = tmp_path / "work"
+    assert main(["glue", "--model", str(tiny_model_dir(tmp_path / "model")), "--data-dir", str(data), "--workdir",
+                 str(workdir), "--learning-rates", "3e-3,1e-3", "--weight-decays", "0", "--epochs", "2",
+                 "train.batch_size=16", "data.max_length=16", "train.progress_bar=false", "eval.batch_size=16"]) == 0
+    captured = capsys.readouterr()
+    assert "MRPC: lr0.003-wd0-ep2 stopped at step 1 of 4 with its checkpoint saved" in captured.err
+    assert "Rerun the same command to resume the grid" in captured.err and "GLUE dev scores" not in captured.out
+    assert json.loads((workdir / "glue.json").read_text()) == []  # no task finished
+    assert (workdir / "MRPC" / "lr0.003-wd0-ep2" / "checkpoints").is_dir()
+    assert not (workdir / "MRPC" / "lr0.001-wd0-ep2").exists()  # the grid did not go on

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from bertjax.commands.model_args import add_allow_pickle
 
@@ -64,12 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertjax.finetune.glue import format_table, run_glue
+    from bertjax.finetune.glue import GlueStopped, format_table, run_glue
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
-    table = run_glue(args.model, args.data_dir, args.workdir, tasks=tasks, learning_rates=args.learning_rates,
-                     weight_decays=args.weight_decays, epochs=args.epochs, overrides=args.overrides,
-                      allow_pickle=args.allow_pickle)
+    try:
+        table = run_glue(args.model, args.data_dir, args.workdir, tasks=tasks, learning_rates=args.learning_rates,
+                         weight_decays=args.weight_decays, epochs=args.epochs, overrides=args.overrides,
+                         allow_pickle=args.allow_pickle)
+    except GlueStopped as stopped:  # as pretrain and finetune after a preemption: saved, exit 0, rerun resumes
+        print(f"bertjax glue: {stopped}", file=sys.stderr)
+        if stopped.table:
+            print("\nGLUE dev scores of the tasks finished (best over the grid):")
+            print(format_table(stopped.table))
+        return 0
     print("\nGLUE dev scores (best over the grid):")
     print(format_table(table))
     return 0

@@ -170,6 +170,16 @@ def grid_configs(task: GlueTask, learning_rates, weight_decays, epochs, override
     return configs
 
 
+class GlueStopped(Exception):
+    """A grid point stopped before its end (SIGTERM, SIGHUP, Ctrl-C: its checkpoint saved). The grid stops with it:
+    going on would keep a preempted machine busy, and the table would report the stopped point's partial score.
+    `table`: the rows of the tasks finished, which glue.json holds."""
+
+    def __init__(self, message: str, table: list[dict]):
+        super().__init__(message)
+        self.table = table
+
+
 def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, tasks: list[str] | None = None,
              learning_rates: list[float] = LEARNING_RATES, weight_decays: list[float] = WEIGHT_DECAYS,
              epochs: list[int] | None = None, overrides: list[str] = (),
@@ -206,6 +216,11 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
             say(f"{name}: learning rate {lr:g}, weight decay {wd:g}, {count} epochs, from {start}")
             result = finetune(start, cls, files["train"], files["validation"], run_dir, config, say=say,
                               allow_pickle=allow_pickle)
+            if not result.results["finished"]:
+                done = _write_table(workdir, earlier, table)
+                raise GlueStopped(f"{name}: {run_dir.name} stopped at step {result.final_step} of "
+                                  f"{result.results['total_steps']} with its checkpoint saved; glue.json holds the "
+                                  "tasks finished. Rerun the same command to resume the grid", done)
             record = result.results["best_metrics"]
             if record is not None and (best is None or record[task.metric] > best["score"]):
                 best = {"task": name, "metric": task.metric, "score": record[task.metric],
@@ -219,7 +234,11 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
         table.append(best)
         if name == "MNLI":
             mnli_best = Path(best["model"])
-    # glue.json is the workdir's table: the tasks of earlier runs stay beside those run now.
+    return _write_table(workdir, earlier, table)
+
+
+def _write_table(workdir: Path, earlier: dict[str, dict], table: list[dict]) -> list[dict]:
+    """glue.json is the workdir's table: the tasks of earlier runs stay beside those run now."""
     merged = {**earlier, **{row["task"]: row for row in table}}
     table = [merged[name] for name in GLUE_TASKS if name in merged]
     (workdir / "glue.json").write_text(json.dumps(table, indent=1) + "\n")
