@@ -28,6 +28,7 @@ ProblemType = Literal["single_label_classification", "multi_label_classification
 ClassifierPooling = Literal["cls", "mean", "late", "last"]  # "last": the last token (XLNet's <cls>)
 RelativeTerm = Literal["c2p", "p2c"]
 DisentangledImplementation = Literal["auto", "dense", "blockwise", "pallas_gpu"]
+MAX_VOCAB_SIZE = 2**31 - 1  # the int32 ids' range
 
 
 def _sub_config_from_dict(cls, values: dict, tuple_fields: tuple[str, ...] = ()):
@@ -466,6 +467,11 @@ class EncoderConfig:
             raise ValueError(f"EncoderConfig.position_offset must be >= 0, got {self.position_offset}")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"EncoderConfig.dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        # Token ids are int32 everywhere (tokenizers' output, batches, JAX's default integer): ids past 2**31 could
+        # never be looked up, and a size like 1e12 overflows JAX's shape arithmetic in a traceback.
+        if self.vocab_size > MAX_VOCAB_SIZE:
+            raise ValueError(f"EncoderConfig.vocab_size must be at most {MAX_VOCAB_SIZE} (token ids are int32), "
+                             f"got {self.vocab_size}")
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"EncoderConfig.pad_token_id ({self.pad_token_id}) must be in [0, vocab_size)")
 

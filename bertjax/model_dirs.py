@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
+from bertjax.jsonl import read_json_file
+
 MODEL_CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 TOKENIZER_DIR = "tokenizer"
@@ -51,11 +53,8 @@ def write_model_config(directory: str | Path, model, token_ids: dict[str, int] |
 
 def read_model_config(directory: Path) -> dict:
     path = directory / MODEL_CONFIG_FILE
-    try:
-        described = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: invalid JSON ({error})") from None
-    if not isinstance(described, dict) or "config" not in described:
+    described = read_json_file(path)
+    if "config" not in described:
         raise ValueError(f"{path}: expected {{\"head\": ..., \"config\": {{...}}}}")
     return described
 

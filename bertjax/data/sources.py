@@ -27,6 +27,7 @@ import numpy as np
 from bertjax.data import remote
 from bertjax.data.default_corpus import default_corpus_documents, in_split
 from bertjax.data.text_checks import NON_TEXT_REASONS, check_mostly_text, is_binary
+from bertjax.jsonl import loads
 
 SPLITS = ("train", "eval", "all")
 TEXT_FORMATS = ("lines", "paragraphs")
@@ -252,7 +253,7 @@ def _jsonl_text(raw: bytes, field: str) -> tuple[str | None, str | None]:
     if not raw.strip():
         return None, "empty_document"
     try:
-        record = json.loads(raw)
+        record = loads(raw)  # nesting too deep to read is malformed JSON too: this line is skipped, not the scan
     except UnicodeDecodeError:
         return None, "invalid_utf8"
     except ValueError:
@@ -367,7 +368,7 @@ class PreparedSource(DocumentSource):
 def read_prepared_metadata(directory: pathlib.Path) -> dict:
     path = pathlib.Path(directory) / PREPARED_METADATA
     try:
-        metadata = json.loads(path.read_text(encoding="utf-8"))
+        metadata = loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"{str(directory)!r} is not prepared data: {PREPARED_METADATA} is missing") from None
     except ValueError as error:

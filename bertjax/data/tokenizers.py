@@ -28,6 +28,7 @@ import numpy as np
 from bertjax.data.special_template import bert_template, from_post_processor
 from bertjax.data.special_tokens import (SPECIAL_TOKEN_KEYS, SPECIAL_TOKEN_NAMES, SpecialIds, declared_special_tokens,
                                          find_specials, layout_roles)
+from bertjax.jsonl import loads
 
 
 class InvalidTokenizerFile(ValueError):
@@ -473,7 +474,7 @@ def _read_json_object(path: pathlib.Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        described = json.loads(_read_text(path))
+        described = loads(_read_text(path))
     except json.JSONDecodeError as error:
         raise InvalidTokenizerFile(f"{path} is not a valid tokenizer config: invalid JSON ({error})") from None
     return described if isinstance(described, dict) else {}

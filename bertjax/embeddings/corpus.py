@@ -25,6 +25,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from bertjax.jsonl import read_json_file
+
 STRUCTURED_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 
 
@@ -109,10 +111,10 @@ DESCRIPTION_KEYS = ("model_fingerprint", "count", "dim")
 def is_embeddings_description(path: Path) -> bool:
     """Whether `path` is a FILE.json that `write_embeddings` wrote (and may write again)."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        value = read_json_file(path)
+    except (OSError, ValueError):
         return False
-    return isinstance(value, dict) and all(key in value for key in DESCRIPTION_KEYS)
+    return all(key in value for key in DESCRIPTION_KEYS)
 
 
 def check_output_paths(npy: str | os.PathLike, input_path: str | os.PathLike | None = None) -> None:
@@ -150,7 +152,4 @@ def read_description(npy: str | os.PathLike) -> dict | None:
     path = description_path(npy)
     if not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error.msg})") from None
+    return read_json_file(path)

@@ -34,6 +34,7 @@ from bertjax.embeddings.encoder import SentenceEncoder, check_single_text_layout
 from bertjax.embeddings.similarity import SIMILARITY_FUNCTIONS
 from bertjax.embeddings.model import EncoderForEmbedding
 from bertjax.inference.texts import check_tokenizer_fits
+from bertjax.jsonl import json_type_name, read_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +74,12 @@ BACKBONE_SCOPES = ("embeddings", "encoder")
 # ---------------------------------------------------------------------------------------------------------------
 # Reading.
 
-def _read_json(path: Path, what: str) -> Any:
+def _read_json(path: Path, what: str, expected: type = dict) -> Any:
+    """The JSON file's value, whose top level must be an `expected` (an object unless said otherwise)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json_file(path, expected)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: missing ({what})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: invalid JSON ({error})") from None
 
 
 def _expect(condition: bool, path: Path, message: str) -> None:
@@ -87,7 +87,9 @@ def _expect(condition: bool, path: Path, message: str) -> None:
         raise ValueError(f"{path}: {message}")
 
 
-def _module_kind(entry: dict, path: Path) -> str:
+def _module_kind(entry: Any, path: Path) -> str:
+    _expect(isinstance(entry, dict), path, f"each module entry must be an object with 'type' and 'path', got "
+            f"{json_type_name(entry)}")
     type_name = entry.get("type")
     _expect(isinstance(type_name, str), path, f"module entry {entry} has no 'type'")
     kind = type_name.rsplit(".", 1)[-1]
@@ -111,14 +113,16 @@ def _read_transformer(directory: Path, allow_pickle: bool):
     config_path = directory / TRANSFORMER_CONFIG_FILE
     if config_path.is_file():
         settings = _read_json(config_path, "the Transformer module's settings")
-        _expect(isinstance(settings, dict), config_path, "expected a JSON object")
         task = settings.get("transformer_task", "feature-extraction")
         _expect(task == "feature-extraction", config_path, f"transformer_task {task!r}: bertjax embeds with the "
                 "bare encoder (feature-extraction) only")
         output = settings.get("module_output_name", "token_embeddings")
         _expect(output == "token_embeddings", config_path, f"module_output_name {output!r}: the Pooling module "
                 "reads token_embeddings")
-        text = (settings.get("modality_config") or {}).get("text", {})
+        modalities = settings.get("modality_config") or {}
+        text = modalities.get("text", {}) if isinstance(modalities, dict) else None
+        _expect(isinstance(text, dict), config_path, f"modality_config must map modality names to objects, got "
+                f"{modalities!r}")
         _expect(text.get("method_output_name", "last_hidden_state") == "last_hidden_state", config_path,
                 f"the text modality reads {text.get('method_output_name')!r}; bertjax pools last_hidden_state")
     model, params, tokenizer = load_model_dir(directory, allow_pickle=allow_pickle)
@@ -142,7 +146,6 @@ def _pooling_modes(values: dict, path: Path) -> tuple[str, ...]:
 def _read_pooling(directory: Path, hidden_size: int) -> tuple[tuple[str, ...], bool]:
     path = directory / MODULE_CONFIG_FILE
     values = _read_json(path, "the Pooling module's settings")
-    _expect(isinstance(values, dict), path, "expected a JSON object")
     size = values.get("embedding_dimension", values.get("word_embedding_dimension", hidden_size))
     _expect(size == hidden_size, path, f"pools token embeddings of size {size}, the model's hidden size is "
             f"{hidden_size}")
@@ -156,7 +159,6 @@ def _read_dense(directory: Path, allow_pickle: bool) -> tuple[DenseConfig, dict]
 
     path = directory / MODULE_CONFIG_FILE
     values = _read_json(path, "the Dense module's settings")
-    _expect(isinstance(values, dict), path, "expected a JSON object")
     for key in ("module_input_name", "module_output_name"):
         name = values.get(key)
         _expect(name in (None, EMBEDDING_KEY), path, f"{key}={name!r}: bertjax reads Dense layers on the sentence "
@@ -196,7 +198,6 @@ def _read_st_settings(root: Path) -> dict:
     if not path.is_file():
         return {}
     values = _read_json(path, "model settings")
-    _expect(isinstance(values, dict), path, "expected a JSON object")
     prompts = values.get("prompts") or {}
     _expect(isinstance(prompts, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()),
             path, f"prompts must map names to texts, got {prompts!r}")
@@ -226,6 +227,15 @@ def _default_max_seq_length(config, directory: Path) -> int:
     return limit
 
 
+def _max_seq_length(settings: dict, directory: Path) -> int | None:
+    """sentence_bert_config.json's max_seq_length (None: unset); its range is SentenceEncoder's to check."""
+    value = settings.get("max_seq_length")
+    # bool is an int in Python, but `true` is no length.
+    _expect(value is None or (isinstance(value, int) and not isinstance(value, bool)),
+            directory / TRANSFORMER_CONFIG_FILE, f"max_seq_length must be an integer, got {value!r}")
+    return value
+
+
 def _embedding_model(backbone, pooling: PoolingConfig, dense: tuple[DenseConfig, ...], dtype: str | None):
     # config.pooler stays as the checkpoint has it (the embedding model never runs a pooler; saving reads it).
     changes: dict = {"task": None}
@@ -243,8 +253,8 @@ def _load_st_dir(root: Path, dtype: str | None, allow_pickle: bool) -> SentenceE
     import jax.numpy as jnp
 
     modules_path = root / MODULES_FILE
-    entries = _read_json(modules_path, "the module list")
-    _expect(isinstance(entries, list) and entries, modules_path, "expected a non-empty list of modules")
+    entries = _read_json(modules_path, "the module list", expected=list)
+    _expect(bool(entries), modules_path, "expected a non-empty list of modules")
     kinds = [_module_kind(entry, modules_path) for entry in entries]
     _expect(kinds[0] == "Transformer" and kinds.count("Transformer") == 1, modules_path,
             f"the first module, and only it, must be a Transformer; modules are {kinds}")
@@ -269,7 +279,8 @@ def _load_st_dir(root: Path, dtype: str | None, allow_pickle: bool) -> SentenceE
     embedding_model = _embedding_model(model, pooling, tuple(dense_specs), dtype)
     dense_params = jax.tree.map(lambda v: jnp.asarray(v, embedding_model.config.param_dtype), dense_params)
     all_params = {**_backbone_params(params), **dense_params}
-    max_seq_length = settings.get("max_seq_length") or _default_max_seq_length(model.config, transformer_dir)
+    max_seq_length = _max_seq_length(settings, transformer_dir) or _default_max_seq_length(model.config,
+                                                                                           transformer_dir)
     do_lower_case = settings.get("do_lower_case", False)
     _expect(isinstance(do_lower_case, bool), transformer_dir / TRANSFORMER_CONFIG_FILE,
             f"do_lower_case must be true or false, got {do_lower_case!r}")

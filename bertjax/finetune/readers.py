@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bertjax.jsonl import json_objects
+from bertjax.jsonl import json_objects, loads
 
 Row = dict[str, Any]
 
@@ -163,7 +163,7 @@ def as_list(value: Any, what: str) -> list:
         text = value.strip()
         if text.startswith("["):
             try:
-                parsed = json.loads(text)
+                parsed = loads(text)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{what}: not a valid JSON list ({error.msg}): {text[:60]!r}") from None
             if isinstance(parsed, list):
@@ -178,7 +178,7 @@ def as_mapping(value: Any, what: str) -> dict:
         return value
     if isinstance(value, str):
         try:
-            parsed = json.loads(value)
+            parsed = loads(value)
         except json.JSONDecodeError as error:
             raise ValueError(f"{what}: not a valid JSON object ({error.msg}): {value[:60]!r}") from None
         if isinstance(parsed, dict):

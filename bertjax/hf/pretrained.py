@@ -24,6 +24,7 @@ from bertjax.config import EncoderConfig, TaskConfig
 from bertjax.hf import registry, weights
 from bertjax.hf.family import HfFamily
 from bertjax.hf.mapping import KeyMapping, ParamPath
+from bertjax.jsonl import read_json_file
 from bertjax.models import MODEL_CLASSES, TASK_HEADS, abstract_params
 
 logger = logging.getLogger(__name__)
@@ -37,16 +38,7 @@ def _read_config(directory: str) -> dict:
     path = os.path.join(directory, CONFIG_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{directory}: no {CONFIG_FILE} (not a transformers checkpoint directory)")
-    with open(path, "rb") as f:
-        try:
-            values = json.loads(f.read().decode("utf-8"))
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{path}: not UTF-8 text ({error})") from error
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: invalid JSON ({error})") from error
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return values
+    return read_json_file(path)
 
 
 def head_of(model: nn.Module) -> str:
@@ -99,7 +91,11 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
     if task and head not in TASK_HEADS:
         raise ValueError(f"task settings {sorted(task)} need a task head ({', '.join(TASK_HEADS)}), not {head!r}")
     model_type = family.model_type
-    config = family.encoder_config(values, head)
+    try:
+        config = family.encoder_config(values, head)
+    except ValueError as error:  # the checks name the key; this names the file (theirs say just "config.json")
+        message = str(error).removeprefix(f"{CONFIG_FILE}: ")
+        raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: {message}") from None
     if config.family != model_type:
         raise RuntimeError(f"bertjax.hf.{model_type} built an EncoderConfig with family={config.family!r}")
     if head != saved_head and head in TASK_HEADS:  # another task's labels mean nothing here; pooling still does

@@ -9,7 +9,6 @@ warning, through `torch.load(weights_only=True)`; otherwise the error says how t
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat
@@ -17,6 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 import safetensors.numpy
+
+from bertjax.jsonl import json_type_name, read_json_file
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -54,15 +55,17 @@ def read_torch_bin(path: str) -> dict[str, np.ndarray]:
 
 def _read_index(directory: str, index_name: str, read_shard: Callable[[str], dict]) -> dict[str, np.ndarray]:
     index_path = os.path.join(directory, index_name)
-    with open(index_path) as f:
-        try:
-            weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{index_path}: not a checkpoint index with a 'weight_map' ({error})") from error
+    weight_map = read_json_file(index_path).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{index_path}: not a checkpoint index: 'weight_map' must map tensor names to shard file "
+                         f"names, got {json_type_name(weight_map)}")
+    for shard in weight_map.values():  # before the set and sort below, which a list or a number would break
+        if not isinstance(shard, str):
+            raise ValueError(f"{index_path}: 'weight_map' values must be shard file names, got {json_type_name(shard)}")
+        if os.path.basename(shard) != shard or shard in ("", ".", ".."):
+            raise ValueError(f"{index_path}: shard name {shard!r} must be a file name inside the checkpoint directory")
     tensors: dict[str, np.ndarray] = {}
     for shard in sorted(set(weight_map.values())):
-        if not isinstance(shard, str) or os.path.basename(shard) != shard or shard in ("", ".", ".."):
-            raise ValueError(f"{index_path}: shard name {shard!r} must be a file name inside the checkpoint directory")
         tensors.update(read_shard(os.path.join(directory, shard)))
     for name, shard in weight_map.items():
         if name not in tensors:
