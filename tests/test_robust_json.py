@@ -1,11 +1,13 @@
 """Malformed JSON in a downloaded directory or data file is a one-line error naming the file and the key, never a
-traceback (audit 6, #6)."""
+traceback (audit 6, #6); and `bertjax search` shows texts only from the file that was embedded, never another file
+a shared corpus's FILE.json names (audit 6, #9)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from bertjax.cli import main
@@ -129,3 +131,57 @@ def test_sentence_transformers_files_of_the_wrong_type_are_refused_naming_the_fi
             load_sentence_encoder(broken)
     assert load_sentence_encoder(st_dir).max_seq_length > 2  # the unedited directory loads
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# search: the texts shown come from the file that was embedded.
+
+def search_json(model, corpus, capsys, *extra) -> tuple[int, str, str]:
+    capsys.readouterr()
+    status = main(["search", "--model", str(model), "--corpus", str(corpus), "--query", "good day", "-k", "2",
+                   "--json", *map(str, extra)])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_search_shows_only_the_texts_that_were_embedded(hf_dir, tmp_path, capsys):
+    texts = tmp_path / "elsewhere" / "texts.txt"  # the legitimate workflow: the texts anywhere, the corpus anywhere
+    texts.parent.mkdir()
+    texts.write_text("good day\nbad day\n")
+    corpus = tmp_path / "out" / "corpus.npy"
+    assert main(["embed", "--model", str(hf_dir), "--input", str(texts), "--output", str(corpus)]) == 0
+    status, out, _ = search_json(hf_dir, corpus, capsys)
+    assert status == 0 and {hit["text"] for hit in json.loads(out)["hits"]} == {"good day", "bad day"}
+
+    # A shared corpus whose FILE.json names a private file with as many lines: refused, nothing of it printed.
+    secret = tmp_path / "home" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE KEY MATERIAL\nmore of it\n")
+    description = json.loads(corpus.with_suffix(".json").read_text())
+    corpus.with_suffix(".json").write_text(json.dumps({**description, "input": str(secret)}))
+    status, out, err = search_json(hf_dir, corpus, capsys)
+    assert status == 2 and "PRIVATE" not in out + err
+    assert f"corpus.json names {secret} as the corpus texts, but its content is not what was embedded" in err
+    assert "--texts FILE" in err
+    # The same without the digest (a FILE.json written before it was recorded): outside the corpus's folder.
+    del description["input_sha256"]
+    corpus.with_suffix(".json").write_text(json.dumps({**description, "input": str(secret)}))
+    status, out, err = search_json(hf_dir, corpus, capsys)
+    assert status == 2 and "PRIVATE" not in out + err and "lies outside the corpus's folder" in err
+    # --texts names the file: the user's own choice, read as before.
+    status, out, _ = search_json(hf_dir, corpus, capsys, "--texts", texts)
+    assert status == 0 and {hit["text"] for hit in json.loads(out)["hits"]} == {"good day", "bad day"}
+    # No digest, texts beside the corpus (an older corpus shared as a folder): shown.
+    beside = corpus.parent / "texts.txt"
+    shutil.copy(texts, beside)
+    corpus.with_suffix(".json").write_text(json.dumps({**description, "input": str(beside)}))
+    status, out, _ = search_json(hf_dir, corpus, capsys)
+    assert status == 0 and {hit["text"] for hit in json.loads(out)["hits"]} == {"good day", "bad day"}
+    # An input that is not a file name is an error naming FILE.json, not a traceback.
+    corpus.with_suffix(".json").write_text(json.dumps({**description, "input": 7}))
+    status, _, err = search_json(hf_dir, corpus, capsys)
+    assert status == 2 and "corpus.json: 'input' must be a file name, got a number" in err
+    # A FILE.json that is not an object is a one-line error too.
+    corpus.with_suffix(".json").write_text("[1, 2]")
+    status, _, err = search_json(hf_dir, corpus, capsys)
+    assert status == 2 and "corpus.json: expected an object at the top level, got an array" in err
+    assert np.load(corpus).shape[0] == 2

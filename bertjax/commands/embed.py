@@ -82,11 +82,13 @@ def load_embedder(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertjax.embeddings.corpus import check_output_paths, model_fingerprint, read_texts, write_embeddings
+    from bertjax.embeddings.corpus import (check_output_paths, file_digest, model_fingerprint, read_texts,
+                                           write_embeddings)
 
     output = Path(args.output)
     check_output_paths(output, args.input)  # before the model loads: never overwrite the input or a user's FILE.json
     texts, replaced = read_texts(args.input, args.column, args.errors)
+    input_digest = file_digest(args.input)  # of the file as read, before the minutes embedding may take
     embedder = load_embedder(args)
     prompt = embedder.encoder.resolve_prompt(args.prompt_name, args.prompt)
     if replaced:
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         "model": str(Path(args.model).resolve()),
         "model_fingerprint": model_fingerprint(encoder),
         "input": str(Path(args.input).resolve()),
+        "input_sha256": input_digest,  # what `search` checks before showing this file's texts
         "column": None if Path(args.input).suffix.lower() not in (".jsonl", ".json", ".csv", ".tsv", ".parquet")
         else args.column,
         "prompt": prompt,

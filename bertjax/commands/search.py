@@ -7,7 +7,9 @@ so memory stays bounded. FILE.json (written by `bertjax embed`) names the texts 
 that embedded the corpus: a query embedded by another model is refused (dimension mismatch, or another model's
 fingerprint; --allow-other-model to search anyway when the dimensions agree). The query is truncated
 (truncate_dim) and normalised as FILE.json says the corpus was. Corpus rows holding NaN are never shown (a warning
-counts them).
+counts them). FILE.json's texts file is read only when it has the sha256 FILE.json records (or, for a FILE.json
+that records none, lies in the corpus's folder): a shared corpus's FILE.json cannot make search print another file
+of the user's.
 """
 
 from __future__ import annotations
@@ -81,13 +83,15 @@ def fingerprint_mismatch(args: argparse.Namespace, description: dict, encoder) -
 
 def run(args: argparse.Namespace) -> int:
     from bertjax.commands.embed import load_embedder
-    from bertjax.embeddings.corpus import model_fingerprint, read_description, read_texts
+    from bertjax.embeddings.corpus import described_texts, model_fingerprint, read_description, read_texts
     from bertjax.embeddings.search import SEARCH_SIMILARITIES, top_k_search
 
     if args.k <= 0:
         raise ValueError(f"-k must be positive, got {args.k}")
     corpus = load_corpus(args.corpus)
     description = read_description(args.corpus) or {}
+    # Before the model loads: FILE.json's input must be the file that was embedded (else an error asks for --texts).
+    source = args.texts or described_texts(args.corpus, description)
     # The query embedded as the corpus was: its Matryoshka truncation and its normalisation (both part of the
     # fingerprint, so a corpus embedded with --normalize is the same model's).
     if args.truncate_dim is None and description.get("truncate_dim"):
@@ -120,7 +124,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: --corpus {args.corpus}: {warning.message}", file=sys.stderr)
 
     texts = None
-    source = args.texts or description.get("input")
     if source and Path(source).is_file():
         column = args.column or description.get("column") or "text"
         texts, _ = read_texts(source, column, errors="replace")

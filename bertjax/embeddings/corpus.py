@@ -8,8 +8,9 @@ names the row. Bytes that are not UTF-8 are an error naming the line and byte, o
 U+FFFD (the count is reported), never a silently shorter output.
 
 Outputs (`write_embeddings`): FILE.npy (float32 [texts, dim], row i = text i) and FILE.json: the model directory,
-a fingerprint of the model's weights and settings, dim, count, normalisation, the prompt and the input (file and
-column), so `bertjax search` can check that queries are embedded by the same model and show the matching texts.
+a fingerprint of the model's weights and settings, dim, count, normalisation, the prompt and the input (file,
+column and the file's sha256), so `bertjax search` can check that queries are embedded by the same model and show
+the matching texts (`described_texts`: only from the file that was embedded).
 `check_output_paths` refuses, before any work, an output that would overwrite the input (under any name: a link
 too) or a FILE.json that an earlier `bertjax embed` did not write (a results.json beside results.npy is the user's,
 not ours to replace).
@@ -25,7 +26,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from bertjax.jsonl import read_json_file
+from bertjax.jsonl import json_type_name, read_json_file
 
 STRUCTURED_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 
@@ -153,3 +154,41 @@ def read_description(npy: str | os.PathLike) -> dict | None:
     if not path.is_file():
         return None
     return read_json_file(path)
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes: FILE.json records its input's (`input_sha256`)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def described_texts(npy: str | os.PathLike, description: dict) -> Path | None:
+    """The texts file FILE.json names as its `input`, checked to be the file that was embedded; None when it names
+    none or the file is not on this machine (a corpus embedded elsewhere: hits are shown without texts).
+
+    FILE.json travels with a shared corpus, so its `input` is not taken on its word: `search` would print whatever
+    file of the user's it names (a private key, whose line count is easy to guess). The file must have the sha256
+    that `embed` recorded, which whoever wrote FILE.json cannot know for a file they have not read; a FILE.json from
+    before the digest was recorded is trusted only for a file inside the corpus's folder. Anything else is an error
+    asking for --texts."""
+    named = description.get("input")
+    if named is None:
+        return None
+    where = description_path(npy)
+    if not isinstance(named, str):
+        raise ValueError(f"{where}: 'input' must be a file name, got {json_type_name(named)}; name the corpus "
+                         "texts with --texts FILE")
+    path = Path(named)
+    if not path.is_file():
+        return None
+    recorded = description.get("input_sha256")
+    if recorded is not None:
+        if recorded == file_digest(path):
+            return path
+        why = "its content is not what was embedded (it changed since, or FILE.json names another file)"
+    elif path.resolve().is_relative_to(Path(npy).resolve().parent):
+        return path
+    else:
+        why = "FILE.json records no digest of it and it lies outside the corpus's folder"
+    raise ValueError(f"{where} names {path} as the corpus texts, but {why}; give the texts that were embedded with "
+                     "--texts FILE")
