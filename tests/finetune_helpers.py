@@ -21,7 +21,8 @@ def tiny_model_dir(path: Path, preset: str = "bert-tiny", **overrides) -> Path:
     from bertjax.data.tokenizers import WordPieceTokenizer
     from bertjax.models import MODEL_CLASSES, init_params
 
-    config = bertjax.get_config(preset, vocab_size=len(VOCAB), pad_token_id=0, dropout_rate=0.0, **overrides)
+    config = bertjax.get_config(preset, **{"vocab_size": len(VOCAB), "pad_token_id": 0, "dropout_rate": 0.0,
+                                           **overrides})
     model = MODEL_CLASSES["masked_lm"](config)
     # With the special-token ids a checkpoint's config.json carries besides the padding one (best/ keeps them).
     bertjax.save_pretrained(str(path), model, init_params(model, jax.random.key(0)),

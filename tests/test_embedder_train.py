@@ -186,19 +186,20 @@ def test_workdir_problems_are_named_and_a_run_without_checkpoint_starts_over(tmp
     (tmp_path / RUN_FILE).write_text(json.dumps(_identity(model, train, None)))
     changed = embedder_config_from_dict({**RAW, "loss": {"scale": 5.0}})  # loss settings are fixed on resume
     with pytest.raises(ConfigError, match="holds a run with other settings"):
-        check_rerun(tmp_path, changed, _identity(model, train, None), resumable=True)
-    check_rerun(tmp_path, changed, _identity(model, train, None), resumable=False)  # nothing to resume
+        check_rerun(tmp_path, changed, _identity(model, train, None), resumable=True, drops_out=False)
+    # Nothing to resume:
+    check_rerun(tmp_path, changed, _identity(model, train, None), resumable=False, drops_out=False)
     assert "holds no checkpoint of its earlier run: starting over" in caplog.text
     # The same training file through "..": the same run.
     respelled = train.parent / ".." / train.parent.name / train.name
-    check_rerun(tmp_path, config, _identity(model, respelled, None), resumable=True)
+    check_rerun(tmp_path, config, _identity(model, respelled, None), resumable=True, drops_out=False)
 
     (tmp_path / CONFIG_FILE).write_text("train: [unclosed\n")
     with pytest.raises(ConfigError, match=f"{CONFIG_FILE} is not valid YAML .*damaged"):
-        check_rerun(tmp_path, config, _identity(model, train, None), resumable=True)
+        check_rerun(tmp_path, config, _identity(model, train, None), resumable=True, drops_out=False)
     (tmp_path / RUN_FILE).write_text("{\n")
     with pytest.raises(ConfigError, match=f"{RUN_FILE} is not valid JSON .*damaged"):
-        check_rerun(tmp_path, config, _identity(model, train, None), resumable=True)
+        check_rerun(tmp_path, config, _identity(model, train, None), resumable=True, drops_out=False)
 
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
@@ -206,6 +207,60 @@ def test_workdir_problems_are_named_and_a_run_without_checkpoint_starts_over(tmp
         train_embedder(config, a_file, model, train)
     with pytest.raises(ConfigError, match=r"data.max_length must be in \[2, \d+\] \(the positions of"):
         load_encoder(model, embedder_config_from_dict({**RAW, "data": {"max_length": 100_000}}))
+
+
+@pytest.mark.parametrize("name, value, held", [("seed", 5, "0"), ("batch_size", 16, "8"),
+                                               ("learning_rate", 1e-3, "0.002"), ("warmup_ratio", 0.5, "0.0"),
+                                               ("weight_decay", 0.0, "0.01"), ("max_grad_norm", 2.0, "1.0")])
+def test_a_resume_refuses_what_decides_the_pairs_or_the_optimizers_trajectory(tmp_path, name, value, held):
+    """As fine-tuning does: the key named with the workdir's value and the requested one, whatever the dropout."""
+    from bertjax.embeddings.train_config import save_embedder_config
+    from bertjax.embeddings.training import check_rerun
+
+    save_embedder_config(embedder_config_from_dict(RAW), tmp_path / "config.yaml")
+    changed = embedder_config_from_dict({**RAW, "train": {**RAW["train"], name: value}})
+    for drops_out in (False, True):
+        with pytest.raises(ConfigError, match=rf"other settings \(train.{name}: {held} in the workdir, {value} "
+                                              r"requested\); only train.epochs, train.steps"):
+            check_rerun(tmp_path, changed, {}, resumable=True, drops_out=drops_out)
+
+
+def test_a_resume_may_run_longer_and_change_the_chunking_only_without_dropout(tmp_path, caplog):
+    """More epochs or steps, logging, evaluation and checkpointing are listed in a warning; train.mini_batch_size
+    (GradCache's chunks, which draw their own dropout masks) only when the model has no dropout."""
+    from bertjax.embeddings.train_config import save_embedder_config
+    from bertjax.embeddings.training import check_rerun
+
+    save_embedder_config(embedder_config_from_dict(RAW), tmp_path / "config.yaml")
+    longer = embedder_config_from_dict({**RAW, "train": {**RAW["train"], "steps": 24, "epochs": 3, "log_every": 1},
+                                        "eval": {**RAW["eval"], "every": 3}, "checkpoint": {"every": 3}})
+    check_rerun(tmp_path, longer, {}, resumable=True, drops_out=True)
+    assert "train.steps: 12 in the workdir, 24 requested" in caplog.text
+    chunked = embedder_config_from_dict({**RAW, "train": {**RAW["train"], "mini_batch_size": 8}})
+    check_rerun(tmp_path, chunked, {}, resumable=True, drops_out=False)
+    with pytest.raises(ConfigError, match=r"train.mini_batch_size: 4 in the workdir, 8 requested"):
+        check_rerun(tmp_path, chunked, {}, resumable=True, drops_out=True)
+
+
+def test_a_stopped_run_of_a_dropout_model_refuses_a_changed_chunking_seed_or_train_file(tmp_path):
+    """End to end (a checkpoint at step 2): the model's own dropout decides whether train.mini_batch_size may
+    change, and a train file rewritten at the same path is refused naming it, before anything is written."""
+    from bertjax.embeddings.training import RUN_FILE, train_embedder
+
+    model = tiny_model_dir(tmp_path / "model", dropout_rate=0.1)
+    train = write_jsonl(tmp_path / "train.jsonl", cue_pairs(16, 0))
+    raw = {**RAW, "train": {**RAW["train"], "steps": 4}, "checkpoint": {"every": 2, "async_save": False}}
+    workdir = tmp_path / "run"
+    train_embedder(embedder_config_from_dict(raw), workdir, model, train, stop_after=2)
+    record = (workdir / RUN_FILE).read_text()
+    for name, held, requested in (("mini_batch_size", 4, 8), ("seed", 0, 3)):
+        changed = embedder_config_from_dict({**raw, "train": {**raw["train"], name: requested}})
+        with pytest.raises(ConfigError, match=f"train.{name}: {held} in the workdir, {requested} requested"):
+            train_embedder(changed, workdir, model, train)
+    write_jsonl(train, cue_pairs(16, 7))  # regenerated at the same path
+    with pytest.raises(ConfigError, match=rf"another content of its train file {train} \(\d+ bytes, sha256 "):
+        train_embedder(embedder_config_from_dict(raw), workdir, model, train)
+    assert (workdir / RUN_FILE).read_text() == record
 
 
 def test_trained_model_carries_its_similarity_and_prompts(files, tmp_path):

@@ -2,6 +2,7 @@
 (problem type, QA stride, main metric, a changed rerun), and QA answers are located only inside their context."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,49 @@ def test_rerun_names_each_changed_key_and_allows_what_leaves_the_weights_alone(t
         in message and len(message) < 400, message
     with pytest.raises(ConfigError, match="another train"):
         _check_workdir(tmp_path, held, {**identity, "train": "/other"})
+
+
+def test_a_data_file_changed_at_its_path_is_refused_naming_it_and_older_records_still_resume(tmp_path):
+    from bertjax.finetune.trainer import RUN_FILE, _check_workdir
+    from bertjax.train.workdir import FINGERPRINTS, data_identity
+
+    train, validation = tmp_path / "train.jsonl", tmp_path / "validation.jsonl"
+    train.write_text('{"text": "good", "label": "pos"}\n')
+    validation.write_text('{"text": "bad", "label": "neg"}\n')
+    identity = {"model": "/m", "task": "sequence-classification",
+                **data_identity({"train": train, "validation": validation})}
+    held = load_finetune_config(None, [])
+    (tmp_path / RUN_FILE).write_text(json.dumps({**identity, "config": to_dict(held)}))
+    assert _check_workdir(tmp_path, held, identity) == []
+    validation.write_text('{"text": "bad", "label": "pos"}\n')  # edited in place: the same size
+    changed = {**identity, **data_identity({"train": train, "validation": validation})}
+    with pytest.raises(ConfigError, match=rf"another content of its validation file {validation} \(32 bytes, sha256 "
+                                          r"\w{12} then, 32 bytes, sha256 \w{12} now\): the file changed since"):
+        _check_workdir(tmp_path, held, changed)
+    # A workdir written before fingerprints were recorded resumes on its paths alone.
+    older = {k: v for k, v in identity.items() if k != FINGERPRINTS}
+    (tmp_path / RUN_FILE).write_text(json.dumps({**older, "config": to_dict(held)}))
+    assert _check_workdir(tmp_path, held, changed) == []
+
+
+def test_a_stopped_run_records_its_data_files_and_refuses_one_regenerated(files, tmp_path):
+    import shutil
+
+    from bertjax.finetune.trainer import RUN_FILE, finetune
+
+    train = shutil.copy(files["train"], tmp_path / "train.jsonl")
+    task = task_class("sequence-classification")
+    config = load_finetune_config(None, ["data.max_length=16", "train.batch_size=8", "train.progress_bar=false"],
+                                  task.defaults)
+    workdir = tmp_path / "run"
+    finetune(files["model"], task, train, files["validation"], workdir, config, stop_after=1, say=lambda _: None)
+    record = (workdir / RUN_FILE).read_text()
+    assert set(json.loads(record)["fingerprints"]) == {"train", "validation"}
+    rows = Path(train).read_text().splitlines(keepends=True)
+    Path(train).write_text("".join(rows[:16]))  # the file regenerated with half its rows
+    with pytest.raises(ConfigError, match=f"another content of its train file {train} "):
+        finetune(files["model"], task, train, files["validation"], workdir, config, say=lambda _: None)
+    assert (workdir / RUN_FILE).read_text() == record
 
 
 def test_negative_seed_is_refused_naming_the_key():

@@ -19,8 +19,9 @@ Limited Setup"): the loss couples every row of the batch, so plain gradient accu
 (1) embed the batch chunk by chunk without keeping activations, (2) compute the loss and its gradient with respect
 to the embeddings (small: [batch, dim]), (3) run each chunk again with a vector-Jacobian product against its slice
 of that gradient, summing parameter gradients. Activation memory is then that of one chunk, whatever the batch;
-dropout keys are folded from the chunk index, so the second forward pass draws the masks of the first and the
-gradient equals the uncached one.
+dropout keys are folded from the chunk index, so the second forward pass draws the masks of the first. Without
+dropout the gradient is the uncached one; with dropout it is equal in distribution, but each chunking (and the
+uncached pass, which uses the step key itself) draws other masks.
 """
 
 from __future__ import annotations
@@ -175,8 +176,8 @@ def uncached_loss_and_grads(embed: EmbedFn, loss_of: LossFn, params: Any, rows: 
 def cached_loss_and_grads(embed: EmbedFn, loss_of: LossFn, params: Any, rows: dict, key: jax.Array,
                           chunks: int, batch_axes: tuple[str, ...] | None = None) -> tuple[jax.Array, Any]:
     """(loss, gradient wrt params) of `loss_of(embed(params, rows))` with the rows embedded `chunks` at a time
-    (GradCache). Equal to `uncached_loss_and_grads` when `embed` is deterministic for a given key; chunk c uses
-    the key `fold_in(key, c)` in both of its forward passes.
+    (GradCache). Equal to `uncached_loss_and_grads` when `embed` ignores its key (no dropout); chunk c uses the
+    key `fold_in(key, c)` in both of its forward passes, so with dropout another `chunks` gives other masks.
 
     rows: arrays [n, ...] (n divisible by `chunks`); embed maps [n / chunks, ...] rows to [n / chunks, dim].
     """

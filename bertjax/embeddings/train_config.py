@@ -12,7 +12,8 @@
 The defaults are sentence-transformers' (MultipleNegativesRankingLoss with scale 20 and cosine similarity; AdamW
 with peak 5e-5, 10% linear warmup then linear decay, weight decay 0.01). `train.mini_batch_size` turns on cached
 (GradCache) batches: the batch is embedded that many pairs at a time, so its size is bounded by the loss's
-[batch, batch] score matrix rather than by the encoder's activations.
+[batch, batch] score matrix rather than by the encoder's activations (the same gradient when the model has no
+dropout; with dropout other masks, bertjax.embeddings.contrastive).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class EmbedderTrainConfig:
     epochs: int = 1
     steps: int | None = None  # optimizer updates; None: epochs x (pairs // batch_size)
     batch_size: int = 64  # pairs per update; each anchor's negatives are the other pairs' positives (and negatives)
-    # Pairs embedded at a time (cached batches, GradCache); None: the whole batch in one differentiated pass.
+    # Pairs embedded at a time (cached batches, GradCache); None: the whole batch in one differentiated pass. The
+    # whole batch's gradient exactly when the model has no dropout; with dropout equal in distribution, but the
+    # masks depend on the chunking (so a resume may not change it then).
     mini_batch_size: int | None = None
     learning_rate: float = 5e-5  # the peak; linear warmup then linear decay to 0
     weight_decay: float = 0.01  # not on biases and norms

@@ -42,8 +42,13 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "train_embedder.json"  # which model and data files the workdir's run trains on
 MODEL_DIR = "model"  # the final sentence-transformers directory
-# Config sections a resumed run may not change: they decide the model's output and the data it trains on.
-FIXED_ON_RESUME = ("pooling", "data", "loss")
+# Settings a resumed run may change (fine-tuning's rule, bertjax.finetune.trainer.RESUMABLE_CHANGES, plus the run's
+# length): how long it trains (listed in the warning: the schedule becomes the longer run's), and how it is shown,
+# evaluated, checkpointed and sharded. Everything else decides the model's output, the pairs of each step (seed,
+# batch size, data) or the optimizer's trajectory (learning rate, warmup, weight decay, clipping), so a changed
+# value would not continue the run the checkpoints hold.
+RESUMABLE_CHANGES = ("train.epochs", "train.steps", "train.log_every", "train.progress_bar", "train.nonfinite",
+                     "eval", "checkpoint", "mesh")
 
 
 @dataclasses.dataclass
@@ -222,14 +227,23 @@ class RetrievalEval:
 # The workdir.
 
 def _identity(model_dir, train_file, validation_file) -> dict:
-    return {"model": workdir_lib.path_identity(model_dir), "train": workdir_lib.path_identity(train_file),
-            "validation": workdir_lib.path_identity(validation_file)}
+    return {"model": workdir_lib.path_identity(model_dir),
+            **workdir_lib.data_identity({"train": train_file, "validation": validation_file})}
 
 
-def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict, resumable: bool) -> None:
-    """A workdir holds one run: another model, data file, loss, pooling or data setting is refused; other changes
-    (more epochs, another evaluation interval) are allowed with a warning. Without a checkpoint (`resumable`
-    False: a run that failed before its first save) there is nothing to resume, and the run starts over."""
+def resumable_changes(drops_out: bool) -> tuple[str, ...]:
+    """RESUMABLE_CHANGES, with train.mini_batch_size when the model has no dropout: GradCache's chunking then
+    changes only memory, while with dropout chunk c draws its masks from fold_in(step key, c) (the uncached step
+    from the step key), so another chunking trains with other masks."""
+    return RESUMABLE_CHANGES if drops_out else (*RESUMABLE_CHANGES, "train.mini_batch_size")
+
+
+def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict, resumable: bool, *, drops_out: bool) -> None:
+    """A workdir holds one run: another model or data file (path, or contents at the same path), or a setting
+    outside `resumable_changes(drops_out)` (`drops_out`: the model's dropout rate is above 0), is refused naming
+    it; the other changes (more epochs or steps, another evaluation interval) are allowed with a warning. Without
+    a checkpoint (`resumable` False: a run that failed before its first save) there is nothing to resume, and the
+    run starts over."""
     if not resumable:
         if (workdir / RUN_FILE).is_file() and jax.process_index() == 0:
             log.warning("workdir %s holds no checkpoint of its earlier run: starting over with these settings",
@@ -248,18 +262,14 @@ def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict, resumable
         raise ConfigError(f"{saved} is not valid YAML ({workdir_lib.yaml_problem(error)}); this workdir's run "
                           "config is damaged: restore it, or use a new --workdir") from None
     found = workdir_lib.differences(held_values, yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False)))
-    fixed = [d for d in found if d[0].split(".")[0] in FIXED_ON_RESUME]
-    if fixed:
-        raise ConfigError(f"workdir {workdir} holds a run with other settings "
-                          f"({workdir_lib.describe_differences(fixed)}); rerun with the workdir's settings ({saved}) "
-                          "to resume it, or give another --workdir")
     try:
         held = embedder_config_from_dict(held_values)
     except ConfigError:  # written by another version: the restore's own structure check still applies
         held = None
-    if held is not None:
+    if held is not None:  # first: the more specific error for clipping turned on or off
         workdir_lib.check_optimizer_state(workdir, trainer_adamw(held.train), trainer_adamw(config.train),
                                          TRAINER_OPTIMIZER_KEYS)
+    workdir_lib.check_resumable(workdir, found, resumable_changes(drops_out))
     if found and jax.process_index() == 0:
         log.warning("resuming %s with changed settings: %s", workdir, workdir_lib.describe_differences(found))
 
@@ -319,7 +329,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
     primary = jax.process_index() == 0
     identity = _identity(model_dir, train_file, validation_file)
     checkpointer, start = open_for_resume(config.checkpoint, workdir)
-    check_rerun(workdir, config, identity, resumable=start is not None)
+    check_rerun(workdir, config, identity, resumable=start is not None, drops_out=encoder.config.dropout_rate > 0)
 
     pairs = read_pairs(train_file, config.data)
     validation = read_pairs(validation_file, config.data) if validation_file is not None else None

@@ -236,8 +236,9 @@ RESUMABLE_CHANGES = ("train.progress_bar", "eval.every", "eval.batch_size", "che
 
 
 def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> list[tuple[str, Any, Any]]:
-    """A workdir holds one run: rerunning it resumes. Another model, task or data file, or a change of a setting
-    outside RESUMABLE_CHANGES, is an error naming each differing key; the allowed changes are returned."""
+    """A workdir holds one run: rerunning it resumes. Another model, task or data file (its path, or its contents at
+    the same path), or a change of a setting outside RESUMABLE_CHANGES, is an error naming each differing key; the
+    allowed changes are returned."""
 
     path = workdir / RUN_FILE
     if not path.is_file():
@@ -245,11 +246,7 @@ def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> lis
     before = workdir_lib.read_run_file(path)
     workdir_lib.check_same_identity(workdir, before, identity, paths=("model", "train", "validation"))
     found = workdir_lib.differences(before.get("config", {}), json.loads(json.dumps(to_dict(config))))
-    fixed = [d for d in found if not any(d[0] == k or d[0].startswith(k + ".") for k in RESUMABLE_CHANGES)]
-    if fixed:
-        raise ConfigError(f"{workdir} holds a run with other settings ({workdir_lib.describe_differences(fixed)}); "
-                          f"only {', '.join(RESUMABLE_CHANGES)} may change on resume. Rerun with the workdir's "
-                          "settings to resume it, or use a new --workdir")
+    workdir_lib.check_resumable(workdir, found, RESUMABLE_CHANGES)
     return found
 
 
@@ -312,8 +309,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     if not primary:
         say = lambda text: None  # noqa: E731  (one copy of every message)
     identity = {"model": workdir_lib.path_identity(model_dir), "task": task_cls.name,
-                "train": workdir_lib.path_identity(train_file),
-                "validation": workdir_lib.path_identity(validation_file)}
+                **workdir_lib.data_identity({"train": train_file, "validation": validation_file})}
     base_model, base_params, tokenizer = load_model_dir(model_dir, allow_pickle=allow_pickle)
     token_ids = read_token_ids(model_dir)  # bos, eos, mask, ... for best/'s config, as `convert` keeps them
     fitted = fit_max_length(config.data, base_model.config, chosen=chosen, model=f"--model {model_dir}")

@@ -17,6 +17,9 @@ no half-made directory left by a run that failed while setting up.
   interval) are allowed and listed in a warning. Only checkpoints pin the model: a workdir whose run saved none
   (it failed in its first steps) starts over with the new settings, with a note (and a new tokenizer when the
   settings it is made from changed).
+- `check_same_identity` refuses a fine-tuning or embedder rerun on another model or data file, or on a data file
+  whose bytes changed at the same path (`data_identity` records each file's size and sha256); `check_resumable`
+  refuses a change outside the settings a run type lets a resume change, naming each key.
 - `check_optimizer_state` refuses optimizer settings whose state the checkpoints cannot be restored into (another
   optimizer, clipping turned on or off), naming the dotted key.
 - `check_model_config` does the same for `model_config.json` once the model config is built (it depends on the
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -353,7 +357,7 @@ def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> lis
         if found:
             _start_over(workdir, found, config)
         return []
-    fixed = [d for d in found if any(d[0] == p or d[0].startswith(p + ".") for p in FIXED_ON_RESUME)]
+    fixed = [d for d in found if under(d[0], FIXED_ON_RESUME)]
     if fixed:
         raise ConfigError(f"workdir {workdir} holds a run with another model ({describe_differences(fixed)}). "
                           f"Rerun with the workdir's settings ({saved}) to resume it, or give another --workdir")
@@ -393,6 +397,31 @@ def path_identity(path: str | Path | None) -> str | None:
     return None if path is None else str(Path(path).resolve())
 
 
+# The identity key of the data files' fingerprints ({file key: {"size", "sha256"}}): a file rewritten at the same
+# path (regenerated, edited) is another data set, which its path alone would not tell.
+FINGERPRINTS = "fingerprints"
+
+
+def file_fingerprint(path: str | Path | None) -> dict | None:
+    """Size and sha256 of a data file's bytes, read once per run (the fine-tuning and embedder files are small).
+    None for no file, or for a path that is not a file: the run's reader then names the problem."""
+    if path is None or not Path(path).is_file():
+        return None
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return {"size": size, "sha256": digest.hexdigest()}
+
+
+def data_identity(files: dict[str, str | Path | None]) -> dict[str, Any]:
+    """The identity entries of a run's data files (key -> path): each resolved path, and under FINGERPRINTS each
+    file's content fingerprint."""
+    return {**{key: path_identity(path) for key, path in files.items()},
+            FINGERPRINTS: {key: file_fingerprint(path) for key, path in files.items()}}
+
+
 def read_run_file(path: Path) -> dict:
     """A workdir's JSON record of its run (fine-tuning's, the embedder's), a damaged one named as such."""
     try:
@@ -407,14 +436,53 @@ def read_run_file(path: Path) -> dict:
 
 def check_same_identity(workdir: Path, held: dict, identity: dict[str, Any], paths: tuple[str, ...]) -> None:
     """Refuse a rerun on another model or data file (`identity`, with `paths` the keys that name files: compared
-    resolved on both sides, since older workdirs recorded them unresolved)."""
+    resolved on both sides, since older workdirs recorded them unresolved), or on a data file whose contents
+    changed (`data_identity`'s fingerprints)."""
     for key, value in identity.items():
+        if key == FINGERPRINTS:
+            continue
         before = held.get(key)
         if key in paths and isinstance(before, str) and value is not None:
             before, value = path_identity(before), path_identity(value)
         if before != value:
             raise ConfigError(f"workdir {workdir} holds a run with another {key} ({held.get(key)!r}, now "
                               f"{identity[key]!r}); rerun it unchanged to resume, or use a new --workdir")
+    check_same_contents(workdir, held.get(FINGERPRINTS), identity.get(FINGERPRINTS), identity)
+
+
+def check_same_contents(workdir: Path, held: Any, fingerprints: Any, identity: dict[str, Any]) -> None:
+    """Refuse a data file whose bytes differ from those the workdir's run trained on, naming the file. Compared only
+    where both the workdir's record and this run have a file's fingerprint: workdirs written before fingerprints
+    were recorded resume as they did (and record them from then on)."""
+    if not isinstance(held, dict) or not isinstance(fingerprints, dict):
+        return
+    for key, now in fingerprints.items():
+        before = held.get(key)
+        if isinstance(before, dict) and isinstance(now, dict) and before != now:
+            raise ConfigError(f"workdir {workdir} holds a run trained on another content of its {key} file "
+                              f"{identity.get(key)} ({_described(before)} then, {_described(now)} now): the file "
+                              "changed since; restore it to resume, or use a new --workdir")
+
+
+def _described(fingerprint: dict) -> str:
+    return f"{fingerprint.get('size')} bytes, sha256 {str(fingerprint.get('sha256'))[:12]}"
+
+
+def under(key: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether the dotted `key` is one of `prefixes` or inside one of them (a whole section: "checkpoint")."""
+    return any(key == prefix or key.startswith(prefix + ".") for prefix in prefixes)
+
+
+def check_resumable(workdir: Path, found: list[tuple[str, Any, Any]], resumable: tuple[str, ...]) -> None:
+    """Refuse a resume whose settings differ from the workdir's (`found`: `differences`) outside `resumable`, the
+    settings a run type lets a resume change, naming each other key with the workdir's and the requested value.
+    (Fine-tuning's and the embedder's rule: what decides the data of each step, the schedule or the optimizer's
+    trajectory would not continue the run the checkpoints hold.)"""
+    fixed = [d for d in found if not under(d[0], resumable)]
+    if fixed:
+        raise ConfigError(f"workdir {workdir} holds a run with other settings ({describe_differences(fixed)}); only "
+                          f"{', '.join(resumable)} may change on resume. Rerun with the workdir's settings to resume "
+                          "it, or use a new --workdir")
 
 
 def check_optimizer_state(workdir: Path, held: Any, requested: OptimizerConfig, keys: dict[str, str]) -> None:
