@@ -114,8 +114,9 @@ def test_a_stopped_grid_point_stops_the_grid_and_reports_no_partial_score(tmp_pa
     rng = np.random.default_rng(0)
     data = tmp_path / "glue"
     mrpc_header = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
-    _write(data / "MRPC" / "train.tsv", mrpc_header, [(label, i, i, a, b) for i, a, b, label in _pairs(rng, 32, [1, 0])])
-    _write(data / "MRPC" / "dev.tsv", mrpc_header, [(label, i, i, a, b) for i, a, b, label in _pairs(rng, 16, [1, 0])])
+    for split, count in (("train", 32), ("dev", 16)):
+        _write(data / "MRPC" / f"{split}.tsv", mrpc_header,
+               [(label, i, i, a, b) for i, a, b, label in _pairs(rng, count, [1, 0])])
     finetune = trainer.finetune
     monkeypatch.setattr(trainer, "finetune", lambda *args, **kwargs: finetune(*args, stop_after=1, **kwargs))
     workdir = tmp_path / "work"

@@ -90,7 +90,8 @@ def test_a_vocab_size_beyond_int32_is_refused_naming_the_file(hf_dir, tmp_path):
 
 
 @pytest.mark.parametrize("weight_map,match", [
-    (["model.safetensors"], "not a checkpoint index: 'weight_map' must map tensor names to shard file names, got an array"),
+    (["model.safetensors"],
+     "not a checkpoint index: 'weight_map' must map tensor names to shard file names, got an array"),
     ({"bert.pooler.dense.weight": ["model.safetensors"]}, "'weight_map' values must be shard file names, got an"),
     (None, "not a checkpoint index: 'weight_map' must map tensor names to shard file names, got null"),
 ])
