@@ -162,16 +162,35 @@ def test_a_directory_of_the_users_holding_files_a_run_writes_is_refused_untouche
                                                                "notes.txt")}
 
 
-def test_the_outputs_a_run_may_replace_are_the_names_the_runs_write():
-    from bertjax.embeddings.training import MODEL_DIR
+def test_the_outputs_a_run_may_replace_are_the_names_each_run_writes():
+    from bertjax.embeddings.training import MODEL_DIR, RUN_FILE as EMBEDDER_RECORD
     from bertjax.finetune import report
-    from bertjax.finetune.trainer import BEST_DIR
-    from bertjax.model_dirs import TOKENIZER_DIR
+    from bertjax.finetune.trainer import BEST_DIR, RUN_FILE as FINETUNE_RECORD
+    from bertjax.model_dirs import MODEL_CONFIG_FILE
     from bertjax.train import metrics
     from bertjax.train.workdir import RUN_OUTPUTS
 
-    assert set(RUN_OUTPUTS) == {metrics.METRICS_FILE, metrics.PLOT_FILE, metrics.TENSORBOARD_DIR,
-                                report.RESULTS_FILE, report.PLOT_FILE, BEST_DIR, MODEL_DIR, TOKENIZER_DIR}
+    logged = {metrics.METRICS_FILE, metrics.TENSORBOARD_DIR}
+    assert {record: set(names) for record, names in RUN_OUTPUTS.items()} == {
+        MODEL_CONFIG_FILE: logged | {metrics.PLOT_FILE},
+        FINETUNE_RECORD: logged | {report.RESULTS_FILE, report.PLOT_FILE, BEST_DIR},
+        EMBEDDER_RECORD: logged | {metrics.PLOT_FILE, MODEL_DIR}}
+
+
+def test_a_pretraining_workdir_holding_only_its_tokenizer_reruns(tmp_path):
+    """What a pod's other hosts hold (only process 0 writes the record), and what a run stopped during its setup
+    leaves: the rerun goes on (and keeps the tokenizer). Another run's log there is the user's and is refused."""
+    from bertjax.model_dirs import MODEL_CONFIG_FILE
+    from bertjax.train.run_config import CheckpointConfig
+    from bertjax.train.workdir import check_workdir_is_for
+
+    workdir = tmp_path / "run"
+    (workdir / "tokenizer").mkdir(parents=True)
+    (workdir / "tokenizer" / "tokenizer.model").write_bytes(b"pieces")
+    check_workdir_is_for(workdir, MODEL_CONFIG_FILE, CheckpointConfig())
+    (workdir / "loss.png").write_bytes(b"my plot")
+    with pytest.raises(ConfigError, match="holds no bertjax run .* but holds loss.png, which a run writes there"):
+        check_workdir_is_for(workdir, MODEL_CONFIG_FILE, CheckpointConfig())
 
 
 def test_glue_grid_is_checked_before_anything_trains(tmp_path, capsys):

@@ -197,4 +197,8 @@ def test_a_bucket_path_without_gcsfs_is_one_line_naming_the_install(override, tm
     assert main(["pretrain", "--config", str(config), "--workdir", str(tmp_path / "run"), override]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "gs://bucket/" in error and "pip install 'bertjax[gcs]'" in error, error
+    assert override.split("=")[0] in error or "data.input" in override  # the field named (an input: its path)
     assert not (tmp_path / "run").exists()
+    if override.startswith("checkpoint"):  # and prepare's --out, checked before the first look at the bucket
+        assert main(["prepare", "--input", "default", "--train-tokenizer", "--out", "gs://bucket/prepared"]) == 2
+        assert "--out gs://bucket/prepared: gs:// paths need the gcsfs package" in capsys.readouterr().err

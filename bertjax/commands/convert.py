@@ -20,6 +20,7 @@ import glob
 import os
 import shutil
 import sys
+from pathlib import Path
 
 from bertjax.commands.model_args import add_allow_pickle
 
@@ -46,29 +47,38 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.txt", "*.model")
 
 
-def _inside_checkpoint(path: str, source: str) -> bool:
-    """Whether a file of `source` really is the checkpoint's: no link out of it, to some other file on the disk that
-    the copy would carry into the output. A Hugging Face cache snapshot (models--org--name/snapshots/REV/) links
-    each file into its repository's blobs/, which is the checkpoint's too."""
-    root = os.path.realpath(source)
-    if os.path.basename(os.path.dirname(root)) == "snapshots":
-        root = os.path.dirname(os.path.dirname(root))
-    return os.path.commonpath([os.path.realpath(path), root]) == root
+def _checkpoint_roots(source: str) -> list[str]:
+    """Where a file of `source` may really live: the directory itself, and a Hugging Face cache snapshot's
+    repository (models--org--name/snapshots/REV/, whose files link into the repository's blobs/). (Not an enclosing
+    git checkout, whose links git-annex-like stores make: a home directory under git would let any file through.)"""
+    roots = [os.path.realpath(source)]
+    roots += [os.path.realpath(directory.parent) for directory in Path(os.path.abspath(source)).parents
+              if directory.name == "snapshots"]
+    return roots
 
 
-def copy_tokenizer_files(source: str, destination: str) -> list[str]:
-    copied = []
+def tokenizer_files(source: str) -> list[str]:
+    """The tokenizer files of `source` that travel with the weights (TOKENIZER_FILES), refusing a symlink to a file
+    outside the checkpoint: a downloaded directory could otherwise carry any file of the user's disk (a key) into
+    the output the user then shares."""
+    roots = _checkpoint_roots(source)
+    found = []
     for pattern in TOKENIZER_FILES:
         for path in sorted(glob.glob(os.path.join(glob.escape(source), pattern))):
             if not os.path.isfile(path):
                 continue
-            if not _inside_checkpoint(path, source):
-                print(f"warning: not copied: {path} links to {os.path.realpath(path)}, outside the checkpoint",
-                      file=sys.stderr)
-                continue
-            shutil.copyfile(path, os.path.join(destination, os.path.basename(path)))
-            copied.append(os.path.basename(path))
-    return copied
+            target = os.path.realpath(path)
+            if not any(os.path.commonpath([target, root]) == root for root in roots):
+                raise ValueError(f"--from-hf {source}: {os.path.basename(path)} links to {target}, outside the "
+                                 "checkpoint; copy the file in (or remove the link) and convert again")
+            found.append(path)
+    return found
+
+
+def copy_tokenizer_files(files: list[str], destination: str) -> list[str]:
+    for path in files:
+        shutil.copyfile(path, os.path.join(destination, os.path.basename(path)))
+    return [os.path.basename(path) for path in files]
 
 
 def check_tokenizer(source: str):
@@ -132,9 +142,10 @@ def run(args: argparse.Namespace) -> int:
         token_ids = hf.special_token_ids(args.from_hf)
         # the files copied below: a broken one would surface only at the next use
         tokenizer = check_tokenizer(args.from_hf)
+        copied = tokenizer_files(args.from_hf)
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         save_model_dir(args.out, model, params, token_ids=token_ids)
-        copy_tokenizer_files(args.from_hf, args.out)
+        copy_tokenizer_files(copied, args.out)
         write_built_tokenizer_json(tokenizer, args.from_hf, args.out)
     else:
         model, params, tokenizer = load_model_dir(args.to_hf, step=args.step, allow_pickle=args.allow_pickle)

@@ -82,13 +82,13 @@ def load_embedder(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from bertjax.embeddings.corpus import (check_output_paths, file_digest, model_fingerprint, read_texts,
-                                           write_embeddings)
+    from bertjax.embeddings.corpus import check_output_paths, model_fingerprint, read_texts, write_embeddings
+    from bertjax.file_digest import sha256_of
 
     output = Path(args.output)
     check_output_paths(output, args.input)  # before the model loads: never overwrite the input or a user's FILE.json
     texts, replaced = read_texts(args.input, args.column, args.errors)
-    input_digest = file_digest(args.input)  # of the file as read, before the minutes embedding may take
+    input_digest = sha256_of(args.input)  # of the file as read, before the minutes embedding may take
     embedder = load_embedder(args)
     prompt = embedder.encoder.resolve_prompt(args.prompt_name, args.prompt)
     if replaced:

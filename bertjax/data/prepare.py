@@ -34,6 +34,7 @@ _ENCODE_BATCH = 1024  # documents tokenized per call (the tokenizers batch inter
 def check_output_dir(out: str | pathlib.Path, overwrite: bool) -> None:
     """Refuse to write over prepared data unless asked to (called before any work, the tokenizer's included);
     `out` may be a bucket path."""
+    remote.require_filesystem(out, "--out")  # before the first look at a bucket
     path = epath.Path(out)
     if path.exists() and not path.is_dir():  # else a FileExistsError traceback when the directory is made
         raise ValueError(f"output {str(out)!r} is a file, not a directory: give a new or empty directory for the "

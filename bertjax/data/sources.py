@@ -473,7 +473,7 @@ def prepared_directory(spec: str) -> pathlib.Path | None:
     if remote.is_remote(spec):
         from etils import epath
 
-        remote.require_filesystem(spec, "input")
+        remote.require_filesystem(spec)  # (the error names the path: data.input's, or prepare's --input)
         if "*" in spec or not (epath.Path(spec) / PREPARED_METADATA).exists():
             return None
         return remote.local_directory(spec)

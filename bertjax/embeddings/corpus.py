@@ -26,6 +26,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from bertjax.file_digest import sha256_of
 from bertjax.jsonl import json_type_name, read_json_file
 
 STRUCTURED_SUFFIXES = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
@@ -156,12 +157,6 @@ def read_description(npy: str | os.PathLike) -> dict | None:
     return read_json_file(path)
 
 
-def file_digest(path: str | os.PathLike) -> str:
-    """The sha256 of a file's bytes: FILE.json records its input's (`input_sha256`)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def described_texts(npy: str | os.PathLike, description: dict) -> Path | None:
     """The texts file FILE.json names as its `input`, checked to be the file that was embedded; None when it names
     none or the file is not on this machine (a corpus embedded elsewhere: hits are shown without texts).
@@ -183,7 +178,7 @@ def described_texts(npy: str | os.PathLike, description: dict) -> Path | None:
         return None
     recorded = description.get("input_sha256")
     if recorded is not None:
-        if recorded == file_digest(path):
+        if recorded == sha256_of(path):
             return path
         why = "its content is not what was embedded (it changed since, or FILE.json names another file)"
     elif path.resolve().is_relative_to(Path(npy).resolve().parent):

@@ -42,11 +42,12 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "train_embedder.json"  # which model and data files the workdir's run trains on
 MODEL_DIR = "model"  # the final sentence-transformers directory
-# Settings a resumed run may change (fine-tuning's rule, bertjax.finetune.trainer.RESUMABLE_CHANGES, plus the run's
-# length): how long it trains (listed in the warning: the schedule becomes the longer run's), and how it is shown,
-# evaluated, checkpointed and sharded. Everything else decides the model's output, the pairs of each step (seed,
-# batch size, data) or the optimizer's trajectory (learning rate, warmup, weight decay, clipping), so a changed
-# value would not continue the run the checkpoints hold.
+# Settings a resumed run may change: how long it trains (listed in the warning: the schedule becomes the longer
+# run's), how it is shown, evaluated, checkpointed and sharded, and what it does on a non-finite loss. Everything
+# else decides the model's output, the pairs of each step (seed, batch size, data) or the optimizer's trajectory
+# (learning rate, warmup, weight decay, clipping), so a changed value would not continue the run the checkpoints
+# hold. (Fine-tuning's RESUMABLE_CHANGES is narrower: its evaluation picks best/ and stops early, and its epochs
+# fix the schedule, so there only the display, eval.every, eval.batch_size, checkpoint and mesh may change.)
 RESUMABLE_CHANGES = ("train.epochs", "train.steps", "train.log_every", "train.progress_bar", "train.nonfinite",
                      "eval", "checkpoint", "mesh")
 

@@ -30,6 +30,7 @@ from bertjax.finetune.readers import read_rows
 from bertjax.finetune.tasks import Encoded, Labels, Task
 from bertjax.finetune.tasks.base import fit_max_length
 from bertjax.inference.texts import check_tokenizer_fits  # shared with predict and the embedding commands
+from bertjax.jsonl import read_json_file
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.distributed import PreemptionWatch
 from bertjax.train.guards import NonFiniteGuard
@@ -203,10 +204,11 @@ def write_run_file(directory: Path, task: Task, labels: Labels, config: Finetune
 
 
 def read_run_file(directory: Path) -> dict:
+    """best/'s record of its task, labels and data settings (a shared directory's: read as any outside JSON)."""
     path = Path(directory) / RUN_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory}: no {RUN_FILE}; it is written into best/ by `bertjax finetune`")
-    return json.loads(path.read_text())
+    return read_json_file(path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

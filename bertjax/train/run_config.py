@@ -231,6 +231,8 @@ def read_config_file(path: str | Path, *, empty_ok: bool = False, kind: str | No
     from bertjax import shipped_configs
 
     path = shipped_configs.resolve(path, kind)
+    if path.is_dir():
+        raise FileNotFoundError(f"run config {path} is a directory: give a YAML file")
     if not path.is_file():
         raise FileNotFoundError(f"run config {path} does not exist (nor is it one of {shipped_configs.describe(kind)})")
     try:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ import yaml
 
 from bertjax.config import EncoderConfig
 from bertjax.data import remote
+from bertjax.file_digest import sha256_of
 from bertjax.train.run_config import ConfigError, OptimizerConfig, RunConfig, parse_dataclass, to_dict
 
 log = logging.getLogger(__name__)
@@ -64,11 +64,13 @@ LOCAL_CONTENTS = {"bertjax pretrain": "its lock, config.yaml, the tokenizer, met
                   "bertjax train-embedder": "its lock, config.yaml, metrics.jsonl and the trained model (model/)",
                   "bertjax glue": "glue.json, the prepared task data and a fine-tuning run per task and grid point"}
 CHECKPOINTS_IN_A_BUCKET = tuple(RUN_FILES.values())  # every command with a run file; not glue
-# What runs write into a workdir besides their record and config.yaml (bertjax.train.metrics, bertjax.finetune.report
-# and trainer, bertjax.embeddings.training, the pretraining tokenizer): a workdir that holds no run but one of these
-# is a directory of the user's, whose files the run would replace.
-RUN_OUTPUTS = ("metrics.jsonl", "loss.png", "tensorboard", "results.json", "finetune.png", "best", "model",
-               "tokenizer")
+# What each run type writes into its workdir besides its record and config.yaml (bertjax.train.metrics,
+# bertjax.finetune.report and trainer, bertjax.embeddings.training), by record: a workdir that holds no run but one of
+# these is a directory of the user's, whose file the run would replace. (Not pretraining's tokenizer/: a run that
+# finds one keeps it, and on a pod every host's workdir holds a copy before process 0 writes the record.)
+RUN_OUTPUTS = {MODEL_CONFIG_FILE: ("metrics.jsonl", "tensorboard", "loss.png"),
+               "finetune.json": ("metrics.jsonl", "tensorboard", "results.json", "finetune.png", "best"),
+               "train_embedder.json": ("metrics.jsonl", "tensorboard", "loss.png", "model")}
 # Run-config keys the workdir's tokenizer is made from (tokenizer.path, or one trained on data.input's train split).
 TOKENIZER_KEYS = ("tokenizer", "data.input", "data.text_format", "data.text_field", "data.eval_fraction",
                   "train.seed")
@@ -292,7 +294,7 @@ def check_workdir_is_for(workdir: Path, own_record: str, checkpoint: Any,
                               f"`{RUN_FILES[own_record]}`; give another --workdir")
     has_run = holds_run(workdir, checkpoint)
     check_config_is_ours(workdir, has_run, config_path)
-    found = [name for name in RUN_OUTPUTS if (workdir / name).exists()] if not has_run else []
+    found = [name for name in RUN_OUTPUTS[own_record] if (workdir / name).exists()] if not has_run else []
     if found:
         raise ConfigError(f"workdir {workdir} holds no bertjax run (no checkpoint, no {' or '.join(RUN_FILES)}) but "
                           f"holds {', '.join(found)}, which a run writes there, replacing what is there; give a new "
@@ -407,12 +409,7 @@ def file_fingerprint(path: str | Path | None) -> dict | None:
     None for no file, or for a path that is not a file: the run's reader then names the problem."""
     if path is None or not Path(path).is_file():
         return None
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-            size += len(block)
-    return {"size": size, "sha256": digest.hexdigest()}
+    return {"size": Path(path).stat().st_size, "sha256": sha256_of(path)}
 
 
 def data_identity(files: dict[str, str | Path | None]) -> dict[str, Any]:
