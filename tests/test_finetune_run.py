@@ -464,7 +464,8 @@ def test_token_metrics_count_unseen_words_as_outside(files):
     from bertjax.data.tokenizers import load_tokenizer
     from bertjax.finetune.tasks import Labels
 
-    task = task_class("token-classification")(config("token-classification", "data.max_length=8").data, None)
+    run = config("token-classification", "data.max_length=8")
+    task = task_class("token-classification")(run.data, run.task)
     tags = ["B-POS"] + ["O"] * 7 + ["B-POS", "O"]
     encoded = task.encode(load_tokenizer(files["model"]), [{"tokens": NEUTRAL, "tags": tags}], Labels(("O", "B-POS")),
                           "rows", with_targets=True)

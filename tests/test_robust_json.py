@@ -186,3 +186,14 @@ def test_search_shows_only_the_texts_that_were_embedded(hf_dir, tmp_path, capsys
     status, _, err = search_json(hf_dir, corpus, capsys)
     assert status == 2 and "corpus.json: expected an object at the top level, got an array" in err
     assert np.load(corpus).shape[0] == 2
+
+
+@pytest.mark.parametrize("record", [{"task": "sequence-classification"}, {"task": "summarise", "labels": []},
+                                   {"task": "sequence-classification", "labels": 3, "regression": False,
+                                    "unanswerable": None, "data": {}}])
+def test_a_damaged_fine_tuning_record_is_named_not_a_traceback(tmp_path, record):
+    from bertjax.finetune.prediction import load_task
+
+    (tmp_path / "finetune.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"finetune.json: not a fine-tuning record bertjax can read"):
+        load_task(tmp_path, None, [])

@@ -28,10 +28,14 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
 
     if (Path(model_dir) / RUN_FILE).is_file():
         described = read_run_file(model_dir)
-        cls = task_class(described["task"])
-        labels = Labels(names=tuple(described["labels"]), regression=described["regression"],
-                        unanswerable=described["unanswerable"])
-        defaults = {"data": described["data"]}
+        try:
+            cls = task_class(described["task"])
+            labels = Labels(names=tuple(described["labels"]), regression=described["regression"],
+                            unanswerable=described["unanswerable"])
+            defaults = {"data": described["data"]}
+        except (KeyError, TypeError, ValueError) as error:  # a record edited or damaged: named, no traceback
+            raise ValueError(f"{Path(model_dir) / RUN_FILE}: not a fine-tuning record bertjax can read "
+                             f"({type(error).__name__}: {error}); write best/ again with `bertjax finetune`") from None
     else:
         cls = task_for_head(head_of(model))
         task = model.config.task_or_default

@@ -80,7 +80,7 @@ class Task(abc.ABC):
         if data_config.packing and not self.packs_training_rows:
             raise ConfigError(f"data.packing: the {self.name} task does not pack its training examples (sequence "
                               "classification does); set data.packing=false")
-        if getattr(task_config, "classifier_pooling", None) is not None and not self.pools_sequence:
+        if task_config.classifier_pooling is not None and not self.pools_sequence:
             raise ConfigError(f"task.classifier_pooling: the {self.name} head predicts per token and pools nothing; "
                               "remove it")
         self.data = data_config
