@@ -323,8 +323,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
     from bertjax.train.guards import NonFiniteGuard
     from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
     from bertjax.train.schedules import build_schedule
-    from bertjax.train.state import (abstract_state, boxed_initialiser, count_params, create_train_state, place,
-                                     state_shardings, transplant)
+    from bertjax.train.state import count_params, start_or_resume
 
     workdir = Path(workdir)
     primary = jax.process_index() == 0
@@ -352,19 +351,11 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
                               config.train.learning_rate, total)
     optimizer = build_optimizer(trainer_adamw(config.train), schedule)
     model = encoder.model
-    initialise = boxed_initialiser(model)
     start = start or 0
-    accumulated = {"loss_sum": 0.0, "count": 0.0}
-    if start:
-        state, accumulated = checkpointer.restore(start, abstract_state(initialise, optimizer, mesh))
-        _, shardings = state_shardings(initialise, optimizer, mesh)
-        checkpointer.set_aside_after(start)  # checkpoint.restore_step: the later steps are trained again
-    else:
-        state, shardings = create_train_state(initialise, optimizer, mesh, config.train.seed)
-        params, fresh = transplant(state.params, encoder.params)
-        if fresh:
-            raise ValueError(f"{model_dir}: the model directory lacks parameters {fresh} of the embedding model")
-        state = state.replace(params=place(params, shardings.params))
+    state, shardings, accumulated, fresh = start_or_resume(model, optimizer, mesh, checkpointer, start,
+                                                           config.train.seed, encoder.params)
+    if fresh:
+        raise ValueError(f"{model_dir}: the model directory lacks parameters {fresh} of the embedding model")
     if primary:
         save_embedder_config(config, workdir / workdir_lib.CONFIG_FILE)
         (workdir / RUN_FILE).write_text(json.dumps(identity, indent=1) + "\n")

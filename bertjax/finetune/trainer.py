@@ -303,8 +303,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     from bertjax.models.inputs import check_ids
     from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.schedules import build_schedule
-    from bertjax.train.state import (abstract_state, boxed_initialiser, create_train_state, place, state_shardings,
-                                     transplant)
+    from bertjax.train.state import start_or_resume
 
     started = time.time()
     primary = jax.process_index() == 0  # on several hosts, only process 0 writes files (checkpoints: all)
@@ -350,22 +349,16 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total_steps),
                               config.train.learning_rate, total_steps)
     optimizer = build_optimizer(trainer_adamw(config.train), schedule)
-    initialise = boxed_initialiser(model)
 
     workdir.mkdir(parents=True, exist_ok=True)
     checkpointer, start_step = open_for_resume(config.checkpoint, workdir)
     start_step = start_step or 0
-    accumulated = {"loss_sum": 0.0, "count": 0.0}
+    state, shardings, accumulated, fresh = start_or_resume(model, optimizer, mesh, checkpointer, start_step,
+                                                           config.train.seed, base_params)
     if start_step:
-        state, accumulated = checkpointer.restore(start_step, abstract_state(initialise, optimizer, mesh))
-        _, shardings = state_shardings(initialise, optimizer, mesh)
-        checkpointer.set_aside_after(start_step)  # checkpoint.restore_step: the later steps are trained again
         say(f"resuming {workdir} from step {start_step} of {total_steps}"
             + (f" with changed settings: {workdir_lib.describe_differences(changed)}" if changed else ""))
     else:
-        state, shardings = create_train_state(initialise, optimizer, mesh, config.train.seed)
-        params, fresh = transplant(state.params, base_params)
-        state = state.replace(params=place(params, shardings.params))
         say(f"initialised from {model_dir}; new (randomly initialised) parameters: {', '.join(fresh) or 'none'}")
     if primary:
         save_finetune_config(config, workdir / CONFIG_FILE)

@@ -117,7 +117,7 @@ def count_params(params: Any) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
-# Starting a fine-tuning or embedder run from a pretrained model's parameters.
+# Starting a fine-tuning or embedder run from a pretrained model's parameters, or resuming one.
 
 def boxed_initialiser(model) -> Callable[[jax.Array], Any]:
     """key -> parameters boxed with their logical axis names (what sharded state creation reads)."""
@@ -150,3 +150,20 @@ def place(tree: Any, shardings: Any) -> Any:
         value = np.asarray(value)
         return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
     return jax.tree.map(put, tree, shardings)
+
+
+def start_or_resume(model, optimizer: optax.GradientTransformation, mesh: Mesh, checkpointer, start: int,
+                    seed: int, pretrained: Any) -> tuple[TrainState, TrainState, dict, list[str] | None]:
+    """A fine-tuning or embedder run's train state: restored from the workdir's checkpoint of step `start` (its
+    later steps set aside to be trained again), or, with `start` 0, created afresh with `pretrained`'s parameters
+    transplanted in. Returns (state, shardings, the loss accumulated since the last report, the parameter paths
+    that stayed freshly initialised: None when restored)."""
+    initialise = boxed_initialiser(model)
+    if start:
+        state, accumulated = checkpointer.restore(start, abstract_state(initialise, optimizer, mesh))
+        _, shardings = state_shardings(initialise, optimizer, mesh)
+        checkpointer.set_aside_after(start)  # checkpoint.restore_step: the later steps are trained again
+        return state, shardings, accumulated, None
+    state, shardings = create_train_state(initialise, optimizer, mesh, seed)
+    params, fresh = transplant(state.params, pretrained)
+    return state.replace(params=place(params, shardings.params)), shardings, {"loss_sum": 0.0, "count": 0.0}, fresh
