@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         # SIGPIPE's status, without a traceback (or Python's "Exception ignored" at exit) into the dead pipe.
         quiet_closed_outputs()
         return 128 + signal.SIGPIPE
+    except OSError as error:  # a path under a file, a permission, a full disk: named by the OS, in one line
+        print(f"bertjax {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 def _take_late_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:

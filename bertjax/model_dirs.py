@@ -267,7 +267,7 @@ MODEL_DIR_KINDS: tuple[DirectoryKind, ...] = (
 def model_dir_kind(path: str | Path) -> DirectoryKind:
     path = Path(path)
     if not path.is_dir():
-        raise FileNotFoundError(f"{path}: no such directory")
+        raise FileNotFoundError(f"{path}: {'a file, not a model directory' if path.exists() else 'no such directory'}")
     for kind in MODEL_DIR_KINDS:
         if kind.test(path):
             return kind

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bertjax.commands.model_args import add_allow_pickle
 
-HELP = "Convert a Hugging Face checkpoint directory to a bertjax model directory, or a model or run back."
+HELP = "convert a Hugging Face checkpoint directory to a bertjax model directory, or a model or run back"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

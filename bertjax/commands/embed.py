@@ -47,7 +47,8 @@ def add_embedding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overflow", choices=("truncate", "chunk"), default="truncate",
                         help="texts longer than the model: truncate (default) or embed overlapping chunks and "
                              "average them")
-    parser.add_argument("--stride", type=int, default=0, help="with --overflow chunk: tokens shared by neighbours")
+    parser.add_argument("--stride", type=int, default=0,
+                        help="with --overflow chunk: tokens shared by neighbours (default 0)")
     parser.add_argument("--truncate-dim", type=int, metavar="N", help="Matryoshka: keep the first N dimensions")
     parser.add_argument("--normalize", action="store_true", help="L2-normalise embeddings (if the model does not)")
     add_allow_pickle(parser)
@@ -69,6 +70,9 @@ def load_embedder(args: argparse.Namespace):
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
     if args.max_segments <= 0:
         raise ValueError(f"--max-segments must be positive, got {args.max_segments}")
+    if args.stride and args.overflow != "chunk":
+        raise ValueError(f"--stride {args.stride} applies to --overflow chunk (the overlap of a long text's chunks); "
+                         f"with --overflow {args.overflow} there are no chunks")
     encoder = load_sentence_encoder(args.model, allow_pickle=args.allow_pickle)
     changes = {}
     if args.truncate_dim is not None:

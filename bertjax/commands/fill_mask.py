@@ -17,7 +17,7 @@ HELP = "predict the tokens hidden behind [MASK] with a pretrained masked languag
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR",
-                        help="a pretraining workdir or a directory converted from Hugging Face")
+                        help="a pretraining workdir, a bertjax model directory or a transformers checkpoint directory")
     parser.add_argument("--step", type=int, metavar="N",
                         help="with a pretraining workdir: the checkpoint to use (default: the latest)")
     parser.add_argument("--top-k", type=int, default=5, help="predictions shown per [MASK] (default 5)")

@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"model.overrides.vocab_size ({target_config.vocab_size}) differs from the source model's "
                          f"({source_config.vocab_size}): the grown model keeps the source's vocabulary")
     if target_config.family != source_config.family:
-        raise ValueError(f"model.preset {config.model.preset!r} is a {target_config.family} model but the source is "
-                         f"a {source_config.family} model")
+        raise ValueError(f"model.preset {config.model.preset!r} is of the {target_config.family} family but the "
+                         f"source is of the {source_config.family} family")
     head = head_of(source_model)
     target = MODEL_CLASSES[head](target_config)
     params, mapping = grow_params(jax.device_get(source_params), abstract_params(target))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-HELP = "Tokenize a corpus (default, text, JSONL, Parquet) once into ArrayRecord files for pretraining."
+HELP = "tokenize a corpus (default, text, JSONL, Parquet) once into ArrayRecord files for pretraining"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SentencePiece model with --train-tokenizer (default bpe: trains in seconds)")
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write")
     parser.add_argument("--text-format", choices=("lines", "paragraphs"), default="lines",
-                        help=".txt files: one document per line, or blank-line separated documents")
+                        help=".txt files: one document per line (default), or blank-line separated documents")
     parser.add_argument("--text-field", default="text", help="JSONL/Parquet field holding the text (default text)")
     parser.add_argument("--eval-fraction", type=float, default=0.02,
                         help="fraction of documents held out for evaluation, by text hash (default 0.02)")

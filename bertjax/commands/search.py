@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bertjax.commands.embed import add_embedding_arguments
 
-HELP = "top-k cosine search of a query over embeddings saved by `bertjax embed`"
+HELP = "exact top-k search (cosine or dot) of a query over embeddings saved by `bertjax embed`"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--similarity", choices=("cosine", "dot"), default=None,
                         help="how hits are ranked (default: the model's similarity_fn_name, as FILE.json records "
                              "it, when it is cosine or dot; else cosine)")
-    parser.add_argument("--chunk-size", type=int, default=32768, help="corpus rows per jitted step")
+    parser.add_argument("--chunk-size", type=int, default=32768, help="corpus rows per jitted step (default 32768)")
     parser.add_argument("--allow-other-model", action="store_true",
                         help="search even when FILE.json names another model of the same dimension")
     parser.add_argument("--json", action="store_true", help="print one JSON object per query")
@@ -53,8 +53,9 @@ def load_corpus(path: str | Path):
         raise FileNotFoundError(f"--corpus {path} does not exist")
     try:
         corpus = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as error:
-        raise ValueError(f"--corpus {path}: not a .npy embedding matrix ({error})") from None
+    except ValueError as error:  # numpy's own text would advise loading a pickle
+        reason = "it holds Python objects" if "pickle" in str(error) else str(error)
+        raise ValueError(f"--corpus {path}: not a .npy embedding matrix ({reason})") from None
     if corpus.ndim != 2:
         raise ValueError(f"--corpus {path}: expected a [texts, dim] matrix, got shape {corpus.shape}")
     if corpus.shape[0] == 0:

@@ -40,7 +40,8 @@ def check_output_dir(out: str | pathlib.Path, overwrite: bool) -> None:
         raise ValueError(f"output {str(out)!r} is a file, not a directory: give a new or empty directory for the "
                          "prepared data")
     if (path / PREPARED_METADATA).exists() and not overwrite:
-        raise ValueError(f"{str(out)!r} already holds prepared data; pass overwrite=True (--overwrite) to replace it")
+        raise ValueError(f"{str(out)!r} already holds prepared data; pass --overwrite (overwrite=True in Python) "
+                         "to replace it")
 
 
 def _remove_prepared(out: epath.Path) -> None:

@@ -67,7 +67,7 @@ def write_pairs(out: str | pathlib.Path, documents: list[str] | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the first paragraph
     parser.add_argument("--out", required=True, help="directory for train.jsonl and validation.jsonl")
     counts = write_pairs(parser.parse_args(argv).out)
     print(f"{counts['train']} training and {counts['validation']} validation pairs (docstring summary -> body)")

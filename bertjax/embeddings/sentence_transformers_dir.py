@@ -317,7 +317,7 @@ def load_sentence_encoder(path: str | os.PathLike, *, dtype: str | None = None, 
 
     root = Path(path)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such directory")
+        raise FileNotFoundError(f"{root}: {'a file, not a model directory' if root.exists() else 'no such directory'}")
     root = _trained_model_of(root)
     if (root / MODULES_FILE).is_file():
         encoder = _load_st_dir(root, dtype, allow_pickle)

@@ -369,7 +369,8 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
                    f"(texts padded to {arrays['input_ids'].shape[-1]} tokens), {count_params(state.params) / 1e6:.2f}M "
                    f"parameters, pooling {'+'.join(encoder.pooling.modes)}, batch {config.train.batch_size}"
                    f"{f' in cached chunks of {rows_per_chunk}' if config.train.mini_batch_size else ''}, mesh "
-                   f"{dict(mesh.shape)}; {'resuming from step ' + str(start) if start else 'starting'} of {total}")
+                   f"{dict(mesh.shape)}; "
+                   f"{f'resuming from step {start} of {total}' if start else f'starting: {total} steps'}")
     watch = PreemptionWatch()
     nonfinite = NonFiniteGuard(config.train.nonfinite, keys=TRAINER_OPTIMIZER_KEYS)
     eval_start = eval_end = eval_end_step = None

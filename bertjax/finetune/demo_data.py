@@ -96,7 +96,7 @@ def write_dataset(out: str | pathlib.Path) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the first paragraph
     parser.add_argument("--out", required=True, help="directory for train.jsonl and validation.jsonl")
     counts = write_dataset(parser.parse_args(argv).out)
     print(f"{counts['train']} training and {counts['validation']} validation docstrings, "

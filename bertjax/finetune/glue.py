@@ -100,18 +100,19 @@ def read_glue_tsv(path: Path, task: GlueTask) -> tuple[list[dict], int]:
 
 
 def prepare_task(data_dir: Path, task: GlueTask, out: Path, say: Callable[[str], None]) -> dict[str, Path]:
-    """JSONL files of the task's splits: train, validation (and mismatched for MNLI)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """JSONL files of the task's splits: train, validation (and mismatched for MNLI). Nothing is written for a task
+    whose files are missing."""
     sources = {"train": "train.tsv", "validation": task.validation}
+    missing = [source for source in sources.values() if not (data_dir / task.name / source).is_file()]
+    if missing:
+        raise FileNotFoundError(f"GLUE task {task.name}: no {' or '.join(missing)} in {data_dir / task.name} "
+                                f"(it needs {', '.join(sources.values())})")
     if task.mismatched is not None:
         if (data_dir / task.name / task.mismatched).is_file():
             sources["mismatched"] = task.mismatched
         else:
             say(f"{task.name}: no {task.mismatched}; the mismatched accuracy is left out")
-    missing = [source for source in sources.values() if not (data_dir / task.name / source).is_file()]
-    if missing:
-        raise FileNotFoundError(f"GLUE task {task.name}: no {' or '.join(missing)} in {data_dir / task.name} "
-                                f"(it needs {', '.join(sources.values())})")
+    out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split, source in sources.items():
         rows, skipped = read_glue_tsv(data_dir / task.name / source, task)
@@ -188,6 +189,7 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
     row per task (and writes glue.json, keeping the rows of tasks that earlier runs in this workdir did)."""
     from bertjax.finetune.tasks import task_class
     from bertjax.finetune.trainer import BEST_DIR, finetune
+    from bertjax.model_dirs import model_dir_kind
     from bertjax.train.workdir import check_local_workdir
 
     check_local_workdir(workdir, "bertjax glue")  # before any task's data is prepared under it
@@ -202,6 +204,7 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
     names = sorted(names, key=list(GLUE_TASKS).index)  # MNLI first: others may start from it
     grids = {name: grid_configs(GLUE_TASKS[name], learning_rates, weight_decays, epochs, overrides, cls.defaults)
              for name in names}  # every grid point's config, checked before any file is read or run trained
+    model_dir_kind(model)  # a --model that is no model directory: said before any task's data is written
     prepared = prepare_tasks(data_dir, names, workdir / "data", say)
     earlier = read_table(workdir / "glue.json")
     # A run of some tasks (--tasks) in a workdir whose MNLI is done starts the others from it, as the full run did.

@@ -26,6 +26,10 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
     from bertjax.finetune.trainer import RUN_FILE, read_run_file
     from bertjax.hf.pretrained import head_of
 
+    ignored = [item.split("=", 1)[0] for item in overrides if not item.startswith(("data.", "task."))]
+    if ignored:  # training settings would be accepted and change nothing
+        raise ValueError(f"{', '.join(ignored)}: predict takes data.* and task.* settings only (how examples are "
+                         "encoded and read out)")
     if (Path(model_dir) / RUN_FILE).is_file():
         described = read_run_file(model_dir)
         try:

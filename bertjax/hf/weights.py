@@ -103,9 +103,9 @@ def _check_pickle_allowed(directory: str, name: str, allow_pickle: bool) -> None
     if not allow_pickle:
         raise ValueError(
             f"{path} is a PyTorch pickle, and unpickling can run code hidden in the file; bertjax reads safetensors "
-            f"only, unless asked. If you trust the file, convert it once: bertjax convert --from-hf {directory} "
-            f"--out {directory.rstrip(os.sep)}-bertjax --allow-pickle (then `bertjax convert --to-hf` writes "
-            "model.safetensors), or pass allow_pickle=True to from_pretrained")
+            "only, unless asked. If you trust the file, pass --allow-pickle (allow_pickle=True in Python), or "
+            f"convert it once: bertjax convert --from-hf {directory} --out {directory.rstrip(os.sep)}-bertjax "
+            "--allow-pickle (then `bertjax convert --to-hf` writes model.safetensors)")
     log.warning("%s: unpickling a PyTorch checkpoint (allow_pickle=True); do this only for files you trust", path)
 
 
