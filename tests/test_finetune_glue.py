@@ -86,7 +86,7 @@ def test_glue_runs_mnli_then_mrpc_from_mnli(tmp_path, capsys):
 ])
 def test_every_task_is_checked_before_any_training(tmp_path, capsys, broken, expected):
     """SST-2 is fine, CoLA's dev.tsv is missing or not CoLA's: the run stops before SST-2's grid trains (the
-    model directory does not even exist: nothing may touch it), naming the task and the file."""
+    model directory holds only a config.json: nothing may read its weights), naming the task and the file."""
     from bertjax.cli import main
 
     data = tmp_path / "glue"
@@ -97,7 +97,9 @@ def test_every_task_is_checked_before_any_training(tmp_path, capsys, broken, exp
     if broken == "malformed":  # three columns: CoLA's header-less four are (source, label, original, sentence)
         (data / "CoLA" / "dev.tsv").write_text("gj04\t1\t\n")
     workdir = tmp_path / "work"
-    assert main(["glue", "--model", str(tmp_path / "no-model"), "--data-dir", str(data), "--workdir",
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # a model directory's kind: glue checks it first
+    assert main(["glue", "--model", str(tmp_path / "model"), "--data-dir", str(data), "--workdir",
                  str(workdir), "--learning-rates", "3e-3", "--weight-decays", "0.01", "--epochs", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bertjax glue: error: ") and expected in err
