@@ -177,22 +177,6 @@ def test_the_outputs_a_run_may_replace_are_the_names_each_run_writes():
         EMBEDDER_RECORD: logged | {metrics.PLOT_FILE, MODEL_DIR}}
 
 
-def test_a_pretraining_workdir_holding_only_its_tokenizer_reruns(tmp_path):
-    """What a pod's other hosts hold (only process 0 writes the record), and what a run stopped during its setup
-    leaves: the rerun goes on (and keeps the tokenizer). Another run's log there is the user's and is refused."""
-    from bertjax.model_dirs import MODEL_CONFIG_FILE
-    from bertjax.train.run_config import CheckpointConfig
-    from bertjax.train.workdir import check_workdir_is_for
-
-    workdir = tmp_path / "run"
-    (workdir / "tokenizer").mkdir(parents=True)
-    (workdir / "tokenizer" / "tokenizer.model").write_bytes(b"pieces")
-    check_workdir_is_for(workdir, MODEL_CONFIG_FILE, CheckpointConfig())
-    (workdir / "loss.png").write_bytes(b"my plot")
-    with pytest.raises(ConfigError, match="holds no bertjax run .* but holds loss.png, which a run writes there"):
-        check_workdir_is_for(workdir, MODEL_CONFIG_FILE, CheckpointConfig())
-
-
 def test_glue_grid_is_checked_before_anything_trains(tmp_path, capsys):
     from bertjax.cli import main
     from bertjax.finetune.glue import run_glue

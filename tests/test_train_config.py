@@ -366,3 +366,19 @@ def test_an_override_every_phase_replaces_is_an_error_not_a_no_op():
     assert load_run_config(config, ["data.mlm_probability=0.2"]).data.mlm_probability == 0.2  # no phase sets it
     flat = load_run_config(config, ["train.phases=[]", "train.steps=1000", "data.global_batch_size=256"])
     assert flat.data.global_batch_size == 256 and flat.train.phases == ()
+
+
+def test_a_pretraining_workdir_holding_only_its_tokenizer_reruns(tmp_path):
+    """What a pod's other hosts hold (only process 0 writes the record), and what a run stopped during its setup
+    leaves: the rerun goes on (and keeps the tokenizer). Another run's log there is the user's and is refused."""
+    from bertjax.model_dirs import MODEL_CONFIG_FILE
+    from bertjax.train.run_config import CheckpointConfig
+    from bertjax.train.workdir import check_workdir_is_for
+
+    workdir = tmp_path / "run"
+    (workdir / "tokenizer").mkdir(parents=True)
+    (workdir / "tokenizer" / "tokenizer.model").write_bytes(b"pieces")
+    check_workdir_is_for(workdir, MODEL_CONFIG_FILE, CheckpointConfig())
+    (workdir / "loss.png").write_bytes(b"my plot")
+    with pytest.raises(ConfigError, match="holds no bertjax run .* but holds loss.png, which a run writes there"):
+        check_workdir_is_for(workdir, MODEL_CONFIG_FILE, CheckpointConfig())

@@ -177,7 +177,7 @@ def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None
     def run(config, workdir: str | Path, *args, config_path: str | Path | None = None, **kwargs):
         if record is not None:
             check_local_workdir(workdir, RUN_FILES[record])
-        directory = getattr(getattr(config, "checkpoint", None), "directory", None)
+        directory = _configured_checkpoint_directory(config)
         if directory is not None:  # a bucket needs its filesystem package: say so now, not at the first read
             remote.require_filesystem(directory, "checkpoint.directory")
         workdir = Path(workdir).absolute()
@@ -216,11 +216,16 @@ def exclusive(pretrain: Callable | None = None, *, check: Callable | None = None
     return run
 
 
+def _configured_checkpoint_directory(config: Any) -> str | None:
+    """checkpoint.directory of any run type's config (None: the workdir's checkpoints/)."""
+    return getattr(getattr(config, "checkpoint", None), "directory", None)
+
+
 def _checkpoint_directory(config: Any, workdir: Path) -> Path | None:
     """The run's checkpoint.directory when it needs a lock of its own: a local one outside the workdir. (The
     workdir's checkpoints/ is covered by the workdir lock.) A bucket has no atomic create-if-absent through
     etils.epath, so a directory there is not locked: docs/guarantees.md says what holds instead."""
-    directory = getattr(getattr(config, "checkpoint", None), "directory", None)
+    directory = _configured_checkpoint_directory(config)
     if directory is None or "://" in str(directory):
         return None
     directory = Path(directory).absolute()
