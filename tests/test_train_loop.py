@@ -109,3 +109,37 @@ def test_summary_names_the_step_of_an_evaluation_that_was_not_at_the_end(finishe
     assert "(stopped by SIGTERM or Ctrl-C; rerun to resume)" in lines[0]
     assert f"latest held-out MLM loss (step 3): {finished_run.eval_loss_end:.4f}" in lines
     assert not any("at the end" in line for line in lines)
+
+
+class _Messages:
+    def __init__(self):
+        self.lines = []
+
+    def message(self, text):
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize("platform, kind, peak", [
+    ("gpu", "NVIDIA H100 PCIe", 756e12),
+    # No datasheet peak here: a short timed matmul on such a card would measure its launch overhead, so no MFU.
+    ("gpu", "NVIDIA RTX PRO 6000 Blackwell", None),
+])
+def test_mfu_is_against_the_datasheet_peak_or_not_reported(monkeypatch, platform, kind, peak):
+    from bertjax.config import get_config
+    from bertjax.train import loop
+    from bertjax.train.objectives import build_objective, objective_class
+
+    device = type("Device", (), {"platform": platform, "device_kind": kind})()
+    monkeypatch.setattr(loop.jax, "devices", lambda *a: [device])
+    config = run_config_from_dict({"model": {"preset": "bert-tiny"}, "data": {"seq_len": 16, "global_batch_size": 2},
+                                   "train": {"steps": 1}})
+    messages = _Messages()
+    assert loop._peak_flops(config, "float32", messages) == peak
+    assert kind in messages.lines[0] and ("not reported" in messages.lines[0]) == (peak is None)
+    monkeypatch.undo()
+    objective = build_objective(objective_class("mlm").options_class(name="mlm"), get_config("bert-tiny"))
+    throughput = loop._Throughput(objective, peak)
+    throughput.restart()
+    throughput.add(16, {"tokens": 32.0, "predictions": 4.0, "rows": 2.0})
+    report = throughput.report()
+    assert report["tokens_per_sec"] > 0 and ("mfu" in report) == (peak is not None)

@@ -276,6 +276,73 @@ def test_analytic_flops_match_xla_cost_analysis():
     assert 0.97 < xla_flops / ours < 1.10, (xla_flops, ours)
 
 
+def _matmul_flops(fn, *args) -> float:
+    """2 x output elements x contracted size, summed over every dot_general of fn's jaxpr (sub-jaxprs included):
+    an exact count of the matrix products a program performs, independent of bertjax's formulas."""
+    def count(jaxpr, times):
+        total = 0.0
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "dot_general":
+                (contracted, _), _ = eqn.params["dimension_numbers"]
+                lhs = eqn.invars[0].aval.shape
+                total += times * 2 * np.prod(eqn.outvars[0].aval.shape) * np.prod([lhs[i] for i in contracted])
+            inner = times * eqn.params["length"] if eqn.primitive.name == "scan" else times
+            for value in eqn.params.values():
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(item, jax.extend.core.ClosedJaxpr):
+                        total += count(item.jaxpr, inner)
+                    elif isinstance(item, jax.extend.core.Jaxpr):
+                        total += count(item, inner)
+        return total
+    return count(jax.make_jaxpr(fn)(*args).jaxpr, 1)
+
+
+@pytest.mark.parametrize("name, seq, overrides", [
+    # v3: 8 log buckets, so 16 table rows at any length
+    ("deberta-v3-tiny", 32, {}),
+    # v1 (distances clamped at 64): a row of 24 tokens reads, and projects, only the 48 rows around the centre
+    ("deberta-base", 24, dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, vocab_size=100,
+                              disentangled=get_config("deberta-base").disentangled.replace(max_relative_positions=64))),
+    ("deberta-base", 40, dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, vocab_size=100,
+                              disentangled=get_config("deberta-base").disentangled.replace(max_relative_positions=16))),
+    # XLNet's content stream: its position scores against the 2 * seq encodings (and its two segment vectors), and
+    # the encodings' projection per layer
+    ("xlnet-tiny", 24, {}),
+])
+def test_relative_position_attention_counts_every_matmul_of_its_step(name, seq, overrides):
+    config = get_config(name, dropout_rate=0.0, **overrides)
+    model = MODEL_CLASSES["masked_lm"](config)
+    batch, predictions = 2, 5
+    ids = jnp.ones((batch, seq), jnp.int32)
+    positions = jnp.zeros((batch, predictions), jnp.int32)
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))["params"]
+    # The forward pass: training is counted as 3x it by convention (test_analytic_flops_match_xla_cost_analysis).
+    forward = lambda p: model.apply({"params": p}, ids, masked_positions=positions).logits
+    ours = flops.mlm_forward_flops(config, seq_len=seq, tokens=batch * seq, predictions=batch * predictions)
+    assert ours == pytest.approx(_matmul_flops(forward, params), rel=1e-9)
+
+
+def test_xlnet_query_stream_reads_the_content_streams_keys_and_values():
+    config = get_config("xlnet-tiny")
+    objective = objective_for("permutation_lm", config)
+    ratio = objective.options.prediction_ratio
+    content = flops.mlm_forward_flops(config, seq_len=64, tokens=128, predictions=128 / ratio)
+    query = flops.forward_flops_per_token(config, 64) - config.num_layers * 4 * config.hidden_size ** 2
+    counted = objective.train_flops(seq_len=64, tokens=128, predictions=0, rows=2)
+    assert counted == pytest.approx(3 * (content + 128 / ratio * query))
+
+
+def test_peak_is_the_datasheet_dense_bf16_figure_of_the_device_form_factor():
+    peaks = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+             "NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12, "NVIDIA GH200 480GB": 989e12, "NVIDIA B200": 2.25e15,
+             "NVIDIA GB200": 2.5e15, "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA L40S": 362e12, "NVIDIA L40": 181e12,
+             "NVIDIA L4": 121e12, "TPU v5 lite": 197e12, "TPU v5p": 459e12, "TPU v6 lite": 918e12,
+             "Tesla V100-SXM2-16GB": None, "cpu": None}
+    for kind, peak in peaks.items():
+        device = type("Device", (), {"device_kind": kind})()
+        assert flops.peak_flops_per_device(device) == peak, kind
+
+
 def test_local_layers_count_their_window_and_padding_is_not_work():
     config = get_config("modernbert-base")
     global_layer = 4 * config.num_heads * config.head_dim * 1024

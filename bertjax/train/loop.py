@@ -53,22 +53,32 @@ class PretrainResult:
     eval_loss_end_step: int | None = None  # the step eval_loss_end was measured at
 
 
-def _peak_flops(config: RunConfig, dtype: str, logger: MetricsLogger) -> float:
+def _peak_flops(config: RunConfig, dtype: str, logger: MetricsLogger) -> float | None:
+    """Per-device FLOP/s that MFU is relative to, or None (no MFU) on an accelerator with no datasheet peak here."""
     if config.train.peak_tflops_per_device is not None:
         return config.train.peak_tflops_per_device * 1e12
-    peak = flops_lib.peak_flops_per_device()
-    if peak is None:
+    device = jax.devices()[0]
+    peak = flops_lib.peak_flops_per_device(device)
+    if peak is not None:
+        logger.message(f"MFU is relative to the datasheet's dense bf16 peak of a {device.device_kind}: "
+                       f"{peak / 1e12:g} TFLOP/s per device (train.peak_tflops_per_device sets another)")
+    elif device.platform == "cpu":
         import jax.numpy as jnp
         peak = flops_lib.measure_peak_flops(jnp.dtype(dtype))
         logger.message(f"MFU is relative to this machine's measured {dtype} matmul rate: {peak / 1e9:.1f} GFLOP/s "
-                       f"per device ({jax.devices()[0].device_kind} has no published peak)")
+                       f"per device ({device.device_kind} has no published peak)")
+    else:
+        # A small timed matmul on a large accelerator measures its launch overhead, not its peak: MFU against it
+        # would read several times too high.
+        logger.message(f"MFU is not reported: bertjax.train.flops has no datasheet peak for a {device.device_kind}; "
+                       f"set train.peak_tflops_per_device to its dense bf16 TFLOP/s")
     return peak
 
 
 class _Throughput:
     """Tokens/s and MFU between log points, excluding compilation and evaluation time."""
 
-    def __init__(self, objective: Objective, peak_per_device: float):
+    def __init__(self, objective: Objective, peak_per_device: float | None):
         self.objective, self.peak = objective, peak_per_device
         self.start: float | None = None
         self.steps: list[tuple[int, dict]] = []
@@ -90,8 +100,10 @@ class _Throughput:
         model_flops = sum(self.objective.train_flops(seq_len=seq_len, tokens=float(c["tokens"]),
                                                      predictions=float(c["predictions"]), rows=float(c["rows"]))
                           for (seq_len, _), c in zip(self.steps, counts))
-        return {"tokens_per_sec": tokens / seconds,
-                "mfu": flops_lib.mfu(model_flops, seconds, jax.device_count(), self.peak)}
+        out = {"tokens_per_sec": tokens / seconds}
+        if self.peak is not None:
+            out["mfu"] = flops_lib.mfu(model_flops, seconds, jax.device_count(), self.peak)
+        return out
 
 
 @workdir_lib.exclusive(check=workdir_lib.check_pretraining_workdir,  # the lock; a failed setup leaves nothing

@@ -197,7 +197,8 @@ class Electra(Objective):
 
     def train_flops(self, *, seq_len, tokens, predictions, rows):
         h = self.model_config.hidden_size
-        discriminator = tokens * (flops_lib.forward_flops_per_token(self.model_config, seq_len) + 2 * h * h + 2 * h)
+        discriminator = (flops_lib.encoder_forward_flops(self.model_config, seq_len=seq_len, tokens=tokens)
+                         + tokens * (2 * h * h + 2 * h))  # the replaced-token head at every token
         generator = flops_lib.mlm_forward_flops(self.generator_config, seq_len=seq_len, tokens=tokens,
                                                 predictions=predictions)
         return 3.0 * (discriminator + generator)

@@ -87,12 +87,17 @@ class PermutationLM(Objective):
                 "plm_accuracy": losses.mean(sums["plm_correct"], sums["plm_weight"])}
 
     def train_flops(self, *, seq_len, tokens, predictions, rows):
-        # Content stream over every token, plus the query stream (about one more layer pass) and the LM head at the
-        # 1/K predicted tokens; the data's own MLM `predictions` count is not what this objective predicts.
+        # Content stream over every token, plus the query stream and the LM head at the 1/K predicted tokens; the
+        # data's own MLM `predictions` count is not what this objective predicts. The query stream reads the content
+        # stream's keys and values, so a prediction costs a layer pass without them. (The step runs the query
+        # stream at every position and gathers the predicted ones, as transformers does: hardware FLOPs that model
+        # FLOPs leave out.)
+        config = self.model_config
         predicted = tokens / self.options.prediction_ratio
-        return 3.0 * (flops_lib.mlm_forward_flops(self.model_config, seq_len=seq_len, tokens=tokens,
-                                                  predictions=predicted)
-                      + predicted * flops_lib.forward_flops_per_token(self.model_config, seq_len))
+        query_stream = (flops_lib.forward_flops_per_token(config, seq_len)
+                        - config.num_layers * flops_lib.key_value_flops_per_token(config))
+        return 3.0 * (flops_lib.mlm_forward_flops(config, seq_len=seq_len, tokens=tokens, predictions=predicted)
+                      + predicted * query_stream)
 
     def exports(self, params):
         return {"model": (MODEL_CLASSES[self.head](self.model_config), params)}
