@@ -50,12 +50,17 @@ class DisentangledSelfAttention(nn.Module):
         rel = inputs.relative_embeddings
         if rel is None:
             raise ValueError("disentangled attention needs the relative embedding table (EncoderStack builds it)")
+        span = dis.span
+        if not dis.position_buckets and x.shape[1] < span:
+            # v1 clamps distances at the span, so a row of seq tokens reads only the 2 * seq rows around the centre:
+            # project those alone (transformers trims the table the same way). Same outputs, less work.
+            rel, span = rel[span - x.shape[1]:span + x.shape[1]], x.shape[1]
         pos_key = pos_query = None
         if "c2p" in dis.pos_att_type:  # v1's pos_proj has no bias
             pos_key = (key if dis.share_att_key else proj("pos_key", not dis.fused_qkv))(rel)
         if "p2c" in dis.pos_att_type:
             pos_query = (query if dis.share_att_key else proj("pos_query", True))(rel)
-        out = disentangled_attention(q, k, v, pos_key, pos_query, segment_ids=inputs.segment_ids, span=dis.span,
+        out = disentangled_attention(q, k, v, pos_key, pos_query, segment_ids=inputs.segment_ids, span=span,
                                      buckets=dis.position_buckets, max_position=dis.max_relative_positions,
                                      implementation=dis.implementation, block_size=dis.block_size,
                                      interpret=cfg.attention_interpret)
