@@ -138,7 +138,9 @@ def test_decoder_weight_written_only_when_untied(preset, decoder_weight, bias_na
     assert_same_params(loaded, params)
 
 
-def test_modernbert_config_is_written_in_transformers5_format(tmp_path):
+def test_modernbert_config_is_written_for_transformers5_and_4(tmp_path):
+    """transformers >= 5.1 reads layer_types and rope_parameters; 4.48-5.0 read only the older keys and would
+    take their defaults (every 3rd layer global, theta 160000) in silence, so both are written."""
     model = tiny_model("modernbert-tiny", "masked_lm", num_layers=5, global_attention_every=2,
                        rope_theta_global=1234.0, rope_theta_local=99.0)
     bertjax.save_pretrained(str(tmp_path), model, random_params(model))
@@ -148,7 +150,8 @@ def test_modernbert_config_is_written_in_transformers5_format(tmp_path):
                                      "full_attention"]
     assert values["rope_parameters"] == {"full_attention": {"rope_type": "default", "rope_theta": 1234.0},
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 99.0}}
-    assert "global_attn_every_n_layers" not in values and "global_rope_theta" not in values
+    assert (values["global_attn_every_n_layers"], values["global_rope_theta"], values["local_rope_theta"]) == \
+        (2, 1234.0, 99.0)
 
 
 def modernbert_values(**changes) -> dict:

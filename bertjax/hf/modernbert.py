@@ -114,6 +114,10 @@ def to_hf_config(config: EncoderConfig, head: str) -> dict:
             "full_attention": {"rope_type": "default", "rope_theta": config.rope_theta_global},
             "sliding_attention": {"rope_type": "default", "rope_theta": config.rope_theta_local},
         },
+        # transformers 4.48-5.0 read the layer pattern and the thetas from these keys alone, and would take their
+        # defaults (every 3rd layer global, theta 160000) without a word; newer ones read the two above.
+        "global_attn_every_n_layers": config.global_attention_every,
+        "global_rope_theta": config.rope_theta_global, "local_rope_theta": config.rope_theta_local,
         "embedding_dropout": config.dropout_rate, "attention_dropout": 0.0, "mlp_dropout": config.dropout_rate,
         "decoder_bias": config.decoder_bias, "classifier_bias": config.head_dense_bias,
         "classifier_activation": ACTIVATION_TO_HF[config.head_activation],
