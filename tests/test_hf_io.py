@@ -241,6 +241,40 @@ def test_tensor_names_decide_over_architectures_as_in_transformers(bert_mlm_dir,
         assert_same_params(params[scope], encoder_params[scope])
 
 
+def _drop_config_key(directory: str, key: str) -> None:
+    path = os.path.join(directory, "config.json")
+    with open(path) as f:
+        values = json.load(f)
+    del values[key]
+    with open(path, "w") as f:
+        json.dump(values, f)
+
+
+def test_a_config_without_architectures_is_the_bare_model_as_automodel_reads_it(bert_mlm_dir, bert_mlm_copy,
+                                                                                caplog):
+    # DeBERTa's own releases (microsoft/deberta-v3-base) have model_type but no architectures.
+    _drop_config_key(bert_mlm_copy, "architectures")
+    with caplog.at_level("WARNING", logger="bertjax.hf.pretrained"):
+        model, params = bertjax.from_pretrained(bert_mlm_copy)
+    assert type(model) is bertjax.EncoderModel and "no architectures" in caplog.text
+    assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir, head="encoder")[1])
+    # The head asked for takes its tensors from the file where they are there.
+    model, params = bertjax.from_pretrained(bert_mlm_copy, head="masked_lm")
+    assert type(model) is bertjax.EncoderForMaskedLM
+    assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir)[1])
+
+
+def test_a_config_without_model_type_takes_the_family_of_its_class(bert_mlm_dir, bert_mlm_copy):
+    _drop_config_key(bert_mlm_copy, "model_type")
+    model, params = bertjax.from_pretrained(bert_mlm_copy)
+    assert type(model) is bertjax.EncoderForMaskedLM and model.config.family == "bert"
+    assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir)[1])
+    edit_config(bert_mlm_copy, architectures=["FunnelForMaskedLM"])
+    with pytest.raises(ValueError, match=r"checkpoint/config\.json: no 'model_type', and architectures\[0\] "
+                                         r"\('FunnelForMaskedLM'\) is no class bertjax reads"):
+        bertjax.from_pretrained(bert_mlm_copy)
+
+
 def test_mlm_checkpoint_with_pretraining_heads_loads_without_them(bert_mlm_dir, bert_mlm_copy, caplog):
     """bert-base-uncased says BertForMaskedLM but its file still holds the pooler and NSP head."""
     extra = {"bert.pooler.dense.weight": np.ones((32, 32), np.float32),
@@ -284,7 +318,7 @@ def test_wrong_shape_is_an_error(bert_mlm_copy):
                                                 r"bertjax reads: \['BertForMaskedLM'"),
     ({"architectures": ["BertLMHeadModel"]}, "BertLMHeadModel is a causal .left-to-right. language model"),
     ({"architectures": []}, "architectures"),
-    ({"model_type": "funnel"}, "unknown model_type 'funnel'"),  # a family bertjax does not have
+    ({"model_type": "funnel"}, r"checkpoint/config\.json: unknown model_type 'funnel'"),  # not a bertjax family
     ({"architectures": ["RobertaForMaskedLM"]}, "model_type is 'bert'"),
     ({"hidden_act": "quick_gelu"}, "hidden_act='quick_gelu'"),
     ({"is_decoder": True}, "is_decoder"),

@@ -68,8 +68,8 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
                     **task) -> tuple[nn.Module, dict]:
     """(model, params) from a directory written by transformers' `save_pretrained`.
 
-    The head follows `config.architectures[0]` unless `head` (a name in bertjax.models.MODEL_CLASSES) asks for
-    another: then the backbone comes from the file, so does any head tensor the new head shares with it (BERT's
+    The head follows `config.architectures[0]` (a file without it, as DeBERTa's releases: the bare model, as
+    transformers' AutoModel) unless `head` (a name in bertjax.models.MODEL_CLASSES) asks for another: then the backbone comes from the file, so does any head tensor the new head shares with it (BERT's
     pretrained pooler, as transformers does), and the rest of the new head is initialised from `seed`, with a
     warning listing what was initialised. `**task` sets TaskConfig fields (num_labels, labels, problem_type,
     classifier_dropout, classifier_pooling) over the checkpoint's; a head tensor that no longer fits (another
@@ -84,7 +84,10 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
     if dtype_name not in LOADABLE_DTYPES:
         raise ValueError(f"dtype must be one of {LOADABLE_DTYPES}, got {dtype_name}")
     values = _read_config(path)
-    family, saved_head = registry.architecture(values, head)
+    try:
+        family, saved_head = registry.architecture(values, head)
+    except ValueError as error:
+        raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: {str(error).removeprefix(f'{CONFIG_FILE}: ')}") from None
     head = head or saved_head
     if head not in MODEL_CLASSES:
         raise ValueError(f"unknown head {head!r}; known: {sorted(MODEL_CLASSES)}")
@@ -118,13 +121,13 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
     prefixed = any(key.startswith(family.task_heads.base_prefix) for key in tensors)
     names_agree = prefixed == (saved_head != "encoder")
     if not names_agree:
-        logger.warning("%s: architectures[0] is %s, but the tensor names are %s; reading them as such", path,
-                       values["architectures"][0],
+        logger.warning("%s: config.json says %s, but the tensor names are %s; reading them as such", path,
+                       _architecture_named(values),
                        f"a head model's ({family.task_heads.base_prefix!r} prefix)" if prefixed else "a bare model's")
     if head == saved_head and not task and names_agree:
         mapping = family.mapping(config, head)
         _check_mapping_covers(mapping, expected)
-        flat = _load_exact(path, values, head, mapping, tensors, dtype_name)
+        flat = _load_exact(path, values, model_type, head, mapping, tensors, dtype_name)
     else:
         flat = _load_into_new_head(path, family, model, saved_head, head, tensors, expected, seed, prefixed)
     for param_path, spec in expected.items():
@@ -164,17 +167,16 @@ def _check_layer_count(path: str, values: dict, config: EncoderConfig, tensors: 
                      f"holds {holds}")
 
 
-def _load_exact(path: str, values: dict, head: str, mapping: KeyMapping, tensors: dict[str, np.ndarray],
-                dtype_name: str) -> dict[ParamPath, jax.Array]:
+def _load_exact(path: str, values: dict, model_type: str, head: str, mapping: KeyMapping,
+                tensors: dict[str, np.ndarray], dtype_name: str) -> dict[ParamPath, jax.Array]:
     """Every parameter from the file, every tensor of the file used (or known to be droppable)."""
-    model_type = values["model_type"]
     consumed = set(mapping.ignored) & set(tensors)
     flat: dict[ParamPath, jax.Array] = {}
     for rule in mapping.rules:
         present = [key for key in rule.hf_keys if key in tensors]
         if not present:
             raise ValueError(f"{path}: missing tensor {rule.hf_keys[0]!r} (needed by a {model_type} {head} model, "
-                             f"architecture {values['architectures'][0]})")
+                             f"{_architecture_named(values)})")
         key = present[0]
         consumed.update(present)
         tensor = _floating(path, key, tensors[key])
@@ -189,8 +191,15 @@ def _load_exact(path: str, values: dict, head: str, mapping: KeyMapping, tensors
     unexpected = sorted(set(tensors) - consumed - set(unused))
     if unexpected:
         raise ValueError(f"{path}: unexpected tensor(s) {unexpected} for a {model_type} {head} model "
-                         f"(architecture {values['architectures'][0]})")
+                         f"({_architecture_named(values)})")
     return flat
+
+
+def _architecture_named(values: dict) -> str:
+    """How config.json names the class, for messages."""
+    if not values.get("architectures"):
+        return "no architectures (the bare model)"
+    return f"architecture {values['architectures'][0]}"
 
 
 def _floating(path: str, key: str, tensor: np.ndarray) -> np.ndarray:

@@ -55,17 +55,29 @@ def architecture(values: dict, head: str | None = None) -> tuple[HfFamily, str]:
 
     `head`: the head the caller will build instead. A class bertjax does not model but whose encoder is
     bidirectional is then accepted, and its name returned as the head the file holds.
+    Older files lack one of the two, as transformers accepts: a missing `model_type` is the named class's family; a
+    missing `architectures` (DeBERTa's own releases have none) is the family's bare model, which transformers'
+    AutoModel builds from such a file.
     """
     family = next((f for f in REMOTE_CODE_FAMILIES if f.claims(values)), None)
     model_type = values.get("model_type")
+    architectures = values.get("architectures")
+    named = architectures[0] if isinstance(architectures, list) and architectures else None
     if family is None:
         if model_type == "mosaicbert":
             raise ValueError("config.json: model_type 'mosaicbert' is bertjax's name for MosaicBERT; MosaicML's "
                              "checkpoints say model_type 'bert' and name bert_layers.py in auto_map")
+        if model_type is None and isinstance(named, str) and named in ARCHITECTURES:
+            model_type = ARCHITECTURES[named][0]
+        if model_type is None:
+            raise ValueError(f"config.json: no 'model_type', and architectures[0] ({named!r}) is no class bertjax "
+                             f"reads; Hugging Face families bertjax reads and writes: {sorted(FAMILIES)}")
         family = family_named(model_type)
-    architectures = values.get("architectures")
-    if not isinstance(architectures, list) or not architectures:
-        raise ValueError("config.json: 'architectures' must name the model class, e.g. [\"BertForMaskedLM\"]")
+    if architectures is None:
+        return family, "encoder"
+    if not isinstance(named, str):
+        raise ValueError("config.json: 'architectures' must name the model class, e.g. "
+                         f"[\"{next(iter(family.heads))}\"]")
     name = architectures[0]
     if name in family.heads:
         return family, family.heads[name]
