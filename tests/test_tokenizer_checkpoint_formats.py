@@ -166,6 +166,64 @@ def test_convert_from_hf_writes_the_built_tokenizer_json(checkpoints, tmp_path):
         np.testing.assert_array_equal(converted.encode(text), original.encode(text))
 
 
+@pytest.fixture(scope="module")
+def roberta_slow_checkpoint(tmp_path_factory):
+    """A RoBERTa checkpoint's tokenizer as transformers 4's slow RobertaTokenizer saved it (and many RoBERTa,
+    Longformer and DeBERTa v1 checkpoints ship it): vocab.json + merges.txt and configs, no tokenizer.json."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    directory = tmp_path_factory.mktemp("roberta-slow")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(default_corpus_documents()[:200], vocab_size=400, show_progress=False,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.save_model(str(directory))
+    write(directory, {"config.json": {"model_type": "roberta"},
+                      "tokenizer_config.json": {"tokenizer_class": "RobertaTokenizer", "model_max_length": 512},
+                      "special_tokens_map.json": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                                  "sep_token": "</s>", "pad_token": "<pad>", "cls_token": "<s>",
+                                                  "mask_token": "<mask>"}})
+    return directory
+
+
+def test_a_vocab_json_and_merges_checkpoint_tokenizes_as_transformers(roberta_slow_checkpoint):
+    assert sorted(p.name for p in roberta_slow_checkpoint.glob("*.json")) == [
+        "config.json", "special_tokens_map.json", "tokenizer_config.json", "vocab.json"]
+    tokenizer = load_tokenizer(roberta_slow_checkpoint)
+    reference = transformers.AutoTokenizer.from_pretrained(str(roberta_slow_checkpoint))
+    assert (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.pad_id) == \
+        (reference.cls_token_id, reference.sep_token_id, reference.mask_token_id, reference.pad_token_id)
+    template = tokenizer.special_template
+    for text in TEXTS:
+        assert template.build(tokenizer.encode(text))[0] == reference(text)["input_ids"], text
+    for first, second in PAIRS:
+        assert template.build(tokenizer.encode(first), tokenizer.encode(second))[0] == \
+            reference(first, second)["input_ids"]
+
+
+def test_a_vocab_json_without_merges_is_named(roberta_slow_checkpoint, tmp_path):
+    write(tmp_path / "half", {"vocab.json": json.loads((roberta_slow_checkpoint / "vocab.json").read_text())})
+    with pytest.raises(ValueError, match=r"vocab.json has no merges.txt beside it"):
+        load_tokenizer(tmp_path / "half")
+
+
+def test_convert_from_hf_carries_a_vocab_json_tokenizer(roberta_slow_checkpoint, tmp_path):
+    import torch
+
+    from bertjax.cli import main
+
+    source = tmp_path / "hf"
+    write(source, {p.name: p.read_bytes() for p in roberta_slow_checkpoint.iterdir()})
+    config = transformers.RobertaConfig(vocab_size=400, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=40, max_position_embeddings=64, pad_token_id=1)
+    torch.manual_seed(0)
+    transformers.RobertaForMaskedLM(config).save_pretrained(str(source))
+    assert main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "converted")]) == 0
+    assert {"vocab.json", "merges.txt", "tokenizer.json"} <= {p.name for p in (tmp_path / "converted").iterdir()}
+    converted, original = load_tokenizer(tmp_path / "converted"), load_tokenizer(source)
+    for text in TEXTS:
+        np.testing.assert_array_equal(converted.encode(text), original.encode(text))
+
+
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cases", "rise", "caf", "##e", "é", "c", "##o",
          "##v", "##i", "##d", "##1", "##9", "<", ">", "e", "##n", "##t", "中", "文", "##文"]
 

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Tokenizer files travel with the weights, so `bertjax fill-mask --model OUT` works on the converted directory.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.txt", "*.model")
+                   "vocab.txt", "*.model", "vocab.json", "merges.txt")
 
 
 def _checkpoint_roots(source: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""Tokenizers behind one interface: SentencePiece `.model`, Hugging Face `tokenizer.json`, WordPiece `vocab.txt`.
+"""Tokenizers behind one interface: SentencePiece `.model`, Hugging Face `tokenizer.json`, WordPiece `vocab.txt`
+(and a transformers checkpoint's `vocab.json` + `merges.txt`, through transformers' conversion).
 
 Every tokenizer gives the pipeline what it needs and nothing more:
 - `encode(text)` / `encode_batch(texts)`: token ids as int32 numpy arrays, *without* special tokens (the pipeline
@@ -519,12 +520,21 @@ def _load_sentencepiece(path: pathlib.Path) -> Tokenizer:
     return SentencePieceTokenizer.from_file(path)
 
 
+def _load_byte_level_bpe(path: pathlib.Path) -> Tokenizer:
+    """A checkpoint's byte-level BPE saved without tokenizer.json (vocab.json + merges.txt, as many RoBERTa,
+    Longformer and DeBERTa v1 checkpoints are): built by transformers' own conversion, as for a .model."""
+    if not (path.parent / "merges.txt").is_file():
+        raise InvalidTokenizerFile(f"{path} has no merges.txt beside it: a byte-level BPE tokenizer needs both")
+    return HuggingFaceTokenizer.from_transformers_files(path.parent)
+
+
 # What `load_tokenizer` looks for in a directory, in order of preference: tokenizer.json describes a Hugging Face
 # tokenizer completely (offsets, added tokens), so it wins over a bare .model or vocab.txt next to it.
 TOKENIZER_FILES: tuple[tuple[str, Callable[[pathlib.Path], Tokenizer]], ...] = (
     ("tokenizer.json", HuggingFaceTokenizer.from_file),
     ("*.model", _load_sentencepiece),
     ("vocab.txt", WordPieceTokenizer.from_file),
+    ("vocab.json", _load_byte_level_bpe),
 )
 # A single file is loaded by its suffix.
 TOKENIZER_SUFFIXES: dict[str, Callable[[pathlib.Path], Tokenizer]] = {

@@ -325,7 +325,7 @@ def load_sentence_encoder(path: str | os.PathLike, *, dtype: str | None = None, 
     model, params, tokenizer = load_model_dir(root, allow_pickle=allow_pickle)
     if tokenizer is None:
         raise FileNotFoundError(f"{root}: holds no tokenizer, which an embedding model needs (tokenizer.json, "
-                                "vocab.txt or a SentencePiece .model)")
+                                "vocab.txt, vocab.json + merges.txt or a SentencePiece .model)")
     check_tokenizer_fits(tokenizer, model.config, root)
     check_single_text_layout(tokenizer, str(root))
     embedding_model = _embedding_model(model, pooling or PoolingConfig(), (), dtype)

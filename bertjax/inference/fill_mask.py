@@ -162,8 +162,8 @@ def load_predictor(model_dir: str | Path, step: int | None = None,
     model, params, tokenizer = load_model_dir(model_dir, step=step, allow_pickle=allow_pickle)
     check_masked_lm(model, f"--model {model_dir}")  # first: with the wrong model a tokenizer would not help
     if tokenizer is None:
-        raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model or "
-                                "vocab.txt); copy the checkpoint's tokenizer files next to its weights")
+        raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model, "
+                                "vocab.txt or vocab.json + merges.txt); copy the checkpoint's tokenizer files next to its weights")
     return make_predictor(model, params, tokenizer)
 
 
