@@ -179,10 +179,16 @@ def roberta_slow_checkpoint(tmp_path_factory):
     bpe.save_model(str(directory))
     write(directory, {"config.json": {"model_type": "roberta"},
                       "tokenizer_config.json": {"tokenizer_class": "RobertaTokenizer", "model_max_length": 512},
-                      "special_tokens_map.json": {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-                                                  "sep_token": "</s>", "pad_token": "<pad>", "cls_token": "<s>",
-                                                  "mask_token": "<mask>"}})
+                      # transformers 4 wrote some as bare AddedToken dicts (no "__type")
+                      "special_tokens_map.json": {"bos_token": _added("<s>"), "eos_token": _added("</s>"),
+                                                  "unk_token": _added("<unk>"), "sep_token": "</s>",
+                                                  "pad_token": "<pad>", "cls_token": "<s>",
+                                                  "mask_token": _added("<mask>", lstrip=True)}})
     return directory
+
+
+def _added(content: str, lstrip: bool = False) -> dict:
+    return {"content": content, "lstrip": lstrip, "normalized": True, "rstrip": False, "single_word": False}
 
 
 def test_a_vocab_json_and_merges_checkpoint_tokenizes_as_transformers(roberta_slow_checkpoint):
@@ -198,6 +204,20 @@ def test_a_vocab_json_and_merges_checkpoint_tokenizes_as_transformers(roberta_sl
     for first, second in PAIRS:
         assert template.build(tokenizer.encode(first), tokenizer.encode(second))[0] == \
             reference(first, second)["input_ids"]
+
+
+def test_an_exported_byte_level_bpe_is_written_for_transformers_4_too(roberta_slow_checkpoint, tmp_path):
+    """transformers <= 4.44 (tokenizers < 0.20) reads merges only as "a b" strings, and transformers 4 reads a special
+    token dict in tokenizer_config.json only with its "__type" tag."""
+    save_for_transformers(load_tokenizer(roberta_slow_checkpoint), tmp_path / "export")
+    merges = json.loads((tmp_path / "export" / "tokenizer.json").read_text())["model"]["merges"]
+    assert merges and all(isinstance(merge, str) and len(merge.split(" ")) == 2 for merge in merges)
+    config = json.loads((tmp_path / "export" / "tokenizer_config.json").read_text())
+    assert config["bos_token"] == {"__type": "AddedToken", **_added("<s>")}
+    exported = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export"))
+    original = transformers.AutoTokenizer.from_pretrained(str(roberta_slow_checkpoint))
+    for text in TEXTS:
+        assert exported(text)["input_ids"] == original(text)["input_ids"], text
 
 
 def test_a_vocab_json_without_merges_is_named(roberta_slow_checkpoint, tmp_path):

@@ -133,10 +133,10 @@ def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     hf = to_hf_tokenizer(tokenizer)
-    hf.save(str(directory / TOKENIZER_JSON))
+    (directory / TOKENIZER_JSON).write_text(_with_portable_merges(hf.to_str(pretty=True)), encoding="utf-8")
     names = special_tokens(tokenizer, hf)
     # A checkpoint's own class and options (RobertaTokenizer, add_prefix_space, ...) when it came with them.
-    kept = getattr(tokenizer, "transformers_config", {})
+    kept = {key: _tagged_added_token(value) for key, value in getattr(tokenizer, "transformers_config", {}).items()}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **_padding_side(tokenizer), **kept, **names,
               "clean_up_tokenization_spaces": False}
     if model_max_length is not None:
@@ -148,6 +148,29 @@ def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_
     (directory / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
     (directory / SPECIAL_TOKENS_MAP).write_text(json.dumps(names, indent=1) + "\n")
     return [TOKENIZER_JSON, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP]
+
+
+def _with_portable_merges(tokenizer_json: str) -> str:
+    """BPE merges as "left right" strings, which every `tokenizers` release reads; releases since 0.20 write
+    [left, right] pairs, which those before (transformers <= 4.44) refuse. A pair whose parts hold a space has no
+    string form, and the file then keeps the pairs."""
+    described = json.loads(tokenizer_json)
+    model = described.get("model") or {}
+    merges = model.get("merges")
+    if model.get("type") != "BPE" or not merges or not all(isinstance(m, list) for m in merges):
+        return tokenizer_json
+    if any(" " in part for merge in merges for part in merge):
+        return tokenizer_json
+    model["merges"] = [" ".join(merge) for merge in merges]
+    return json.dumps(described, indent=2, ensure_ascii=False)
+
+
+def _tagged_added_token(value):
+    """A special token saved by transformers 4 as a bare {"content": ...} dict (special_tokens_map.json) carries the
+    "__type" tag transformers 4 needs to read it back in tokenizer_config.json (5 reads either)."""
+    if isinstance(value, dict) and "content" in value and "__type" not in value:
+        return {"__type": "AddedToken", **value}
+    return value
 
 
 def _padding_side(tokenizer: Tokenizer) -> dict[str, str]:
