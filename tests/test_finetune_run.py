@@ -535,3 +535,26 @@ def test_a_bfloat16_model_directory_trains_float32_master_weights(files, tmp_pat
                       stop_after=1)
     assert {np.asarray(leaf).dtype for leaf in jax.tree.leaves(result.params)} == {np.dtype("float32")}
     assert result.model.config.dtype == "bfloat16"  # the directory's compute dtype is kept
+
+
+def test_a_longformer_trains_with_the_global_token_bound_of_its_data(files, tmp_path, monkeypatch):
+    """Under jit a traced global mask without a bound makes every position a global slot ([seq, seq]); fine-tuning
+    knows its rows before the steps compile, so its steps carry their most global tokens (1 per unpacked row)."""
+    from bertjax.finetune import trainer
+
+    model_dir = tiny_model_dir(tmp_path / "longformer", "longformer-tiny", position_offset=1)  # padding id 0
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(task, model, *args, **kwargs):
+        seen["config"] = model.config
+        raise Stop
+
+    monkeypatch.setattr(trainer, "make_steps", capture)
+    task = task_class("sequence-classification")
+    config = load_finetune_config(None, ["data.max_length=16"], task.defaults)
+    with pytest.raises(Stop):
+        finetune(model_dir, task, files["train"], files["validation"], tmp_path / "run", config, say=lambda _: None)
+    assert seen["config"].longformer.max_global_tokens == 1

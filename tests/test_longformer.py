@@ -7,6 +7,8 @@ only global token is padding. Outputs are compared in float32 at real tokens (AT
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,3 +235,69 @@ def test_init_from_roberta_tiles_positions_and_copies_global_projections(tmp_pat
     with pytest.raises(ValueError, match="model.init_from: parameter embeddings/word_embeddings/embedding"):
         wider = get_config("longformer-tiny", vocab_size=VOCAB + 1)
         initial_params(str(tmp_path), wider, abstract_params(bertjax.EncoderForMaskedLM(wider)), None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The global-token bound fine-tuning and predict give their steps
+
+
+def _task_model(head, **config):
+    model = bertjax.MODEL_CLASSES[head](get_config("longformer-tiny", vocab_size=VOCAB, **config).replace(
+        task=bertjax.TaskConfig(num_labels=2)))
+    return model, random_bertjax_params(model, seed=4)
+
+
+def _separated_rows(question_lengths, seq=SEQ):
+    """<s> question </s></s> answer </s> rows, right-padded: the question holds question_lengths[i] tokens."""
+    ids = np.full((len(question_lengths), seq), 1)
+    segments = np.zeros((len(question_lengths), seq), np.int32)
+    for row, q in enumerate(question_lengths):
+        length = q + 12
+        ids[row, :length] = np.arange(3, 3 + length) % (VOCAB - 3) + 3
+        ids[row, [0, q + 1, q + 2, length - 1]] = [0, 2, 2, 2]
+        segments[row, :length] = 1
+    return ids, segments
+
+
+@pytest.mark.parametrize("head, bound", [("sequence_classification", 1), ("question_answering", 9),
+                                         ("multiple_choice", 9)])
+def test_a_task_heads_default_global_tokens_are_bounded_by_the_data(head, bound):
+    from bertjax.models.task_models import with_global_token_bound
+
+    model, params = _task_model(head)
+    ids, segments = _separated_rows([4, 8, 2])  # questions of 4, 8 and 2 tokens after <s>
+    if head == "multiple_choice":  # 3 choices of one question; each answer (9 tokens after </s></s>) is global
+        ids, segments = ids[None], segments[None]
+    bounded = with_global_token_bound(model, {"input_ids": ids, "segment_ids": segments})
+    assert bounded.config.longformer.max_global_tokens == bound
+    assert model.config.longformer.max_global_tokens is None  # the saved model keeps no bound
+    # Under jit, the bounded program gives what the model gives on the concrete mask (exact slots).
+    expected = model.apply({"params": params}, ids, segment_ids=segments)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "traced without a bound" warning
+        jitted = jax.jit(bounded.apply)({"params": params}, ids, segment_ids=segments)
+    for name in ("logits", "start_logits"):
+        if hasattr(expected, name):
+            np.testing.assert_allclose(np.asarray(getattr(jitted, name)), np.asarray(getattr(expected, name)),
+                                       atol=2e-5)
+
+
+def test_the_bounded_classifier_is_linear_in_the_length_under_jit():
+    from bertjax.models.task_models import with_global_token_bound
+
+    model, params = _task_model("sequence_classification", max_position_embeddings=1024 + 2)
+    ids, segments = np.full((1, 1024), 5), np.ones((1, 1024), np.int32)
+    bounded = with_global_token_bound(model, {"input_ids": ids, "segment_ids": segments})
+
+    def temporary_bytes(m):
+        compiled = jax.jit(m.apply).lower({"params": params}, ids, segment_ids=segments).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        linear = temporary_bytes(bounded)
+    with pytest.warns(UserWarning, match=r"traced without a bound .* every one of the 1024 positions is a global "
+                                         r"slot, a \[seq, seq\] program"):
+        quadratic = temporary_bytes(model)
+    # The unbounded program scores every position against every key ([heads, 1024, 1024] floats per layer).
+    assert quadratic > 4 * linear, (quadratic, linear)

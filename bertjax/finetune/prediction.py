@@ -86,6 +86,7 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
     from bertjax.inference.texts import check_tokenizer_fits
     from bertjax.model_dirs import load_model_dir
     from bertjax.models.inputs import check_ids
+    from bertjax.models.task_models import with_global_token_bound
 
     if batch_size <= 0:
         raise ValueError(f"--batch-size must be positive, got {batch_size}")
@@ -105,5 +106,7 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
         say(warning)
     # The inference layer (as fill-mask and embed): examples packed several per row where the model allows it,
     # shape buckets under a token budget, rows split over every local device (bertjax/finetune/inference.py).
+    # A Longformer runs with the most global tokens a row here has: a static bound keeps its attention linear.
+    model = with_global_token_bound(model, encoded.arrays)
     outputs = predict_outputs(model, params, task, encoded, tokenizer, max_tokens=max_tokens, batch_size=batch_size)
     return task.predictions(outputs, encoded, labels)

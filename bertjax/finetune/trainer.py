@@ -301,6 +301,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     one workdir would write each other's checkpoints and best/."""
     from bertjax.model_dirs import load_model_dir, read_token_ids
     from bertjax.models.inputs import check_ids
+    from bertjax.models.task_models import with_global_token_bound
     from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.schedules import build_schedule
     from bertjax.train.state import start_or_resume
@@ -364,7 +365,9 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
         save_finetune_config(config, workdir / CONFIG_FILE)
         write_run_file(workdir, task, labels, config, {**identity, "config": to_dict(config)})
 
-    train_step, evaluate = make_steps(task, model, optimizer, schedule, mesh, shardings, config.train.seed,
+    # A Longformer's steps with the most global tokens a row here has: a static bound keeps attention linear.
+    step_model = with_global_token_bound(model, train_data.arrays, validation.arrays)
+    train_step, evaluate = make_steps(task, step_model, optimizer, schedule, mesh, shardings, config.train.seed,
                                       config.train.nonfinite)
     every = config.eval.every or per_epoch
     log = report.EvaluationLog(workdir, start_step, write=primary)

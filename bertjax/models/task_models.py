@@ -16,6 +16,8 @@ Parameters: embeddings/, encoder/, then `classifier/` (dense, norm, out as the f
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,7 +91,7 @@ class EncoderForSequenceClassification(_Backbone):
         """Longformer: without a `global_attention_mask`, the first token of every segment (the pooled <s>) is global,
         as transformers' LongformerForSequenceClassification puts global attention on the first token."""
         if global_attention_mask is None and self.config.longformer is not None:
-            global_attention_mask = segment_starts(input_ids, attention_mask, segment_ids)
+            global_attention_mask = default_global_attention(self, input_ids, attention_mask, segment_ids)
         hidden, inputs = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids,
                                                  segment_ids, deterministic,
                                                  global_attention_mask=global_attention_mask)
@@ -127,7 +129,7 @@ class EncoderForQuestionAnswering(_Backbone):
         """Longformer: without a `global_attention_mask`, the question (tokens before the first separator) is
         global, as transformers' LongformerForQuestionAnswering does."""
         if global_attention_mask is None and self.config.longformer is not None:
-            global_attention_mask = around_first_separator(input_ids, self.config.longformer.sep_token_id, True)
+            global_attention_mask = default_global_attention(self, input_ids, attention_mask, segment_ids)
         hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
                              global_attention_mask)
         logits = self.classifier(hidden, deterministic)
@@ -153,7 +155,7 @@ class EncoderForMultipleChoice(_Backbone):
         if not isinstance(input_ids, jax.Array):  # as given: an int32 cast here would wrap an int64 id past the check
             input_ids = np.asarray(input_ids)
         if global_attention_mask is None and self.config.longformer is not None:
-            global_attention_mask = around_first_separator(input_ids, self.config.longformer.sep_token_id, False)
+            global_attention_mask = default_global_attention(self, input_ids, attention_mask, segment_ids)
         if input_ids.ndim != 3:
             raise ValueError(f"multiple choice input_ids must be [batch, choices, seq], got shape {input_ids.shape}")
         batch, choices, seq = input_ids.shape
@@ -182,3 +184,42 @@ MODEL_CLASSES.update({
 })
 # The heads the fine-tuning code and the Hugging Face task mappings know.
 TASK_HEADS = ("sequence_classification", "token_classification", "question_answering", "multiple_choice")
+
+
+# Longformer task heads put global attention where transformers' do when the caller gives no
+# global_attention_mask: model class -> mask of (model, input_ids, attention_mask, segment_ids).
+DEFAULT_GLOBAL_ATTENTION = {
+    EncoderForSequenceClassification: lambda model, ids, mask, segments: segment_starts(ids, mask, segments),
+    EncoderForQuestionAnswering:
+        lambda model, ids, mask, segments: around_first_separator(ids, model.config.longformer.sep_token_id, True),
+    EncoderForMultipleChoice:
+        lambda model, ids, mask, segments: around_first_separator(ids, model.config.longformer.sep_token_id, False),
+}
+
+
+def default_global_attention(model, input_ids, attention_mask=None, segment_ids=None):
+    """The global attention mask `model` gives itself when none is passed (None: the head sets none)."""
+    make = DEFAULT_GLOBAL_ATTENTION.get(type(model))
+    return None if make is None else make(model, input_ids, attention_mask, segment_ids)
+
+
+def with_global_token_bound(model, *datasets: dict[str, np.ndarray]):
+    """`model` with `longformer.max_global_tokens` set to the most global tokens a row of `datasets` (arrays with
+    input_ids and segment_ids, as fine-tuning encodes them) gets from the head's default mask; `model` itself when
+    it is no Longformer task head or already has a bound.
+
+    Under jax.jit the mask is traced, and without a static bound every position would be a global slot: a
+    [seq, seq] program for a handful of global tokens. The data is known before the steps compile, so its count is
+    the bound (the step's checks refuse a row past it)."""
+    longformer = model.config.longformer
+    if longformer is None or longformer.max_global_tokens is not None or type(model) not in DEFAULT_GLOBAL_ATTENTION:
+        return model
+    most = 1
+    for arrays in datasets:
+        ids, segments = np.asarray(arrays["input_ids"]), np.asarray(arrays["segment_ids"])
+        if not ids.size:
+            continue
+        flags = np.asarray(default_global_attention(model, ids, None, segments)) != 0
+        most = max(most, int((flags & (segments != 0)).reshape(-1, ids.shape[-1]).sum(axis=1).max()))
+    bounded = model.config.replace(longformer=dataclasses.replace(longformer, max_global_tokens=most))
+    return model.clone(config=bounded)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,6 +52,11 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
     return index - start_index
 
 
+# Rows up to Longformer's usual window (512) are one window already: their [seq, seq] global program costs no more
+# than local attention, and model.init traces short example rows. Past it, an unbounded traced mask is a warning.
+UNBOUNDED_GLOBAL_WARNING_LENGTH = 512
+
+
 def global_slots(global_tokens: jax.Array, max_global_tokens: int | None) -> int:
     """How many global positions per row an implementation gathers (a static count).
 
@@ -64,4 +71,10 @@ def global_slots(global_tokens: jax.Array, max_global_tokens: int | None) -> int
             raise ValueError(f"global_attention_mask: a row has {most} global tokens, more than "
                              f"max_global_tokens={max_global_tokens} (a Longformer's longformer.max_global_tokens)")
         return min(max_global_tokens, seq)
-    return max(most, 1) if most is not None else seq
+    if most is None and seq > UNBOUNDED_GLOBAL_WARNING_LENGTH:
+        warnings.warn(f"Longformer global attention traced without a bound (longformer.max_global_tokens=None): every "
+                      f"one of the {seq} positions is a global slot, a [seq, seq] program. Set the most global tokens "
+                      "a row has to keep it linear in the length", stacklevel=2)
+    if most is None:
+        return seq
+    return max(most, 1)
