@@ -511,6 +511,31 @@ def test_fill_mask_packed_equals_the_model_on_each_text():
             np.testing.assert_allclose([o.probability for o in options], probs[position][expected], rtol=1e-4)
 
 
+def test_fill_mask_projects_only_its_mask_slots_onto_the_vocabulary():
+    """The vocabulary projection (and its softmax and top-k) is most of a fill-mask row's cost at every token: the
+    row function computes it at the row's mask slots only, and gives the other tokens zeros."""
+    import bertjax
+    from bertjax.inference.fill_mask import fill_mask_row_fn
+
+    config = get_config("bert-tiny", vocab_size=211)
+    model = bertjax.EncoderForMaskedLM(config)
+    params = random_params(model, seed=2)
+    ids = np.full((2, 24), 7, np.int32)
+    ids[0, [3, 9]] = ids[1, 5] = 4  # mask id 4: two masks in row 0, one in row 1
+    batch = {"input_ids": ids, "segment_ids": np.ones_like(ids)}
+    row_fn = fill_mask_row_fn(model, (0, 4), 211, 8, 4, 2)
+    shapes = [v.aval.shape for e in jax.make_jaxpr(row_fn, static_argnums=2)(params, batch, 1).eqns
+              for v in e.outvars]
+    assert (2, 2, 211) in shapes and not [s for s in shapes if s[-2:] == (24, 211)]
+    tokens = jax.jit(row_fn, static_argnums=2)(params, batch, 1)["tokens"]
+    full = jax.nn.softmax(np.where(np.isin(np.arange(211), [0, 4]), -np.inf,
+                                   model.apply({"params": params}, ids).logits), axis=-1)
+    for row, position in ((0, 3), (0, 9), (1, 5)):
+        np.testing.assert_allclose(tokens["top_probs"][row, position], np.sort(full[row, position])[::-1][:8],
+                                   rtol=1e-5)
+    assert not np.asarray(tokens["top_probs"])[1, [0, 3, 9]].any()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Task-head prediction (`bertjax predict`) on the same path.
 

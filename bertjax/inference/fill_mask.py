@@ -59,10 +59,14 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=16)
-def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, top_k: int):
-    """Row function (bertjax.inference.runner) of a masked language model: per token, the top_k token ids and
-    their probabilities (the special tokens and the rows from `tokenizer_size` on, beyond the tokenizer's
-    vocabulary, banned), float32. Cached on hashable arguments: predictors of an equal model share programs."""
+def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, top_k: int, mask_id: int,
+                     mask_slots: int):
+    """Row function (bertjax.inference.runner) of a masked language model: at each [MASK] (`mask_id`), the top_k
+    token ids and their probabilities (the special tokens and the rows from `tokenizer_size` on, beyond the
+    tokenizer's vocabulary, banned), float32; zeros at the other tokens. The MLM head projects only the first
+    `mask_slots` masks of a row onto the vocabulary (the caller's bound on masks per row): that projection, not
+    the encoder, is most of the cost at every token. Cached on hashable arguments: predictors of an equal model
+    share programs."""
     type_vocab_size = model.config.type_vocab_size
     banned = np.zeros(model.config.vocab_size, bool)
     banned[[i for i in special_ids if i < model.config.vocab_size]] = True
@@ -70,11 +74,21 @@ def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, t
 
     def row_fn(params, batch, max_segments):
         ids = batch["input_ids"]
+        batch_size, seq = ids.shape
+        is_mask = (ids == mask_id) & (batch["segment_ids"] != 0)
+        positions = jnp.argsort(~is_mask, axis=1, stable=True)[:, :min(mask_slots, seq)]  # masks first, in order
         kwargs = {"token_type_ids": jnp.zeros_like(ids)} if type_vocab_size else {}
-        logits = model.apply({"params": params}, ids, segment_ids=batch["segment_ids"], **kwargs).logits
+        logits = model.apply({"params": params}, ids, segment_ids=batch["segment_ids"], masked_positions=positions,
+                             **kwargs).logits
         probs = jax.nn.softmax(jnp.where(jnp.asarray(banned), -jnp.inf, logits.astype(jnp.float32)), axis=-1)
         top_probs, top_ids = jax.lax.top_k(probs, top_k)
-        return {"tokens": {"top_ids": top_ids, "top_probs": top_probs}}
+        # Back to per-token outputs; slots past a row's last mask point at a non-mask token: their writes drop.
+        target = jnp.where(jnp.take_along_axis(is_mask, positions, axis=1), positions, seq)
+        rows = jnp.arange(batch_size)[:, None]
+        return {"tokens": {"top_ids": jnp.zeros((batch_size, seq, top_k), top_ids.dtype).at[rows, target].set(
+                               top_ids, mode="drop"),
+                           "top_probs": jnp.zeros((batch_size, seq, top_k), top_probs.dtype).at[rows, target].set(
+                               top_probs, mode="drop")}}
 
     return row_fn
 
@@ -112,7 +126,7 @@ def make_predictor(model, params, tokenizer, *,
     max_length = model_max_length(config)
     packing = supports_packing(config)
     buckets = BucketConfig(max_tokens=max_tokens, max_segments=16 if packing else 1)
-    by_k: dict[int, TextInference] = {}
+    by_k: dict[tuple[int, int], TextInference] = {}
     placed = []
 
     def many(texts: list[str], top_k: int = 5) -> list[list[list[Prediction]]]:
@@ -126,10 +140,14 @@ def make_predictor(model, params, tokenizer, *,
         # Spare candidates (pieces that decode to nothing are skipped), rounded up to a power of two: a service
         # passing each request's top_k compiles a few programs, not one set per value.
         k = min(max(16, 1 << (top_k + 8 - 1).bit_length()), config.vocab_size)
-        if k not in by_k:
-            row_fn = fill_mask_row_fn(model, special_ids, tokenizer.vocab_size, k)
-            by_k[k] = TextInference(row_fn, tokenizer, max_length, buckets=buckets, packing=packing)
-        inference = by_k[k]
+        # A row holds at most max_segments texts, so at most that many times the most masks a text has (rounded up
+        # to a power of two, so that few programs compile).
+        most = max(int(np.sum(ids == tokenizer.mask_id)) for ids, _ in encoded) if encoded else 1
+        slots = min(buckets.max_segments * (1 << (most - 1).bit_length()), max_length)
+        if (k, slots) not in by_k:
+            row_fn = fill_mask_row_fn(model, special_ids, tokenizer.vocab_size, k, tokenizer.mask_id, slots)
+            by_k[k, slots] = TextInference(row_fn, tokenizer, max_length, buckets=buckets, packing=packing)
+        inference = by_k[k, slots]
         if not placed:
             placed.append(inference.runner.place_params(params))
         outputs = inference.run_sequences(placed[0], [ids for ids, _ in encoded])
