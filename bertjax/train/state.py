@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import struct
+from flax import struct, traverse_util
 from jax.sharding import Mesh, NamedSharding
 
 from bertjax.train import mesh as mesh_lib
@@ -164,6 +164,29 @@ def start_or_resume(model, optimizer: optax.GradientTransformation, mesh: Mesh, 
         _, shardings = state_shardings(initialise, optimizer, mesh)
         checkpointer.set_aside_after(start)  # checkpoint.restore_step: the later steps are trained again
         return state, shardings, accumulated, None
-    state, shardings = create_train_state(initialise, optimizer, mesh, seed)
-    params, fresh = transplant(state.params, pretrained)
-    return state.replace(params=place(params, shardings.params)), shardings, {"loss_sum": 0.0, "count": 0.0}, fresh
+    state, shardings, fresh = _start_from(initialise, optimizer, mesh, seed, pretrained)
+    return state, shardings, {"loss_sum": 0.0, "count": 0.0}, fresh
+
+
+def _start_from(init_params: Initialiser, optimizer: optax.GradientTransformation, mesh: Mesh, seed: int,
+                pretrained: Any) -> tuple[TrainState, TrainState, list[str]]:
+    """`create_train_state` with `pretrained`'s parameters wherever their shapes fit: only the rest (a new head)
+    is drawn, by an initialiser that returns just those leaves, so XLA drops the backbone's random draws (seconds
+    of compile and a second copy of the model). The values are the ones the whole initialiser draws for them."""
+    abstract, shardings = state_shardings(init_params, optimizer, mesh)
+    merged, fresh = transplant(abstract.params, pretrained)
+    flat = traverse_util.flatten_dict(merged)
+    missing = [path for path, value in flat.items() if isinstance(value, jax.ShapeDtypeStruct)]
+    if missing:
+        param_shardings = traverse_util.flatten_dict(shardings.params)
+
+        def draw_missing(key):
+            drawn = traverse_util.flatten_dict(nn.meta.unbox(init_params(key)))
+            return [drawn[path] for path in missing]
+
+        drawn = jax.jit(draw_missing, out_shardings=[param_shardings[path] for path in missing])(jax.random.key(seed))
+        flat.update(zip(missing, drawn))
+    params = place(traverse_util.unflatten_dict(flat), shardings.params)
+    opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
+    step = jax.device_put(jnp.zeros([], jnp.int32), shardings.step)
+    return TrainState(step=step, params=params, opt_state=opt_state), shardings, fresh
