@@ -218,6 +218,8 @@ def test_embedder_equals_encode_in_input_order_with_bad_texts(model_dir):
     warmed = fresh.compiles
     np.testing.assert_array_equal(fresh.embed_token_ids(ids, prompt_name="query"), ours)
     assert fresh.compiles == warmed
+    # The default, "auto", computes in float32 on CPU (bfloat16 matmuls run slower there), as `bertjax embed` does.
+    assert Embedder(encoder).model.config.dtype == "float32"
     half = Embedder(encoder, dtype="bfloat16", max_tokens=256).embed(texts, prompt_name="query")
     assert half.dtype == np.float32
     np.testing.assert_allclose(half, reference, atol=3e-2)

@@ -54,15 +54,6 @@ def add_embedding_arguments(parser: argparse.ArgumentParser) -> None:
     add_allow_pickle(parser)
 
 
-def resolve_dtype(dtype: str) -> str:
-    import jax
-
-    if dtype != "auto":
-        return dtype
-    # XLA:CPU runs bfloat16 matmuls slower than float32; accelerators run them at twice the rate or more.
-    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
-
-
 def load_embedder(args: argparse.Namespace):
     from bertjax.embeddings import Embedder, load_sentence_encoder
 
@@ -82,7 +73,7 @@ def load_embedder(args: argparse.Namespace):
     if changes:
         encoder = encoder.replace(pooling=encoder.pooling.replace(**changes))  # checks truncate_dim <= dim
     return Embedder(encoder, max_tokens=args.max_tokens, max_segments=args.max_segments,
-                    dtype=resolve_dtype(args.dtype), overflow=args.overflow, stride=args.stride)
+                    dtype=args.dtype, overflow=args.overflow, stride=args.stride)
 
 
 def run(args: argparse.Namespace) -> int:

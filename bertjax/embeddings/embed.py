@@ -1,7 +1,7 @@
 """Embedding a corpus through the inference layer: packed rows, shape buckets, a token budget, bf16 compute.
 
     from bertjax.embeddings import Embedder, load_sentence_encoder
-    embedder = Embedder(load_sentence_encoder("model_dir"), dtype="bfloat16")  # max_tokens: 2048 on CPU, else 16384
+    embedder = Embedder(load_sentence_encoder("model_dir"))  # bfloat16 on GPU/TPU; max_tokens: 2048 on CPU, else 16384
     vectors = embedder.embed(texts, prompt_name="document")        # float32 [len(texts), dim], input order
 
 `SentenceEncoder.encode` runs one text per row (small jobs, parity tests); `Embedder` is the fast path: many texts
@@ -49,13 +49,14 @@ class Embedder:
 
     max_tokens: token budget of one batch (None: 2,048 on CPU, 16,384 on accelerators; buckets.default_max_tokens);
     lengths: bucket row lengths (the encoder's max_seq_length is added);
-    max_segments: texts per packed row at most (1: no packing); dtype: compute dtype of the backbone ("bfloat16",
-    "float32"; None keeps the encoder's); overflow / stride: "truncate" (default) or "chunk" with `stride` tokens
+    max_segments: texts per packed row at most (1: no packing); dtype: compute dtype of the backbone ("auto":
+    bfloat16 on GPU/TPU, float32 on CPU, where bfloat16 matmuls run slower; "bfloat16", "float32"; None keeps the
+    encoder's); overflow / stride: "truncate" (default) or "chunk" with `stride` tokens
     shared by neighbouring chunks; mesh: a data mesh (default: every local device).
     """
 
     def __init__(self, encoder: SentenceEncoder, *, max_tokens: int | None = None,
-                 lengths: Sequence[int] = DEFAULT_LENGTHS, max_segments: int = 32, dtype: str | None = "bfloat16",
+                 lengths: Sequence[int] = DEFAULT_LENGTHS, max_segments: int = 32, dtype: str | None = "auto",
                  overflow: str = "truncate", stride: int = 0, mesh=None):
         # At construction, not at the first embed: the checks to_sequences makes of every batch.
         to_sequences([], SequenceFormat.for_tokenizer(encoder.tokenizer, encoder.max_seq_length), overflow, stride)
