@@ -215,5 +215,5 @@ class SentenceEncoder:
                 segment_ids[row, :len(tokens[i])] = 1
             vectors = _embed_rows_jit(self.model, self.params, jnp.asarray(input_ids), jnp.asarray(segment_ids),
                                       max_segments=1, prompt_lengths=prompt_length)
-            out[chosen] = np.asarray(vectors[:len(chosen), 0])
+            out[chosen] = np.asarray(vectors)[:len(chosen), 0]  # sliced on the host: no eager program per size
         return out
