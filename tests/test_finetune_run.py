@@ -558,3 +558,32 @@ def test_a_longformer_trains_with_the_global_token_bound_of_its_data(files, tmp_
     with pytest.raises(Stop):
         finetune(model_dir, task, files["train"], files["validation"], tmp_path / "run", config, say=lambda _: None)
     assert seen["config"].longformer.max_global_tokens == 1
+
+
+def test_predict_runs_a_longformer_with_the_global_token_bound_of_its_input(tmp_path, monkeypatch):
+    """QA puts the question (and <s>) in global attention: `predict` gives its program the most a row has."""
+    import bertjax
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from bertjax.finetune import inference
+    from finetune_helpers import VOCAB
+
+    mlm_dir = tiny_model_dir(tmp_path / "mlm", "longformer-tiny", position_offset=1,  # padding id 0
+                             longformer={"sep_token_id": VOCAB.index("[SEP]")})
+    model, params = bertjax.from_pretrained(str(mlm_dir), head="question_answering")
+    bertjax.save_pretrained(str(tmp_path / "qa"), model, params)
+    WordPieceTokenizer("\n".join(VOCAB)).save(tmp_path / "qa")
+    rows = _questions(np.random.default_rng(0), 4)
+    rows[2]["question"] = "who is it and where is it ?"  # 8 words, each a token: <s> + 8 are global
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(model, *args, **kwargs):
+        seen["config"] = model.config
+        raise Stop
+
+    monkeypatch.setattr(inference, "predict_outputs", capture)
+    with pytest.raises(Stop):
+        predict(tmp_path / "qa", write_jsonl(tmp_path / "questions.jsonl", rows))
+    assert seen["config"].longformer.max_global_tokens == 9

@@ -282,6 +282,35 @@ def test_a_task_heads_default_global_tokens_are_bounded_by_the_data(head, bound)
                                        atol=2e-5)
 
 
+def test_packed_rows_bound_by_their_segments_and_a_subclass_keeps_its_heads_mask():
+    from bertjax.models.task_models import with_global_token_bound
+
+    class MyClassifier(bertjax.MODEL_CLASSES["sequence_classification"]):
+        pass
+
+    model, params = _task_model("sequence_classification")
+    mine = MyClassifier(model.config)
+    ids = np.full((2, SEQ), 5)
+    segments = np.zeros((2, SEQ), np.int32)
+    segments[0, :30] = np.repeat([1, 2, 3], 10)  # three packed examples: a global <s> each
+    segments[1, :12] = 1
+    assert with_global_token_bound(mine, {"input_ids": ids, "segment_ids": segments}
+                                   ).config.longformer.max_global_tokens == 3
+    np.testing.assert_array_equal(mine.apply({"params": params}, ids, segment_ids=segments, max_segments=3).logits,
+                                  model.apply({"params": params}, ids, segment_ids=segments, max_segments=3).logits)
+
+
+def test_a_bound_of_the_models_own_that_the_data_exceeds_is_refused():
+    from bertjax.models.task_models import with_global_token_bound
+
+    model, _ = _task_model("question_answering", longformer=LongformerOptions(attention_window=8, max_global_tokens=5))
+    ids, segments = _separated_rows([4, 8])
+    with pytest.raises(ValueError, match=r"a row of the data has 9 global tokens .* more than the model's "
+                                         r"longformer.max_global_tokens=5"):
+        with_global_token_bound(model, {"input_ids": ids, "segment_ids": segments})
+    assert with_global_token_bound(model, {"input_ids": ids[:1], "segment_ids": segments[:1]}) is model
+
+
 def test_the_bounded_classifier_is_linear_in_the_length_under_jit():
     from bertjax.models.task_models import with_global_token_bound
 

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.ops.masks import flagged_first, scatter_slots
+
 # Mask spellings accepted in the text, whatever the tokenizer's own mask token is (EuroBERT's is <|mask|>).
 MASK_PATTERN = re.compile(r"\[MASK\]|<mask>|<\|mask\|>")
 
@@ -76,19 +78,16 @@ def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, t
         ids = batch["input_ids"]
         batch_size, seq = ids.shape
         is_mask = (ids == mask_id) & (batch["segment_ids"] != 0)
-        positions = jnp.argsort(~is_mask, axis=1, stable=True)[:, :min(mask_slots, seq)]  # masks first, in order
+        positions, valid = flagged_first(is_mask, mask_slots)
         kwargs = {"token_type_ids": jnp.zeros_like(ids)} if type_vocab_size else {}
         logits = model.apply({"params": params}, ids, segment_ids=batch["segment_ids"], masked_positions=positions,
                              **kwargs).logits
         probs = jax.nn.softmax(jnp.where(jnp.asarray(banned), -jnp.inf, logits.astype(jnp.float32)), axis=-1)
         top_probs, top_ids = jax.lax.top_k(probs, top_k)
-        # Back to per-token outputs; slots past a row's last mask point at a non-mask token: their writes drop.
-        target = jnp.where(jnp.take_along_axis(is_mask, positions, axis=1), positions, seq)
-        rows = jnp.arange(batch_size)[:, None]
-        return {"tokens": {"top_ids": jnp.zeros((batch_size, seq, top_k), top_ids.dtype).at[rows, target].set(
-                               top_ids, mode="drop"),
-                           "top_probs": jnp.zeros((batch_size, seq, top_k), top_probs.dtype).at[rows, target].set(
-                               top_probs, mode="drop")}}
+        # Back to per-token outputs, zeros at the tokens that are no mask.
+        per_token = lambda values: scatter_slots(jnp.zeros((*ids.shape, top_k), values.dtype), positions, valid,
+                                                 values)  # noqa: E731
+        return {"tokens": {"top_ids": per_token(top_ids), "top_probs": per_token(top_probs)}}
 
     return row_fn
 
@@ -181,7 +180,8 @@ def load_predictor(model_dir: str | Path, step: int | None = None,
     check_masked_lm(model, f"--model {model_dir}")  # first: with the wrong model a tokenizer would not help
     if tokenizer is None:
         raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model, "
-                                "vocab.txt or vocab.json + merges.txt); copy the checkpoint's tokenizer files next to its weights")
+                                "vocab.txt or vocab.json + merges.txt); copy the checkpoint's tokenizer files next "
+                                "to its weights")
     return make_predictor(model, params, tokenizer)
 
 

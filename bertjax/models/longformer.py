@@ -22,7 +22,7 @@ from bertjax.config import EncoderConfig
 from bertjax.models.attention import ATTENTION_MODULES
 from bertjax.models.common import dense
 from bertjax.models.inputs import EncoderInputs
-from bertjax.ops.masks import global_slots
+from bertjax.ops.masks import flagged_first, global_slots, scatter_slots
 from bertjax.ops.xla_attention import MASKED
 
 
@@ -54,11 +54,9 @@ class LongformerSelfAttention(nn.Module):
 
     def global_rows(self, x, out, global_tokens, segment_ids, query_global, key_global, value_global):
         """`out` with the rows of global tokens replaced by their global attention over their segment."""
-        batch, seq, heads, dim = out.shape
+        dim = out.shape[-1]
         slots = global_slots(global_tokens, self.config.longformer.max_global_tokens)
-        # Global positions first, in order (a stable sort of "not global"); the first `slots` of them.
-        order = jnp.argsort(~global_tokens, axis=1, stable=True)[:, :slots]  # [batch, slots]
-        valid = jnp.take_along_axis(global_tokens, order, axis=1)
+        order, valid = flagged_first(global_tokens, slots)  # [batch, slots]: global positions first, in order
         qg = query_global(jnp.take_along_axis(x, order[..., None], axis=1))  # [batch, slots, heads, dim]
         kg, vg = key_global(x), value_global(x)  # [batch, seq, heads, dim]
         scores = jnp.einsum("bghd,bshd->bhgs", qg * jnp.asarray(dim ** -0.5, qg.dtype), kg,
@@ -68,9 +66,7 @@ class LongformerSelfAttention(nn.Module):
         scores = jnp.where(visible[:, None], scores, MASKED)
         weights = jax.nn.softmax(scores, axis=-1).astype(vg.dtype)
         rows = jnp.einsum("bhgs,bshd->bghd", weights, vg, preferred_element_type=jnp.float32).astype(out.dtype)
-        # Slots past a row's last global token point at a position that is not global: drop their writes.
-        target = jnp.where(valid, order, seq)
-        return out.at[jnp.arange(batch)[:, None], target].set(rows, mode="drop")
+        return scatter_slots(out, order, valid, rows)
 
 
 ATTENTION_MODULES["longformer"] = LongformerSelfAttention

@@ -16,6 +16,7 @@ Parameters: embeddings/, encoder/, then `classifier/` (dense, norm, out as the f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import jax
@@ -81,6 +82,11 @@ class EncoderForSequenceClassification(_Backbone):
     [batch, K].
     """
 
+    @classmethod
+    def default_global_attention(cls, config, input_ids, attention_mask=None, segment_ids=None):
+        """Longformer: the global attention mask this head gives itself when the caller passes none."""
+        return segment_starts(input_ids, attention_mask, segment_ids)
+
     def setup(self):
         super().setup()
         self.classifier = SequenceHead(self.config, self.config.task_or_default.num_labels)
@@ -91,7 +97,8 @@ class EncoderForSequenceClassification(_Backbone):
         """Longformer: without a `global_attention_mask`, the first token of every segment (the pooled <s>) is global,
         as transformers' LongformerForSequenceClassification puts global attention on the first token."""
         if global_attention_mask is None and self.config.longformer is not None:
-            global_attention_mask = default_global_attention(self, input_ids, attention_mask, segment_ids)
+            global_attention_mask = self.default_global_attention(self.config, input_ids, attention_mask,
+                                                                  segment_ids)
         hidden, inputs = self.encode_with_inputs(input_ids, attention_mask, token_type_ids, position_ids,
                                                  segment_ids, deterministic,
                                                  global_attention_mask=global_attention_mask)
@@ -120,6 +127,11 @@ class EncoderForTokenClassification(_Backbone):
 class EncoderForQuestionAnswering(_Backbone):
     """Extractive QA: a start and an end logit per token (transformers' `qa_outputs`, 2 outputs)."""
 
+    @classmethod
+    def default_global_attention(cls, config, input_ids, attention_mask=None, segment_ids=None):
+        """Longformer: the global attention mask this head gives itself when the caller passes none."""
+        return around_first_separator(input_ids, config.longformer.sep_token_id, True)
+
     def setup(self):
         super().setup()
         self.classifier = TokenHead(self.config, 2)
@@ -129,7 +141,8 @@ class EncoderForQuestionAnswering(_Backbone):
         """Longformer: without a `global_attention_mask`, the question (tokens before the first separator) is
         global, as transformers' LongformerForQuestionAnswering does."""
         if global_attention_mask is None and self.config.longformer is not None:
-            global_attention_mask = default_global_attention(self, input_ids, attention_mask, segment_ids)
+            global_attention_mask = self.default_global_attention(self.config, input_ids, attention_mask,
+                                                                  segment_ids)
         hidden = self.encode(input_ids, attention_mask, token_type_ids, position_ids, segment_ids, deterministic,
                              global_attention_mask)
         logits = self.classifier(hidden, deterministic)
@@ -140,6 +153,11 @@ class EncoderForQuestionAnswering(_Backbone):
 @with_call_arguments
 class EncoderForMultipleChoice(_Backbone):
     """Inputs [batch, choices, seq]; each choice is encoded as its own row and scored by one logit."""
+
+    @classmethod
+    def default_global_attention(cls, config, input_ids, attention_mask=None, segment_ids=None):
+        """Longformer: the global attention mask this head gives itself when the caller passes none."""
+        return around_first_separator(input_ids, config.longformer.sep_token_id, False)
 
     def setup(self):
         super().setup()
@@ -155,7 +173,8 @@ class EncoderForMultipleChoice(_Backbone):
         if not isinstance(input_ids, jax.Array):  # as given: an int32 cast here would wrap an int64 id past the check
             input_ids = np.asarray(input_ids)
         if global_attention_mask is None and self.config.longformer is not None:
-            global_attention_mask = default_global_attention(self, input_ids, attention_mask, segment_ids)
+            global_attention_mask = self.default_global_attention(self.config, input_ids, attention_mask,
+                                                                  segment_ids)
         if input_ids.ndim != 3:
             raise ValueError(f"multiple choice input_ids must be [batch, choices, seq], got shape {input_ids.shape}")
         batch, choices, seq = input_ids.shape
@@ -186,40 +205,39 @@ MODEL_CLASSES.update({
 TASK_HEADS = ("sequence_classification", "token_classification", "question_answering", "multiple_choice")
 
 
-# Longformer task heads put global attention where transformers' do when the caller gives no
-# global_attention_mask: model class -> mask of (model, input_ids, attention_mask, segment_ids).
-DEFAULT_GLOBAL_ATTENTION = {
-    EncoderForSequenceClassification: lambda model, ids, mask, segments: segment_starts(ids, mask, segments),
-    EncoderForQuestionAnswering:
-        lambda model, ids, mask, segments: around_first_separator(ids, model.config.longformer.sep_token_id, True),
-    EncoderForMultipleChoice:
-        lambda model, ids, mask, segments: around_first_separator(ids, model.config.longformer.sep_token_id, False),
-}
-
-
-def default_global_attention(model, input_ids, attention_mask=None, segment_ids=None):
-    """The global attention mask `model` gives itself when none is passed (None: the head sets none)."""
-    make = DEFAULT_GLOBAL_ATTENTION.get(type(model))
-    return None if make is None else make(model, input_ids, attention_mask, segment_ids)
-
-
 def with_global_token_bound(model, *datasets: dict[str, np.ndarray]):
     """`model` with `longformer.max_global_tokens` set to the most global tokens a row of `datasets` (arrays with
     input_ids and segment_ids, as fine-tuning encodes them) gets from the head's default mask; `model` itself when
-    it is no Longformer task head or already has a bound.
+    it is no Longformer task head with such a mask, or when its own bound holds them.
 
     Under jax.jit the mask is traced, and without a static bound every position would be a global slot: a
     [seq, seq] program for a handful of global tokens. The data is known before the steps compile, so its count is
-    the bound (the step's checks refuse a row past it)."""
+    the bound. A bound of the model's own that the data exceeds is an error: under jit the global tokens past it
+    would be dropped in silence."""
     longformer = model.config.longformer
-    if longformer is None or longformer.max_global_tokens is not None or type(model) not in DEFAULT_GLOBAL_ATTENTION:
+    make_mask = getattr(type(model), "default_global_attention", None)
+    if longformer is None or make_mask is None:
         return model
     most = 1
-    for arrays in datasets:
-        ids, segments = np.asarray(arrays["input_ids"]), np.asarray(arrays["segment_ids"])
-        if not ids.size:
-            continue
-        flags = np.asarray(default_global_attention(model, ids, None, segments)) != 0
-        most = max(most, int((flags & (segments != 0)).reshape(-1, ids.shape[-1]).sum(axis=1).max()))
+    with _on_host():  # host data: the masks need no accelerator memory
+        for arrays in datasets:
+            ids, segments = np.asarray(arrays["input_ids"]), np.asarray(arrays["segment_ids"])
+            if ids.size:
+                flags = np.asarray(make_mask(model.config, ids, None, segments)) != 0
+                most = max(most, int((flags & (segments != 0)).reshape(-1, ids.shape[-1]).sum(axis=1).max()))
+    bound = longformer.max_global_tokens
+    if bound is not None:
+        if most > bound:
+            raise ValueError(f"a row of the data has {most} global tokens (the {type(model).__name__} default "
+                             f"mask), more than the model's longformer.max_global_tokens={bound}: raise it to "
+                             f"{most} or more in its model config")
+        return model
     bounded = model.config.replace(longformer=dataclasses.replace(longformer, max_global_tokens=most))
     return model.clone(config=bounded)
+
+
+def _on_host():
+    try:
+        return jax.default_device(jax.devices("cpu")[0])
+    except RuntimeError:  # JAX_PLATFORMS without cpu
+        return contextlib.nullcontext()

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from bertjax.ops.masks import flagged_first, scatter_slots
 from bertjax.ops.xla_attention import MASKED, dense_attention, unnormalised_softmax
 
 
@@ -143,7 +144,7 @@ def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, inte
         scores = scores - slopes[None, :, None, :, None, None] * distance
     scores = jnp.where(visible[:, None, :, None], scores, MASKED)
     if global_tokens is not None:
-        order, valid = _global_order(global_tokens, global_slots or seq)
+        order, valid = flagged_first(global_tokens, global_slots or seq)
         slots = order.shape[1]
         g_seg = jnp.where(valid, jnp.take_along_axis(segment_ids, order, axis=1), -1)  # -1 matches no query
         gather = lambda x: jnp.take_along_axis(x, order[:, :, None, None], axis=1).transpose(0, 2, 1, 3)
@@ -169,13 +170,6 @@ def blockwise_local_attention(q, k, v, *, segment_ids, local_window, scale, inte
     return out
 
 
-def _global_order(global_tokens, slots: int):
-    """(positions [batch, slots], valid [batch, slots]): each row's global positions first, in order."""
-    slots = min(slots, global_tokens.shape[1])
-    order = jnp.argsort(~global_tokens, axis=1, stable=True)[:, :slots].astype(jnp.int32)
-    return order, jnp.take_along_axis(global_tokens, order, axis=1)
-
-
 def _global_query_rows(out, q, k, v, segment_ids, order, valid, scale, slopes):
     """`out` with the rows of global queries replaced by attention over every key of their segment."""
     batch, seq, heads, head_dim = q.shape
@@ -193,8 +187,7 @@ def _global_query_rows(out, q, k, v, segment_ids, order, valid, scale, slopes):
     weights, denominator = unnormalised_softmax(scores)
     rows = jnp.einsum("bhgqk,bkhd->bhgqd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
     rows = (rows / denominator).transpose(0, 3, 1, 2, 4).reshape(batch, slots, heads, head_dim).astype(out.dtype)
-    target = jnp.where(valid, order, seq)  # slots past a row's last global token write nowhere
-    return out.at[jnp.arange(batch)[:, None], target].set(rows, mode="drop")
+    return scatter_slots(out, order, valid, rows)  # slots past a row's last global token write nowhere
 
 
 # Measured on the 2-core CPU against the dense path (12 heads x 64,

@@ -12,7 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from bertjax.ops.blockwise_attention import _global_order, _global_query_rows
+from bertjax.ops.blockwise_attention import _global_query_rows
+from bertjax.ops.masks import flagged_first
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
@@ -57,7 +58,7 @@ def merge_global_tokens(q, k, v, seg, glob, global_slots, *, scale: float, half:
     kv_heads = k.shape[2]
     group = heads // kv_heads
     out_local, lse_local = local(q, k, v)
-    order, valid = _global_order(glob, global_slots or seq)
+    order, valid = flagged_first(glob, global_slots or seq)
     g_seg = jnp.where(valid, jnp.take_along_axis(seg, order, axis=1), -1)
     gather = lambda x: jnp.take_along_axis(x, order[:, :, None, None], axis=1)  # [batch, slots, kv_heads, dim]
     k_glob, v_glob = gather(k), gather(v)

@@ -71,10 +71,25 @@ def global_slots(global_tokens: jax.Array, max_global_tokens: int | None) -> int
             raise ValueError(f"global_attention_mask: a row has {most} global tokens, more than "
                              f"max_global_tokens={max_global_tokens} (a Longformer's longformer.max_global_tokens)")
         return min(max_global_tokens, seq)
-    if most is None and seq > UNBOUNDED_GLOBAL_WARNING_LENGTH:
-        warnings.warn(f"Longformer global attention traced without a bound (longformer.max_global_tokens=None): every "
-                      f"one of the {seq} positions is a global slot, a [seq, seq] program. Set the most global tokens "
-                      "a row has to keep it linear in the length", stacklevel=2)
     if most is None:
+        if seq > UNBOUNDED_GLOBAL_WARNING_LENGTH:
+            warnings.warn(f"Longformer global attention traced without a bound (longformer.max_global_tokens=None): "
+                          f"every one of the {seq} positions is a global slot, a [seq, seq] program. Set the most "
+                          "global tokens a row has to keep it linear in the length", stacklevel=2)
         return seq
     return max(most, 1)
+
+
+def flagged_first(flags: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
+    """(positions [batch, slots] int32, valid [batch, slots]): each row's flagged positions first, in order (a
+    stable sort of "not flagged"), cut to a static number of slots; `valid` says which slots hold a flagged one."""
+    slots = min(slots, flags.shape[1])
+    positions = jnp.argsort(~flags, axis=1, stable=True)[:, :slots].astype(jnp.int32)
+    return positions, jnp.take_along_axis(flags, positions, axis=1)
+
+
+def scatter_slots(out: jax.Array, positions: jax.Array, valid: jax.Array, values: jax.Array) -> jax.Array:
+    """`out` [batch, seq, ...] with the rows at `positions` [batch, slots] replaced by `values` [batch, slots, ...];
+    invalid slots (past a row's last flagged position) write nowhere."""
+    target = jnp.where(valid, positions, out.shape[1])
+    return out.at[jnp.arange(out.shape[0])[:, None], target].set(values, mode="drop")
