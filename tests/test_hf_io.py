@@ -250,18 +250,21 @@ def _drop_config_key(directory: str, key: str) -> None:
         json.dump(values, f)
 
 
-def test_a_config_without_architectures_is_the_bare_model_as_automodel_reads_it(bert_mlm_dir, bert_mlm_copy,
-                                                                                caplog):
-    # DeBERTa's own releases (microsoft/deberta-v3-base) have model_type but no architectures.
+def test_a_config_without_architectures_is_what_its_tensors_hold(bert_mlm_dir, bert_mlm_copy, tmp_path):
+    # DeBERTa's own releases (microsoft/deberta-base, -v3-base) have model_type but no architectures: MLM files.
     _drop_config_key(bert_mlm_copy, "architectures")
-    with caplog.at_level("WARNING", logger="bertjax.hf.pretrained"):
-        model, params = bertjax.from_pretrained(bert_mlm_copy)
-    assert type(model) is bertjax.EncoderModel and "no architectures" in caplog.text
-    assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir, head="encoder")[1])
-    # The head asked for takes its tensors from the file where they are there.
-    model, params = bertjax.from_pretrained(bert_mlm_copy, head="masked_lm")
+    model, params = bertjax.from_pretrained(bert_mlm_copy)
     assert type(model) is bertjax.EncoderForMaskedLM
     assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir)[1])
+    model, params = bertjax.from_pretrained(bert_mlm_copy, head="encoder")  # a head asked for is that head
+    assert type(model) is bertjax.EncoderModel
+    assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir, head="encoder")[1])
+    # Without MLM head tensors: the bare model, as transformers' AutoModel builds it.
+    bare = str(tmp_path / "bare")
+    encoder = tiny_model("bert-tiny", "encoder")
+    bertjax.save_pretrained(bare, encoder, random_params(encoder, seed=3))
+    _drop_config_key(bare, "architectures")
+    assert type(bertjax.from_pretrained(bare)[0]) is bertjax.EncoderModel
 
 
 def test_a_config_without_model_type_takes_the_family_of_its_class(bert_mlm_dir, bert_mlm_copy):
@@ -455,6 +458,42 @@ def test_convert_round_trip_through_a_bertjax_model_directory(bert_mlm_dir, tmp_
         json.loads(open(os.path.join(bert_mlm_dir, "config.json")).read())
     assert cli_main(["convert", "--from-hf", str(tmp_path / "nowhere"), "--out", native]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset, changes, expected", [
+    # answerdotai/ModernBERT-base's MLM config.json says "classifier_pooling": "mean"
+    ("modernbert-tiny", {"classifier_pooling": "mean"}, (None, "mean")),
+    # distilbert-base-uncased: dropout 0.1, seq_classif_dropout 0.2
+    ("distilbert-tiny", {"dropout": 0.1, "seq_classif_dropout": 0.2}, (0.2, "cls")),
+])
+def test_a_masked_lm_checkpoint_hands_its_classifier_settings_to_fine_tuning(preset, changes, expected, tmp_path):
+    """A task head fine-tuned from an MLM checkpoint pools and drops out as transformers' head from it does."""
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.finetune.tasks import task_class
+    from bertjax.finetune.tasks.base import Labels
+    from bertjax.finetune.trainer import task_model
+
+    model = tiny_model(preset, "masked_lm")
+    bertjax.save_pretrained(str(tmp_path), model, random_params(model))
+    edit_config(str(tmp_path), **changes)
+    loaded, _ = bertjax.from_pretrained(str(tmp_path))
+    assert type(loaded) is bertjax.EncoderForMaskedLM
+    cls = task_class("sequence-classification")
+    config = load_finetune_config(None, [], cls.defaults)
+    head = task_model(loaded.config, cls(config.data, config.task), Labels(names=("a", "b"))).config.task
+    assert (head.classifier_dropout, head.classifier_pooling) == expected
+
+
+def test_convert_builds_the_head_asked_for(bert_mlm_dir, tmp_path, capsys):
+    from bertjax.model_dirs import load_model_dir
+
+    native = str(tmp_path / "native")
+    assert cli_main(["convert", "--from-hf", bert_mlm_dir, "--head", "encoder", "--out", native]) == 0
+    model, params, _ = load_model_dir(native)
+    assert type(model) is bertjax.EncoderModel
+    assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir, head="encoder")[1])
+    assert cli_main(["convert", "--to-hf", native, "--head", "encoder", "--out", str(tmp_path / "hf")]) == 2
+    assert "--head applies to --from-hf" in capsys.readouterr().err
 
 
 def test_convert_to_hf_writes_the_dtype_asked_for(bert_mlm_dir, tmp_path, capsys):

@@ -33,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--to-hf", metavar="DIR", help="bertjax model directory or pretraining workdir to write as a "
                         "transformers checkpoint")
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write")
+    parser.add_argument("--head", metavar="HEAD", help="with --from-hf: the model to build (encoder, masked_lm, "
+                        "sequence_classification, ...; default: the checkpoint's class, config.json architectures)")
     parser.add_argument("--step", type=int, metavar="N", help="with --to-hf on a pretraining workdir: the checkpoint "
                         "to export (default: the latest)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         if args.step is not None:
             raise ValueError("--step applies to --to-hf (a pretraining workdir's checkpoint)")
         # from_pretrained refuses NaN/inf weights (or values beyond --dtype's range) before anything is written
-        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype or "float32",
+        model, params = hf.from_pretrained(args.from_hf, dtype=args.dtype or "float32", head=args.head,
                                            allow_pickle=args.allow_pickle)
         token_ids = hf.special_token_ids(args.from_hf)
         # the files copied below: a broken one would surface only at the next use
@@ -148,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         copy_tokenizer_files(copied, args.out)
         write_built_tokenizer_json(tokenizer, args.from_hf, args.out)
     else:
+        if args.head is not None:
+            raise ValueError("--head applies to --from-hf (the model built from a transformers checkpoint)")
         model, params, tokenizer = load_model_dir(args.to_hf, step=args.step, allow_pickle=args.allow_pickle)
         if args.dtype is not None:  # a bfloat16 export of float32 master weights, as checkpoints are published
             model, params = cast_model(model, params, args.dtype, f"--to-hf {args.to_hf}")

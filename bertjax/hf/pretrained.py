@@ -68,13 +68,15 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
                     **task) -> tuple[nn.Module, dict]:
     """(model, params) from a directory written by transformers' `save_pretrained`.
 
-    The head follows `config.architectures[0]` (a file without it, as DeBERTa's releases: the bare model, as
-    transformers' AutoModel) unless `head` (a name in bertjax.models.MODEL_CLASSES) asks for another: then the backbone comes from the file, so does any head tensor the new head shares with it (BERT's
-    pretrained pooler, as transformers does), and the rest of the new head is initialised from `seed`, with a
-    warning listing what was initialised. `**task` sets TaskConfig fields (num_labels, labels, problem_type,
-    classifier_dropout, classifier_pooling) over the checkpoint's; a head tensor that no longer fits (another
-    num_labels) is initialised too. `dtype` (default float32) is both the parameter dtype and the model's
-    computation dtype; params are a plain nested dict of jnp arrays, the structure of `model.init`.
+    The head follows `config.architectures[0]` (a file without it, as DeBERTa's releases: the MLM head when the
+    file holds its tensors, else the bare model, as transformers' AutoModel) unless `head` (a name in
+    bertjax.models.MODEL_CLASSES) asks for another: then the backbone comes from the file, so does any head tensor
+    the new head shares with it (BERT's pretrained pooler, as transformers does), and the rest of the new head is
+    initialised from `seed`, with a warning listing what was initialised. `**task` sets TaskConfig fields
+    (num_labels, labels, problem_type, classifier_dropout, classifier_pooling) over the checkpoint's; a head tensor
+    that no longer fits (another num_labels) is initialised too. `dtype` (default float32) is both the parameter
+    dtype and the model's computation dtype; params are a plain nested dict of jnp arrays, the structure of
+    `model.init`.
     A directory with only `pytorch_model.bin` (a pickle) is read only with `allow_pickle=True`.
 
         model, params = from_pretrained("bert-base-uncased", head="sequence_classification", num_labels=3,
@@ -88,6 +90,10 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
         family, saved_head = registry.architecture(values, head)
     except ValueError as error:
         raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: {str(error).removeprefix(f'{CONFIG_FILE}: ')}") from None
+    tensors = None
+    if head is None and not values.get("architectures"):  # the class is unnamed: the file's tensors say it
+        tensors = weights.read_weights(path, allow_pickle=allow_pickle)
+        saved_head = _head_the_names_hold(family, values, tensors)
     head = head or saved_head
     if head not in MODEL_CLASSES:
         raise ValueError(f"unknown head {head!r}; known: {sorted(MODEL_CLASSES)}")
@@ -111,7 +117,8 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
         config = config.replace(task=config.task_or_default.replace(**task))
     config = config.replace(dtype=dtype_name, param_dtype=dtype_name)
     # The file first: its layers are compared with config.json's before the model is traced (tracing is per layer).
-    tensors = weights.read_weights(path, allow_pickle=allow_pickle)
+    if tensors is None:
+        tensors = weights.read_weights(path, allow_pickle=allow_pickle)
     _check_layer_count(path, values, config, tensors)
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
@@ -193,6 +200,21 @@ def _load_exact(path: str, values: dict, model_type: str, head: str, mapping: Ke
         raise ValueError(f"{path}: unexpected tensor(s) {unexpected} for a {model_type} {head} model "
                          f"({_architecture_named(values)})")
     return flat
+
+
+def _head_the_names_hold(family, values: dict, tensors: dict[str, np.ndarray]) -> str:
+    """The head of a file whose config.json names no class: the MLM head when any of its tensors is there (DeBERTa's
+    own releases are MLM checkpoints without `architectures`), else the bare model, which transformers' AutoModel
+    builds from such a file."""
+    if "masked_lm" not in family.heads.values():
+        return "encoder"
+    try:
+        mapping = family.mapping(family.encoder_config(values, "masked_lm"), "masked_lm")
+    except ValueError:  # a config the family cannot read: the load reports it, naming the file
+        return "encoder"
+    head_keys = {key for rule in mapping.rules if all(p[0] not in BACKBONE_SCOPES for p in rule.params)
+                 for key in rule.hf_keys}
+    return "masked_lm" if head_keys & set(tensors) else "encoder"
 
 
 def _architecture_named(values: dict) -> str:

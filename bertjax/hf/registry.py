@@ -56,8 +56,8 @@ def architecture(values: dict, head: str | None = None) -> tuple[HfFamily, str]:
     `head`: the head the caller will build instead. A class bertjax does not model but whose encoder is
     bidirectional is then accepted, and its name returned as the head the file holds.
     Older files lack one of the two, as transformers accepts: a missing `model_type` is the named class's family; a
-    missing `architectures` (DeBERTa's own releases have none) is the family's bare model, which transformers'
-    AutoModel builds from such a file.
+    missing `architectures` (DeBERTa's own releases have none) gives "encoder", the family's bare model, which
+    transformers' AutoModel builds from such a file (from_pretrained then looks for an MLM head in the tensors).
     """
     family = next((f for f in REMOTE_CODE_FAMILIES if f.claims(values)), None)
     model_type = values.get("model_type")

@@ -64,11 +64,16 @@ class TaskHeads:
 
     def configure(self, config: EncoderConfig, values: dict, head: str) -> EncoderConfig:
         """The family's classifier layout (every head: so a task head started from an encoder has it too), and for
-        task heads the labels, problem type, dropout and pooling of config.json."""
+        task heads the labels, problem type, dropout and pooling of config.json. Other heads keep a classifier
+        dropout or pooling their config.json sets apart from the family's defaults (ModernBERT's MLM releases say
+        "classifier_pooling": "mean"), so that a task head fine-tuned from them is the one transformers builds."""
         config = config.replace(**self.layout(config))
         if head in TASK_HEADS:
-            config = config.replace(task=self.read_task(values, config.dropout_rate))
-        return config
+            return config.replace(task=self.read_task(values, config.dropout_rate))
+        dropout, pooling = self.read_classifier(values, config.dropout_rate)
+        if dropout is None and pooling == self.pooling_default:  # nothing the family's defaults do not say
+            return config
+        return config.replace(task=TaskConfig(classifier_dropout=dropout, classifier_pooling=pooling))
 
     def read_task(self, values: dict, dropout_rate: float) -> TaskConfig:
         """TaskConfig of config.json; a classifier dropout equal to the encoder's is stored as None (the same)."""
@@ -88,6 +93,12 @@ class TaskHeads:
             num_labels = values.get("num_labels", 2)
             names = None
         labels = None if names is None or names == TaskConfig(num_labels=num_labels).label_names else names
+        dropout, pooling = self.read_classifier(values, dropout_rate)
+        return TaskConfig(num_labels=num_labels, labels=labels, problem_type=values.get("problem_type"),
+                          classifier_dropout=dropout, classifier_pooling=pooling)
+
+    def read_classifier(self, values: dict, dropout_rate: float) -> tuple[float | None, str]:
+        """(classifier dropout, pooling) of config.json; a dropout equal to the encoder's is None (the same)."""
         pooling = self.pooling_default
         if self.poolings and values.get(self.pooling_key) is not None:
             by_hf_name = {hf: ours for ours, hf in self.poolings.items()}
@@ -96,9 +107,7 @@ class TaskHeads:
                                  f"supported; known: {sorted(by_hf_name)}")
             pooling = by_hf_name[values[self.pooling_key]]
         dropout = values.get(self.dropout_key) if self.dropout_key else None
-        dropout = None if dropout is None or float(dropout) == dropout_rate else float(dropout)
-        return TaskConfig(num_labels=num_labels, labels=labels, problem_type=values.get("problem_type"),
-                          classifier_dropout=dropout, classifier_pooling=pooling)
+        return (None if dropout is None or float(dropout) == dropout_rate else float(dropout)), pooling
 
     def refuse(self, refuse: Refusals, config: EncoderConfig, head: str) -> None:
         """What a task head model must have to be written as this family's checkpoint."""
