@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import tempfile
@@ -99,7 +100,7 @@ def run_transformers(model_dir: Path, train: list[dict], validation: list[dict],
                "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.999), eps=1e-8)
     total = len(loader) * args.epochs
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * total), total)
+    scheduler = get_linear_schedule_with_warmup(optimizer, math.ceil(args.warmup_ratio * total), total)
     model.train()
     seconds, cpu_seconds, examples = 0.0, 0.0, 0
     for _ in range(args.epochs):

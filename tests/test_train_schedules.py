@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bertjax.train.run_config import ScheduleConfig
-from bertjax.train.schedules import StepClock, build_schedule
+from bertjax.train.schedules import StepClock, build_schedule, warmup_steps
 
 
 def _values(config: ScheduleConfig, steps, total=110, peak=1.0, clock=None):
@@ -82,3 +82,9 @@ def test_durations_in_tokens_at_a_constant_batch_equal_the_same_schedule_in_step
     in_tokens = _values(ScheduleConfig(name=name, unit="tokens", warmup=1280, decay=2560), steps, total=100,
                         clock=StepClock([0], [128]))
     assert np.asarray(in_tokens, np.float32).tobytes() == np.asarray(in_steps, np.float32).tobytes()
+
+
+def test_warmup_ratio_gives_whole_steps_rounded_up_as_transformers_trainer():
+    # TrainingArguments.get_warmup_steps: ceil(ratio * steps). MRPC at batch 32 x 3 epochs: 345 steps -> 35.
+    assert [warmup_steps(0.1, n) for n in (345, 234, 16, 10, 0)] == [35, 24, 2, 1, 0]
+    assert warmup_steps(0.0, 100) == 0 and warmup_steps(1.0, 7) == 7

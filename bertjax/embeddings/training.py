@@ -322,7 +322,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
     from bertjax.train.distributed import PreemptionWatch
     from bertjax.train.guards import NonFiniteGuard
     from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
-    from bertjax.train.schedules import build_schedule
+    from bertjax.train.schedules import build_schedule, warmup_steps
     from bertjax.train.state import count_params, start_or_resume
 
     workdir = Path(workdir)
@@ -347,7 +347,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
     total = config.train.steps or per_epoch * config.train.epochs
     arrays = tokenize_pairs(encoder, pairs, config.data.anchor_prompt, config.data.positive_prompt)
 
-    schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total),
+    schedule = build_schedule(ScheduleConfig(name="linear", warmup=warmup_steps(config.train.warmup_ratio, total)),
                               config.train.learning_rate, total)
     optimizer = build_optimizer(trainer_adamw(config.train), schedule)
     model = encoder.model

@@ -303,7 +303,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     from bertjax.models.inputs import check_ids
     from bertjax.models.task_models import with_global_token_bound
     from bertjax.train.checkpoints import open_for_resume
-    from bertjax.train.schedules import build_schedule
+    from bertjax.train.schedules import build_schedule, warmup_steps
     from bertjax.train.state import start_or_resume
 
     started = time.time()
@@ -347,8 +347,8 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
                          "shards of the mesh")
     per_epoch = batch_lib.steps_per_epoch(train_data.rows, config.train.batch_size)
     total_steps = per_epoch * config.train.epochs
-    schedule = build_schedule(ScheduleConfig(name="linear", warmup=config.train.warmup_ratio * total_steps),
-                              config.train.learning_rate, total_steps)
+    warmup = warmup_steps(config.train.warmup_ratio, total_steps)
+    schedule = build_schedule(ScheduleConfig(name="linear", warmup=warmup), config.train.learning_rate, total_steps)
     optimizer = build_optimizer(trainer_adamw(config.train), schedule)
 
     workdir.mkdir(parents=True, exist_ok=True)

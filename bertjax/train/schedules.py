@@ -15,6 +15,7 @@ called with the update count and compiled into the step.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax.numpy as jnp
@@ -23,6 +24,12 @@ import numpy as np
 from bertjax.train.run_config import ScheduleConfig
 
 Schedule = Callable  # step (int or traced int) -> learning rate (float32)
+
+
+def warmup_steps(ratio: float, total_steps: int) -> int:
+    """Whole warmup steps for a warmup ratio, rounded up as transformers' TrainingArguments.get_warmup_steps: a
+    recipe moved from Trainer then has its learning rate at every step (fine-tuning, train-embedder)."""
+    return math.ceil(ratio * total_steps)
 
 
 def _warmup(step, peak: float, warmup: float):
