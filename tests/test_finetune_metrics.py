@@ -110,3 +110,6 @@ def test_squad_normalisation_and_scores():
     assert scores["exact_match"] == pytest.approx(100 * 2 / 3)
     assert scores["f1"] == pytest.approx(100 * (1 + 0.5 + 1) / 3)
     assert m.squad_scores(["x"], [[]])["f1"] == 0.0
+    # As the official v2 script: a gold that normalises to nothing is dropped, not matched by an empty answer.
+    assert m.squad_scores([""], [["The", "Paris"]]) == {"exact_match": 0.0, "f1": 0.0}
+    assert m.squad_scores([""], [["The"]]) == {"exact_match": 100.0, "f1": 100.0}  # only it: unanswerable

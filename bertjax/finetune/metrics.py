@@ -189,7 +189,8 @@ def squad_scores(predictions: Sequence[str], golds: Sequence[Sequence[str]]) -> 
         return {"exact_match": 0.0, "f1": 0.0}
     exact = f1 = 0.0
     for prediction, answers in zip(predictions, golds):
-        answers = list(answers) or [""]
+        # As the official SQuAD v2 script: golds that normalise to nothing ("The") are dropped.
+        answers = [a for a in answers if normalize_answer(a)] or [""]
         exact += max(_exact(prediction, a) for a in answers)
         f1 += max(_f1(prediction, a) for a in answers)
     return {"exact_match": 100.0 * exact / len(predictions), "f1": 100.0 * f1 / len(predictions)}
