@@ -1,4 +1,5 @@
-"""Embedding a corpus through the inference layer: packed rows, shape buckets, a token budget, bf16 compute.
+"""Embedding a corpus through the inference layer: packed rows, shape buckets, a token budget, bf16 compute on
+accelerators.
 
     from bertjax.embeddings import Embedder, load_sentence_encoder
     embedder = Embedder(load_sentence_encoder("model_dir"))  # bfloat16 on GPU/TPU; max_tokens: 2048 on CPU, else 16384

@@ -94,8 +94,9 @@ class PermutationLM(Objective):
         # FLOPs leave out.)
         config = self.model_config
         predicted = tokens / self.options.prediction_ratio
+        layers = config.num_layers * config.layers_per_group
         query_stream = (flops_lib.forward_flops_per_token(config, seq_len)
-                        - config.num_layers * flops_lib.key_value_flops_per_token(config))
+                        - layers * flops_lib.key_value_flops_per_token(config))
         return 3.0 * (flops_lib.mlm_forward_flops(config, seq_len=seq_len, tokens=tokens, predictions=predicted)
                       + predicted * query_stream)
 
