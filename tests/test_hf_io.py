@@ -465,6 +465,9 @@ def test_convert_round_trip_through_a_bertjax_model_directory(bert_mlm_dir, tmp_
     ("modernbert-tiny", {"classifier_pooling": "mean"}, (None, "mean")),
     # distilbert-base-uncased: dropout 0.1, seq_classif_dropout 0.2
     ("distilbert-tiny", {"dropout": 0.1, "seq_classif_dropout": 0.2}, (0.2, "cls")),
+    # EuroBERT's heads pool "late" unless its config.json says otherwise (transformers' default)
+    ("eurobert-tiny", {}, (None, "late")),
+    ("eurobert-tiny", {"classifier_pooling": "mean"}, (None, "mean")),
 ])
 def test_a_masked_lm_checkpoint_hands_its_classifier_settings_to_fine_tuning(preset, changes, expected, tmp_path):
     """A task head fine-tuned from an MLM checkpoint pools and drops out as transformers' head from it does."""

@@ -59,10 +59,13 @@ class FinetuneResult:
 # The model: the loaded backbone under a fresh task head.
 
 def task_model(base_config, task: Task, labels: Labels):
-    """The task's model on the checkpoint's backbone (its head's settings: `Task.head_settings`)."""
+    """The task's model on the checkpoint's backbone (its head's settings: `Task.head_settings`). A checkpoint
+    without task settings pools as its family's transformers heads do by default (EuroBERT "late")."""
+    from bertjax.hf.registry import default_task
     from bertjax.models import MODEL_CLASSES
 
-    return MODEL_CLASSES[task.head](base_config.replace(task=task.head_settings(labels, base_config.task_or_default)))
+    current = base_config.task if base_config.task is not None else default_task(base_config.family)
+    return MODEL_CLASSES[task.head](base_config.replace(task=task.head_settings(labels, current)))
 
 
 def known_labels(model) -> tuple[str, ...] | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from bertjax.config import TaskConfig
 from bertjax.hf import albert, bert, deberta, distilbert, electra, eurobert, modernbert, mosaicbert, roberta, xlnet
 from bertjax.hf import longformer
 from bertjax.hf.family import HfFamily
@@ -93,3 +94,10 @@ def architecture(values: dict, head: str | None = None) -> tuple[HfFamily, str]:
                          f"classes bertjax reads: {sorted(family.heads)}")
     raise ValueError(f"config.json: unsupported architecture {name!r}; {family.model_type} classes bertjax reads: "
                      f"{sorted(family.heads)}")
+
+
+def default_task(family: str) -> TaskConfig:
+    """The task settings a family's transformers heads take when config.json says none (the pooling: EuroBERT's
+    "late", XLNet's last token); TaskConfig's own for families bertjax has no Hugging Face heads for."""
+    heads = FAMILIES[family].task_heads if family in FAMILIES else None
+    return TaskConfig() if heads is None else TaskConfig(classifier_pooling=heads.pooling_default)
