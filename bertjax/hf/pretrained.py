@@ -26,6 +26,7 @@ from bertjax.hf.family import HfFamily
 from bertjax.hf.mapping import KeyMapping, ParamPath
 from bertjax.jsonl import read_json_file
 from bertjax.models import MODEL_CLASSES, TASK_HEADS, abstract_params
+from bertjax.models.params import draw_leaves
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ def _head_the_names_hold(family, values: dict, tensors: dict[str, np.ndarray]) -
 def _architecture_named(values: dict) -> str:
     """How config.json names the class, for messages."""
     if not values.get("architectures"):
-        return "no architectures (the bare model)"
+        return "no architectures"
     return f"architecture {values['architectures'][0]}"
 
 
@@ -266,13 +267,9 @@ def _load_into_new_head(path: str, family: HfFamily, model: nn.Module, saved_hea
     if any(p[0] in BACKBONE_SCOPES for p in fresh):
         raise RuntimeError(f"the {family.model_type} key mapping leaves backbone parameters unmapped: {fresh}")
     if fresh:
-        # Only the new head's arrays leave the jitted init: XLA drops the backbone's, which would be thrown away (a
-        # whole second copy of the model in memory, and its random draws in compile and run time).
-        def init_fresh(key):
-            initial = traverse_util.flatten_dict(nn.meta.unbox(model.init(key, model.example_input_ids())["params"]))
-            return [initial[p] for p in fresh]
-
-        flat.update(zip(fresh, jax.jit(init_fresh)(jax.random.key(seed))))
+        # Only the new head's arrays are drawn: the backbone's would be thrown away.
+        flat.update(zip(fresh, draw_leaves(lambda key: model.init(key, model.example_input_ids())["params"], fresh,
+                                           jax.random.key(seed))))
     unused = sorted(set(tensors) - consumed - set(mapping.ignored))
     logger.warning("%s: loaded a %s checkpoint into a new %s head; initialised from scratch (seed %d): %s%s; "
                    "checkpoint tensors not used: %s", path, saved_head, head, seed,

@@ -76,7 +76,6 @@ def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, t
 
     def row_fn(params, batch, max_segments):
         ids = batch["input_ids"]
-        batch_size, seq = ids.shape
         is_mask = (ids == mask_id) & (batch["segment_ids"] != 0)
         positions, valid = flagged_first(is_mask, mask_slots)
         kwargs = {"token_type_ids": jnp.zeros_like(ids)} if type_vocab_size else {}

@@ -3,7 +3,8 @@
 - `init_boxed`: random parameters boxed with their logical axis names (the training objectives' initialiser);
 - `init_params`: the same as a plain pytree (notebooks, tests);
 - `abstract_params`: their shapes and dtypes (`jax.ShapeDtypeStruct`), nothing allocated (checkpoint targets);
-- `logical_axes`: their logical axis names (`PartitionSpec`s of names), which the mesh rules turn into shardings.
+- `logical_axes`: their logical axis names (`PartitionSpec`s of names), which the mesh rules turn into shardings;
+- `draw_leaves`: some leaves of an initialiser's parameters, drawn alone (a new head on loaded weights).
 
 Parameter shapes do not depend on the dummy row's length; `seq_len` only has to be a valid input length.
 """
@@ -14,6 +15,7 @@ import functools
 
 import flax.linen as nn
 import jax
+from flax import traverse_util
 
 DUMMY_SEQ_LEN = 8
 
@@ -24,6 +26,16 @@ def init_boxed(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -
     of one model: sharded state creation reads the names). Inputs of the model's own shape (`example_input_ids`:
     [1, choices, seq] for multiple choice)."""
     return model.init({"params": key, "dropout": key}, model.example_input_ids(seq_len))["params"]
+
+
+def draw_leaves(initialiser, paths: list[tuple[str, ...]], key: jax.Array, out_shardings=None) -> list[jax.Array]:
+    """The leaves at `paths` of `initialiser(key)`'s (unboxed) parameters, with the values the whole initialiser
+    gives them. Only they leave the jitted program, so XLA drops the others' random draws: a new head on loaded
+    weights costs neither a second copy of the model nor its compile and run time."""
+    def draw(key):
+        drawn = traverse_util.flatten_dict(nn.meta.unbox(initialiser(key)))
+        return [drawn[path] for path in paths]
+    return jax.jit(draw, out_shardings=out_shardings)(key)
 
 
 def init_params(model: nn.Module, key: jax.Array, seq_len: int = DUMMY_SEQ_LEN) -> dict:

@@ -20,6 +20,7 @@ import optax
 from flax import struct, traverse_util
 from jax.sharding import Mesh, NamedSharding
 
+from bertjax.models.params import draw_leaves
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.optimizers import param_path
 
@@ -179,13 +180,8 @@ def _start_from(init_params: Initialiser, optimizer: optax.GradientTransformatio
     missing = [path for path, value in flat.items() if isinstance(value, jax.ShapeDtypeStruct)]
     if missing:
         param_shardings = traverse_util.flatten_dict(shardings.params)
-
-        def draw_missing(key):
-            drawn = traverse_util.flatten_dict(nn.meta.unbox(init_params(key)))
-            return [drawn[path] for path in missing]
-
-        drawn = jax.jit(draw_missing, out_shardings=[param_shardings[path] for path in missing])(jax.random.key(seed))
-        flat.update(zip(missing, drawn))
+        flat.update(zip(missing, draw_leaves(init_params, missing, jax.random.key(seed),
+                                             [param_shardings[path] for path in missing])))
     params = place(traverse_util.unflatten_dict(flat), shardings.params)
     opt_state = jax.jit(optimizer.init, out_shardings=shardings.opt_state)(params)
     step = jax.device_put(jnp.zeros([], jnp.int32), shardings.step)
