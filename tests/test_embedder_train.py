@@ -49,7 +49,7 @@ def files(tmp_path_factory):
     return root, model, train, validation
 
 
-def test_train_resume_and_model_dir(files, capsys):
+def test_train_resume_and_model_dir(files, capsys, caplog):
     """6 steps in Python, stopped (as a kill after a checkpoint), then the same run through the command: it resumes
     at 6 and ends with the loss down, retrieval measured before, during and after, and a sentence-transformers
     directory holding the trained parameters."""
@@ -69,6 +69,10 @@ def test_train_resume_and_model_dir(files, capsys):
     assert (first.start_step, first.final_step, first.model_dir) == (0, 6, None)
     with pytest.raises(FileNotFoundError, match="train-embedder workdir whose run has not finished"):
         load_sentence_encoder(workdir)
+    # As an older bertjax wrote it, before train.nonfinite and loss.similarity: each resumes as its default.
+    held = yaml.safe_load((workdir / "config.yaml").read_text())
+    del held["train"]["nonfinite"], held["loss"]["similarity"]
+    (workdir / "config.yaml").write_text(yaml.safe_dump(held))
     config_file = root / "run.yaml"
     config_file.write_text(yaml.safe_dump(RAW))
     code = main(["train-embedder", "--model", str(model), "--train", str(train), "--validation", str(validation),
@@ -76,6 +80,7 @@ def test_train_resume_and_model_dir(files, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "steps 6 -> 12 of 12" in out and "recall@3 on the validation pairs:" in out, out
+    assert "written by an older bertjax, before loss.similarity, train.nonfinite: each takes its default" in caplog.text
     assert f"sentence-transformers model in {workdir / 'model'}" in out
 
     records = read_metrics(workdir)

@@ -36,7 +36,7 @@ from bertjax.embeddings.train_config import EmbedderConfig, embedder_config_from
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
-from bertjax.train.run_config import ConfigError, ScheduleConfig, to_dict
+from bertjax.train.run_config import ConfigError, ScheduleConfig
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def check_rerun(workdir: Path, config: EmbedderConfig, identity: dict, resumable
     except yaml.YAMLError as error:
         raise ConfigError(f"{saved} is not valid YAML ({workdir_lib.yaml_problem(error)}); this workdir's run "
                           "config is damaged: restore it, or use a new --workdir") from None
-    found = workdir_lib.differences(held_values, yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False)))
+    found = workdir_lib.recorded_differences(workdir, held_values, config, embedder_config_from_dict)
     try:
         held = embedder_config_from_dict(held_values)
     except ConfigError:  # written by another version: the restore's own structure check still applies

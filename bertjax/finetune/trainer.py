@@ -36,7 +36,7 @@ from bertjax.train.distributed import PreemptionWatch
 from bertjax.train.guards import NonFiniteGuard
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
-from bertjax.train.run_config import ConfigError, ScheduleConfig, to_dict
+from bertjax.train.run_config import ConfigError, ScheduleConfig, parse_dataclass, to_dict
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "finetune.json"  # in the workdir and in best/: task, labels, data settings (what predict needs)
@@ -250,7 +250,8 @@ def _check_workdir(workdir: Path, config: FinetuneConfig, identity: dict) -> lis
         return []
     before = workdir_lib.read_run_file(path)
     workdir_lib.check_same_identity(workdir, before, identity, paths=("model", "train", "validation"))
-    found = workdir_lib.differences(before.get("config", {}), json.loads(json.dumps(to_dict(config))))
+    found = workdir_lib.recorded_differences(workdir, before.get("config", {}), config,
+                                             lambda held: parse_dataclass(FinetuneConfig, held, ""))
     workdir_lib.check_resumable(workdir, found, RESUMABLE_CHANGES)
     return found
 

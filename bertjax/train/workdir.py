@@ -28,6 +28,7 @@ no half-made directory left by a run that failed while setting up.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -45,7 +46,8 @@ import yaml
 from bertjax.config import EncoderConfig
 from bertjax.data import remote
 from bertjax.file_digest import sha256_of
-from bertjax.train.run_config import ConfigError, OptimizerConfig, RunConfig, parse_dataclass, to_dict
+from bertjax.train.run_config import (ConfigError, OptimizerConfig, RunConfig, parse_dataclass, run_config_from_dict,
+                                      to_dict)
 
 log = logging.getLogger(__name__)
 
@@ -318,8 +320,8 @@ def check_pretraining_workdir(workdir: Path, config: RunConfig, config_path: str
 # ---------------------------------------------------------------------------------------------------------------
 # Rerun checks and the files that describe the run.
 
-def _plain(config: RunConfig) -> dict:
-    """The config as config.yaml holds it (through YAML, so tuples compare equal to the lists read back)."""
+def _plain(config: Any) -> dict:
+    """A run type's config as its workdir file holds it (through YAML, so tuples compare equal to the lists read back)."""
     return yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
@@ -332,6 +334,28 @@ def differences(held: Any, requested: Any, prefix: str = "") -> list[tuple[str, 
             found += differences(held.get(key, "<absent>"), requested.get(key, "<absent>"), dotted)
         return found
     return [] if held == requested else [(prefix, held, requested)]
+
+
+def recorded_differences(workdir: Path, held: Any, config: Any,
+                         parse: Callable[[dict], Any]) -> list[tuple[str, Any, Any]]:
+    """`differences` between the settings a workdir recorded (`held`, as its file holds them) and `config`.
+
+    A key the record lacks was added to bertjax after the workdir was written, and its default keeps what the older
+    version did (docs/guarantees.md, "Older workdirs resume"): read through the run type's own loader (`parse`), it
+    takes that default, is no difference, and the resume says which keys it filled in. A record the loader refuses
+    (a key renamed or removed since) is compared as it stands."""
+    if isinstance(held, dict):
+        try:
+            parsed = _plain(parse(copy.deepcopy(held)))
+        except (ConfigError, TypeError, ValueError):
+            parsed = None
+        if parsed is not None:
+            added = [key for key, before, _ in differences(held, parsed) if before == "<absent>"]
+            if added and jax.process_index() == 0:
+                log.warning("workdir %s was written by an older bertjax, before %s: %s its default", workdir,
+                            ", ".join(added), "each takes" if len(added) > 1 else "it takes")
+            held = parsed
+    return differences(held, _plain(config))
 
 
 def describe_differences(found: list[tuple[str, Any, Any]]) -> str:
@@ -359,7 +383,7 @@ def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> lis
             return []
         raise ConfigError(f"{saved} is not valid YAML ({yaml_problem(error)}); this workdir's run config is "
                           "damaged") from None
-    found = differences(held, _plain(config))
+    found = recorded_differences(workdir, held, config, run_config_from_dict)
     if not resumable:
         if found:
             _start_over(workdir, found, config)
