@@ -56,7 +56,27 @@ def read_model_config(directory: Path) -> dict:
     described = read_json_file(path)
     if "config" not in described:
         raise ValueError(f"{path}: expected {{\"head\": ..., \"config\": {{...}}}}")
-    return described
+    return {**described, "config": with_family(described["config"])}
+
+
+# The fields EncoderConfig.family brought (2026-11-23): which Hugging Face family a model is, and that family's
+# fine-tuning head. EncoderConfig's own defaults are BERT's.
+_FAMILY_FIELDS = ("family", "classifier_activation", "classifier_norm", "classifier_token_transform")
+
+
+def with_family(config: Any) -> Any:
+    """A model_config.json config written before EncoderConfig.family names no family. bertjax then had three,
+    told apart by their positions: rotary (ModernBERT), learned and numbered after the padding id (RoBERTa), learned
+    (BERT). Such a config gets its family and that family's head fields, as the model was (a ModernBERT read as
+    BERT would resume as "another model" and export as BERT); the other fields added since keep their defaults."""
+    if not isinstance(config, dict) or "family" in config:
+        return config
+    from bertjax.config import get_config
+
+    preset = ("modernbert-base" if config.get("position_embedding") == "rope"
+              else "roberta-base" if config.get("position_offset") else "bert-base")
+    base = get_config(preset).to_dict()
+    return {**{name: base[name] for name in _FAMILY_FIELDS}, **config}
 
 
 def read_token_ids(directory: str | Path) -> dict[str, int]:

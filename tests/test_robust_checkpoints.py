@@ -646,3 +646,47 @@ def test_a_model_config_written_before_a_new_config_field_still_matches(tmp_path
                                           r"\(model.overrides.mlp_up_bias=true\)"):
         check_model_config(tmp_path, {"head": "masked_lm", "config": mosaic.to_dict()})
     check_model_config(tmp_path, {"head": "masked_lm", "config": mosaic.replace(mlp_up_bias=True).to_dict()})
+
+
+@pytest.mark.parametrize("preset", ["modernbert-tiny", "roberta-tiny", "bert-tiny"])
+def test_a_model_config_written_before_families_is_its_family(tmp_path, preset):
+    """Before EncoderConfig.family (2026-11-23) model_config.json named no family and none of the family's head
+    fields, whose defaults are BERT's; bertjax had three families, told apart by their positions. Such a workdir
+    resumes as its own model (a ModernBERT was "another model"), and a command reading it builds that family."""
+    import json
+
+    from bertjax.config import get_config
+    from bertjax.model_dirs import read_model
+    from bertjax.train.workdir import check_model_config
+
+    config = get_config(preset)
+    older = {k: v for k, v in config.to_dict().items()
+             if k not in ("family", "classifier_activation", "classifier_norm", "classifier_token_transform",
+                          "mlp_up_bias", "attention_fused_qkv")}
+    (tmp_path / "model_config.json").write_text(json.dumps({"head": "masked_lm", "config": older}))
+    check_model_config(tmp_path, {"head": "masked_lm", "config": config.to_dict()})
+    assert read_model(tmp_path).config == config
+
+
+def test_an_override_the_workdir_did_not_give_resumes_when_the_model_is_the_same(tmp_path):
+    """check_model_config's hint (`model.overrides.X=...` spelling out what the held model is) is accepted by the
+    config.yaml check before it; a changed override, or one giving another model, is still refused."""
+    import yaml
+
+    from bertjax.config import get_config
+    from bertjax.train.run_config import ConfigError, run_config_from_dict, to_dict
+    from bertjax.train.workdir import check_model_config, check_rerun
+
+    raw = {"model": {"preset": "bert-tiny", "overrides": {"hidden_size": 32}}, "train": {"steps": 4}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(to_dict(run_config_from_dict(raw)), sort_keys=False))
+    spelled = json.loads(json.dumps(raw))
+    spelled["model"]["overrides"]["mlp_up_bias"] = False  # bert-tiny's own value
+    assert check_rerun(tmp_path, run_config_from_dict(spelled), resumable=True)[0][0] == "model.overrides.mlp_up_bias"
+    changed = json.loads(json.dumps(raw))
+    changed["model"]["overrides"]["hidden_size"] = 64
+    with pytest.raises(ConfigError, match=r"holds a run with another model \(model.overrides.hidden_size: 32"):
+        check_rerun(tmp_path, run_config_from_dict(changed), resumable=True)
+    (tmp_path / "model_config.json").write_text(json.dumps({"head": "masked_lm",
+                                                            "config": get_config("bert-tiny").to_dict()}))
+    with pytest.raises(ConfigError, match=r"holds another model \(config.norm_eps: 1e-12 in the workdir, 1e-06"):
+        check_model_config(tmp_path, {"head": "masked_lm", "config": get_config("bert-tiny", norm_eps=1e-6).to_dict()})

@@ -52,7 +52,7 @@ from bertjax.train.run_config import (ConfigError, OptimizerConfig, RunConfig, p
 log = logging.getLogger(__name__)
 
 from bertjax.model_dirs import (CHECKPOINTS_DIR, MODEL_CONFIG_FILE, RUN_CONFIG_FILE as CONFIG_FILE,  # noqa: E402
-                                TOKENIZER_DIR)
+                                TOKENIZER_DIR, with_family)
 LOCK_FILE = "bertjax.lock"
 # The record files of the other run types that keep a config.yaml in their workdir (bertjax.finetune.trainer,
 # bertjax.embeddings.training), and what they are called in errors.
@@ -388,7 +388,11 @@ def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> lis
         if found:
             _start_over(workdir, found, config)
         return []
-    fixed = [d for d in found if under(d[0], FIXED_ON_RESUME)]
+    # An override the workdir's run did not give may spell out what its model already is (a field added to
+    # EncoderConfig since, as check_model_config's error suggests): check_model_config, once the model is built,
+    # refuses it if the model then differs from the one the checkpoints hold.
+    fixed = [d for d in found if under(d[0], FIXED_ON_RESUME)
+             and not (under(d[0], ("model.overrides",)) and d[0] != "model.overrides" and d[1] == "<absent>")]
     if fixed:
         raise ConfigError(f"workdir {workdir} holds a run with another model ({describe_differences(fixed)}). "
                           f"Rerun with the workdir's settings ({saved}) to resume it, or give another --workdir")
@@ -558,10 +562,11 @@ def check_model_config(workdir: Path, description: dict) -> None:
 
 def _comparable(description: dict) -> dict:
     """A model description with its config in `EncoderConfig.resolved_dict` form: fields the file predates take
-    their defaults (which keep the math of the models written before them) and a "None: as X" field compares
-    equal to X spelled out. A config that no longer parses is compared as written."""
+    their defaults (which keep the math of the models written before them; the family and its head fields,
+    `model_dirs.with_family`) and a "None: as X" field compares equal to X spelled out. A config that no longer
+    parses is compared as written."""
     description = json.loads(json.dumps(description))
-    config = description.get("config") if isinstance(description, dict) else None
+    config = with_family(description.get("config")) if isinstance(description, dict) else None
     if isinstance(config, dict):
         try:
             config = json.loads(json.dumps(EncoderConfig.from_dict(config).resolved_dict()))
