@@ -8,13 +8,18 @@
 # Rerun the same command to resume from the latest checkpoint in WORKDIR. Several GPU hosts: start this on each
 # with `--coordinator HOST0:PORT --num-processes N --process-id I` after the key=value overrides.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+CALLER=$PWD
+cd "$(dirname "$0")/.."  # the checkout: pip installs it from here
+# CONFIG and WORKDIR as the caller wrote them: relative paths from the caller's directory (a CONFIG that is no
+# file there, such as "tiny", is a shipped config's name and stays as written).
+from_caller() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$CALLER/$1" ;; esac; }
+config_from_caller() { if [ -e "$(from_caller "$1")" ]; then from_caller "$1"; else printf '%s' "$1"; fi; }
 if [ $# -lt 2 ]; then
   echo "usage: $0 CONFIG WORKDIR [key=value ...]" >&2
   exit 2
 fi
-CONFIG=$1
-WORKDIR=$2
+CONFIG=$(config_from_caller "$1")
+WORKDIR=$(from_caller "$2")
 shift 2
 if ! python3 -c "import jax; assert jax.default_backend() == 'gpu'" 2>/dev/null; then
   python3 -m pip install -q -U "${JAX_PIP:-jax[cuda12]}"

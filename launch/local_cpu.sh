@@ -6,9 +6,16 @@
 #
 # Rerun the same command to resume from the latest checkpoint in WORKDIR.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-CONFIG=${1:-configs/pretrain/tiny.yaml}
-WORKDIR=${2:-runs/tiny}
+CALLER=$PWD
+cd "$(dirname "$0")/.."  # the checkout: pip installs it from here
+# CONFIG and WORKDIR as the caller wrote them: relative paths from the caller's directory (a CONFIG that is no
+# file there, such as "tiny", is a shipped config's name and stays as written).
+from_caller() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$CALLER/$1" ;; esac; }
+config_from_caller() { if [ -e "$(from_caller "$1")" ]; then from_caller "$1"; else printf '%s' "$1"; fi; }
+CONFIG=configs/pretrain/tiny.yaml
+WORKDIR=runs/tiny  # in the checkout, as the README's main job
+if [ $# -ge 1 ]; then CONFIG=$(config_from_caller "$1"); fi
+if [ $# -ge 2 ]; then WORKDIR=$(from_caller "$2"); fi
 shift $(( $# < 2 ? $# : 2 ))
 python3 -c "import bertjax" 2>/dev/null || python3 -m pip install -q -e .
 # CPU only, even where an accelerator plugin is installed (JAX would otherwise probe for it at start-up).
