@@ -127,12 +127,14 @@ case $verb in
 esac
 """
 
-# uv on the worker: a "venv" whose python is this interpreter (JAX installed, no network needed).
+# uv on the worker: a "venv" whose python runs this interpreter (JAX installed, no network needed). A script, not a
+# symlink: a symlink to a venv's python resolves to the base interpreter, without the venv's packages.
 FAKE_UV = f"""#!/usr/bin/env bash
 echo "$*" >> "$HOME/uv.calls"
 if [ "$1" = venv ]; then
   for last; do :; done
-  mkdir -p "$last/bin" && ln -s {shlex.quote(sys.executable)} "$last/bin/python"
+  mkdir -p "$last/bin" && printf '#!/bin/sh\\nexec %s "$@"\\n' {shlex.quote(shlex.quote(sys.executable))} > "$last/bin/python"
+  chmod +x "$last/bin/python"
 fi
 """
 
