@@ -133,7 +133,8 @@ FAKE_UV = f"""#!/usr/bin/env bash
 echo "$*" >> "$HOME/uv.calls"
 if [ "$1" = venv ]; then
   for last; do :; done
-  mkdir -p "$last/bin" && printf '#!/bin/sh\\nexec %s "$@"\\n' {shlex.quote(shlex.quote(sys.executable))} > "$last/bin/python"
+  mkdir -p "$last/bin"
+  printf '#!/bin/sh\\nexec %s "$@"\\n' {shlex.quote(shlex.quote(sys.executable))} > "$last/bin/python"
   chmod +x "$last/bin/python"
 fi
 """

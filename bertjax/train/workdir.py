@@ -321,7 +321,7 @@ def check_pretraining_workdir(workdir: Path, config: RunConfig, config_path: str
 # Rerun checks and the files that describe the run.
 
 def _plain(config: Any) -> dict:
-    """A run type's config as its workdir file holds it (through YAML, so tuples compare equal to the lists read back)."""
+    """A run type's config as its workdir file holds it (through YAML: tuples compare equal to lists read back)."""
     return yaml.safe_load(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
