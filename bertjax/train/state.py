@@ -10,6 +10,7 @@ The parameters come from an initialiser `init_params(key) -> parameters boxed wi
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -42,16 +43,24 @@ def _init_fn(init_params: Initialiser, optimizer: optax.GradientTransformation):
     return init
 
 
+@functools.lru_cache(maxsize=16)
+def abstract_boxed_params(init_params: Initialiser) -> Any:
+    """The parameters' shapes and dtypes, boxed with their logical axis names: the initialiser traced at key 0,
+    once per initialiser (setting up a run asks for them several times, and tracing a base model's initialiser
+    takes most of a second each time)."""
+    return jax.eval_shape(init_params, jax.random.key(0))
+
+
 def param_logical_specs(init_params: Initialiser) -> Any:
     """Logical axis names of every parameter, without allocating anything."""
-    return nn.get_partition_spec(jax.eval_shape(init_params, jax.random.key(0)))
+    return nn.get_partition_spec(abstract_boxed_params(init_params))
 
 
 def unsplit_parameters_note(init_params: Initialiser, mesh: Mesh, min_bytes: int = 1 << 20) -> str | None:
     """A warning naming the parameters (of `min_bytes` or more) that the mesh would split but keeps whole on every
     chip, with their optimizer state, because a mesh axis does not divide one of their axes (BERT's vocabulary of
     30522 over tensor=4): memory a user expects to save and does not. None when there are none."""
-    abstract = jax.eval_shape(init_params, jax.random.key(0))
+    abstract = abstract_boxed_params(init_params)
     specs = nn.get_partition_spec(abstract)
     lines = []
     for (path, leaf), spec in zip(jax.tree_util.tree_flatten_with_path(nn.meta.unbox(abstract))[0],
@@ -86,8 +95,11 @@ def mirrored_shardings(tree: Any, param_shardings: dict[str, NamedSharding], par
 def state_shardings(init_params: Initialiser, optimizer: optax.GradientTransformation,
                     mesh: Mesh) -> tuple[TrainState, TrainState]:
     """(abstract state, its shardings): the shapes/dtypes of the state and where each leaf lives."""
-    abstract = jax.eval_shape(_init_fn(init_params, optimizer), jax.random.key(0))
-    params = mesh_lib.logical_shardings(param_logical_specs(init_params), abstract.params, mesh)
+    boxed = abstract_boxed_params(init_params)
+    abstract_params = nn.meta.unbox(boxed)
+    abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+                          opt_state=jax.eval_shape(optimizer.init, abstract_params))
+    params = mesh_lib.logical_shardings(nn.get_partition_spec(boxed), abstract.params, mesh)
     by_path = {param_path(p): s for p, s in jax.tree_util.tree_flatten_with_path(params)[0]}
     shapes = {param_path(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(abstract.params)[0]}
     shardings = TrainState(step=mesh_lib.replicated(mesh), params=params,

@@ -20,6 +20,7 @@ import flax.linen as nn
 import jax
 
 from bertjax.config import EncoderConfig
+from bertjax.train.state import abstract_boxed_params
 
 Sums = dict[str, jax.Array]
 Params = Any
@@ -94,7 +95,7 @@ class Objective(abc.ABC):
 
     def abstract_params(self) -> Params:
         """Shapes and dtypes of the trainable parameters, without allocating them."""
-        return nn.meta.unbox(jax.eval_shape(self.init_params, jax.random.key(0)))
+        return nn.meta.unbox(abstract_boxed_params(self.init_params))
 
     def frozen_params(self, mesh, abstract: bool = False) -> tuple[Params, Any]:
         """(parameters the objective reads but never updates, their shardings), placed on `mesh`; with
