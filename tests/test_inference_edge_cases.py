@@ -328,8 +328,6 @@ def test_embedding_commands_refuse_a_tokenizer_larger_than_the_model(small_vocab
     workdir. A SentenceEncoder built with such a tokenizer is refused too."""
     import re
 
-    from bertjax.embeddings import SentenceEncoder
-
     model, vocab = small_vocab_model
     expected = (f"{model}: the tokenizer has {vocab + 2} tokens but the model's vocab_size is {vocab}, so ids "
                 f"{vocab}..{vocab + 1} have no embedding")

@@ -9,8 +9,8 @@ runs them as jaxprs and enforces none of Triton's rules. Here:
   kernels were lowered, not replaced by an XLA fallback. Packed segment ids are an operand of every call (data, not
   a different program), so every export covers packing;
 - the Triton IR inside the calls (the HLO carries it for XLA to compile) obeys what Triton checks only when it
-  compiles: every tensor dimension a power of two, every `tt.dot` operand >= 16 on each side with both operands of one dtype (bf16 or f32) and an f32
-  accumulator, and float32 dots at full precision (no TF32: `_dot` promises HIGHEST);
+  compiles: every tensor dimension a power of two, every `tt.dot` operand >= 16 on each side with both operands of
+  one dtype (bf16 or f32) and an f32 accumulator, and float32 dots at full precision (no TF32: `_dot` promises HIGHEST);
 - with the `triton` package importable (a test dependency), that IR is compiled for sm_90 (H100) and each kernel's
   shared memory compared with the H100's 227 KB per block (skipped otherwise; Triton's pip compiler is a proxy for
   the one inside XLA, not the same build);
@@ -164,16 +164,20 @@ def deberta_v3_program(dtype):
 @pytest.mark.parametrize("kernels", ["flash", "disentangled"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
 def test_kernels_compile_for_sm90_within_shared_memory(dtype, kernels):
-    """Needs the `triton` package (a test dependency; skipped without it): the Triton IR compiles to a cubin for sm_90 and each
-    kernel's shared memory, at the default blocks and num_stages, fits one H100 block: the flash kernels at the
-    widest common head_dim (128), DeBERTa-v3's disentangled kernels at its 512-wide relative tables. Triton 3.9
-    (Nov 2026) measured, bytes, num_stages 2 (the wrappers' default) / 3, flash kernels at 64 x 64 tiles:
+    """Needs the `triton` package (a test dependency; skipped without it): the Triton IR compiles to a cubin for
+    sm_90 and each kernel's shared memory, at the default blocks and num_stages, fits one H100 block: the flash
+    kernels at the widest common head_dim (128), DeBERTa-v3's disentangled kernels at its 512-wide relative tables.
+    Triton 3.9 (Nov 2026) measured, bytes, num_stages 2 (the wrappers' default) / 3, flash kernels at 64 x 64
+    tiles:
       head_dim 64:  bf16 forward 41,216 / 57,856, dq 49,408 / 66,048, dk/dv 41,728 / 58,880;
                     f32 forward 65,792 / 98,816, dq 82,176 / 115,200, dk/dv 49,920 / 83,456;
       head_dim 128: bf16 forward 82,176 / 115,200, dq 98,560 / 131,584, dk/dv 82,688 / 116,224;
                     f32 forward 115,200 / 180,992, dq 147,712 / 213,504, dk/dv 99,072 / 165,376
     (window 128, no GQA/ALiBi); disentangled (forward 32-row tiles, backward 16, 512-wide tables, num_stages 2):
-    bf16 forward 28,800, dq 32,768, dk/dv 32,768; f32 41,088, 35,908, 37,572."""
+    bf16 forward 28,800, dq 32,768, dk/dv 32,768; f32 41,088, 35,908, 37,572.
+    Of float32's flash kernels only the forward (inference) is compiled here; its dq and dk/dv are lowered above.
+    At head_dim 128 they spill tens of kilobytes per thread, and LLVM and ptxas took a minute of the suite's two
+    cores on them, for a path that trains in bfloat16 (tests/test_gpu_kernels.py compiles and runs them on a GPU)."""
     pytest.importorskip("triton")
     if kernels == "flash":
         program, args = attention_program(FEATURES["everything"][1], grad=True), attention_inputs(dtype, 128,
@@ -182,6 +186,8 @@ def test_kernels_compile_for_sm90_within_shared_memory(dtype, kernels):
         program, args = deberta_v3_program(dtype)
     compiled_kernels = triton_ir(program, *args)
     assert len(compiled_kernels) == 3
+    if kernels == "flash" and dtype == jnp.float32:
+        compiled_kernels = [kernel for kernel in compiled_kernels if kernel[0] == FORWARD]
     for name, text, warps, stages in compiled_kernels:
         compiled = static.compile_for_sm90(name, text, warps, stages)
         assert compiled.asm["cubin"], name
@@ -241,10 +247,13 @@ def test_one_pass_backward_lowers_alone_and_compiles_to_relaxed_reductions(dtype
     pl_triton's atomic_add would be acquire-release, each wrapped by ptxas in a GPU-wide barrier and an L1
     invalidation (bertjax/ops/triton_atomics.py). ModernBERT's layers (window 128 or global, no ALiBi) do not spill
     (bf16: 246-250 registers, 83,968 B at 3 stages, triton 3.9); with ALiBi, GQA and global tokens together it
-    spills 40 B."""
+    spills 40 B. In float32 it is lowered, not compiled: dq's atomics add into a float32 buffer in either dtype, and
+    the float32 kernel's spills made its compile the suite's slowest minute."""
     program = attention_program(FEATURES[feature][1], grad=True, implementation="pallas_gpu_atomic")
     kernels = triton_ir(program, *attention_inputs(dtype, 64, kv_heads=FEATURES[feature][0]))
     assert sorted(name for name, *_ in kernels) == sorted([FORWARD, ONE_PASS])
+    if dtype == jnp.float32:
+        return
     triton = pytest.importorskip("triton")
     [(name, text, warps, stages)] = [kernel for kernel in kernels if kernel[0] == ONE_PASS]
     compiled = static.compile_for_sm90(name, text, warps, stages)
