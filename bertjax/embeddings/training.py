@@ -37,6 +37,7 @@ from bertjax.train import mesh as mesh_lib
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
 from bertjax.train.run_config import ConfigError, ScheduleConfig
+from bertjax.train.unused_params import unused_parameters
 
 log = logging.getLogger(__name__)
 
@@ -110,11 +111,13 @@ def make_embed(model, param_shardings, prompt_lengths: np.ndarray, deterministic
     """(params, rows, key) -> float32 [n, columns, dim]: every text of rows {input_ids, segment_ids} [n, columns,
     seq] embedded, one text per row of the flattened [n * columns, seq] batch (batch-major, so each device keeps
     its rows). The prompt length of each text (used when the pooling leaves prompts out) is rows["prompt_lengths"]
-    [n, columns] when given, else `prompt_lengths` [columns]."""
+    [n, columns] when given, else `prompt_lengths` [columns]. `param_shardings` None: the parameters as given
+    (tracing outside a step)."""
     lengths = jnp.asarray(prompt_lengths, jnp.int32)
 
     def embed(params, rows, key):
-        params = mesh_lib.gathered_for_compute(params, param_shardings)
+        if param_shardings is not None:
+            params = mesh_lib.gathered_for_compute(params, param_shardings)
         ids, segments = rows["input_ids"], rows["segment_ids"]
         n, columns, seq = ids.shape
         prompts = None
@@ -318,6 +321,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
            on_log: Callable[[int, dict], bool | None] | None) -> EmbedderResult:
     """`train_embedder` with the loaded encoder, holding the workdir's lock."""
     from bertjax.data.global_batch import from_full_batch
+    from bertjax.models import abstract_params
     from bertjax.train.checkpoints import open_for_resume
     from bertjax.train.distributed import PreemptionWatch
     from bertjax.train.guards import NonFiniteGuard
@@ -349,8 +353,13 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
 
     schedule = build_schedule(ScheduleConfig(name="linear", warmup=warmup_steps(config.train.warmup_ratio, total)),
                               config.train.learning_rate, total)
-    optimizer = build_optimizer(trainer_adamw(config.train), schedule)
     model = encoder.model
+    # Parameters no embedding depends on (a Longformer's global projections) do not decay, as sentence-transformers'
+    # AdamW leaves them. The loss reads every embedding, so the forward alone decides.
+    rows = {key: arrays[key][:config.train.batch_size] for key in ("input_ids", "segment_ids")}
+    unused = unused_parameters(make_embed(model, None, arrays["prompt_lengths"], deterministic=False),
+                               abstract_params(model), rows, jax.random.key(0))
+    optimizer = build_optimizer(trainer_adamw(config.train), schedule, unused)
     start = start or 0
     state, shardings, accumulated, fresh = start_or_resume(model, optimizer, mesh, checkpointer, start,
                                                            config.train.seed, encoder.params)

@@ -37,6 +37,7 @@ from bertjax.train.guards import NonFiniteGuard
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
 from bertjax.train.run_config import ConfigError, ScheduleConfig, parse_dataclass, to_dict
+from bertjax.train.unused_params import unused_parameters
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "finetune.json"  # in the workdir and in best/: task, labels, data settings (what predict needs)
@@ -76,22 +77,35 @@ def known_labels(model) -> tuple[str, ...] | None:
 # ---------------------------------------------------------------------------------------------------------------
 # Steps.
 
+def task_forward(task: Task, model, prepare: Callable = lambda params: params) -> Callable:
+    """forward(params, batch, deterministic, key=None): the task model's output on a batch; `prepare` maps the
+    parameters first (the steps gather them for compute)."""
+    type_vocab_size = model.config.type_vocab_size
+
+    def forward(params, batch, deterministic, key=None):
+        return model.apply({"params": prepare(params)}, **task.model_kwargs(batch, type_vocab_size),
+                           deterministic=deterministic, rngs=None if deterministic else {"dropout": key})
+
+    return forward
+
+
+def task_loss(task: Task, forward: Callable) -> Callable:
+    """loss(params, batch, key) -> (mean loss over the batch's targets, (its sum, their count)), with dropout."""
+    def loss_fn(params, batch, key):
+        total, count = task.loss_sums(forward(params, batch, False, key), batch)
+        return total / jnp.maximum(count, 1.0), (total, count)
+
+    return loss_fn
+
+
 def make_steps(task: Task, model, optimizer, schedule, mesh, shardings, seed: int, nonfinite: str = "stop"):
     from bertjax.train import guards
     from bertjax.train.state import TrainState
     from bertjax.train.step import JittedStep, batch_shardings
 
     base_key = jax.random.key(seed)
-    type_vocab_size = model.config.type_vocab_size
-
-    def forward(params, batch, deterministic, key=None):
-        params = mesh_lib.gathered_for_compute(params, shardings.params)
-        return model.apply({"params": params}, **task.model_kwargs(batch, type_vocab_size),
-                           deterministic=deterministic, rngs=None if deterministic else {"dropout": key})
-
-    def loss_fn(params, batch, key):
-        total, count = task.loss_sums(forward(params, batch, False, key), batch)
-        return total / jnp.maximum(count, 1.0), (total, count)
+    forward = task_forward(task, model, lambda params: mesh_lib.gathered_for_compute(params, shardings.params))
+    loss_fn = task_loss(task, forward)
 
     def train_step(state, batch):
         key = jax.random.fold_in(base_key, state.step)  # dropout depends only on the step: exact resume
@@ -304,6 +318,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     """finetune's body, run while the workdir's lock (and a checkpoint.directory's of its own) is held: two runs on
     one workdir would write each other's checkpoints and best/."""
     from bertjax.model_dirs import load_model_dir, read_token_ids
+    from bertjax.models import abstract_params
     from bertjax.models.inputs import check_ids
     from bertjax.models.task_models import with_global_token_bound
     from bertjax.train.checkpoints import open_for_resume
@@ -353,7 +368,14 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     total_steps = per_epoch * config.train.epochs
     warmup = warmup_steps(config.train.warmup_ratio, total_steps)
     schedule = build_schedule(ScheduleConfig(name="linear", warmup=warmup), config.train.learning_rate, total_steps)
-    optimizer = build_optimizer(trainer_adamw(config.train), schedule)
+    # A Longformer's steps with the most global tokens a row here has: a static bound keeps attention linear.
+    step_model = with_global_token_bound(model, train_data.arrays, validation.arrays)
+    # Parameters the loss does not depend on (a Longformer's global projections when no token here attends
+    # globally, XLNet's mask_emb) do not decay, as transformers' Trainer leaves them.
+    first_batch, _ = batch_lib.train_batch(train_data.arrays, 0, config.train.batch_size, config.train.seed)
+    unused = unused_parameters(task_loss(task, task_forward(task, step_model)), abstract_params(model), first_batch,
+                               jax.random.key(0))
+    optimizer = build_optimizer(trainer_adamw(config.train), schedule, unused)
 
     workdir.mkdir(parents=True, exist_ok=True)
     checkpointer, start_step = open_for_resume(config.checkpoint, workdir)
@@ -369,8 +391,6 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
         save_finetune_config(config, workdir / CONFIG_FILE)
         write_run_file(workdir, task, labels, config, {**identity, "config": to_dict(config)})
 
-    # A Longformer's steps with the most global tokens a row here has: a static bound keeps attention linear.
-    step_model = with_global_token_bound(model, train_data.arrays, validation.arrays)
     train_step, evaluate = make_steps(task, step_model, optimizer, schedule, mesh, shardings, config.train.seed,
                                       config.train.nonfinite)
     every = config.eval.every or per_epoch

@@ -39,11 +39,17 @@ def param_path(path) -> str:
     return "/".join(parts)
 
 
-def decay_mask(params: Any, no_decay: tuple[str, ...] = DEFAULT_NO_DECAY) -> Any:
-    """A pytree of bools, True where weight decay applies: no pattern of `no_decay` matches the parameter path."""
+def decay_mask(params: Any, no_decay: tuple[str, ...] = DEFAULT_NO_DECAY,
+               unused: frozenset[str] = frozenset()) -> Any:
+    """A pytree of bools, True where weight decay applies: no pattern of `no_decay` matches the parameter path, and
+    the path is not in `unused` (parameters the loss does not depend on: bertjax/train/unused_params.py)."""
     patterns = [re.compile(p) for p in no_decay]
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: not any(p.search(param_path(path)) for p in patterns), params)
+
+    def decays(path, _) -> bool:
+        name = param_path(path)
+        return name not in unused and not any(p.search(name) for p in patterns)
+
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 class StableAdamWState(NamedTuple):
@@ -172,11 +178,13 @@ def trainer_adamw(train) -> OptimizerConfig:
                            weight_decay=train.weight_decay, clip_global_norm=train.max_grad_norm)
 
 
-def build_optimizer(config: OptimizerConfig, schedule: optax.ScalarOrSchedule) -> optax.GradientTransformation:
-    """The optimizer named by `config.name`, with its weight-decay mask and optional global-norm clipping."""
+def build_optimizer(config: OptimizerConfig, schedule: optax.ScalarOrSchedule,
+                    unused: frozenset[str] = frozenset()) -> optax.GradientTransformation:
+    """The optimizer named by `config.name`, with its weight-decay mask and optional global-norm clipping. `unused`:
+    paths of parameters the loss does not depend on, which do not decay (PyTorch's optimizers skip them)."""
     if config.name not in OPTIMIZERS:
         raise ValueError(f"optimizer.name: unknown optimizer {config.name!r}; known: {sorted(OPTIMIZERS)}")
-    mask = lambda params: decay_mask(params, config.no_decay)
+    mask = lambda params: decay_mask(params, config.no_decay, unused)
     optimizer = OPTIMIZERS[config.name](config, schedule, mask)
     if config.clip_global_norm is not None:
         optimizer = optax.chain(optax.clip_by_global_norm(config.clip_global_norm), optimizer)

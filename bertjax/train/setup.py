@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import jax
 
 from bertjax.config import EncoderConfig, get_config
+from bertjax.data import batch_spec
 from bertjax.train import feed as feed_lib
 from bertjax.train import mesh as mesh_lib
 from bertjax.train.objectives import Objective, ObjectiveError, build_objective
@@ -23,6 +24,7 @@ from bertjax.train.run_config import ConfigError, RunConfig, ScheduleConfig
 from bertjax.train.schedules import StepClock, build_phased_schedule, build_schedule
 from bertjax.train.state import TrainState, abstract_state, create_train_state, state_shardings
 from bertjax.train.step import JittedStep, make_eval_step, make_train_step
+from bertjax.train.unused_params import unused_parameters
 
 
 @dataclasses.dataclass
@@ -194,12 +196,12 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
         check_objective_data(phase_objective, [phase] if len(phases) > 1 else phases)
     feed_lib.check_batch_fits(phases, mesh, config.optimizer.accumulation_steps)
     schedule = _schedule(config, phases, lenient=compile_only)
-    optimizer = build_optimizer(config.optimizer, schedule)
-    _, shardings = state_shardings(objective.init_params, optimizer, mesh)
     try:
         frozen, frozen_shardings = objective.frozen_params(mesh, abstract=compile_only)
     except ObjectiveError as error:
         raise ConfigError(str(error)) from None
+    optimizer = build_optimizer(config.optimizer, schedule, _unused_parameters(objectives, phases, frozen))
+    _, shardings = state_shardings(objective.init_params, optimizer, mesh)
     steps: dict[int, tuple[JittedStep, JittedStep]] = {}  # phases with the same model share their jitted steps
     for phase_objective in objectives:
         if id(phase_objective) not in steps:
@@ -213,6 +215,21 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
                     mesh=mesh, schedule=schedule, optimizer=optimizer, shardings=shardings, frozen=frozen,
                     frozen_shardings=frozen_shardings, train_step=phase_steps[0][0], eval_step=phase_steps[0][1],
                     phase_steps=phase_steps)
+
+
+def _unused_parameters(objectives: list[Objective], phases: list, frozen: Any) -> frozenset[str]:
+    """The parameters no phase's loss depends on, which weight decay leaves alone as PyTorch's optimizers do
+    (Longformer's global projections when no token attends globally): traced on each distinct objective's batch."""
+    abstract_frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), frozen)
+    unused = None
+    for phase, objective in {id(o): (p, o) for p, o in zip(phases, objectives)}.values():
+        batch = {name: jax.ShapeDtypeStruct(shape, dtype)
+                 for name, (shape, dtype) in batch_spec(phase.data, process_count=1).items()}
+        found = unused_parameters(
+            lambda params, frozen, batch, key: objective.loss_sums(params, frozen, batch, key, deterministic=False),
+            objective.abstract_params(), abstract_frozen, batch, jax.random.key(0))
+        unused = found if unused is None else unused & found
+    return unused
 
 
 def _phase_objectives(config: RunConfig, phases: list, vocab_size: int, pad_id: int,
