@@ -198,3 +198,60 @@ def test_embedder_on_a_longformer_skips_the_global_projections(longformer_global
     with pytest.raises(captured["stop"]):
         training.train_embedder(config, tmp_path / "run", directory, pairs)
     assert captured["unused"] == expected
+
+
+def test_a_longformer_tagger_trains_with_its_global_projections_as_loaded_and_says_so(longformer_global_projections,
+                                                                                       tmp_path):
+    """End to end, with a large weight decay: the tagger written to best/ holds the loaded global projections bit
+    for bit while the local ones have moved, and the run said which parameters weight decay skips."""
+    import bertjax
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.finetune.tasks import task_class
+    from bertjax.finetune.trainer import finetune
+    from finetune_helpers import sentiment_rows, write_jsonl
+    from flax import traverse_util
+
+    directory, expected = longformer_global_projections
+    rows = [{"tokens": row["text"].split(), "tags": ["B-CUE" if i % 3 == 0 else "O"
+                                                      for i, _ in enumerate(row["text"].split())]}
+            for row in sentiment_rows(8, 0)]
+    data = write_jsonl(tmp_path / "data.jsonl", rows)
+    task = task_class("token-classification")
+    config = load_finetune_config(None, ["train.batch_size=4", "data.max_length=16", "train.epochs=1",
+                                         "train.learning_rate=1e-2", "train.weight_decay=0.5",
+                                         "train.warmup_ratio=0", "train.progress_bar=false"], task.defaults)
+    said = []
+    finetune(directory, task, data, data, tmp_path / "run", config, say=said.append)
+    assert any(line.startswith(f"weight decay skips {len(expected)} parameter(s) the loss does not depend on")
+               for line in said), said
+    loaded = traverse_util.flatten_dict(bertjax.from_pretrained(str(directory))[1], sep="/")
+    trained = traverse_util.flatten_dict(bertjax.from_pretrained(str(tmp_path / "run" / "best"))[1], sep="/")
+    for path in expected:
+        np.testing.assert_array_equal(trained[path], loaded[path], err_msg=path)
+    local = "encoder/layers_0/attention/query/kernel"
+    assert not np.array_equal(trained[local], loaded[local])
+
+
+def test_longformer_pretraining_keeps_the_global_projections_and_says_so(tmp_path, capsys):
+    """`pretrain` of a tiny Longformer (MLM, no global token), AdamW with a large weight decay: after 4 steps the
+    global projections are their initial values bit for bit, the local ones have moved, and the run said so."""
+    from bertjax.train import pretrain
+    from bertjax.train.run_config import load_run_config
+    from bertjax.train.setup import setup_run
+    from train_helpers import TINY_RUN, small_tokenizer, write_config
+
+    config = load_run_config(str(write_config(
+        tmp_path / "run.yaml", small_tokenizer(),
+        model={"preset": "longformer-tiny", "overrides": {"max_position_embeddings": 66, "position_offset": 1}},
+        optimizer={"name": "adamw", "learning_rate": 1e-2, "weight_decay": 0.5},
+        schedule={"warmup": 1, "decay": 1}, train={**TINY_RUN["train"], "steps": 4})), [])
+    result = pretrain(config, tmp_path / "workdir")
+    assert "weight decay skips 12 parameter(s) the loss does not depend on" in capsys.readouterr().out
+    initial = setup_run(config, vocab_size=result.tokenizer.vocab_size, pad_id=result.tokenizer.pad_id).fresh_state()
+    for layer in range(2):
+        attention = lambda params: params["encoder"][f"layers_{layer}"]["attention"]  # noqa: E731
+        for name in ("query_global", "key_global", "value_global"):
+            np.testing.assert_array_equal(attention(result.params)[name]["kernel"],
+                                          attention(initial.params)[name]["kernel"])
+        assert not np.array_equal(attention(result.params)["query"]["kernel"],
+                                  attention(initial.params)["query"]["kernel"])

@@ -37,7 +37,7 @@ from bertjax.train import mesh as mesh_lib
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
 from bertjax.train.run_config import ConfigError, ScheduleConfig
-from bertjax.train.unused_params import unused_parameters
+from bertjax.train.unused_params import undecayed_note, unused_parameters
 
 log = logging.getLogger(__name__)
 
@@ -380,6 +380,9 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
                    f"{f' in cached chunks of {rows_per_chunk}' if config.train.mini_batch_size else ''}, mesh "
                    f"{dict(mesh.shape)}; "
                    f"{f'resuming from step {start} of {total}' if start else f'starting: {total} steps'}")
+    undecayed = undecayed_note(unused, config.train.weight_decay)
+    if undecayed is not None:
+        logger.message(undecayed)
     watch = PreemptionWatch()
     nonfinite = NonFiniteGuard(config.train.nonfinite, keys=TRAINER_OPTIMIZER_KEYS)
     eval_start = eval_end = eval_end_step = None

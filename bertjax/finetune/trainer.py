@@ -37,7 +37,7 @@ from bertjax.train.guards import NonFiniteGuard
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
 from bertjax.train.run_config import ConfigError, ScheduleConfig, parse_dataclass, to_dict
-from bertjax.train.unused_params import unused_parameters
+from bertjax.train.unused_params import undecayed_note, unused_parameters
 
 CONFIG_FILE = "config.yaml"
 RUN_FILE = "finetune.json"  # in the workdir and in best/: task, labels, data settings (what predict needs)
@@ -376,6 +376,9 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     unused = unused_parameters(task_loss(task, task_forward(task, step_model)), abstract_params(model), first_batch,
                                jax.random.key(0))
     optimizer = build_optimizer(trainer_adamw(config.train), schedule, unused)
+    undecayed = undecayed_note(unused, config.train.weight_decay)
+    if undecayed is not None:
+        say(undecayed)
 
     workdir.mkdir(parents=True, exist_ok=True)
     checkpointer, start_step = open_for_resume(config.checkpoint, workdir)

@@ -30,6 +30,7 @@ from bertjax.train.objectives import Objective
 from bertjax.train.run_config import RunConfig
 from bertjax.train.setup import schedule_change_on_resume, setup_run
 from bertjax.train.state import count_params, unsplit_parameters_note
+from bertjax.train.unused_params import undecayed_note
 from bertjax.train.step import COUNT_METRICS
 from bertjax.train.workdir import CONFIG_FILE  # noqa: F401 (the resolved run config in a workdir)
 
@@ -187,6 +188,9 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
                    f"({count_params(state.params) / 1e6:.2f}M trainable parameters), mesh "
                    f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} device(s), "
                    f"{'resuming from step ' + str(start) if start else 'starting'}; workdir {workdir}")
+    undecayed = undecayed_note(setup.unused, config.optimizer.weight_decay)
+    if undecayed is not None:
+        logger.message(undecayed)
     frozen = setup.frozen
 
     def evaluate(step: int) -> dict[str, float]:

@@ -42,6 +42,7 @@ class RunSetup:
     train_step: JittedStep  # of the first phase
     eval_step: JittedStep
     phase_steps: list  # (train_step, eval_step) of each phase: phases changing the model (RoPE) have their own
+    unused: frozenset[str] = frozenset()  # parameters no phase's loss depends on: weight decay skips them
 
     def steps_for(self, phase) -> tuple[JittedStep, JittedStep]:
         return self.phase_steps[phase.index]
@@ -200,7 +201,8 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
         frozen, frozen_shardings = objective.frozen_params(mesh, abstract=compile_only)
     except ObjectiveError as error:
         raise ConfigError(str(error)) from None
-    optimizer = build_optimizer(config.optimizer, schedule, _unused_parameters(objectives, phases, frozen))
+    unused = _unused_parameters(objectives, phases, frozen)
+    optimizer = build_optimizer(config.optimizer, schedule, unused)
     _, shardings = state_shardings(objective.init_params, optimizer, mesh)
     steps: dict[int, tuple[JittedStep, JittedStep]] = {}  # phases with the same model share their jitted steps
     for phase_objective in objectives:
@@ -214,7 +216,7 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
     return RunSetup(config=config, model_config=objective.model_config, objective=objective, phases=phases,
                     mesh=mesh, schedule=schedule, optimizer=optimizer, shardings=shardings, frozen=frozen,
                     frozen_shardings=frozen_shardings, train_step=phase_steps[0][0], eval_step=phase_steps[0][1],
-                    phase_steps=phase_steps)
+                    phase_steps=phase_steps, unused=unused)
 
 
 def _unused_parameters(objectives: list[Objective], phases: list, frozen: Any) -> frozenset[str]:

@@ -51,3 +51,12 @@ def unused_parameters(loss: Callable[..., Any], params: Any, *args: Any) -> froz
     used = _used_inputs(closed.jaxpr, [True] * len(closed.jaxpr.outvars))
     # make_jaxpr flattens (params, *args) in order: the parameters' leaves come first.
     return frozenset(param_path(path) for (path, _), reached in zip(leaves, used) if not reached)
+
+
+def undecayed_note(unused: frozenset[str], weight_decay: float) -> str | None:
+    """The line a run prints when weight decay skips parameters for this reason (None when it skips none)."""
+    if not unused or not weight_decay:
+        return None
+    names = sorted(unused)
+    return (f"weight decay skips {len(names)} parameter(s) the loss does not depend on, as PyTorch's AdamW skips a "
+            f"parameter without a gradient: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}")
