@@ -10,7 +10,7 @@ The parameters come from an initialiser `init_params(key) -> parameters boxed wi
 
 from __future__ import annotations
 
-import functools
+import weakref
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -43,12 +43,22 @@ def _init_fn(init_params: Initialiser, optimizer: optax.GradientTransformation):
     return init
 
 
-@functools.lru_cache(maxsize=16)
+# Objective -> {initialiser function: its boxed shapes}: dropped with the objective (a distillation objective holds
+# its teacher's weights, which a process-wide cache would keep alive).
+_TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def abstract_boxed_params(init_params: Initialiser) -> Any:
-    """The parameters' shapes and dtypes, boxed with their logical axis names: the initialiser traced at key 0,
-    once per initialiser (setting up a run asks for them several times, and tracing a base model's initialiser
-    takes most of a second each time)."""
-    return jax.eval_shape(init_params, jax.random.key(0))
+    """The parameters' shapes and dtypes, boxed with their logical axis names: the initialiser traced at key 0, once
+    per objective when it is an objective's method (setting up a run asks for them several times, and tracing a base
+    model's initialiser takes most of a second each time); any other initialiser is traced at each call."""
+    owner = getattr(init_params, "__self__", None)
+    if owner is None:
+        return jax.eval_shape(init_params, jax.random.key(0))
+    traced = _TRACED.setdefault(owner, {})
+    if init_params.__func__ not in traced:
+        traced[init_params.__func__] = jax.eval_shape(init_params, jax.random.key(0))
+    return traced[init_params.__func__]
 
 
 def param_logical_specs(init_params: Initialiser) -> Any:
