@@ -10,16 +10,14 @@
 set -euo pipefail
 CALLER=$PWD
 cd "$(dirname "$0")/.."  # the checkout: pip installs it from here
-# CONFIG and WORKDIR as the caller wrote them: relative paths from the caller's directory (a CONFIG that is no
-# file there, such as "tiny", is a shipped config's name and stays as written).
-from_caller() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$CALLER/$1" ;; esac; }
-config_from_caller() { if [ -e "$(from_caller "$1")" ]; then from_caller "$1"; else printf '%s' "$1"; fi; }
+# shellcheck source=/dev/null  # launch/caller_paths.sh, linted on its own
+. launch/caller_paths.sh
 if [ $# -lt 2 ]; then
   echo "usage: $0 CONFIG WORKDIR [key=value ...]" >&2
   exit 2
 fi
-CONFIG=$(config_from_caller "$1")
-WORKDIR=$(from_caller "$2")
+CONFIG=$(config_from_caller "$CALLER" "$1")
+WORKDIR=$(from_caller "$CALLER" "$2")
 shift 2
 if ! python3 -c "import jax; assert jax.default_backend() == 'gpu'" 2>/dev/null; then
   python3 -m pip install -q -U "${JAX_PIP:-jax[cuda12]}"

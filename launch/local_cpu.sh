@@ -8,14 +8,12 @@
 set -euo pipefail
 CALLER=$PWD
 cd "$(dirname "$0")/.."  # the checkout: pip installs it from here
-# CONFIG and WORKDIR as the caller wrote them: relative paths from the caller's directory (a CONFIG that is no
-# file there, such as "tiny", is a shipped config's name and stays as written).
-from_caller() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$CALLER/$1" ;; esac; }
-config_from_caller() { if [ -e "$(from_caller "$1")" ]; then from_caller "$1"; else printf '%s' "$1"; fi; }
+# shellcheck source=/dev/null  # launch/caller_paths.sh, linted on its own
+. launch/caller_paths.sh
 CONFIG=configs/pretrain/tiny.yaml
 WORKDIR=runs/tiny  # in the checkout, as the README's main job
-if [ $# -ge 1 ]; then CONFIG=$(config_from_caller "$1"); fi
-if [ $# -ge 2 ]; then WORKDIR=$(from_caller "$2"); fi
+if [ $# -ge 1 ]; then CONFIG=$(config_from_caller "$CALLER" "$1"); fi
+if [ $# -ge 2 ]; then WORKDIR=$(from_caller "$CALLER" "$2"); fi
 shift $(( $# < 2 ? $# : 2 ))
 python3 -c "import bertjax" 2>/dev/null || python3 -m pip install -q -e .
 # CPU only, even where an accelerator plugin is installed (JAX would otherwise probe for it at start-up).
