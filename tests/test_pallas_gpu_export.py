@@ -13,7 +13,8 @@ runs them as jaxprs and enforces none of Triton's rules. Here:
   one dtype (bf16 or f32) and an f32 accumulator, and float32 dots at full precision (no TF32: `_dot` promises HIGHEST);
 - with the `triton` package importable (a test dependency), that IR is compiled for sm_90 (H100) and each kernel's
   shared memory compared with the H100's 227 KB per block (skipped otherwise; Triton's pip compiler is a proxy for
-  the one inside XLA, not the same build);
+  the one inside XLA, not the same build): every bfloat16 kernel, float32's forward (its backward kernels spill so
+  much that compiling them took a minute of the suite; tests/test_gpu_kernels.py compiles them on a GPU);
 - a whole jitted train step of a tiny ModernBERT MLM in bfloat16 (the step `bertjax pretrain` runs, from
   setup_run) and the jitted inference and embedding forwards export with the kernels in them. The configs name
   "pallas_gpu": "auto" resolves by jax.default_backend(), which is "cpu" while exporting.

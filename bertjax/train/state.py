@@ -61,11 +61,6 @@ def abstract_boxed_params(init_params: Initialiser) -> Any:
     return traced[init_params.__func__]
 
 
-def param_logical_specs(init_params: Initialiser) -> Any:
-    """Logical axis names of every parameter, without allocating anything."""
-    return nn.get_partition_spec(abstract_boxed_params(init_params))
-
-
 def unsplit_parameters_note(init_params: Initialiser, mesh: Mesh, min_bytes: int = 1 << 20) -> str | None:
     """A warning naming the parameters (of `min_bytes` or more) that the mesh would split but keeps whole on every
     chip, with their optimizer state, because a mesh axis does not divide one of their axes (BERT's vocabulary of
