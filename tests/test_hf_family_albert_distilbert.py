@@ -7,6 +7,7 @@ non-padding positions of a right-padded batch.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -174,6 +175,21 @@ def test_sinusoidal_table_trained_away_from_the_formula_is_a_clear_error(checkpo
     rewrite_config(str(tmp_path), lambda values: values.update(sinusoidal_pos_embds=False))
     model, _ = bertjax.from_pretrained(str(tmp_path))
     assert model.config.position_embedding == "learned"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_a_sinusoidal_table_saved_in_half_precision_says_it_is_computed_exactly(checkpoint, dtype, tmp_path, caplog):
+    """transformers reads the rounded table back from a half-precision file; bertjax computes the formula in
+    float32, so the load says the outputs differ by that rounding (a float32 file says nothing)."""
+    reference, _ = checkpoint("distilbert-mlm-sinusoidal")
+    copy.deepcopy(reference).to(dtype).save_pretrained(str(tmp_path / "half"))
+    reference.save_pretrained(str(tmp_path / "full"))
+    with caplog.at_level("WARNING", logger="bertjax.hf.distilbert"):
+        bertjax.from_pretrained(str(tmp_path / "full"))
+        assert "sinusoidal table" not in caplog.text
+        bertjax.from_pretrained(str(tmp_path / "half"))
+    assert f"holds the sinusoidal table in {str(dtype).removeprefix('torch.')}; bertjax computes it in float32" \
+        in caplog.text
 
 
 def test_albert_without_factorised_embedding_is_a_clear_error(tmp_path):

@@ -138,6 +138,42 @@ def test_decoder_weight_written_only_when_untied(preset, decoder_weight, bias_na
     assert_same_params(loaded, params)
 
 
+@pytest.mark.parametrize("preset,decoder_weight,embeddings", [
+    ("bert-tiny", "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+    ("albert-tiny", "predictions.decoder.weight", "albert.embeddings.word_embeddings.weight"),
+    ("xlnet-tiny", "lm_loss.weight", "transformer.word_embedding.weight"),
+])
+def test_a_decoder_unlike_its_embeddings_loads_untied_whatever_config_json_says(preset, decoder_weight, embeddings,
+                                                                                 tmp_path, caplog):
+    """A model trained untied whose config.json kept `tie_word_embeddings: true`: transformers 5 keeps the file's
+    decoder (tying only equal tensors), so bertjax must too, or every logit changes. An equal copy stays tied."""
+    model = tiny_model(preset, "masked_lm", tie_word_embeddings=False)
+    params = random_params(model)
+    untied_dir, tied_copy_dir = str(tmp_path / "untied"), str(tmp_path / "tied_copy")
+    bertjax.save_pretrained(untied_dir, model, params)
+    edit_config(untied_dir, tie_word_embeddings=True)
+    shutil.copytree(untied_dir, tied_copy_dir)
+    edit_tensors(tied_copy_dir, lambda tensors: tensors.update({decoder_weight: tensors[embeddings].copy()}))
+    with caplog.at_level("WARNING", logger="bertjax.hf.pretrained"):
+        loaded_model, loaded = bertjax.from_pretrained(untied_dir)
+    assert not loaded_model.config.tie_word_embeddings
+    assert_same_params(loaded, params)
+    assert f"{decoder_weight!r} differs from {embeddings!r}; loading them untied" in caplog.text
+    caplog.clear()
+    copy_model, _ = bertjax.from_pretrained(tied_copy_dir)
+    assert copy_model.config.tie_word_embeddings and "untied" not in caplog.text
+    if preset == "bert-tiny":  # and transformers reads the file the same way
+        import torch
+        import transformers
+
+        ids = np.arange(2, 14, dtype=np.int32).reshape(2, 6)
+        theirs = transformers.AutoModelForMaskedLM.from_pretrained(untied_dir).eval()
+        with torch.no_grad():
+            expected = theirs(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
+        ours = loaded_model.apply({"params": loaded}, jnp.asarray(ids)).logits
+        np.testing.assert_allclose(np.asarray(ours), expected, rtol=0, atol=2e-5)
+
+
 def test_modernbert_config_is_written_for_transformers5_and_4(tmp_path):
     """transformers >= 5.1 reads layer_types and rope_parameters; 4.48-5.0 read only the older keys and would
     take their defaults (every 3rd layer global, theta 160000) in silence, so both are written."""
@@ -331,6 +367,22 @@ def test_config_errors_name_the_key(bert_mlm_copy, changes, match):
     edit_config(bert_mlm_copy, **changes)
     with pytest.raises(ValueError, match=match):
         bertjax.from_pretrained(bert_mlm_copy)
+
+
+@pytest.mark.parametrize("preset,changes,match", [
+    ("xlnet-tiny", {"d_head": 7}, r"d_head=7, but XLNet's heads are d_model // n_head = \d+ wide"),
+    ("roberta-tiny", {"pad_token_id": None}, r"pad_token_id is null, but roberta numbers positions from pad_token_id"),
+    ("longformer-tiny", {"pad_token_id": None}, r"pad_token_id is null, but longformer numbers positions"),
+])
+def test_config_values_transformers_cannot_run_are_refused(preset, changes, match):
+    """transformers refuses XLNet's d_head != d_model // n_head and fails at RoBERTa's first forward without a
+    padding id; bertjax says so on load rather than run a model transformers cannot."""
+    config = bertjax.get_config(preset)
+    family = FAMILIES[config.family]
+    values = {**family.hf_config(config, "masked_lm"), **changes}
+    with pytest.raises(ValueError, match=match):
+        family.encoder_config(values, "masked_lm")
+    family.encoder_config({**values, **family.hf_config(config, "masked_lm")}, "masked_lm")  # the written values load
 
 
 def test_missing_files_are_errors(bert_mlm_copy, tmp_path):

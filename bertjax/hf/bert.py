@@ -42,6 +42,10 @@ class BertLikeConfig:
             read.expect("summary_activation", ("gelu",))
             read.expect("summary_proj_to_labels", (False,))
         activation = read.activation("hidden_act")
+        if self.positions_after_padding and "pad_token_id" in values and values["pad_token_id"] is None:
+            # transformers numbers positions from pad_token_id + 1 and fails on such a file at the first forward
+            raise ValueError(f"config.json: pad_token_id is null, but {self.model_type} numbers positions from "
+                             "pad_token_id + 1; set it to the tokenizer's padding id")
         pad = read("pad_token_id")
         return EncoderConfig(
             family=self.model_type,

@@ -8,6 +8,8 @@ config.json names sizes `dim`, `n_layers`, `n_heads`, `hidden_dim`; transformers
 
 from __future__ import annotations
 
+import logging
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -18,6 +20,8 @@ from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures, bert_like_
 from bertjax.hf.mapping import (KeyMapping, Layout, ParamPath, TensorRule, attention_output, attention_projection,
                                 embedding, layer_norm, linear, mlm_decoder)
 from bertjax.models.embeddings import sinusoidal_table
+
+logger = logging.getLogger(__name__)
 
 DEFAULTS = {"vocab_size": 30522, "max_position_embeddings": 512, "sinusoidal_pos_embds": False, "n_layers": 6,
             "n_heads": 12, "dim": 768, "hidden_dim": 3072, "dropout": 0.1, "activation": "gelu",
@@ -78,6 +82,11 @@ def fixed_table(key: str, table: np.ndarray, save_dtype) -> TensorRule:
             raise ValueError(f"tensor {key!r} differs from the sinusoidal table that config.json's "
                              "sinusoidal_pos_embds=true promises (it was trained after initialisation?); set "
                              "sinusoidal_pos_embds to false in config.json to load it as a learned table")
+        if tensor.dtype != table.dtype:  # transformers reads the rounded table back; bertjax computes it exactly
+            logger.warning("tensor %r holds the sinusoidal table in %s; bertjax computes it in float32, where "
+                           "transformers uses the file's rounded values, so outputs differ from transformers' by "
+                           "that rounding (about 5e-3 in the hidden states for bfloat16, 5e-4 for float16)", key,
+                           tensor.dtype)
         return ()
 
     return TensorRule((key,), table.shape, (), Layout(load=load, save=lambda _: table.astype(save_dtype)))

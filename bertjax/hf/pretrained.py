@@ -121,6 +121,7 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
     if tensors is None:
         tensors = weights.read_weights(path, allow_pickle=allow_pickle)
     _check_layer_count(path, values, config, tensors)
+    config = _untied_where_the_file_differs(path, family, values, config, head, tensors)
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
     # Head classes name the backbone's tensors with a prefix ("bert."), the bare model without. Files exist whose
@@ -173,6 +174,42 @@ def _check_layer_count(path: str, values: dict, config: EncoderConfig, tensors: 
     holds = f"layers 0..{max(held)}" if held else "no layers"
     raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: {field} {claimed}, but {weights.weights_file(path)} "
                      f"holds {holds}")
+
+
+# The parameters an MLM decoder tied to the word embeddings would share.
+_DECODER_KERNEL: ParamPath = ("mlm_head", "decoder", "kernel")
+_WORD_EMBEDDINGS: ParamPath = ("embeddings", "word_embeddings", "embedding")
+
+
+def _untied_where_the_file_differs(path: str, family: HfFamily, values: dict, config: EncoderConfig, head: str,
+                                   tensors: dict[str, np.ndarray]) -> EncoderConfig:
+    """`config`, untied when config.json says `tie_word_embeddings` but the file holds an MLM decoder weight that
+    differs from its word embeddings: a model trained untied whose config.json kept the family's default.
+    transformers 5 then keeps the two tensors apart, with a warning, and so does bertjax; tying would replace the
+    trained decoder by the embeddings and change every logit. A decoder equal to the embeddings (older files write
+    the tied copy) stays tied."""
+    if not config.tie_word_embeddings:
+        return config
+    try:  # only a family whose config.json can say "untied" (MosaicBERT's is always tied)
+        untied_reading = family.encoder_config({**values, "tie_word_embeddings": False}, head)
+    except ValueError:
+        return config
+    if untied_reading.tie_word_embeddings:
+        return config
+    untied = config.replace(tie_word_embeddings=False)
+    keys = {}
+    for rule in family.mapping(untied, head).rules:
+        if rule.params in ((_DECODER_KERNEL,), (_WORD_EMBEDDINGS,)):
+            keys[rule.params[0]] = next((key for key in rule.hf_keys if key in tensors), None)
+    decoder, embeddings = keys.get(_DECODER_KERNEL), keys.get(_WORD_EMBEDDINGS)
+    if decoder is None or embeddings is None:  # a head without a decoder, or the file holds only one of them
+        return config
+    if tensors[decoder].shape == tensors[embeddings].shape and np.array_equal(tensors[decoder], tensors[embeddings]):
+        return config
+    logger.warning("%s: config.json says tie_word_embeddings=true, but %r differs from %r; loading them untied, as "
+                   "transformers does (set tie_word_embeddings to false in config.json to silence this)", path,
+                   decoder, embeddings)
+    return untied
 
 
 def _load_exact(path: str, values: dict, model_type: str, head: str, mapping: KeyMapping,

@@ -51,6 +51,9 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
             logger.warning("XLNet summary_type=%r: bertjax pools the real tokens of each row, transformers also "
                            "the left padding, so the two agree only on rows without padding", values["summary_type"])
     hidden, heads = read("d_model", "hidden_size"), read("n_head", "num_attention_heads")
+    if values.get("d_head") is not None and values["d_head"] != hidden // heads:  # XLNetConfig refuses it too
+        raise ValueError(f"config.json: d_head={values['d_head']!r}, but XLNet's heads are d_model // n_head = "
+                         f"{hidden // heads} wide")
     return EncoderConfig(
         family=MODEL_TYPE, vocab_size=read("vocab_size"), hidden_size=hidden, num_layers=read("n_layer"),
         num_heads=heads, intermediate_size=read("d_inner"), max_position_embeddings=MAX_LENGTH,
