@@ -206,3 +206,26 @@ def test_ops_attention_names_the_implementation_and_checks_the_platform_compiled
     here = KernelChoice("test kernel", "a field", frozenset({jax.default_backend()}), (), "interpret=True")
     np.testing.assert_array_equal(jax.grad(lambda v: (require_platform(v, here, False) ** 2).sum())(x), 2 * x)
     np.testing.assert_array_equal(jax.vmap(lambda v: require_platform(v, here, False))(x[:, None]), x[:, None])
+
+
+def test_jax_export_with_a_symbolic_batch_and_length_runs_every_size():
+    """Serving exports one function for every batch size (and, where attention allows, every length): choices
+    made from shapes (stacking projections, blockwise or dense attention) must not compare symbolic sizes."""
+    from jax import export
+
+    cases = [("bert-tiny", "b, 16"), ("modernbert-tiny", "b, s")]  # stacked q/k/v; a local window's path
+    for preset, spec in cases:
+        model = bertjax.EncoderForMaskedLM(bertjax.get_config(preset, vocab_size=64))
+        params = bertjax.init_params(model, jax.random.key(0))
+        forward = jax.jit(lambda p, ids, model=model: model.apply({"params": p}, ids).logits)
+        shape = export.symbolic_shape(spec, constraints=["s <= 64"] if "s" in spec else ())
+        exported = export.export(forward)(params, jax.ShapeDtypeStruct(shape, jnp.int32))
+        for batch, seq in ((1, 16), (3, 16)) if "s" not in spec else ((2, 5), (1, 40)):
+            ids = jnp.asarray(np.random.default_rng(batch).integers(5, 64, (batch, seq)), jnp.int32)
+            np.testing.assert_allclose(np.asarray(exported.call(params, ids)), np.asarray(forward(params, ids)),
+                                       rtol=0, atol=1e-5, err_msg=f"{preset} {batch}x{seq}")
+    model = bertjax.EncoderForMaskedLM(bertjax.get_config("deberta-v3-tiny", vocab_size=64))
+    params = bertjax.init_params(model, jax.random.key(0))
+    with pytest.raises(ValueError, match="disentangled attention needs a fixed sequence length"):
+        export.export(jax.jit(lambda p, ids: model.apply({"params": p}, ids).logits))(
+            params, jax.ShapeDtypeStruct(export.symbolic_shape("b, s"), jnp.int32))

@@ -94,7 +94,10 @@ def project(x: jax.Array, weights: list[tuple[jax.Array, jax.Array | None]], in_
     kernels = [kernel for kernel, _ in weights]
     rows = math.prod(x.shape[:x.ndim - in_ndim])
     stacked_features = sum(math.prod(kernel.shape[in_ndim:]) for kernel in kernels)
-    if len(weights) > 1 and len({kernel.shape for kernel in kernels}) == 1 and rows >= stacked_features:
+    # A symbolic row count (a `jax.export` with a polymorphic batch) cannot be compared: the unstacked dots are
+    # right at any size.
+    pays = isinstance(rows, int) and rows >= stacked_features
+    if len(weights) > 1 and len({kernel.shape for kernel in kernels}) == 1 and pays:
         kernel = jnp.stack(kernels, axis=in_ndim).astype(dtype)  # [*in_shape, n, *features]
         y = jax.lax.dot_general(x, kernel, ((contract, tuple(range(in_ndim))), ((), ())))
         axis = x.ndim - in_ndim  # split, not indexed: the backward concatenates instead of padding and adding

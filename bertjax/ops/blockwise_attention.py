@@ -201,7 +201,8 @@ def xla_auto_attention(q, k, v, *, segment_ids, local_window, scale, interpret=F
                        global_tokens=None, global_slots=None):
     """The faster XLA path for this call's shapes: blockwise for narrow windows, dense otherwise."""
     seq = q.shape[1]
-    narrow = local_window is not None and local_window <= BLOCKWISE_MAX_WINDOW_FRACTION * seq
+    # A symbolic length (a `jax.export` polymorphic in seq) takes the dense path, right at any length.
+    narrow = local_window is not None and isinstance(seq, int) and local_window <= BLOCKWISE_MAX_WINDOW_FRACTION * seq
     if narrow:
         return blockwise_local_attention(q, k, v, segment_ids=segment_ids, local_window=local_window, scale=scale,
                                          alibi_slopes=alibi_slopes, global_tokens=global_tokens,

@@ -154,6 +154,10 @@ def disentangled_attention(q, k, v, pos_key, pos_query, *, segment_ids, span: in
     Returns [batch, seq, heads, head_dim]. Tokens attend within their segment (0 = padding). interpret: run a
     Pallas implementation in interpret mode (CPU tests)."""
     seq = q.shape[1]
+    if not isinstance(seq, int):  # a `jax.export` polymorphic in seq: the relative table is built per length
+        raise ValueError(f"disentangled attention needs a fixed sequence length, got the symbolic {seq}: its "
+                         "relative-position table is built for each length, so export one function per length "
+                         "(a symbolic batch size works)")
     implementation = resolve_implementation(implementation, seq, block_size)
     terms = 1 + (pos_key is not None) + (pos_query is not None)
     scale = 1.0 / float(np.sqrt(np.float32(q.shape[-1] * terms)))
