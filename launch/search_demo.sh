@@ -16,7 +16,7 @@ COUNT=${2:-5000}
 OUT=runs/search
 mkdir -p "$OUT"
 
-python - "$OUT/docs.txt" "$COUNT" <<'EOF'
+python3 - "$OUT/docs.txt" "$COUNT" <<'EOF'
 import sys
 from bertjax.data import default_corpus_documents
 

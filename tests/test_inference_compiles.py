@@ -78,6 +78,7 @@ def test_fill_mask_top_k_values_and_new_predictors_share_programs(compiles):
         assert [[options[:top_k] for options in text] for text in reference] == \
             [[options for options in text] for text in got]
     assert make_predictor(model, params, tokenizer).many(texts, 4) == [[o[:4] for o in t] for t in reference]
+    assert predictor.many([], 3) == []  # an empty request, as Embedder.embed([])
     assert compiles() == before
 
 

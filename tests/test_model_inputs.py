@@ -249,6 +249,24 @@ def test_empty_inputs_are_an_input_error(shape, message, masked_lm):
         checked_logits(model)(params, jnp.asarray(ids), {})
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_padding_only_row_gives_finite_outputs_and_gradients(preset, masked_lm):
+    """A batch may hold a row with no present token (a bucket's filler row): it runs, and a loss that masks it
+    out gets finite gradients (a NaN there would poison every parameter)."""
+    model, params = masked_lm(preset)
+    ids = np.random.default_rng(3).integers(0, model.config.vocab_size, (2, 20))
+    mask = np.stack([np.ones(20, np.int32), np.zeros(20, np.int32)])
+    logits = compiled_run(model, params, ids, mask).logits
+    assert np.all(np.isfinite(np.asarray(logits)))
+
+    def masked_loss(p):
+        out = model.apply({"params": p}, jnp.asarray(ids), attention_mask=jnp.asarray(mask)).logits
+        return jnp.sum(jax.nn.logsumexp(out, axis=-1) * mask) / jnp.sum(mask)
+
+    grads = jax.jit(jax.grad(masked_loss))(params)
+    assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+
+
 def test_multiple_choice_int64_ids_past_int32_are_rejected():
     from bertjax.models.task_models import EncoderForMultipleChoice
 

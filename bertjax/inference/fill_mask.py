@@ -130,6 +130,8 @@ def make_predictor(model, params, tokenizer, *,
     def many(texts: list[str], top_k: int = 5) -> list[list[list[Prediction]]]:
         if top_k <= 0:
             raise ValueError(f"top_k must be positive, got {top_k}")
+        if not texts:  # as `Embedder.embed([])`: nothing to run, nothing compiled
+            return []
         encoded = [encode_with_masks(tokenizer, text) for text in texts]
         for text, (ids, _) in zip(texts, encoded):
             if len(ids) > max_length:
@@ -140,7 +142,7 @@ def make_predictor(model, params, tokenizer, *,
         k = min(max(16, 1 << (top_k + 8 - 1).bit_length()), config.vocab_size)
         # A row holds at most max_segments texts, so at most that many times the most masks a text has (rounded up
         # to a power of two, so that few programs compile).
-        most = max(int(np.sum(ids == tokenizer.mask_id)) for ids, _ in encoded) if encoded else 1
+        most = max(int(np.sum(ids == tokenizer.mask_id)) for ids, _ in encoded)
         slots = min(buckets.max_segments * (1 << (most - 1).bit_length()), max_length)
         if (k, slots) not in by_k:
             row_fn = fill_mask_row_fn(model, special_ids, tokenizer.vocab_size, k, tokenizer.mask_id, slots)
