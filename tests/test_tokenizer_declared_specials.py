@@ -169,7 +169,8 @@ def test_special_tokens_map_names_the_tokens_of_an_older_checkpoint(tmp_path):
 @pytest.mark.parametrize("lstrip", [False, True])
 def test_fill_mask_gives_the_space_before_the_mask_where_the_mask_token_says(lstrip, tmp_path):
     """A mask token with lstrip (RoBERTa's <mask>) takes the space before it; one without (this Llama-3 layout's
-    <|mask|>) leaves it to the text, a token of its own: the row is what transformers' tokenizer makes of the text."""
+    <|mask|>) leaves it to the text, a token of its own: the row is what transformers' tokenizer makes of the text,
+    whitespace after the last mask included."""
     from tokenizers import AddedToken, Tokenizer
 
     from bertjax.inference.fill_mask import encode_with_masks
@@ -181,7 +182,7 @@ def test_fill_mask_gives_the_space_before_the_mask_where_the_mask_token_says(lst
     tokenizer = load_tokenizer(tmp_path / "tok")
     assert tokenizer.mask_takes_space_before is lstrip
     reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
-    for text in (f"The loop {MASK} here.", f"{MASK} ends, {MASK}  {MASK}"):
+    for text in (f"The loop {MASK} here.", f"{MASK} ends, {MASK}  {MASK}", f"A {MASK} ", f"x {MASK}\n"):
         row, masks = encode_with_masks(tokenizer, text)
         assert row.tolist() == reference(text)["input_ids"], text
         assert all(row[m] == tokenizer.mask_id for m in masks)

@@ -49,7 +49,7 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
         # word-initial token.
         if i < len(pieces) - 1 and absorbs_space:
             piece = piece.rstrip()
-        if piece and (piece.strip() or not absorbs_space):
+        if piece:  # whitespace after the last mask stays a token, as transformers keeps it
             ids.extend(int(t) for t in tokenizer.encode(piece))
         if i < len(pieces) - 1:
             masks.append(len(ids))
