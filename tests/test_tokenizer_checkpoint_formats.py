@@ -270,6 +270,50 @@ def test_vocab_txt_checkpoints_tokenize_as_transformers(config, added, tmp_path)
     assert copy.fingerprint == tokenizer.fingerprint and copy.vocab_size == tokenizer.vocab_size
 
 
+def _decoder_entry(content: str, special: bool = True) -> dict:
+    return {"content": content, "lstrip": False, "normalized": not special, "rstrip": False, "single_word": False,
+            "special": special}
+
+
+SPECIALS_VOCAB = VOCAB + ["<mask>", "[unused0]"]
+
+
+@pytest.mark.parametrize("config", [
+    {"mask_token": "<mask>"},
+    {"additional_special_tokens": ["[unused0]", "[E1]"]},
+    {"added_tokens_decoder": {**{str(i): _decoder_entry(t) for i, t in enumerate(VOCAB[:5])},
+                              str(len(SPECIALS_VOCAB)): _decoder_entry("[E1]"),
+                              str(len(SPECIALS_VOCAB) + 1): _decoder_entry("covid19", special=False)}},
+], ids=["mask-named", "additional-specials", "added-tokens-decoder"])
+def test_vocab_txt_special_tokens_its_config_names_are_read_as_transformers_reads_them(config, tmp_path):
+    """tokenizer_config.json may give a role to another token, or name special and added tokens beyond BERT's
+    five; transformers keeps them whole in text, and so must bertjax (a split <mask> finds no mask to fill)."""
+    write(tmp_path / "bert", {"tokenizer_config.json": {"do_lower_case": True, **config},
+                              "config.json": {"model_type": "bert"}})
+    (tmp_path / "bert" / "vocab.txt").write_text("\n".join(SPECIALS_VOCAB) + "\n")
+    tokenizer = load_tokenizer(tmp_path / "bert")
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "bert"))
+    assert (tokenizer.mask_id, tokenizer.vocab_size) == (reference.mask_token_id, len(reference))
+    for text in ["the <mask> a [MASK] rise", "[unused0] cases [E1] covid19", "Café [UNK] é"]:
+        assert tokenizer.special_template.build(tokenizer.encode(text))[0] == reference(text)["input_ids"], text
+
+
+def test_a_cased_vocab_txt_without_a_config_keeps_case_and_says_transformers_would_not(tmp_path, caplog):
+    """Google's cased BERT releases ship vocab.txt without tokenizer_config.json: lowercasing would make every
+    capitalised piece unreachable, which transformers' BertTokenizer does unless told do_lower_case=false."""
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "vocab.txt").write_text("\n".join(VOCAB + ["The"]) + "\n")
+    with caplog.at_level("WARNING", logger="bertjax.data.tokenizers"):
+        tokenizer = load_tokenizer(tmp_path / "bert")
+    assert tokenizer.encode("The").tolist() == [len(VOCAB)]
+    assert "transformers' BertTokenizer would lowercase" in caplog.text
+    caplog.clear()
+    (tmp_path / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")  # uncased: both lowercase, no warning
+    with caplog.at_level("WARNING", logger="bertjax.data.tokenizers"):
+        assert load_tokenizer(tmp_path / "bert").encode("The").tolist() == [VOCAB.index("the")]
+    assert "lowercase" not in caplog.text
+
+
 def test_added_tokens_that_do_not_follow_the_vocabulary_are_refused(tmp_path):
     write(tmp_path / "bert", {"added_tokens.json": {"covid19": len(VOCAB) + 3}})
     (tmp_path / "bert" / "vocab.txt").write_text("\n".join(VOCAB) + "\n")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import logging
 import pathlib
 from collections.abc import Callable, Sequence
 
@@ -30,6 +31,8 @@ from bertjax.data.special_template import bert_template, from_post_processor
 from bertjax.data.special_tokens import (SPECIAL_TOKEN_KEYS, SPECIAL_TOKEN_NAMES, SpecialIds, declared_special_tokens,
                                          find_specials, layout_roles)
 from bertjax.jsonl import loads
+
+logger = logging.getLogger(__name__)
 
 
 class InvalidTokenizerFile(ValueError):
@@ -420,7 +423,10 @@ class WordPieceTokenizer(HuggingFaceTokenizer):
         super().__init__(tok.to_str(), source=source)
 
     @classmethod
-    def from_file(cls, path: str | pathlib.Path) -> "WordPieceTokenizer":
+    def from_file(cls, path: str | pathlib.Path) -> Tokenizer:
+        """The vocab.txt at `path` with the settings of the tokenizer_config.json beside it. Special tokens that
+        config names beyond BERT's own ([MASK] as `<mask>`, `additional_special_tokens`, tokens only its
+        `added_tokens_decoder` lists) are read as transformers reads them, through its own conversion."""
         path = pathlib.Path(path)
         config = _read_tokenizer_config(path.parent)
         lowercase = config.get("do_lower_case")
@@ -429,8 +435,19 @@ class WordPieceTokenizer(HuggingFaceTokenizer):
         added = _read_json_object(path.parent / cls.ADDED_TOKENS)
         if not all(isinstance(token, str) and type(i) is int for token, i in added.items()):
             raise InvalidTokenizerFile(f"{path.parent / cls.ADDED_TOKENS}: expected {{token: id}}")
-        return cls(_read_text(path), lowercase=lowercase if isinstance(lowercase, bool) else None, source=str(path),
-                   options=options, added_tokens=added)
+        vocab_text = _read_text(path)
+        beyond = _specials_beyond_bert(path.parent, vocab_text.splitlines(), added)
+        if beyond is not None:
+            logger.info("%s: tokenizer_config.json names %s; building the tokenizer as transformers does", path,
+                        beyond)
+            return HuggingFaceTokenizer.from_transformers_files(path.parent)
+        tokenizer = cls(vocab_text, lowercase=lowercase if isinstance(lowercase, bool) else None, source=str(path),
+                        options=options, added_tokens=added)
+        if not isinstance(lowercase, bool) and not tokenizer._lowercase:
+            logger.warning("%s: no tokenizer_config.json sets do_lower_case and the vocabulary has capital letters, "
+                           "so bertjax keeps case; transformers' BertTokenizer would lowercase such a vocabulary "
+                           "(write do_lower_case into tokenizer_config.json to make the two agree)", path)
+        return tokenizer
 
     def __getstate__(self):
         return {"vocab_text": self._vocab_text, "lowercase": self._lowercase, "source": self._source,
@@ -446,6 +463,33 @@ class WordPieceTokenizer(HuggingFaceTokenizer):
         if self._added_tokens:
             files[self.ADDED_TOKENS] = json.dumps(self._added_tokens).encode("utf-8")
         return files
+
+
+def _specials_beyond_bert(directory: pathlib.Path, tokens: list[str], added: dict[str, int]) -> str | None:
+    """What a vocab.txt checkpoint's tokenizer_config.json (or special_tokens_map.json) names that
+    `WordPieceTokenizer` does not build (it keeps BERT's [CLS] [SEP] [MASK] [PAD] [UNK] whole, and the tokens of
+    added_tokens.json): a role given to another token, extra special tokens, tokens only `added_tokens_decoder`
+    lists; None when there is none."""
+    described = _read_tokenizer_config(directory)
+    if "added_tokens_decoder" not in described:
+        described = {**described, **_read_json_object(directory / SPECIAL_TOKENS_MAP)}
+    vocab = set(tokens)
+    own = {role: next((name for name in names if name in vocab), None) for role, names in SPECIAL_TOKEN_NAMES.items()}
+    declared = declared_special_tokens(described)
+    for role, keys in SPECIAL_TOKEN_KEYS.items():
+        key = next((key for key in keys if key in declared), None)
+        if key is not None and declared[key] != own[role]:
+            return f"{key} {declared[key]!r}"
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        if described.get(key):
+            return key
+    entries = described.get("added_tokens_decoder")
+    known = {name for name in own.values() if name} | set(added)
+    for entry in entries.values() if isinstance(entries, dict) else ():
+        content = entry.get("content") if isinstance(entry, dict) else None
+        if isinstance(content, str) and content not in known:
+            return f"the added token {content!r}"
+    return None
 
 
 # BertTokenizer's options in tokenizer_config.json that change how a vocab.txt tokenizes: (types, default).
