@@ -3,6 +3,9 @@
     save_for_transformers(tokenizer, "hf_dir", model_max_length=512, model_input_names=["input_ids", ...])
     AutoTokenizer.from_pretrained("hf_dir")  # then encodes text to the same ids as `tokenizer.encode`
 
+but for texts that spell a special token ("[SEP]"): a SentencePiece model bertjax trained holds its specials as
+control symbols, which text never encodes to, while the export reads them as every transformers tokenizer does.
+
 Every kind becomes one `tokenizers` JSON (registry `TO_TOKENIZERS_JSON`), with the special tokens registered as
 added tokens (so "[MASK]" in a text is the mask token) and a post-processor that wraps texts in [CLS] ... [SEP]
 as the bertjax data pipeline and fill-mask do:
