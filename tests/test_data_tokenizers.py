@@ -179,3 +179,19 @@ def test_broken_tokenizer_files_are_errors_naming_the_file(tmp_path, sentencepie
     (tmp_path / "bad_config" / "tokenizer_config.json").write_text('{"do_lower_case": tr')
     with pytest.raises(ValueError, match=f"{tmp_path / 'bad_config' / 'tokenizer_config.json'} is not a valid"):
         load_tokenizer(tmp_path / "bad_config")
+
+
+def test_a_template_without_a_pair_layout_is_named_with_its_file():
+    """A TemplateProcessing given only `single` drops the second text of a pair: refused when rows are laid out,
+    with the file and the cause named."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"])}
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                                ("[SEP]", 3)])
+    tokenizer = HuggingFaceTokenizer(hf.to_str(), source="ckpt/tokenizer.json")
+    with pytest.raises(ValueError, match=r"ckpt/tokenizer.json: .*loses the second: a TemplateProcessing without a "
+                                         r"`pair` template"):
+        tokenizer.special_template

@@ -162,6 +162,31 @@ def test_round_trip_through_sentence_transformers(tmp_path, dense_pipeline):
     assert_close(reloaded.encode(TEXTS), ours, "bertjax reloading its own save")
 
 
+def test_do_lower_case_lowercases_as_sentence_transformers_does(tmp_path, hf_dir):
+    """sentence-transformers 6 lowercases with the tokenizers library, one character at a time; str.lower() would
+    turn a word-final capital sigma into the final form, another token of a Greek vocabulary."""
+    directory = tmp_path / "greek"
+    shutil.copytree(hf_dir, directory)
+    described = json.loads((directory / "tokenizer.json").read_text())
+    vocab = described["model"]["vocab"]
+    last = sorted(vocab, key=vocab.get)[-2:]  # two whole words become the two spellings
+    for old, new in zip(last, ("σοφοσ", "σοφος")):
+        vocab[new] = vocab.pop(old)
+    (directory / "tokenizer.json").write_text(json.dumps(described))
+    _, path = saved(tmp_path, "st", [Transformer(str(directory), max_seq_length=MAX_SEQ_LENGTH), Pooling(HIDDEN)])
+    # As older releases save it: do_lower_case in sentence_bert_config.json, a tokenizer.json that keeps case.
+    settings = json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())
+    (tmp_path / "st" / "sentence_bert_config.json").write_text(json.dumps({**settings, "do_lower_case": True}))
+    reference, encoder = SentenceTransformer(path), load_sentence_encoder(path)
+    assert encoder.do_lower_case
+    texts = ["ΣΟΦΟΣ", "the ΣΟΦΟΣ cat"]
+    expected = reference.tokenize(texts)["input_ids"].numpy()
+    for ours, theirs in zip(encoder.tokenize(texts), expected):
+        assert ours.tolist() == theirs[theirs != 0].tolist()
+    assert vocab["σοφοσ"] in encoder.tokenize(texts)[0]
+    assert_close(encoder.encode(texts), reference.encode(texts), "Greek capitals lowercased")
+
+
 def test_plain_transformers_and_bertjax_directories_use_mean_pooling(tmp_path, hf_dir):
     from bertjax.model_dirs import load_model_dir, save_model_dir
 
@@ -309,6 +334,19 @@ def corrupt(source: str, target, path: str, value) -> str:
     return str(target)
 
 
+def test_processing_kwargs_max_length_cuts_texts_as_sentence_transformers_does(tmp_path, hf_dir, caplog):
+    """sentence-transformers 6 reads a text's length from processing_kwargs over max_seq_length; query_length
+    applies only in its encode_query, which bertjax does not have: said on load."""
+    module = Transformer(str(hf_dir), max_seq_length=MAX_SEQ_LENGTH, processing_kwargs={"text": {"max_length": 8}},
+                         query_length=6)
+    reference, path = saved(tmp_path, "st", [module, Pooling(HIDDEN)])
+    with caplog.at_level("WARNING", logger="bertjax.embeddings.sentence_transformers_dir"):
+        encoder = load_sentence_encoder(path)
+    assert encoder.max_seq_length == 8 and "query_length 6 applies in sentence-transformers' encode_query" \
+        in caplog.text
+    assert_close(encoder.encode(TEXTS), reference.encode(TEXTS), "processing_kwargs max_length 8")
+
+
 def test_bad_directories_give_clear_errors(tmp_path, transformer):
     _, good = saved(tmp_path, "good", [transformer, Pooling(HIDDEN), Dense(HIDDEN, 8)])
     modules = json.loads((tmp_path / "good" / "modules.json").read_text())
@@ -331,6 +369,18 @@ def test_bad_directories_give_clear_errors(tmp_path, transformer):
         load_sentence_encoder(corrupt(good, tmp_path / "e", "2_Dense/config.json",
                                       {"in_features": HIDDEN, "out_features": 8, "activation_function":
                                        "mypackage.Swish"}))
+    with pytest.raises(ValueError, match="activation_function 'mypackage.layers.ReLU' is not one of"):
+        # a torch name in another package: sentence-transformers would not import it (Tanh instead)
+        load_sentence_encoder(corrupt(good, tmp_path / "e2", "2_Dense/config.json",
+                                      {"in_features": HIDDEN, "out_features": 8, "activation_function":
+                                       "mypackage.layers.ReLU"}))
+    settings = json.loads((tmp_path / "good" / "sentence_bert_config.json").read_text())
+    with pytest.raises(ValueError, match=r"processing_kwargs.text sets \['add_special_tokens'\], which bertjax"):
+        load_sentence_encoder(corrupt(good, tmp_path / "e3", "sentence_bert_config.json",
+                                      {**settings, "processing_kwargs": {"text": {"add_special_tokens": False}}}))
+    with pytest.raises(ValueError, match="query_expansion is ColBERT-style"):
+        load_sentence_encoder(corrupt(good, tmp_path / "e4", "sentence_bert_config.json",
+                                      {**settings, "query_expansion": {"length": 32}}))
     with pytest.raises(ValueError, match="linear.weight has shape \\(8, 32\\), config.json says \\(9, 32\\)"):
         load_sentence_encoder(corrupt(good, tmp_path / "f", "2_Dense/config.json",
                                       {"in_features": HIDDEN, "out_features": 9}))

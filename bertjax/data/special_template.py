@@ -97,6 +97,8 @@ def from_post_processor(hf_tokenizer) -> SpecialTemplate | None:
     pair = _read(hf_tokenizer.post_process(probe(), probe(), add_special_tokens=True))
     texts = [sorted(item.text for item in items if item.token == TEXT) for items in (single, pair)]
     if texts != [[0], [0, 1]]:  # a post-processor that does not keep the texts whole and in order
+        hint = " (a pair of texts loses the second: a TemplateProcessing without a `pair` template)" \
+            if texts[0] == [0] and texts[1] == [0] else ""
         raise ValueError(f"tokenizer post-processor {type(hf_tokenizer.post_processor).__name__} lays out texts as "
-                         f"{texts}; bertjax needs each text once")
+                         f"{texts}{hint}; bertjax needs each text once, a pair as [0, 1]")
     return SpecialTemplate(single=single, pair=pair)

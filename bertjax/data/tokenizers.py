@@ -257,7 +257,7 @@ class HuggingFaceTokenizer(Tokenizer):
         try:
             self._laid_out, self._layout_error = from_post_processor(self._tok), None
         except ValueError as error:  # a layout bertjax cannot follow: an error for those who lay out rows with it
-            self._laid_out, self._layout_error = None, error
+            self._laid_out, self._layout_error = None, ValueError(f"{source}: {error}")
         self._finish(find_specials(vocab.get, source, declared_special_tokens(self.transformers_config),
                                     layout_roles(self._laid_out)), _word_starts(self._tok, pieces), added)
         self._size = size

@@ -155,7 +155,11 @@ class SentenceEncoder:
 
     def _ids(self, texts: Sequence[str], truncate: bool = True) -> list[np.ndarray]:
         if self.do_lower_case:
-            texts = [t.lower() for t in texts]
+            # The `tokenizers` library's lowercasing, as sentence-transformers 6 adds it to the tokenizer: character
+            # by character, where str.lower() makes a word-final Σ the final-form ς and so another token.
+            from tokenizers.normalizers import Lowercase
+
+            texts = [Lowercase().normalize_str(t) for t in texts]
         cls, sep = np.array([self.tokenizer.cls_id], np.int32), np.array([self.tokenizer.sep_id], np.int32)
         body = self.max_seq_length - 2 if truncate else None
         return [np.concatenate([cls, ids[:body], sep]) for ids in self.tokenizer.encode_batch(list(texts))]

@@ -125,6 +125,7 @@ def _read_transformer(directory: Path, allow_pickle: bool):
                 f"{modalities!r}")
         _expect(text.get("method_output_name", "last_hidden_state") == "last_hidden_state", config_path,
                 f"the text modality reads {text.get('method_output_name')!r}; bertjax pools last_hidden_state")
+        _check_processing_kwargs(settings, config_path)
     model, params, tokenizer = load_model_dir(directory, allow_pickle=allow_pickle)
     if tokenizer is not None:  # none: SentenceEncoder says so
         check_tokenizer_fits(tokenizer, model.config, directory)
@@ -164,7 +165,10 @@ def _read_dense(directory: Path, allow_pickle: bool) -> tuple[DenseConfig, dict]
         _expect(name in (None, EMBEDDING_KEY), path, f"{key}={name!r}: bertjax reads Dense layers on the sentence "
                 "embedding only")
     activation_path = values.get("activation_function", TORCH_ACTIVATIONS["Tanh"][1])
-    activation = TORCH_ACTIVATIONS.get(str(activation_path).rsplit(".", 1)[-1])
+    # Only torch's own classes: sentence-transformers imports any other path only with trust_remote_code (else it
+    # falls back to Tanh), and a class of that name elsewhere may compute anything.
+    activation = TORCH_ACTIVATIONS.get(str(activation_path).rsplit(".", 1)[-1]) \
+        if str(activation_path).startswith("torch.") else None
     _expect(activation is not None, path, f"activation_function {activation_path!r} is not one of "
             f"{', '.join('torch.nn.' + name for name in TORCH_ACTIVATIONS)}")
     try:
@@ -227,9 +231,34 @@ def _default_max_seq_length(config, directory: Path) -> int:
     return limit
 
 
+# What sentence-transformers 6's `processing_kwargs` may say to the tokenizer of a text (its "text" and "common"
+# groups) that bertjax follows: the length (read as max_seq_length); padding and truncation change no embedding.
+PROCESSING_KEYS = ("max_length", "padding", "truncation")
+
+
+def _check_processing_kwargs(settings: dict, config_path: Path) -> None:
+    """Refuse the sentence-transformers 6 settings that would make its embeddings differ from bertjax's."""
+    processing = settings.get("processing_kwargs") or {}
+    _expect(isinstance(processing, dict) and all(isinstance(v, dict) for v in processing.values()), config_path,
+            f"processing_kwargs must map modality names to objects, got {processing!r}")
+    for group in ("common", "text"):  # the other groups (audio, image, chat_template) never reach a text
+        unknown = sorted(set(processing.get(group, {})) - set(PROCESSING_KEYS))
+        _expect(not unknown, config_path, f"processing_kwargs.{group} sets {unknown}, which bertjax does not apply "
+                f"to a text (it follows {', '.join(PROCESSING_KEYS)})")
+    _expect(settings.get("query_expansion") is None, config_path, "query_expansion is ColBERT-style multi-vector "
+            "retrieval; bertjax embeds a text as one vector")
+    for key, call in (("query_length", "encode_query"), ("document_length", "encode_document")):
+        if settings.get(key) is not None:
+            logger.warning("%s: %s %s applies in sentence-transformers' %s only; bertjax cuts every text at "
+                           "max_seq_length", config_path, key, settings[key], call)
+
+
 def _max_seq_length(settings: dict, directory: Path) -> int | None:
-    """sentence_bert_config.json's max_seq_length (None: unset); its range is SentenceEncoder's to check."""
-    value = settings.get("max_seq_length")
+    """sentence_bert_config.json's max_seq_length, or the max_length its processing_kwargs give a text (which
+    override it in sentence-transformers 6); None: unset. Its range is SentenceEncoder's to check."""
+    processing = settings.get("processing_kwargs") or {}
+    given = [processing.get(group, {}).get("max_length") for group in ("text", "common")]
+    value = next((length for length in given if length is not None), settings.get("max_seq_length"))
     # bool is an int in Python, but `true` is no length.
     _expect(value is None or (isinstance(value, int) and not isinstance(value, bool)),
             directory / TRANSFORMER_CONFIG_FILE, f"max_seq_length must be an integer, got {value!r}")
