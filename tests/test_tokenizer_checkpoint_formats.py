@@ -336,3 +336,22 @@ def test_a_tokenizer_directory_naming_its_own_code_is_refused_without_running_it
     with pytest.raises(ValueError, match="transformers cannot build"):
         load_tokenizer(directory)
     assert not ran.exists()
+
+
+@pytest.mark.parametrize("lowercase", [True, False], ids=["uncased-json", "cased-json"])
+def test_a_tokenizer_config_at_odds_with_its_tokenizer_json_is_named(lowercase, tmp_path, caplog):
+    """transformers 5's BertTokenizer rebuilds the normalizer from tokenizer_config.json's do_lower_case; bertjax and
+    the tokenizers library run tokenizer.json. Files transformers saved agree; an edited config is said to differ."""
+    reference = transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(VOCAB)}, do_lower_case=lowercase)
+    reference.save_pretrained(str(tmp_path / "bert"))
+    with caplog.at_level("WARNING", logger="bertjax.data.tokenizers"):
+        load_tokenizer(tmp_path / "bert")
+    assert "disagree" not in caplog.text
+    path = tmp_path / "bert" / "tokenizer_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "do_lower_case": not lowercase}))
+    with caplog.at_level("WARNING", logger="bertjax.data.tokenizers"):
+        tokenizer = load_tokenizer(tmp_path / "bert")
+    assert (f"do_lower_case={json.dumps(not lowercase)} against the BertNormalizer's lowercase="
+            f"{json.dumps(lowercase)}") in caplog.text
+    assert tokenizer.encode("Cases").tolist() != transformers.AutoTokenizer.from_pretrained(
+        str(tmp_path / "bert"))("Cases", add_special_tokens=False)["input_ids"]  # the difference it warns of

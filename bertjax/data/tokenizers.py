@@ -261,6 +261,12 @@ class HuggingFaceTokenizer(Tokenizer):
         self._finish(find_specials(vocab.get, source, declared_special_tokens(self.transformers_config),
                                     layout_roles(self._laid_out)), _word_starts(self._tok, pieces), added)
         self._size = size
+        disagreements = class_options_over_json(json.loads(tokenizer_json), self.transformers_config)
+        if disagreements:
+            logger.warning("%s: tokenizer_config.json and tokenizer.json disagree (%s); bertjax runs tokenizer.json "
+                           "as written, where transformers 5's %s rebuilds the tokenizer from tokenizer_config.json, "
+                           "so the two give other ids to some texts", source, "; ".join(disagreements),
+                           self.transformers_config.get("tokenizer_class"))
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path) -> "HuggingFaceTokenizer":
@@ -345,6 +351,42 @@ class HuggingFaceTokenizer(Tokenizer):
         if not self.transformers_config:
             return {}
         return {TOKENIZER_CONFIG: json.dumps(self.transformers_config, indent=1).encode("utf-8")}
+
+
+# The options transformers 5's tokenizer classes rebuild a tokenizer.json's pipeline from (tokenizer_config.json
+# key, the component of tokenizer.json, its field, the class default), by class: its BertTokenizer (also DistilBERT's
+# and ELECTRA's) makes a BertNormalizer, its RobertaTokenizer (also Longformer's) a ByteLevel pre-tokenizer.
+_BERT_OPTIONS = (("do_lower_case", "normalizer", "BertNormalizer", "lowercase", True),
+                 ("strip_accents", "normalizer", "BertNormalizer", "strip_accents", None),
+                 ("tokenize_chinese_chars", "normalizer", "BertNormalizer", "handle_chinese_chars", True))
+_ROBERTA_OPTIONS = (("add_prefix_space", "pre_tokenizer", "ByteLevel", "add_prefix_space", False),)
+CLASS_OPTIONS = {"BertTokenizer": _BERT_OPTIONS, "DistilBertTokenizer": _BERT_OPTIONS,
+                 "ElectraTokenizer": _BERT_OPTIONS, "RobertaTokenizer": _ROBERTA_OPTIONS,
+                 "LongformerTokenizer": _ROBERTA_OPTIONS}
+
+
+def _components(described, kind: str) -> list[dict]:
+    """The components of type `kind` in a tokenizer.json normalizer or pre-tokenizer (inside a Sequence too)."""
+    if not isinstance(described, dict):
+        return []
+    if described.get("type") == "Sequence":
+        parts = described.get("normalizers") or described.get("pretokenizers") or []
+        return [c for part in parts for c in _components(part, kind)]
+    return [described] if described.get("type") == kind else []
+
+
+def class_options_over_json(described: dict, config: dict) -> list[str]:
+    """Where tokenizer_config.json's class options say otherwise than tokenizer.json's components: transformers 5
+    builds its tokenizer from the former, the `tokenizers` library (and bertjax) runs the latter. Files transformers
+    saved agree; an edited tokenizer_config.json may not."""
+    name = str(config.get("tokenizer_class", "")).removesuffix("Fast")
+    found = []
+    for key, where, kind, field, default in CLASS_OPTIONS.get(name, ()):
+        wanted = config.get(key, default)
+        for component in _components(described.get(where), kind):
+            if field in component and component[field] != wanted:
+                found.append(f"{key}={json.dumps(wanted)} against the {kind}'s {field}={json.dumps(component[field])}")
+    return found
 
 
 # Ids a vocabulary may skip: real tokenizers number their tokens 0..n-1, give or take a few reserved or removed ids.
