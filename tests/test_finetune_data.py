@@ -55,6 +55,15 @@ def test_reader_errors(tmp_path):
         readers.require_columns([{"text": "a"}], "f.csv", {"data.text_column": "sentence"})
 
 
+def test_tsv_quote_marks_are_text():
+    """A TSV quotes nothing (GLUE's files hold quote marks as text): a text opening with `"` must not swallow the
+    rows after it, as CSV quoting would, silently."""
+    text = 'text\tlabel\n"Hi there\t1\nsecond line\t0\n"Yes," she said.\t1\n5" screen\t0\n'
+    rows = readers.parse_delimited(text, "d.tsv", "\t")
+    assert rows == [{"text": '"Hi there', "label": "1"}, {"text": "second line", "label": "0"},
+                    {"text": '"Yes," she said.', "label": "1"}, {"text": '5" screen', "label": "0"}]
+
+
 def test_list_and_mapping_cells():
     assert readers.as_list('["New York", "is"]', "tokens") == ["New York", "is"]
     assert readers.as_list("B-LOC O", "tags") == ["B-LOC", "O"]
@@ -346,6 +355,8 @@ def test_labels_integers_strings_and_regression():
         _classification().fit_labels(rows(["x", "x"]), "f", None)
     with pytest.raises(ValueError, match="regression needs numeric labels"):
         _classification(problem_type="regression").fit_labels(rows(["x", "1"]), "f", None)
+    with pytest.raises(ValueError, match=r"row 2: the label \(column 'label'\) is empty"):  # a CSV's empty cell
+        _classification().fit_labels(rows(["3.8", "", "1.25"]), "f", None)
 
 
 def test_losses_match_their_definitions(tok):
@@ -622,3 +633,21 @@ def test_head_settings_take_the_run_config_over_the_checkpoint():
         task_class("token-classification")(FinetuneDataConfig(), FinetuneTaskConfig(classifier_pooling="mean"))
     with pytest.raises(ConfigError, match=r"task.classifier_dropout must be in \[0, 1\)"):
         load_finetune_config(None, ["task.classifier_dropout=1.5"])
+
+
+def test_a_question_cut_to_half_a_row_is_counted_and_said(tok):
+    """Contexts are read whole in windows, but a question longer than half of data.max_length loses its end:
+    counted as truncated, so `bertjax predict` warns, with the question as the cause."""
+    from bertjax.finetune.config import FinetuneDataConfig, FinetuneTaskConfig
+    from bertjax.finetune.prediction import truncation_warning
+    from bertjax.finetune.tasks import task_class
+
+    task = task_class("question-answering")(FinetuneDataConfig(max_length=16, doc_stride=4), FinetuneTaskConfig())
+    rows = [{"id": "short", "question": "who ran ?", "context": CONTEXT},
+            {"id": "long", "question": "who ran " * 8 + "?", "context": CONTEXT}]
+    encoded = task.encode(tok, rows, Labels(), "q.jsonl", with_targets=False)
+    assert encoded.truncated == 1
+    from bertjax.config import get_config
+
+    warning = truncation_warning(task, encoded, "q.jsonl", get_config("bert-tiny"))
+    assert warning.startswith("q.jsonl: 1 of 2 examples have a question longer than half of data.max_length=16")

@@ -33,6 +33,12 @@ def test_glue_tsv_quirks(tmp_path):
     path.write_text('gj04\t1\t\tThe "big" dog barked .\nbad row\n')
     rows, skipped = read_glue_tsv(path, GLUE_TASKS["CoLA"])
     assert rows == [{"text": 'The "big" dog barked .', "label": "1"}] and skipped == 1
+    # GLUE's download script leaves MRPC's byte-order mark in front of its header.
+    path = tmp_path / "MRPC" / "dev.tsv"
+    path.parent.mkdir()
+    path.write_bytes("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA cat .\tA cat sat .\n".encode())
+    rows, skipped = read_glue_tsv(path, GLUE_TASKS["MRPC"])
+    assert rows == [{"text": "A cat .", "text_pair": "A cat sat .", "label": "1"}] and skipped == 0
 
 
 def test_glue_runs_mnli_then_mrpc_from_mnli(tmp_path, capsys):

@@ -99,6 +99,13 @@ def test_entity_scores_against_seqeval():
     assert ours["f1"] == pytest.approx(seqeval.f1_score(gold, pred))
     for sentence in gold[:50]:
         assert m.entities(sentence) == get_entities(sentence)
+    # Untyped tags (B/I/O without a type) are one anonymous type, seqeval's "_".
+    gold, pred = [["B", "I", "I", "O", "B", "O"], ["O", "B", "I", "O"]], [["B", "I", "I", "O", "B", "O"],
+                                                                          ["O", "B", "O", "O"]]
+    ours = m.entity_scores(pred, gold)
+    assert (ours["precision"], ours["recall"], ours["f1"]) == pytest.approx(
+        (seqeval.precision_score(gold, pred), seqeval.recall_score(gold, pred), seqeval.f1_score(gold, pred)))
+    assert m.entities(gold[0]) == get_entities(gold[0])
 
 
 def test_squad_normalisation_and_scores():

@@ -73,7 +73,8 @@ GLUE_TASKS: dict[str, GlueTask] = {task.name: task for task in (
 def read_glue_tsv(path: Path, task: GlueTask) -> tuple[list[dict], int]:
     """(rows with text/text_pair/label, number of malformed rows skipped)."""
     try:
-        with open(path, encoding="utf-8", newline="") as file:
+        # utf-8-sig: GLUE's download script copies the byte-order mark of MRPC's source files into its TSVs
+        with open(path, encoding="utf-8-sig", newline="") as file:
             lines = list(csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE))
     except (UnicodeDecodeError, csv.Error) as error:  # their messages name neither the file nor the task
         raise ValueError(f"{path}: unreadable as GLUE's {task.name} (UTF-8, tab-separated): {error}") from None

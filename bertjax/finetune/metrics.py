@@ -77,8 +77,9 @@ def mse(predictions: Sequence[float], labels: Sequence[float]) -> float:
 
 def pearson(predictions: Sequence[float], labels: Sequence[float]) -> float:
     """Pearson correlation; 0 when either side is constant (undefined there, and no signal either way)."""
-    x = np.asarray(predictions, np.float64) - np.mean(predictions)
-    y = np.asarray(labels, np.float64) - np.mean(labels)
+    x = np.asarray(predictions, np.float64)
+    y = np.asarray(labels, np.float64)
+    x, y = x - np.mean(x), y - np.mean(y)  # the means in float64 too: float32 ones lose a small spread
     denominator = np.sqrt((x @ x) * (y @ y))
     return float(x @ y / denominator) if denominator > 0 else 0.0
 
@@ -103,9 +104,12 @@ def spearman(predictions: Sequence[float], labels: Sequence[float]) -> float:
 # Entities from BIO / IOB2 tags.
 
 def _split_tag(tag: str) -> tuple[str, str]:
-    """("B", "PER") for "B-PER"; ("O", "") for "O"; a bare type without a prefix counts as inside it."""
+    """("B", "PER") for "B-PER"; ("O", "") for "O"; ("B", "_") for an untyped "B" (seqeval's one anonymous type);
+    a bare type without a prefix counts as inside it."""
     if tag in ("O", ""):
         return "O", ""
+    if tag in ("B", "I", "E", "S"):
+        return tag, "_"
     prefix, _, kind = tag.partition("-")
     if prefix in ("B", "I", "E", "S") and kind:
         return prefix, kind

@@ -69,8 +69,8 @@ def truncation_warning(task, encoded, input_file, model_config) -> str | None:
     length, limit = task.data.max_length, model_max_length(model_config)
     advice = (f"pass data.max_length={limit} (the most the model takes) to see more of them" if length < limit
               else f"the model takes no more than {limit} tokens")
-    return (f"{input_file}: {encoded.truncated} of {len(encoded.examples)} examples are longer than "
-            f"data.max_length={length} tokens and were cut; {task.truncation_effect}; {advice}")
+    return (f"{input_file}: {encoded.truncated} of {len(encoded.examples)} examples "
+            f"{task.truncation_cause.format(length=length)}; {task.truncation_effect}; {advice}")
 
 
 def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] = (), *,

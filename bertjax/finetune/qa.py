@@ -36,6 +36,7 @@ class Windows:
     offsets: np.ndarray  # [windows, max_length, 2] character span in the context, NO_OFFSET outside it
     start_positions: np.ndarray  # [windows] row position of the answer's first token, 0 ([CLS]) when absent
     end_positions: np.ndarray
+    question_cut: bool = False  # the question was longer than half a row and lost its end
 
 
 def answer_in_context(context: str, answer: Answer) -> bool:
@@ -72,7 +73,8 @@ def make_windows(tokenizer, question: str, context: str, answer: Answer | None, 
     check_doc_stride(max_length, doc_stride, template.specials(pair=True))
     question_ids = [int(t) for t in tokenizer.encode(question)]
     max_question = max_length // 2  # leave the context at least half of each row
-    if len(question_ids) > max_question:
+    question_cut = len(question_ids) > max_question
+    if question_cut:
         if not truncation:
             raise ValueError(f"{what}: the question is {len(question_ids)} tokens, more than half of "
                              f"data.max_length={max_length}; raise data.max_length or set data.truncation=true")
@@ -103,7 +105,7 @@ def make_windows(tokenizer, question: str, context: str, answer: Answer | None, 
                    segment_ids=np.stack([r["segment_ids"] for r in rows]),
                    token_type_ids=np.stack([r["token_type_ids"] for r in rows]),
                    offsets=np.stack(offsets), start_positions=np.asarray(starts, np.int32),
-                   end_positions=np.asarray(ends, np.int32))
+                   end_positions=np.asarray(ends, np.int32), question_cut=question_cut)
 
 
 @dataclasses.dataclass(frozen=True)

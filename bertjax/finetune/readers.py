@@ -34,8 +34,10 @@ def _text(path: Path) -> str:
 
 def parse_delimited(text: str, path: Path, delimiter: str) -> list[Row]:
     """The rows of CSV/TSV `text` (read from `path`, which the errors name)."""
-    # QUOTE_MINIMAL reading: quoted fields may hold the delimiter and newlines; TSV files usually quote nothing.
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    # CSV: quoted fields may hold the delimiter and newlines. TSV: nothing is quoted (GLUE's files, and most NLP
+    # data sets, hold quote marks as text), else a text starting with `"` would swallow the rows after it.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting)
     if not reader.fieldnames:
         raise ValueError(f"{path}: no header line (the first line must name the columns)")
     rows = []

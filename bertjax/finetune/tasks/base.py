@@ -71,6 +71,8 @@ class Task(abc.ABC):
     prediction_unit: ClassVar[str | None] = None
     # What data.truncation's cut means for the task's predictions (tasks that cut examples set it; see Encoded).
     truncation_effect: ClassVar[str] = "each is predicted from the tokens that fit"
+    # What a cut example is, for the same warning ({length}: data.max_length).
+    truncation_cause: ClassVar[str] = "are longer than data.max_length={length} tokens and were cut"
     # Whether data.packing packs this task's training examples several to a row (its `encode` does).
     packs_training_rows: ClassVar[bool] = False
     # Whether the head pools a sequence into one vector (what task.classifier_pooling chooses).

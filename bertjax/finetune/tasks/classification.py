@@ -60,9 +60,10 @@ class SequenceClassification(Task):
     def _label_values(self, rows: list[dict], source: str) -> list:
         values = [row[self.data.label_column] for row in rows]
         for i, value in enumerate(values):
-            if is_null(value):
-                raise ValueError(f"{source}, row {i + 1}: the label (column {self.data.label_column!r}) is null; "
-                                 "every training or evaluation example needs one")
+            if is_null(value) or (isinstance(value, str) and not value.strip()):  # an empty CSV cell names no class
+                raise ValueError(f"{source}, row {i + 1}: the label (column {self.data.label_column!r}) is "
+                                 f"{'null' if is_null(value) else 'empty'}; every training or evaluation example "
+                                 "needs one")
         return values
 
     def fit_labels(self, rows, source, known):

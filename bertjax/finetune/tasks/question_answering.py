@@ -54,6 +54,9 @@ class QuestionAnswering(Task):
     main_metric = "f1"
     prediction_unit = "tokens"  # packed prediction: start/end logits per token, cut back per window
     target_keys = ("start_positions", "end_positions")
+    # Contexts are read whole, in windows; only a question longer than half a row is cut.
+    truncation_cause = "have a question longer than half of data.max_length={length} tokens, cut to that half"
+    truncation_effect = "their answers are looked for with the question's first tokens only"
     defaults = {"train": {"learning_rate": 3e-5, "batch_size": 32, "epochs": 2},
                 "data": {"max_length": 384, "doc_stride": 128}}
 
@@ -81,7 +84,7 @@ class QuestionAnswering(Task):
         self._columns(rows, source, with_targets)
         keys = ("input_ids", "segment_ids", "token_type_ids", "offsets", "start_positions", "end_positions")
         parts: dict[str, list] = {k: [] for k in keys + ("window_example",)}
-        questions, misplaced = [], 0
+        questions, misplaced, cut = [], 0, 0
         for i, row in enumerate(rows):
             where = f"{source}, row {i + 1}"
             context = text_cell(row, self.data.context_column, "data.context_column", where)
@@ -95,6 +98,7 @@ class QuestionAnswering(Task):
             windows = make_windows(tokenizer, question, context,
                                    located[0] if located else None, max_length=self.data.max_length,
                                    doc_stride=self.data.doc_stride, truncation=self.data.truncation, what=where)
+            cut += windows.question_cut
             for key in keys:
                 parts[key].append(getattr(windows, key))
             parts["window_example"].append(np.full(len(windows.input_ids), len(questions), np.int32))
@@ -111,7 +115,7 @@ class QuestionAnswering(Task):
             what = "skipped for training" if training else "kept, scored against their gold texts"
             notes.append(f"{source}: {misplaced} of {len(rows)} questions have no answer text at their answer_start "
                          f"in the context ({what})")
-        return Encoded(arrays, questions, notes)
+        return Encoded(arrays, questions, notes, truncated=cut)
 
     def loss_sums(self, output, batch):
         # The softmax runs over the window's present tokens: a padding position is never an answer, and its logit
