@@ -55,7 +55,10 @@ def sample_permutation(key: jax.Array, segment_ids: jax.Array, *, ratio: int, ma
     target_key, order_key = jax.random.split(key)
     target = span_targets(target_key, segment_ids, ratio, max_span)
     target &= jnp.cumsum(target, axis=1) <= num_predict
-    rank = jnp.where(target, jax.random.uniform(order_key, target.shape), -1.0)
+    # Integer ranks, ties broken by position: float32 uniforms repeat (about 2e-5 of rows hold two targets of one
+    # rank), and two targets of one rank would hide each other, which no order does.
+    draws = jax.random.uniform(order_key, target.shape)
+    rank = jnp.where(target, jnp.argsort(jnp.argsort(draws, axis=1, stable=True), axis=1), -1)
     hidden = target[:, None, :] & (rank[:, None, :] >= rank[:, :, None])
     # Slots in position order: stable sort puts the targets first.
     positions = jnp.argsort(~target, axis=1, stable=True)[:, :num_predict].astype(jnp.int32)
