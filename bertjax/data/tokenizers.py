@@ -261,7 +261,7 @@ class HuggingFaceTokenizer(Tokenizer):
         self._finish(find_specials(vocab.get, source, declared_special_tokens(self.transformers_config),
                                     layout_roles(self._laid_out)), _word_starts(self._tok, pieces), added)
         self._size = size
-        disagreements = class_options_over_json(json.loads(tokenizer_json), self.transformers_config)
+        disagreements = class_options_over_json(tokenizer_json, self.transformers_config)
         if disagreements:
             logger.warning("%s: tokenizer_config.json and tokenizer.json disagree (%s); bertjax runs tokenizer.json "
                            "as written, where transformers 5's %s rebuilds the tokenizer from tokenizer_config.json, "
@@ -375,12 +375,14 @@ def _components(described, kind: str) -> list[dict]:
     return [described] if described.get("type") == kind else []
 
 
-def class_options_over_json(described: dict, config: dict) -> list[str]:
+def class_options_over_json(tokenizer_json: str, config: dict) -> list[str]:
     """Where tokenizer_config.json's class options say otherwise than tokenizer.json's components: transformers 5
     builds its tokenizer from the former, the `tokenizers` library (and bertjax) runs the latter. Files transformers
     saved agree; an edited tokenizer_config.json may not."""
     name = str(config.get("tokenizer_class", "")).removesuffix("Fast")
-    found = []
+    if name not in CLASS_OPTIONS:  # the JSON (megabytes for a large vocabulary) is parsed only when it matters
+        return []
+    described, found = json.loads(tokenizer_json), []
     for key, where, kind, field, default in CLASS_OPTIONS.get(name, ()):
         wanted = config.get(key, default)
         for component in _components(described.get(where), kind):
