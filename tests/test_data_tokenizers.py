@@ -181,9 +181,9 @@ def test_broken_tokenizer_files_are_errors_naming_the_file(tmp_path, sentencepie
         load_tokenizer(tmp_path / "bad_config")
 
 
-def test_a_template_without_a_pair_layout_is_named_with_its_file():
-    """A TemplateProcessing given only `single` drops the second text of a pair: refused when rows are laid out,
-    with the file and the cause named."""
+def test_a_template_without_a_pair_layout_serves_single_texts_and_names_its_file_for_a_pair():
+    """A TemplateProcessing given only `single` drops the second text of a pair (sentence-transformers embeds with
+    such tokenizers): single texts are laid out as it says, a pair is refused with the file and the cause named."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"])}
@@ -192,6 +192,7 @@ def test_a_template_without_a_pair_layout_is_named_with_its_file():
     hf.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
                                                                                                 ("[SEP]", 3)])
     tokenizer = HuggingFaceTokenizer(hf.to_str(), source="ckpt/tokenizer.json")
+    assert tokenizer.special_template.build([5, 6]) == ([2, 5, 6, 3], [0, 0, 0, 0])
     with pytest.raises(ValueError, match=r"ckpt/tokenizer.json: .*loses the second: a TemplateProcessing without a "
                                          r"`pair` template"):
-        tokenizer.special_template
+        tokenizer.special_template.build([5], [6])

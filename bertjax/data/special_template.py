@@ -29,16 +29,25 @@ class Item:
 @dataclasses.dataclass(frozen=True)
 class SpecialTemplate:
     single: tuple[Item, ...]
-    pair: tuple[Item, ...]
+    pair: tuple[Item, ...] | None  # None: the tokenizer lays out one text only (`pair_error` says why)
+    pair_error: str = ""
+
+    def layout(self, pair: bool) -> tuple[Item, ...]:
+        """The items of one text's row, or of a pair's (a ValueError where the tokenizer has no pair layout)."""
+        if not pair:
+            return self.single
+        if self.pair is None:
+            raise ValueError(self.pair_error)
+        return self.pair
 
     def specials(self, pair: bool) -> int:
         """How many special tokens the layout adds (what truncation must leave room for)."""
-        return sum(item.token != TEXT for item in (self.pair if pair else self.single))
+        return sum(item.token != TEXT for item in self.layout(pair))
 
     def text_start(self, text: int, first_length: int, pair: bool) -> int:
         """Row position of the first token of text `text` (0 or 1), the first text being `first_length` long."""
         position = 0
-        for item in self.pair if pair else self.single:
+        for item in self.layout(pair):
             if item.token == TEXT and item.text == text:
                 return position
             position += first_length if item.token == TEXT else 1
@@ -49,7 +58,7 @@ class SpecialTemplate:
         texts = (list(first), None if second is None else list(second))
         ids: list[int] = []
         types: list[int] = []
-        for item in self.pair if second is not None else self.single:
+        for item in self.layout(second is not None):
             piece = [item.token] if item.token != TEXT else texts[item.text]
             ids += piece
             types += [item.type_id] * len(piece)
@@ -96,9 +105,13 @@ def from_post_processor(hf_tokenizer) -> SpecialTemplate | None:
         return None  # a post-processor that adds no special token (ByteLevel offsets only): BERT's layout then
     pair = _read(hf_tokenizer.post_process(probe(), probe(), add_special_tokens=True))
     texts = [sorted(item.text for item in items if item.token == TEXT) for items in (single, pair)]
-    if texts != [[0], [0, 1]]:  # a post-processor that does not keep the texts whole and in order
-        hint = " (a pair of texts loses the second: a TemplateProcessing without a `pair` template)" \
-            if texts[0] == [0] and texts[1] == [0] else ""
-        raise ValueError(f"tokenizer post-processor {type(hf_tokenizer.post_processor).__name__} lays out texts as "
-                         f"{texts}{hint}; bertjax needs each text once, a pair as [0, 1]")
-    return SpecialTemplate(single=single, pair=pair)
+    if texts == [[0], [0, 1]]:
+        return SpecialTemplate(single=single, pair=pair)
+    hint = " (a pair of texts loses the second: a TemplateProcessing without a `pair` template)" \
+        if texts[1] == [0] else ""
+    problem = (f"tokenizer post-processor {type(hf_tokenizer.post_processor).__name__} lays out texts as {texts}"
+               f"{hint}; bertjax needs each text once, a pair as [0, 1]")
+    if texts[0] != [0]:  # a post-processor that does not keep even one text whole
+        raise ValueError(problem)
+    # One text laid out right: single texts (embeddings, fill-mask, MLM) work; a pair is an error when built.
+    return SpecialTemplate(single=single, pair=None, pair_error=problem)

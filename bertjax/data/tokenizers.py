@@ -19,6 +19,7 @@ Every tokenizer gives the pipeline what it needs and nothing more:
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 import json
 import logging
@@ -258,6 +259,8 @@ class HuggingFaceTokenizer(Tokenizer):
             self._laid_out, self._layout_error = from_post_processor(self._tok), None
         except ValueError as error:  # a layout bertjax cannot follow: an error for those who lay out rows with it
             self._laid_out, self._layout_error = None, ValueError(f"{source}: {error}")
+        if self._laid_out is not None and self._laid_out.pair is None:  # its error names the file too
+            self._laid_out = dataclasses.replace(self._laid_out, pair_error=f"{source}: {self._laid_out.pair_error}")
         self._finish(find_specials(vocab.get, source, declared_special_tokens(self.transformers_config),
                                     layout_roles(self._laid_out)), _word_starts(self._tok, pieces), added)
         self._size = size
