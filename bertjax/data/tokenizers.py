@@ -517,9 +517,7 @@ def _specials_beyond_bert(directory: pathlib.Path, tokens: list[str], added: dic
     `WordPieceTokenizer` does not build (it keeps BERT's [CLS] [SEP] [MASK] [PAD] [UNK] whole, and the tokens of
     added_tokens.json): a role given to another token, extra special tokens, tokens only `added_tokens_decoder`
     lists; None when there is none."""
-    described = _read_tokenizer_config(directory)
-    if "added_tokens_decoder" not in described:
-        described = {**described, **_read_json_object(directory / SPECIAL_TOKENS_MAP)}
+    described = _described_settings(directory)
     vocab = set(tokens)
     own = {role: next((name for name in names if name in vocab), None) for role, names in SPECIAL_TOKEN_NAMES.items()}
     declared = declared_special_tokens(described)
@@ -572,12 +570,17 @@ def _read_json_object(path: pathlib.Path) -> dict:
     return described if isinstance(described, dict) else {}
 
 
-def _transformers_config(directory: pathlib.Path) -> dict:
+def _described_settings(directory: pathlib.Path) -> dict:
+    """A checkpoint's tokenizer_config.json, with an older checkpoint's special_tokens_map.json over it, as
+    transformers reads them (it ignores the map once the config lists its added tokens)."""
     described = _read_tokenizer_config(directory)
     if "added_tokens_decoder" not in described:
-        # An older checkpoint's special_tokens_map.json, which transformers lets override tokenizer_config.json
-        # (it ignores the map once the config lists its added tokens).
         described = {**described, **_read_json_object(directory / SPECIAL_TOKENS_MAP)}
+    return described
+
+
+def _transformers_config(directory: pathlib.Path) -> dict:
+    described = _described_settings(directory)
     kept = {key: described[key] for key in TRANSFORMERS_CONFIG_KEYS if key in described}
     if "auto_map" in described:  # a class of the checkpoint's own code, which a saved copy would not carry
         kept.pop("tokenizer_class", None)

@@ -190,12 +190,6 @@ def _untied_where_the_file_differs(path: str, family: HfFamily, values: dict, co
     the tied copy) stays tied."""
     if not config.tie_word_embeddings:
         return config
-    try:  # only a family whose config.json can say "untied" (MosaicBERT's is always tied)
-        untied_reading = family.encoder_config({**values, "tie_word_embeddings": False}, head)
-    except ValueError:
-        return config
-    if untied_reading.tie_word_embeddings:
-        return config
     untied = config.replace(tie_word_embeddings=False)
     keys = {}
     for rule in family.mapping(untied, head).rules:
@@ -205,6 +199,13 @@ def _untied_where_the_file_differs(path: str, family: HfFamily, values: dict, co
     if decoder is None or embeddings is None:  # a head without a decoder, or the file holds only one of them
         return config
     if tensors[decoder].shape == tensors[embeddings].shape and np.array_equal(tensors[decoder], tensors[embeddings]):
+        return config
+    # Read again only now (its warnings would repeat), and only for a family whose config.json can say "untied"
+    # (MosaicBERT's is always tied).
+    try:
+        if family.encoder_config({**values, "tie_word_embeddings": False}, head).tie_word_embeddings:
+            return config
+    except ValueError:
         return config
     logger.warning("%s: config.json says tie_word_embeddings=true, but %r differs from %r; loading them untied, as "
                    "transformers does (set tie_word_embeddings to false in config.json to silence this)", path,
