@@ -118,6 +118,12 @@ def test_train_resume_and_model_dir(files, capsys, caplog):
                              workdir, model, train, validation)
     assert (rewound.start_step, rewound.final_step) == (6, 12)
     assert [r["loss"] for r in read_metrics(workdir) if "loss" in r] == losses
+    # It went back once: config.yaml records no restore_step, so rerunning that file resumes from the latest step.
+    import yaml
+    recorded = yaml.safe_load((workdir / "config.yaml").read_text())
+    assert recorded["checkpoint"]["restore_step"] is None
+    again = train_embedder(embedder_config_from_dict(recorded), workdir, model, train, validation)
+    assert (again.start_step, again.final_step) == (12, 12)
 
     # Resuming with another loss is refused, naming the key.
     changed = embedder_config_from_dict({**RAW, "loss": {"symmetric": True}})

@@ -223,6 +223,10 @@ def test_restore_step_and_checkpoint_directory_are_honoured(files, full_run, tmp
     assert (resumed.start_step, resumed.final_step) == (32, 48)
     last = [r for r in read_metrics(reference) if r["step"] == 48]
     assert [r for r in read_metrics(tmp_path / "w") if r["step"] == 48] == last
+    # restore_step acts once: neither config.yaml nor finetune.json records it, so a rerun resumes from step 48.
+    import yaml
+    assert yaml.safe_load((tmp_path / "w" / "config.yaml").read_text())["checkpoint"]["restore_step"] is None
+    assert json.loads((tmp_path / "w" / "finetune.json").read_text())["config"]["checkpoint"]["restore_step"] is None
 
 
 def test_validation_label_unseen_in_training(files, tmp_path):

@@ -81,6 +81,22 @@ def test_damaged_checkpoint_without_checksums_is_refused_and_not_certified(finis
         restore_params(step_dir)  # fill-mask and convert read parameters this way
 
 
+def test_a_damaged_data_position_is_refused_not_read_as_the_start_of_the_data(finished):
+    """Without checksums (a bucket's checkpoints, or checkpoint.checksums=false) a data/process_0-of-1.json that
+    decodes but names no phase of the step used to restart the data from its first batch, silently."""
+    root, config, reference = finished
+    workdir = root / "lost_position"
+    shutil.copytree(reference, workdir)
+    step_dir = workdir / "checkpoints" / "16"
+    (step_dir / "checksums.json").unlink()
+    for position in ({}, {"phase": 3, "iterator": {"window": 0, "row": 0, "batches": 16}}):
+        (step_dir / "data" / "process_0-of-1.json").write_text(json.dumps(position))
+        failed = _run(config, workdir, f"train.steps={STEPS + EVERY}")
+        assert failed.returncode == 2, failed.stderr
+        assert "the data position saved with step 16" in failed.stderr and "phase 0" in failed.stderr, failed.stderr
+        assert _steps(workdir) == [8, 16]
+
+
 def _metrics(workdir):
     from bertjax.train.metrics import read_metrics
     return read_metrics(workdir)

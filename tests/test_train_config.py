@@ -382,3 +382,24 @@ def test_a_pretraining_workdir_holding_only_its_tokenizer_reruns(tmp_path):
     (workdir / "loss.png").write_bytes(b"my plot")
     with pytest.raises(ConfigError, match="holds no bertjax run .* but holds loss.png, which a run writes there"):
         check_workdir_is_for(workdir, MODEL_CONFIG_FILE, CheckpointConfig())
+
+
+def test_restore_step_is_not_recorded_so_a_rerun_of_the_workdir_resumes_from_the_latest(tmp_path, caplog):
+    """checkpoint.restore_step goes back once: the workdir's config.yaml records it as null (rerunning that file, or
+    the command after a preemption, would otherwise set aside everything trained since, again), and a rerun naming it
+    is no changed setting. An older bertjax recorded it as given: that record is no difference either."""
+    import logging
+
+    from bertjax.train.workdir import CONFIG_FILE, check_rerun, record_run
+
+    restoring = run_config_from_dict(_with("checkpoint", restore_step=8))
+    record_run(tmp_path, restoring, {})
+    recorded = yaml.safe_load((tmp_path / CONFIG_FILE).read_text())
+    assert recorded["checkpoint"]["restore_step"] is None
+    assert run_config_from_dict(recorded) == run_config_from_dict(VALID)
+    with caplog.at_level(logging.WARNING, logger="bertjax.train.workdir"):
+        assert check_rerun(tmp_path, restoring) == []
+        recorded["checkpoint"]["restore_step"] = 8
+        (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump(recorded))
+        assert check_rerun(tmp_path, run_config_from_dict(VALID)) == []
+    assert "changed settings" not in caplog.text

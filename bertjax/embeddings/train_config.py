@@ -25,7 +25,7 @@ from typing import Literal
 import yaml
 
 from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, check_grad_clip,
-                                      parse_dataclass, read_config_file, to_dict)
+                                      parse_dataclass, read_config_file, to_record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +107,7 @@ def embedder_config_from_dict(raw: dict) -> EmbedderConfig:
 
 
 def save_embedder_config(config: EmbedderConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    Path(path).write_text(yaml.safe_dump(to_record(config), sort_keys=False))
 
 
 def _validate(config: EmbedderConfig) -> None:

@@ -22,7 +22,7 @@ import yaml
 
 from bertjax.config import ClassifierPooling, ProblemType
 from bertjax.train.run_config import (CheckpointConfig, ConfigError, MeshConfig, apply_override, check_grad_clip,
-                                      parse_dataclass, read_config_file, to_dict)
+                                      parse_dataclass, read_config_file, to_record)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +113,7 @@ def load_finetune_config(path: str | Path | None, overrides: list[str] = (),
 
 
 def save_finetune_config(config: FinetuneConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    Path(path).write_text(yaml.safe_dump(to_record(config), sort_keys=False))
 
 
 def _validate(config: FinetuneConfig) -> None:

@@ -36,7 +36,7 @@ from bertjax.train.distributed import PreemptionWatch
 from bertjax.train.guards import NonFiniteGuard
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
-from bertjax.train.run_config import ConfigError, ScheduleConfig, parse_dataclass, to_dict
+from bertjax.train.run_config import ConfigError, ScheduleConfig, parse_dataclass, to_dict, to_record
 from bertjax.train.unused_params import undecayed_note, unused_parameters
 
 CONFIG_FILE = "config.yaml"
@@ -392,7 +392,7 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
         say(f"initialised from {model_dir}; new (randomly initialised) parameters: {', '.join(fresh) or 'none'}")
     if primary:
         save_finetune_config(config, workdir / CONFIG_FILE)
-        write_run_file(workdir, task, labels, config, {**identity, "config": to_dict(config)})
+        write_run_file(workdir, task, labels, config, {**identity, "config": to_record(config)})
 
     train_step, evaluate = make_steps(task, step_model, optimizer, schedule, mesh, shardings, config.train.seed,
                                       config.train.nonfinite)

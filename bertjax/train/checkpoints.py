@@ -292,6 +292,9 @@ class Checkpointer:
                 if target.exists():
                     target = aside / f"{s}-{len(list(aside.iterdir()))}"
                 self.step_dir(s).rename(target)
+            log.warning("resuming from step %d: later checkpoints %s moved to %s/. config.yaml does not record "
+                        "checkpoint.restore_step: leave it out of later reruns, or each goes back to step %d again",
+                        step, later, aside, step)
         if later:
             if jax.process_count() > 1:
                 from jax.experimental import multihost_utils

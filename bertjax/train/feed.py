@@ -20,6 +20,7 @@ from bertjax.data.pipeline import open_source, window_plan
 from bertjax.data.sources import NoDocuments
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import phases as phases_lib
+from bertjax.train.checkpoints import CheckpointError
 from bertjax.train.run_config import ConfigError, RunConfig
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,25 @@ class DataExhausted(ValueError):
     """The training data ended before train.steps (data.num_epochs set): a config error, reported in one line."""
 
 
+def _saved_phase(saved: dict, phase: Phase, step: int) -> int:
+    """The phase index of a checkpoint's data position, checked against `phase`, the one of the step it resumes.
+    A position of an earlier phase is one saved at its end (or train.phases moved the boundary since): `phase`'s data
+    starts from its beginning. Anything else would restart the data unnoticed, so it is an error."""
+    index = saved.get("phase") if isinstance(saved, dict) else None
+    if not isinstance(index, int) or index > phase.index or (index == phase.index
+                                                             and not isinstance(saved.get("iterator"), dict)):
+        raise CheckpointError(
+            f"the data position saved with step {step} (data/process_*.json in its checkpoint) is "
+            f"{saved!r:.200}: not one of {phase.label} (phase {phase.index}, the phase of step {step}). The "
+            "checkpoint is damaged, or train.phases changed since it was saved; restore an earlier step "
+            "(checkpoint.restore_step) or give the phases it was saved with")
+    if index < phase.index and step != phase.start and jax.process_index() == 0:
+        log.warning("resuming at step %d, inside %s (from step %d), from a data position saved in phase %d: "
+                    "train.phases changed since; %s's data starts from its beginning", step, phase.label,
+                    phase.start, index, phase.label)
+    return index
+
+
 class TrainFeed:
     """Global training batches, phase after phase, resumable from `state()`.
 
@@ -149,7 +169,7 @@ class TrainFeed:
         phase = phase_at(self.phases, step)
         if saved is not None and "processes" in saved:
             saved = self._resharded(phase, saved["processes"])
-        same_phase = saved is not None and saved.get("phase") == phase.index
+        same_phase = saved is not None and _saved_phase(saved, phase, step) == phase.index
         self._open(phase, saved["iterator"] if same_phase else None,
                    reshard_lib.origin_of(saved) if same_phase else (0, 0))
 

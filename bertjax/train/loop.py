@@ -140,10 +140,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     checkpointer, restore_step = open_for_resume(config.checkpoint, workdir)
     if restore_step is not None:
         state, feed_state = checkpointer.restore(restore_step, setup.abstract_state())
-        abandoned = checkpointer.set_aside_after(restore_step)
-        if abandoned and primary:
-            log.warning("resuming from step %d: later checkpoints %s moved to %s-abandoned/", restore_step,
-                        abandoned, checkpointer.directory)
+        checkpointer.set_aside_after(restore_step)
     else:
         state = setup.fresh_state()
         feed_state = None

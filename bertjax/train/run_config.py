@@ -357,6 +357,25 @@ def to_dict(config: Any) -> Any:
     return config
 
 
+# Instructions to one start of a run rather than settings of it. A workdir records them as null, so that rerunning
+# its config.yaml, or the same command after a preemption, resumes from the latest checkpoint instead of going back
+# to the named step again (and setting aside everything trained since).
+ONE_SHOT_KEYS = ("checkpoint.restore_step",)
+
+
+def to_record(config: Any) -> dict:
+    """`to_dict` of a run type's config as its workdir records it: the ONE_SHOT_KEYS it has are null."""
+    record = to_dict(config)
+    for dotted in ONE_SHOT_KEYS:
+        *parents, leaf = dotted.split(".")
+        section = record
+        for parent in parents:
+            section = section.get(parent) if isinstance(section, dict) else None
+        if isinstance(section, dict) and leaf in section:
+            section[leaf] = None
+    return record
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Typed parsing of nested dataclasses, shared with the data config.
 

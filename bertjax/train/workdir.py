@@ -46,8 +46,8 @@ import yaml
 from bertjax.config import EncoderConfig
 from bertjax.data import remote
 from bertjax.file_digest import sha256_of
-from bertjax.train.run_config import (ConfigError, OptimizerConfig, RunConfig, parse_dataclass, run_config_from_dict,
-                                      to_dict)
+from bertjax.train.run_config import (ONE_SHOT_KEYS, ConfigError, OptimizerConfig, RunConfig, parse_dataclass,
+                                      run_config_from_dict, to_dict, to_record)
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,8 @@ def recorded_differences(workdir: Path, held: Any, config: Any,
                 log.warning("workdir %s was written by an older bertjax, before %s: %s its default", workdir,
                             ", ".join(added), "each takes" if len(added) > 1 else "it takes")
             held = parsed
-    return differences(held, _plain(config))
+    # A one-shot key is no setting to compare (an older bertjax recorded restore_step as given).
+    return [d for d in differences(held, _plain(config)) if d[0] not in ONE_SHOT_KEYS]
 
 
 def describe_differences(found: list[tuple[str, Any, Any]]) -> str:
@@ -580,7 +581,7 @@ def record_run(workdir: Path, config: RunConfig, description: dict) -> None:
     """Write config.yaml and model_config.json (process 0; call once the state was restored or created)."""
     if jax.process_index() != 0:
         return
-    _write_atomically(Path(workdir) / CONFIG_FILE, yaml.safe_dump(to_dict(config), sort_keys=False))
+    _write_atomically(Path(workdir) / CONFIG_FILE, yaml.safe_dump(to_record(config), sort_keys=False))
     _write_atomically(Path(workdir) / MODEL_CONFIG_FILE, json.dumps(description, indent=1))
 
 
