@@ -403,3 +403,18 @@ def test_restore_step_is_not_recorded_so_a_rerun_of_the_workdir_resumes_from_the
         (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump(recorded))
         assert check_rerun(tmp_path, run_config_from_dict(VALID)) == []
     assert "changed settings" not in caplog.text
+
+
+def test_a_resume_that_changes_how_the_data_is_laid_out_says_the_position_does_not_carry_over(tmp_path, caplog):
+    import logging
+
+    from bertjax.train.workdir import check_rerun, record_run
+
+    record_run(tmp_path, run_config_from_dict(VALID), {})
+    with caplog.at_level(logging.WARNING, logger="bertjax.train.workdir"):
+        check_rerun(tmp_path, run_config_from_dict(_with("optimizer", learning_rate=0.0123)))
+    assert "changed settings: optimizer.learning_rate" in caplog.text and "seen again" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bertjax.train.workdir"):
+        check_rerun(tmp_path, run_config_from_dict(_with("data", seq_len=64, mlm_probability=0.3)))
+    assert "as the old data.seq_len laid them out" in caplog.text and "seen again" in caplog.text, caplog.text

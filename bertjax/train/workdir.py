@@ -77,6 +77,11 @@ RUN_OUTPUTS = {MODEL_CONFIG_FILE: ("metrics.jsonl", "tensorboard", "loss.png"),
 TOKENIZER_KEYS = ("tokenizer", "data.input", "data.text_format", "data.text_field", "data.eval_fraction",
                   "train.seed")
 
+# Data settings that lay out the documents in windows and rows (bertjax.data.pipeline): a checkpoint's data position
+# is a window and row of that layout, which a resume with other values reads in the new one.
+DATA_LAYOUT_KEYS = ("input", "text_format", "text_field", "eval_fraction", "seq_len", "packing", "window_documents",
+                    "shuffle", "sentence_objective", "short_seq_prob")
+
 # Run-config fields a workdir's checkpoints depend on: resuming with other values would restore a state of another
 # shape. Dotted prefixes. (Tokenizer settings may differ: a resumed run uses the tokenizer saved in the workdir.)
 FIXED_ON_RESUME = ("model.preset", "model.overrides", "objective.name")
@@ -401,8 +406,13 @@ def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> lis
                           {f.name: f"optimizer.{f.name}" for f in dataclasses.fields(config.optimizer)})
     if found and jax.process_index() == 0:
         tokenizer_note = any(key.startswith("tokenizer.") for key, _, _ in found)
-        log.warning("resuming %s with changed settings: %s%s", workdir, describe_differences(found),
-                    " (the tokenizer saved in the workdir is used)" if tokenizer_note else "")
+        relaid = [key for key, _, _ in found if key == "train.seed" or key.rsplit(".", 1)[-1] in DATA_LAYOUT_KEYS
+                  and (key.startswith("data.") or ".data." in key)]
+        log.warning("resuming %s with changed settings: %s%s%s", workdir, describe_differences(found),
+                    " (the tokenizer saved in the workdir is used)" if tokenizer_note else "",
+                    f". The saved data position is a window and row of the documents as the old {', '.join(relaid)} "
+                    "laid them out: the run goes on from that window and row of the new layout, so documents are "
+                    "skipped or seen again" if relaid else "")
     return found
 
 
