@@ -196,8 +196,16 @@ def checkpoints_dir(workdir: Path) -> Path:
 
     run_config = workdir / RUN_CONFIG_FILE
     if run_config.is_file():
-        saved = yaml.safe_load(run_config.read_text()) or {}
-        directory = (saved.get("checkpoint") or {}).get("directory")
+        try:
+            saved = yaml.safe_load(run_config.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            raise ValueError(f"{run_config} cannot be read ({str(error).splitlines()[0]}): this workdir's run "
+                             "config is damaged") from None
+        checkpoint = saved.get("checkpoint") if isinstance(saved, dict) else None
+        if not isinstance(saved, dict) or not isinstance(checkpoint, (dict, type(None))):
+            raise ValueError(f"{run_config}: this workdir's run config is damaged (not a mapping of sections with a "
+                             "checkpoint: mapping)")
+        directory = (checkpoint or {}).get("directory")
         if directory:
             return Path(directory)
     return workdir / CHECKPOINTS_DIR

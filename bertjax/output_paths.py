@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -33,14 +34,21 @@ def check_output_file(output: str | Path, input_path: str | Path | None, *, writ
                       what: str = "the output") -> None:
     """Refuse, before any work, an `--output` whose file (`writes`; default `output` itself) could not be written, or
     would destroy the --input: an existing directory, a path below a file, or the input file under any name (the
-    same path, a symbolic link, a hard link). Found only when the results are written, the first two would throw the
-    work away and the last would replace the input with them (`predict` and `embed` share this check)."""
+    same path, a symbolic link, a hard link), or a directory it cannot create files in. Found only when the results are
+    written, the first three would throw the work away and the last would replace the input with them (`predict` and
+    `embed` share this check)."""
     written = Path(output if writes is None else writes)
     if written.is_dir():
         raise ValueError(f"--output {output}: {written} is a directory; give the name of a file to write")
     parent = next((p for p in written.parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise ValueError(f"--output {output}: {parent} is a file, not a directory, so {written} cannot be written")
+    if parent is not None:
+        try:  # permissions, a read-only mount: found now, not once the work is done
+            with tempfile.TemporaryFile(dir=parent):
+                pass
+        except OSError as error:
+            raise ValueError(f"--output {output}: cannot write in {parent} ({error.strerror or error})") from None
     if input_path is None or not same_file(written, input_path):
         return
     alias = "" if os.path.abspath(written) == os.path.abspath(input_path) else \

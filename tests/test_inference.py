@@ -341,6 +341,14 @@ def test_embed_and_search_commands(model_dir, tmp_path, capsys):
     np.save(other, np.ones((4, 7), np.float32))
     assert run_cli("search", "--model", model_dir, "--corpus", other, "--query", "x") == 2
     assert "dimension mismatch" in capsys.readouterr().err
+    bad = tmp_path / "bad.npy"
+    for content, why in ((b"", "no NumPy header"), (b"\x80\x04garbage", "no NumPy header"),
+                         (other.read_bytes()[:-20], "not a .npy embedding matrix")):
+        bad.write_bytes(content)  # an empty file, random bytes (once "it holds Python objects"), a cut-off matrix
+        assert run_cli("search", "--model", model_dir, "--corpus", bad, "--query", "x") == 2
+        assert why in capsys.readouterr().err
+    assert run_cli("search", "--model", model_dir, "--corpus", tmp_path, "--query", "x") == 2
+    assert f"--corpus {tmp_path} is a directory" in capsys.readouterr().err
     truncated = tmp_path / "truncated.npy"
     assert run_cli("embed", "--model", model_dir, "--input", lines, "--output", truncated, "--truncate-dim",
                    "16") == 0

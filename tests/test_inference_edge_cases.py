@@ -308,6 +308,43 @@ def test_predict_and_embed_refuse_an_output_that_is_the_input_under_any_name(tmp
     assert source.read_bytes() == before and not (tmp_path / "emb.npy").exists()
 
 
+def _unwritable_folder(tmp_path):
+    """A folder no file can be created in: a read-only one, or /sys for root (whom permissions do not stop)."""
+    import os
+    from pathlib import Path
+
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir(mode=0o555)
+        return folder
+    if not Path("/sys").is_dir():
+        pytest.skip("running as root without /sys: no folder that refuses files")
+    return Path("/sys")
+
+
+def test_outputs_that_exist_or_cannot_be_written_are_refused_before_any_work(tmp_path, capsys):
+    """An --output in a folder that refuses files used to be found once the predictions or embeddings were made
+    (and thrown away); predict replaced an existing file, embed a .npy that no FILE.json describes as its own."""
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a day"}\n')
+    missing_model = tmp_path / "no-model"  # never read: the paths are checked first
+    folder = _unwritable_folder(tmp_path)
+    for command, name in (("predict", "out.jsonl"), ("embed", "out.npy")):
+        assert run_cli(command, "--model", missing_model, "--input", source, "--output", folder / name) == 2
+        assert f"--output {folder / name}: cannot write in {folder}" in capsys.readouterr().err
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("precious\n")
+    assert run_cli("predict", "--model", missing_model, "--input", source, "--output", mine) == 2
+    assert f"--output {mine} exists; pass --overwrite" in capsys.readouterr().err
+    assert run_cli("predict", "--model", missing_model, "--input", source, "--output", mine, "--overwrite") == 2
+    assert "--overwrite" not in capsys.readouterr().err  # past the check: the missing model is what stops it
+    matrix = tmp_path / "mine.npy"
+    np.save(matrix, np.ones((2, 3), np.float32))
+    assert run_cli("embed", "--model", missing_model, "--input", source, "--output", matrix) == 2
+    assert "has no mine.json beside it" in capsys.readouterr().err
+    assert mine.read_text() == "precious\n" and np.load(matrix).shape == (2, 3)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The embedding commands against a tokenizer larger than the model, and texts that are not strings.
 

@@ -97,6 +97,22 @@ def test_a_damaged_data_position_is_refused_not_read_as_the_start_of_the_data(fi
         assert _steps(workdir) == [8, 16]
 
 
+def test_a_damaged_config_yaml_is_one_line_naming_it_in_every_command_that_reads_the_workdir(finished, capsys):
+    """fill-mask, convert, embed and finetune --model find a workdir's checkpoints through its config.yaml: a file
+    that is not YAML, or not a mapping, was a traceback there (pretrain already said this)."""
+    from bertjax.cli import main
+
+    root, _, reference = finished
+    workdir = root / "damaged_config"
+    shutil.copytree(reference, workdir)
+    for text in ("train: [\n", "- a list\n", "checkpoint: every 8\n"):
+        (workdir / "config.yaml").write_text(text)
+        assert main(["fill-mask", "--model", str(workdir), "a [MASK] b"]) == 2
+        err = capsys.readouterr().err
+        assert f"{workdir / 'config.yaml'}" in err and "run config is damaged" in err, err
+        assert len(err.strip().splitlines()) == 1, err
+
+
 def _metrics(workdir):
     from bertjax.train.metrics import read_metrics
     return read_metrics(workdir)

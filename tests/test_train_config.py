@@ -418,3 +418,15 @@ def test_a_resume_that_changes_how_the_data_is_laid_out_says_the_position_does_n
     with caplog.at_level(logging.WARNING, logger="bertjax.train.workdir"):
         check_rerun(tmp_path, run_config_from_dict(_with("data", seq_len=64, mlm_probability=0.3)))
     assert "as the old data.seq_len laid them out" in caplog.text and "seen again" in caplog.text, caplog.text
+
+
+def test_a_key_given_twice_or_a_file_that_is_not_utf8_is_a_clear_error(tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys: the first optimizer block was dropped unnoticed."""
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(VALID) + "optimizer: {name: adamw}\ntrain: {steps: 4}\n")
+    assert main(["pretrain", "--config", str(path), "--workdir", str(tmp_path / "w")]) == 2
+    assert "key 'train' is given twice" in capsys.readouterr().err
+    path.write_bytes(b"model: {preset: modernbert-tiny}\n# caf\xe9\n")
+    assert main(["pretrain", "--config", str(path), "--workdir", str(tmp_path / "w")]) == 2
+    assert f"{path}: not UTF-8 text" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()

@@ -19,6 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="DIR", help="a fine-tuned model (the best/ of a workdir)")
     parser.add_argument("--input", required=True, metavar="FILE", help="examples (.csv, .tsv, .jsonl, .parquet)")
     parser.add_argument("--output", required=True, metavar="FILE.jsonl", help="where the predictions go")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="token budget of one packed batch (default 2048 on CPU, 16384 on GPU/TPU)")
     parser.add_argument("--batch-size", type=int, default=64,
@@ -33,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
     output = Path(args.output)
     check_output_file(output, args.input, what="the predictions")  # before any work: never replace the input
+    if output.exists() and not args.overwrite:
+        raise ValueError(f"--output {output} exists; pass --overwrite to replace it, or choose another name")
     from bertjax.finetune.prediction import predict
 
     records = predict(args.model, args.input, args.overrides, batch_size=args.batch_size, max_tokens=args.max_tokens,

@@ -49,12 +49,17 @@ def load_corpus(path: str | Path):
     import numpy as np
 
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"--corpus {path} is a directory; give the FILE.npy that `bertjax embed` wrote")
     if not path.is_file():
         raise FileNotFoundError(f"--corpus {path} does not exist")
+    with open(path, "rb") as f:
+        if f.read(6) != b"\x93NUMPY":  # else numpy tries it as a pickle and says so
+            raise ValueError(f"--corpus {path}: not a .npy embedding matrix (no NumPy header)")
     try:
         corpus = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as error:  # numpy's own text would advise loading a pickle
-        reason = "it holds Python objects" if "pickle" in str(error) else str(error)
+    except (ValueError, EOFError, OSError) as error:  # numpy's own text would advise loading a pickle
+        reason = "it holds Python objects" if "pickle" in str(error) else str(error) or type(error).__name__
         raise ValueError(f"--corpus {path}: not a .npy embedding matrix ({reason})") from None
     if corpus.ndim != 2:
         raise ValueError(f"--corpus {path}: expected a [texts, dim] matrix, got shape {corpus.shape}")

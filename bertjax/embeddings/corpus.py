@@ -121,8 +121,8 @@ def is_embeddings_description(path: Path) -> bool:
 
 def check_output_paths(npy: str | os.PathLike, input_path: str | os.PathLike | None = None) -> None:
     """Refuse, before any work, an --output whose FILE.npy or FILE.json would destroy a file that is not an earlier
-    `bertjax embed` output: the input itself, or an existing FILE.json of another kind (a results.json beside
-    results.npy)."""
+    `bertjax embed` output: the input itself, an existing FILE.json of another kind (a results.json beside
+    results.npy), or an existing FILE.npy without its FILE.json."""
     from bertjax.output_paths import check_output_file  # the check `predict` makes of its --output too
 
     npy = Path(npy)
@@ -134,6 +134,9 @@ def check_output_paths(npy: str | os.PathLike, input_path: str | os.PathLike | N
     if described.exists() and not is_embeddings_description(described):
         raise ValueError(f"--output {npy} writes its description to {described}, which exists and was not written "
                          f"by bertjax embed; move {described} away or choose another --output name")
+    if npy.exists() and not described.exists():
+        raise ValueError(f"--output {npy} exists and has no {described.name} beside it, so it is no earlier "
+                         f"`bertjax embed` output (which this would replace); move it away or choose another name")
 
 
 def write_embeddings(path: str | os.PathLike, vectors: np.ndarray, description: dict) -> Path:

@@ -223,6 +223,17 @@ class _NoAliasLoader(yaml.SafeLoader):
                                  "the value out")
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):
+        # PyYAML keeps the last of two equal keys: a second `optimizer:` block would replace the first unnoticed.
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise yaml.YAMLError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice (also on "
+                                     f"line {seen[key] + 1}); keep one")
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
 
 def read_config_file(path: str | Path, *, empty_ok: bool = False, kind: str | None = None) -> dict:
     """A YAML run config file as a dict of sections (pretraining, fine-tuning and embedder runs read it alike);
@@ -236,7 +247,9 @@ def read_config_file(path: str | Path, *, empty_ok: bool = False, kind: str | No
     if not path.is_file():
         raise FileNotFoundError(f"run config {path} does not exist (nor is it one of {shipped_configs.describe(kind)})")
     try:
-        raw = yaml.load(path.read_text(), Loader=_NoAliasLoader)
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader)
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start}); save the run config as UTF-8") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if raw is None and empty_ok:
