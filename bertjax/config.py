@@ -531,12 +531,11 @@ class EncoderConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
-        if isinstance(changes.get("xlnet"), dict):  # YAML overrides such as `xlnet: {clamp_len: 256}` update fields
-            base = dataclasses.asdict(self.xlnet) if self.xlnet is not None else {}
-            changes = {**changes, "xlnet": XLNetOptions.from_dict({**base, **changes["xlnet"]})}
-        if isinstance(changes.get("longformer"), dict):  # YAML: `longformer: {attention_window: 256}`
-            base = dataclasses.asdict(self.longformer) if self.longformer is not None else {}
-            changes = {**changes, "longformer": LongformerOptions.from_dict({**base, **changes["longformer"]})}
+        for name, options in _OPTION_FIELDS.items():  # YAML overrides such as `xlnet: {clamp_len: 256}` update fields
+            if isinstance(changes.get(name), dict):
+                held = getattr(self, name)
+                base = dataclasses.asdict(held) if held is not None else {}
+                changes = {**changes, name: options.from_dict({**base, **changes[name]})}
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -557,13 +556,15 @@ class EncoderConfig:
             raise ValueError(f"EncoderConfig has no field(s) {sorted(unknown)}")
         if isinstance(values.get("task"), dict):
             values = {**values, "task": TaskConfig.from_dict(values["task"])}
-        if isinstance(values.get("xlnet"), dict):
-            values = {**values, "xlnet": XLNetOptions.from_dict(values["xlnet"])}
-        if isinstance(values.get("disentangled"), dict):
-            values = {**values, "disentangled": DisentangledAttentionConfig.from_dict(values["disentangled"])}
-        if isinstance(values.get("longformer"), dict):
-            values = {**values, "longformer": LongformerOptions.from_dict(values["longformer"])}
+        for name, options in _OPTION_FIELDS.items():
+            if isinstance(values.get(name), dict):
+                values = {**values, name: options.from_dict(values[name])}
         return cls(**values)
+
+
+# EncoderConfig fields holding a family's options: a dict given for one (a YAML override, config.json's reader) is
+# read by its class, and `replace` updates the options already there.
+_OPTION_FIELDS = {"xlnet": XLNetOptions, "longformer": LongformerOptions, "disentangled": DisentangledAttentionConfig}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -170,9 +170,6 @@ on_cpu = pytest.mark.skipif(jax.default_backend() != "cpu", reason="the Pallas k
 def test_a_kernel_named_on_a_platform_it_cannot_compile_for_names_the_field(preset, overrides, start):
     """In the Python API, as in a run config: compiling a model whose kernel cannot run on this platform (not in
     interpret mode) is a ValueError naming the field, the platform and what runs here; tracing alone is not."""
-    if "disentangled" in overrides:
-        base = bertjax.get_config(preset)
-        overrides = {"disentangled": base.disentangled.replace(**overrides["disentangled"])}
     model = bertjax.EncoderForMaskedLM(bertjax.get_config(preset, **overrides))
     jax.eval_shape(lambda key: bertjax.init_params(model, key), jax.random.key(0))  # traces, compiles nothing
     with pytest.raises(ValueError, match=rf"^{re.escape(start)}.* runs only on (tpu|gpu), but this program is "

@@ -430,3 +430,19 @@ def test_a_key_given_twice_or_a_file_that_is_not_utf8_is_a_clear_error(tmp_path,
     assert main(["pretrain", "--config", str(path), "--workdir", str(tmp_path / "w")]) == 2
     assert f"{path}: not UTF-8 text" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_deberta_attention_settings_are_overrides_like_the_other_families_options(tmp_path):
+    """model.overrides.disentangled.* updates the preset's DeBERTa options, as longformer.* and xlnet.* do (it was a
+    type error: the dict was not read as DisentangledAttentionConfig)."""
+    from bertjax.config import get_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(_with("model", preset="deberta-v3-tiny")))
+    config = load_run_config(path, ["model.overrides.disentangled.implementation=blockwise",
+                                    "model.overrides.disentangled.block_size=64"])
+    disentangled = get_config(config.model.preset, **config.model.overrides).disentangled
+    assert (disentangled.implementation, disentangled.block_size) == ("blockwise", 64)
+    assert disentangled.position_buckets == get_config("deberta-v3-tiny").disentangled.position_buckets
+    with pytest.raises(ConfigError, match="implementaton"):
+        load_run_config(path, ["model.overrides.disentangled.implementaton=dense"])
