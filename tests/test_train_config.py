@@ -446,3 +446,15 @@ def test_deberta_attention_settings_are_overrides_like_the_other_families_option
     assert disentangled.position_buckets == get_config("deberta-v3-tiny").disentangled.position_buckets
     with pytest.raises(ConfigError, match="implementaton"):
         load_run_config(path, ["model.overrides.disentangled.implementaton=dense"])
+
+
+def test_compile_check_resolves_deberta_attention_for_the_target_platform(tmp_path):
+    """The AOT setup resolved attention_implementation "auto" for the target, but DeBERTa's disentangled "auto"
+    resolved later for the machine compiling: a GPU compile-check compiled the CPU's XLA path."""
+    from bertjax.train.setup import build_model_config
+
+    config = run_config_from_dict(_with("model", preset="deberta-v3-tiny"))
+    resolved = {platform: build_model_config(config, vocab_size=128, pad_id=0, max_seq_len=32,
+                                             attention_platform=platform).disentangled.implementation
+                for platform in ("gpu", "tpu", None)}
+    assert resolved == {"gpu": "pallas_gpu", "tpu": "dense", None: "auto"}

@@ -85,6 +85,13 @@ def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_s
                                      alibi=model_config.position_embedding == "alibi")
         model_config = model_config.replace(
             attention_implementation=resolve_implementation("auto", features, attention_platform))
+    disentangled = model_config.disentangled
+    if attention_platform is not None and disentangled is not None and disentangled.implementation == "auto":
+        # Else DeBERTa's "auto" would resolve at trace time for this machine's backend, not the target's.
+        from bertjax.ops import disentangled_attention
+        model_config = model_config.replace(disentangled=disentangled.replace(
+            implementation=disentangled_attention.resolve_implementation(
+                "auto", max_seq_len, disentangled.block_size, attention_platform)))
     longest = max_seq_len + model_config.position_offset
     if longest > model_config.max_position_embeddings:
         raise ConfigError(f"{seq_len_key} ({max_seq_len}) does not fit the model's max_position_embeddings "
