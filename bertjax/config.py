@@ -44,6 +44,11 @@ def _sub_config_from_dict(cls, values: dict, tuple_fields: tuple[str, ...] = ())
     return cls(**values)
 
 
+# The pooling of a family's sequence heads when TaskConfig.classifier_pooling is None, as its transformers config
+# class defaults (XLNet's sequence summary takes the last token, EuroBERT pools "late"); other families: the first.
+FAMILY_POOLING = {"xlnet": "last", "eurobert": "late"}
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
     """What a fine-tuning head predicts: `EncoderConfig.task`. Only the task-head models read it.
@@ -57,7 +62,7 @@ class TaskConfig:
     labels: tuple[str, ...] | None = None  # name of label i; None: transformers' "LABEL_0", "LABEL_1", ...
     problem_type: ProblemType | None = None  # None: inferred by the trainer (transformers does the same)
     classifier_dropout: float | None = None  # None: the encoder's dropout_rate
-    classifier_pooling: ClassifierPooling = "cls"
+    classifier_pooling: ClassifierPooling | None = None  # None: the family's (EncoderConfig.classifier_pooling)
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -481,6 +486,12 @@ class EncoderConfig:
         return self.task if self.task is not None else TaskConfig()
 
     @property
+    def classifier_pooling(self) -> ClassifierPooling:
+        """How the sequence heads pool: task.classifier_pooling, else the family's (FAMILY_POOLING, else "cls")."""
+        chosen = self.task_or_default.classifier_pooling
+        return chosen if chosen is not None else FAMILY_POOLING.get(self.family, "cls")
+
+    @property
     def token_type_embedding(self) -> bool:
         """Whether token types add an embedding row; XLNet's token types only say "same segment or not" inside
         attention, so its type_vocab_size bounds the ids without a table."""
@@ -543,11 +554,14 @@ class EncoderConfig:
 
     def resolved_dict(self) -> dict:
         """`to_dict` with every "None: as another field" written out (num_kv_heads, embedding_size,
-        attention_head_dim, mlp_up_bias, num_layer_groups): two configs describe one model exactly when these are
+        attention_head_dim, mlp_up_bias, num_layer_groups, the task's classifier_pooling): two configs describe one model exactly when these are
         equal, whichever way each was spelled (a workdir of an older bertjax lacks fields added since)."""
-        return {**self.to_dict(), "num_kv_heads": self.kv_heads, "embedding_size": self.embed_dim,
-                "attention_head_dim": self.head_dim, "mlp_up_bias": self.up_bias,
-                "num_layer_groups": self.layer_groups}
+        resolved = {**self.to_dict(), "num_kv_heads": self.kv_heads, "embedding_size": self.embed_dim,
+                    "attention_head_dim": self.head_dim, "mlp_up_bias": self.up_bias,
+                    "num_layer_groups": self.layer_groups}
+        if self.task is not None:
+            resolved["task"] = {**resolved["task"], "classifier_pooling": self.classifier_pooling}
+        return resolved
 
     @classmethod
     def from_dict(cls, values: dict) -> "EncoderConfig":

@@ -228,6 +228,28 @@ def test_other_summary_types_agree_without_padding_and_say_why_not_with_it(summa
     ours = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), attention_mask=jnp.asarray(mask),
                                 token_type_ids=jnp.asarray(types))
     assert_close(ours, expected, mask, "sequence_classification")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="bertjax.hf.xlnet"):  # and writing it back says so too
+        bertjax.save_pretrained(str(tmp_path / "bj"), model, params)
+    assert f"written as summary_type={summary_type!r}" in caplog.text
+
+
+def test_a_task_config_without_pooling_keeps_xlnets_last_token(tmp_path, caplog):
+    """TaskConfig(num_labels=3) over the xlnet preset used to take TaskConfig's own default, the first token, and
+    export it as summary_type "first" without a word: transformers then read the left padding."""
+    import json
+
+    from bertjax.config import TaskConfig
+
+    config = bertjax.get_config("xlnet-tiny", task=TaskConfig(num_labels=3))
+    assert config.classifier_pooling == "last"
+    assert bertjax.get_config("eurobert-tiny", task=TaskConfig()).classifier_pooling == "late"
+    assert bertjax.get_config("bert-tiny", task=TaskConfig()).classifier_pooling == "cls"
+    model = bertjax.MODEL_CLASSES["sequence_classification"](config)
+    with caplog.at_level("WARNING", logger="bertjax.hf.xlnet"):
+        bertjax.save_pretrained(str(tmp_path), model, random_bertjax_params(model, seed=0))
+    assert json.loads((tmp_path / "config.json").read_text())["summary_type"] == "last"
+    assert "summary_type" not in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------------------------

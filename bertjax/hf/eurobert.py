@@ -12,7 +12,7 @@ checkpoints (written by transformers 4 / the EuroBERT remote code) carry a top-l
 
 from __future__ import annotations
 
-from bertjax.config import EncoderConfig
+from bertjax.config import FAMILY_POOLING, EncoderConfig
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
 from bertjax.hf.task_heads import HeadKeys, TaskHeads, architectures
@@ -137,7 +137,8 @@ _TASK_HEADS = TaskHeads(
     base_prefix="model.", architectures=architectures("EuroBert", ("sequence_classification", "token_classification")),
     activation="gelu", keys={"sequence_classification": HeadKeys(out="classifier", dense="dense"),
                              "token_classification": HeadKeys(out="classifier")},
-    dropout_key=None, poolings={"cls": "bos", "mean": "mean", "late": "late"}, pooling_default="late")
+    dropout_key=None, poolings={"cls": "bos", "mean": "mean", "late": "late"},
+    pooling_default=FAMILY_POOLING[MODEL_TYPE])
 
 FAMILY = HfFamily(
     model_type=MODEL_TYPE,

@@ -114,7 +114,7 @@ class TaskHeads:
         refuse.need(**self.layout(config))
         task = config.task_or_default
         allowed = tuple(self.poolings) or (self.pooling_default,)
-        refuse.check(task.classifier_pooling in allowed, f"task.classifier_pooling={task.classifier_pooling!r} "
+        refuse.check(config.classifier_pooling in allowed, f"task.classifier_pooling={config.classifier_pooling!r} "
                      f"(the family's heads pool with {list(allowed)})")
         if head == "question_answering":
             refuse.check(task.num_labels == 2, f"task.num_labels={task.num_labels} (question answering has 2)")
@@ -128,7 +128,7 @@ class TaskHeads:
             values[self.dropout_key] = (config.dropout_rate if task.classifier_dropout is None
                                         else task.classifier_dropout)
         if self.poolings:
-            values[self.pooling_key] = self.poolings[task.classifier_pooling]
+            values[self.pooling_key] = self.poolings[config.classifier_pooling]
         return values
 
     def rules(self, config: EncoderConfig, head: str) -> list[TensorRule]:

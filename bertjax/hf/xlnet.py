@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from bertjax.config import XLNET_TASK, EncoderConfig, XLNetOptions
+from bertjax.config import FAMILY_POOLING, XLNET_TASK, EncoderConfig, XLNetOptions
 from bertjax.hf.config_common import ACTIVATION_TO_HF, ConfigReader, Refusals
 from bertjax.hf.family import HfFamily
 from bertjax.hf.mapping import COPY, KeyMapping, Layout, TensorRule, embedding, layer_norm, linear, mlm_decoder
@@ -78,6 +78,10 @@ def to_hf_config(config: EncoderConfig, head: str) -> dict:
                 norm_placement="post", embedding_norm=False, final_norm=False, attention_bias=False,
                 mlp_bias=True, mlp="dense", decoder_bias=True, mlm_head_transform=False, pooler=False)
     refuse.raise_if_any()
+    if head in ("sequence_classification", "multiple_choice") and cfg.classifier_pooling in ("cls", "mean"):
+        logger.warning("XLNet classifier_pooling=%r is written as summary_type=%r: transformers reads the left "
+                       "padding too (bertjax pools the real tokens), so the two agree only on rows without padding",
+                       cfg.classifier_pooling, "first" if cfg.classifier_pooling == "cls" else "mean")
     return {
         "model_type": MODEL_TYPE, "vocab_size": cfg.vocab_size, "d_model": cfg.hidden_size, "n_layer": cfg.num_layers,
         "n_head": cfg.num_heads, "d_head": cfg.head_dim, "d_inner": cfg.intermediate_size,
@@ -137,7 +141,8 @@ _TASK_HEADS = TaskHeads(
     keys={"sequence_classification": _SUMMARY, "token_classification": HeadKeys(out="classifier"),
           "question_answering": HeadKeys(out="qa_outputs"), "multiple_choice": _SUMMARY},
     activation="tanh", dropout_key="summary_last_dropout",
-    poolings={"last": "last", "cls": "first", "mean": "mean"}, pooling_default="last", pooling_key="summary_type")
+    poolings={"last": "last", "cls": "first", "mean": "mean"}, pooling_default=FAMILY_POOLING[MODEL_TYPE],
+    pooling_key="summary_type")
 
 FAMILY = HfFamily(
     model_type=MODEL_TYPE,

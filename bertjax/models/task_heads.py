@@ -55,7 +55,7 @@ class SequenceHead(nn.Module):
     def __call__(self, hidden: jax.Array, segment_ids: jax.Array, max_segments: int | None = None,
                  deterministic: bool = True) -> tuple[jax.Array, jax.Array]:
         cfg = self.config
-        pooling = cfg.task_or_default.classifier_pooling
+        pooling = cfg.classifier_pooling
         member = segment_membership(segment_ids, max_segments)
         if pooling == "late":
             logits = pool_segments(_out(cfg, _transform(cfg, hidden), self.num_outputs, deterministic), member, "mean")
