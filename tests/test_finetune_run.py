@@ -116,6 +116,18 @@ def test_predict_scores_a_multi_label_checkpoint_with_a_sigmoid_per_label(files,
         assert record["label"] == names[int(row.argmax())]
     assert {len(r["labels"]) for r in records} == {1, 2}
 
+    # One output and no problem_type (a reranker): its sigmoid, as the pipeline scores it; it was a softmax, 1.0.
+    config = transformers.AutoConfig.from_pretrained(hf, num_labels=1, problem_type=None)
+    torch.manual_seed(0)
+    single = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    single.save_pretrained(hf)
+    with torch.no_grad():
+        logits = single(input_ids=torch.tensor(rows["input_ids"], dtype=torch.long),
+                        attention_mask=torch.tensor(rows["segment_ids"], dtype=torch.long)).logits
+    records = predict(hf, files["validation"])[:8]
+    np.testing.assert_allclose([r["score"] for r in records], torch.sigmoid(logits).numpy()[:, 0], atol=1e-5)
+    assert len({round(r["score"], 6) for r in records}) > 1
+
 
 def test_resume_after_a_stop_gives_the_same_metrics(files, full_run, caplog):
     reference, _ = full_run

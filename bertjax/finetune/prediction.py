@@ -44,10 +44,12 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
         cls = task_for_head(head_of(model))
         task = model.config.task_or_default
         regression = task.problem_type == "regression"
+        # One output that is no regression (a reranker's relevance, with no problem_type) is a sigmoid too, as
+        # transformers' text-classification pipeline scores it: a softmax over one logit is always 1.
         labels = Labels(names=() if regression or cls.head in ("question_answering", "multiple_choice")
                         else task.label_names, regression=regression,
-                        multi_label=cls.head == "sequence_classification"
-                        and task.problem_type == "multi_label_classification")
+                        multi_label=cls.head == "sequence_classification" and not regression
+                        and (task.problem_type == "multi_label_classification" or task.num_labels == 1))
         defaults = cls.defaults
     config = load_finetune_config(None, overrides, defaults)
     # A task default (QA's 384) is capped to a smaller checkpoint; a data.max_length the user set must fit it.
