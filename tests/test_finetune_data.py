@@ -590,6 +590,13 @@ def test_words_of_byte_level_bpe_start_with_word_initial_pieces(tmp_path):
     assert bool(np.all(bpe.word_start[firsts]))  # each word's first piece is a word-initial ("Ġ") piece
     # the same ids as the sentence in running text, after its first word
     assert row["input_ids"][2:1 + len(words)].tolist() == bpe.encode("the dog ran far")[1:].tolist()
+    # As transformers' add_prefix_space (is_split_into_words): an empty word has no token and a word that starts
+    # with a space gets none added; they were " " (a token, a position, a tag) and "  " (two tokens).
+    words = ["the", "", " ", "dog"]
+    row, word_of_token = encoding.encode_words(bpe, words, 16, True, "sentence")
+    expected = [int(t) for piece in bpe.encode_batch([" the", " ", " dog"]) for t in piece]
+    assert row["input_ids"][1:1 + len(expected)].tolist() == expected and int(row["segment_ids"].sum()) == 2 + len(expected)
+    assert word_of_token[word_of_token >= 0].tolist() == [0, 2, 3]
 
 
 def test_encoders_count_the_examples_they_cut(tok):

@@ -93,9 +93,11 @@ def encode_words(tokenizer, words: Sequence[str], max_length: int, truncation: b
     exactly one first piece (transformers' `is_split_into_words` does the same). A word with no piece (only
     whitespace) has no position; the words cut by truncation have none either, and predict gives them a null tag.
     """
-    # A space before each word makes byte-level BPE (RoBERTa) pick its word-initial pieces, as in running text
-    # (transformers' add_prefix_space); WordPiece and SentencePiece encode " word" exactly as "word".
-    pieces = tokenizer.encode_batch([" " + word for word in words]) if len(words) else []
+    # A space before each word makes byte-level BPE (RoBERTa) pick its word-initial pieces, as in running text; as
+    # transformers' add_prefix_space, none before a word that starts with a space, and an empty word stays empty
+    # (no piece, no position). WordPiece and SentencePiece encode " word" exactly as "word".
+    spaced = [word if not word or word.startswith(" ") else " " + word for word in words]
+    pieces = tokenizer.encode_batch(spaced) if len(words) else []
     total = sum(len(p) for p in pieces)
     template = tokenizer.special_template
     specials, start = template.specials(pair=False), template.text_start(0, 0, pair=False)
