@@ -407,3 +407,21 @@ def test_a_text_that_is_not_a_string_is_named_by_its_index(tmp_path):
         with pytest.raises(TypeError, match=f"^{name} takes a list of texts, got one string; wrap it in a list$"):
             call("good day")
     assert encoder.encode(text for text in ["good day", ""]).shape == (2, encoder.dim)  # any iterable of strings
+
+
+def test_text_rows_take_the_tokenizers_layout_and_refuse_xlnets():
+    """TextInference built [CLS] text [SEP] from cls_id / sep_id whatever the tokenizer's layout: XLNet's
+    `text <sep> <cls>` (its <cls> of token type 2) ran silently in a layout its model never saw."""
+    from types import SimpleNamespace
+
+    from bertjax.data.special_template import TEXT, Item, SpecialTemplate, bert_template
+    from bertjax.inference.pipeline import SequenceFormat
+
+    roberta = SimpleNamespace(special_template=bert_template(0, 2), cls_id=0, sep_id=2)
+    assert SequenceFormat.for_tokenizer(roberta, 16) == SequenceFormat(prefix=(0,), suffix=(2,), max_length=16)
+    suffix_only = SimpleNamespace(special_template=SpecialTemplate(single=(Item(TEXT, 0, 0), Item(2, 0)), pair=None))
+    assert SequenceFormat.for_tokenizer(suffix_only, 16).prefix == ()
+    xlnet = SimpleNamespace(special_template=SpecialTemplate(
+        single=(Item(TEXT, 0, 0), Item(4, 0), Item(3, 2)), pair=None), cls_id=3, sep_id=4)
+    with pytest.raises(ValueError, match=r"`text id 4 id 3` with token types \[0, 0, 2\]"):
+        SequenceFormat.for_tokenizer(xlnet, 16)

@@ -45,7 +45,21 @@ class SequenceFormat:
 
     @classmethod
     def for_tokenizer(cls, tokenizer, max_length: int) -> "SequenceFormat":
-        return cls(prefix=(int(tokenizer.cls_id),), suffix=(int(tokenizer.sep_id),), max_length=max_length)
+        """The tokenizer's own layout of one text ([CLS] text [SEP], <s> text </s>, ...). Rows here are all of
+        token type 0: a layout with other types (XLNet's text <sep> <cls>, its <cls> of type 2) is refused rather
+        than run in a form its model never saw."""
+        from bertjax.data.special_template import TEXT
+
+        items = tokenizer.special_template.single
+        tokens = [item.token for item in items]
+        if tokens.count(TEXT) != 1 or any(item.type_id for item in items):
+            layout = " ".join("text" if token == TEXT else f"id {token}" for token in tokens)
+            raise ValueError(f"the tokenizer lays a text out as `{layout}` with token types "
+                             f"{[item.type_id for item in items]}; inference on texts builds rows of token type 0 "
+                             "only (XLNet's layout is not served here: run its model on ids you build)")
+        at = tokens.index(TEXT)
+        return cls(prefix=tuple(int(t) for t in tokens[:at]), suffix=tuple(int(t) for t in tokens[at + 1:]),
+                   max_length=max_length)
 
 
 @dataclasses.dataclass(frozen=True)
