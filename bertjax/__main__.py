@@ -1,5 +1,3 @@
-import sys
+from bertjax.cli import entry
 
-from bertjax.cli import main
-
-sys.exit(main())
+entry()

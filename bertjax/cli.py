@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     _take_late_overrides(parser, args, extra)
+    from bertjax.train.distributed import catch_setup_interrupts
+    restore_signals = catch_setup_interrupts()
     try:
         return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError) as error:
@@ -99,6 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a path under a file, a permission, a full disk: named by the OS, in one line
         print(f"bertjax {args.command}: error: {error}", file=sys.stderr)
         return 2
+    finally:
+        restore_signals()
+
+
+def entry() -> None:
+    """The `bertjax` command: `main`, ended after an interrupt without the interpreter's teardown. The command has
+    unwound (checkpoints saved, half-made outputs removed) by then, but threads of XLA or of the data pipeline that
+    the interrupt left running can crash the teardown (a SIGSEGV instead of status 130)."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # before main's own handling began (importing JAX takes seconds)
+        print("bertjax: interrupted", file=sys.stderr)
+        code = 130
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def _take_late_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> None:

@@ -122,3 +122,28 @@ def test_final_report_drops_lines_into_a_dead_pipe_and_puts_the_stream_back(dead
     with session_outputs.final_report():
         print("workdir runs/x: steps 0 -> 16 in 7 s")  # buffered: the dead pipe answers at the closing flush
     assert sys.stdout is dead_pipe and stat.S_ISCHR(os.fstat(dead_pipe.fileno()).st_mode)  # now /dev/null
+
+
+def test_an_interrupt_before_the_run_starts_ends_it_even_when_python_dropped_the_exception():
+    """SIGTERM while a run set up took the default action (killed, its half-made workdir and tokenizer left for the
+    next run); a Ctrl-C whose KeyboardInterrupt landed in a garbage-collection callback was dropped and the run
+    trained to its end. Now both raise KeyboardInterrupt, and a noted one ends the run when its watch opens."""
+    import signal
+    import time
+
+    from bertjax.train import distributed
+
+    before = signal.getsignal(signal.SIGTERM)
+    restore = distributed.catch_setup_interrupts()
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM before the run started"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(2)  # the handler runs at once; this only bounds the wait if it did not
+        # As if that KeyboardInterrupt had been dropped: the watch refuses to start the run.
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM before the run started"):
+            PreemptionWatch()
+    finally:
+        restore()
+        distributed._SETUP_INTERRUPTS.clear()
+    assert signal.getsignal(signal.SIGTERM) is before
+    PreemptionWatch().close()

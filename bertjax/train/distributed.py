@@ -77,6 +77,35 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     return cluster
 
 
+# A Ctrl-C or SIGTERM that arrives before a run's PreemptionWatch is open (while it loads data, builds the model or
+# compiles) ends the command: `catch_setup_interrupts` (bertjax's command line) has it raise KeyboardInterrupt, so a
+# half-made workdir is removed (the default SIGTERM action skipped that and left its tokenizer for the next run), and
+# notes it here first. Python drops a KeyboardInterrupt raised inside a garbage-collection callback (it prints
+# "Exception ignored"); the note makes the watch, once opened, end the run then instead of training it through.
+_SETUP_INTERRUPTS: list[str] = []
+
+
+def _interrupt_setup(signum, frame) -> None:
+    name = PreemptionWatch.SIGNAL_NAMES.get(signum, f"signal {signum}")
+    _SETUP_INTERRUPTS.append(name)
+    raise KeyboardInterrupt(f"{name} before the run started")
+
+
+def catch_setup_interrupts() -> Callable[[], None]:
+    """Make SIGINT and SIGTERM raise KeyboardInterrupt until a PreemptionWatch takes them (main thread only;
+    JAX's multi-host preemption notifier takes SIGTERM over when it starts). Returns what puts the earlier handlers
+    back (a command run inside a Python process, as the tests run them, leaves that process's handlers alone)."""
+    _SETUP_INTERRUPTS.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {signum: signal.signal(signum, _interrupt_setup) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return restore
+
+
 class PreemptionWatch:
     """`should_stop(step)` becomes True, on every process at the same step, after a SIGTERM, a SIGHUP (or a Ctrl-C).
 
@@ -105,6 +134,8 @@ class PreemptionWatch:
         SIGNAL_NAMES[SIGHUP] = "SIGHUP"
 
     def __init__(self):
+        if _SETUP_INTERRUPTS:  # one whose KeyboardInterrupt was lost (see _SETUP_INTERRUPTS)
+            raise KeyboardInterrupt(f"{_SETUP_INTERRUPTS[0]} before the run started")
         self.received = False
         self.reason = "SIGTERM"  # what asked the run to stop (for the message)
         self._previous: dict[int, object] = {}
