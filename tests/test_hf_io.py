@@ -245,6 +245,22 @@ def test_missing_tensor_is_an_error(bert_mlm_copy):
         bertjax.from_pretrained(bert_mlm_copy)
 
 
+def test_a_bare_model_saved_without_its_pooler_loads_with_a_fresh_one(tmp_path, caplog):
+    """BertModel(add_pooling_layer=False).save_pretrained writes no pooler: transformers loads it and initialises one;
+    bertjax refused it ('missing tensor pooler.dense.weight'), with no head= to get round it."""
+    model = tiny_model("bert-tiny", "encoder")
+    params = random_params(model)
+    bertjax.save_pretrained(str(tmp_path), model, params)
+    edit_tensors(str(tmp_path), lambda t: [t.pop(k) for k in ("pooler.dense.weight", "pooler.dense.bias")])
+    with caplog.at_level("WARNING", logger="bertjax.hf.pretrained"):
+        loaded, fresh = bertjax.from_pretrained(str(tmp_path))
+    assert "holds no pooler (saved with add_pooling_layer=False)" in caplog.text
+    assert fresh["pooler"]["dense"]["kernel"].shape == params["pooler"]["dense"]["kernel"].shape
+    ids = jnp.arange(4, 20).reshape(2, 8)
+    np.testing.assert_array_equal(loaded.apply({"params": fresh}, ids).last_hidden_state,
+                                  model.apply({"params": params}, ids).last_hidden_state)
+
+
 def test_unexpected_tensor_is_an_error(bert_mlm_copy):
     extra = {"bert.encoder.layer.2.output.dense.bias": np.zeros(32, np.float32)}
     edit_tensors(bert_mlm_copy, lambda t: t.update(extra))
@@ -517,6 +533,9 @@ def test_convert_round_trip_through_a_bertjax_model_directory(bert_mlm_dir, tmp_
     ("modernbert-tiny", {"classifier_pooling": "mean"}, (None, "mean")),
     # distilbert-base-uncased: dropout 0.1, seq_classif_dropout 0.2
     ("distilbert-tiny", {"dropout": 0.1, "seq_classif_dropout": 0.2}, (0.2, "cls")),
+    # Without the key (or null), its config class's default (it was the encoder's dropout): DistilBERT 0.2, ALBERT 0.1
+    ("distilbert-tiny", {"dropout": 0.1, "seq_classif_dropout": None}, (0.2, "cls")),
+    ("albert-tiny", {"classifier_dropout_prob": None}, (0.1, "cls")),
     # EuroBERT's heads pool "late" unless its config.json says otherwise (transformers' default)
     ("eurobert-tiny", {}, (None, "late")),
     ("eurobert-tiny", {"classifier_pooling": "mean"}, (None, "mean")),

@@ -130,7 +130,7 @@ _TASK_HEADS = TaskHeads(
     base_prefix="albert.", architectures=architectures("Albert"), activation="tanh",
     keys=bert_like_keys(HeadKeys(out="classifier", dense="albert.pooler"), HeadKeys(out="classifier",
                                                                                   dense="albert.pooler")),
-    dropout_key="classifier_dropout_prob")
+    dropout_key="classifier_dropout_prob", dropout_default=0.1)
 
 FAMILY = HfFamily(
     model_type="albert",

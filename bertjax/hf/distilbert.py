@@ -134,7 +134,7 @@ _TASK_HEADS = TaskHeads(
     base_prefix="distilbert.", architectures=architectures("DistilBert"), activation="relu",
     keys=bert_like_keys(HeadKeys(out="classifier", dense="pre_classifier"),
                         HeadKeys(out="classifier", dense="pre_classifier")),
-    dropout_key="seq_classif_dropout")
+    dropout_key="seq_classif_dropout", dropout_default=0.2)
 
 FAMILY = HfFamily(
     model_type="distilbert",

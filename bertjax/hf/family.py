@@ -51,6 +51,8 @@ class HfFamily:
             self.task_heads.refuse(refuse, config, head)
             refuse.raise_if_any()
             return {**self.to_hf_config(config, head), **self.task_heads.to_hf(config)}
+        if self.task_heads:
+            return {**self.to_hf_config(config, head), **self.task_heads.classifier_to_hf(config)}
         return self.to_hf_config(config, head)
 
     def mapping(self, config: EncoderConfig, head: str) -> KeyMapping:

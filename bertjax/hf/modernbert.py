@@ -177,7 +177,7 @@ _TASK_HEADS = TaskHeads(
     base_prefix="model.", architectures=architectures("ModernBert"), activation=None, norm=True,
     token_transform=True, dense_bias=None,
     keys={head: HeadKeys(out="classifier", dense="head.dense", norm="head.norm") for head in TASK_HEADS},
-    poolings={"cls": "cls", "mean": "mean"})
+    poolings={"cls": "cls", "mean": "mean"}, dropout_default=0.0)
 
 FAMILY = HfFamily(
     model_type="modernbert",

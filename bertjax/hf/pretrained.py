@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.json"
 LOADABLE_DTYPES = ("float32", "bfloat16", "float16")
 BACKBONE_SCOPES = ("embeddings", "encoder")  # top-level parameter scopes every head shares
+_POOLER_SCOPE = "pooler"  # the bare model's pooler, which transformers' add_pooling_layer=False leaves out
 
 
 def _read_config(directory: str) -> dict:
@@ -137,6 +138,13 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
         mapping = family.mapping(config, head)
         _check_mapping_covers(mapping, expected)
         flat = _load_exact(path, values, model_type, head, mapping, tensors, dtype_name)
+        missing = sorted(set(expected) - set(flat))  # the pooler only (_load_exact names any other tensor)
+        if missing:
+            logger.warning("%s: the file holds no pooler (saved with add_pooling_layer=False); initialised from "
+                           "scratch (seed %d), as transformers does: pooler_output means nothing until trained",
+                           path, seed)
+            flat.update(zip(missing, draw_leaves(lambda key: model.init(key, model.example_input_ids())["params"],
+                                                 missing, jax.random.key(seed))))
     else:
         flat = _load_into_new_head(path, family, model, saved_head, head, tensors, expected, seed, prefixed)
     for param_path, spec in expected.items():
@@ -220,6 +228,8 @@ def _load_exact(path: str, values: dict, model_type: str, head: str, mapping: Ke
     flat: dict[ParamPath, jax.Array] = {}
     for rule in mapping.rules:
         present = [key for key in rule.hf_keys if key in tensors]
+        if not present and all(p[0] == _POOLER_SCOPE for p in rule.params):
+            continue  # a bare model saved with add_pooling_layer=False: the caller draws the pooler
         if not present:
             raise ValueError(f"{path}: missing tensor {rule.hf_keys[0]!r} (needed by a {model_type} {head} model, "
                              f"{_architecture_named(values)})")

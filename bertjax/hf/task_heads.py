@@ -51,6 +51,9 @@ class TaskHeads:
     token_transform: bool = False
     dense_bias: bool | None = True  # None: head_dense_bias as config.json says (ModernBERT's classifier_bias)
     dropout_key: str | None = "classifier_dropout"  # config.json key of the classifier dropout, if any
+    # The rate its config class takes when config.json has no such key; None: the encoder's dropout (BERT's
+    # classifier_dropout=None means hidden_dropout_prob). ALBERT's is 0.1, DistilBERT's 0.2, XLNet's 0.1.
+    dropout_default: float | None = None
     # bertjax classifier_pooling -> config.json `classifier_pooling` value; empty: first token only, key not written.
     poolings: Mapping[str, str] = dataclasses.field(default_factory=dict)
     pooling_default: str = "cls"  # the config class's default, as a bertjax name
@@ -107,6 +110,7 @@ class TaskHeads:
                                  f"supported; known: {sorted(by_hf_name)}")
             pooling = by_hf_name[values[self.pooling_key]]
         dropout = values.get(self.dropout_key) if self.dropout_key else None
+        dropout = self.dropout_default if dropout is None else dropout
         return (None if dropout is None or float(dropout) == dropout_rate else float(dropout)), pooling
 
     def refuse(self, refuse: Refusals, config: EncoderConfig, head: str) -> None:
@@ -122,12 +126,18 @@ class TaskHeads:
     def to_hf(self, config: EncoderConfig) -> dict:
         """config.json keys of the task settings (transformers' names)."""
         task = config.task_or_default
-        values = {"id2label": {str(i): name for i, name in task.id2label.items()}, "label2id": task.label2id,
-                  "problem_type": task.problem_type}
+        return {"id2label": {str(i): name for i, name in task.id2label.items()}, "label2id": task.label2id,
+                "problem_type": task.problem_type, **self.classifier_to_hf(config)}
+
+    def classifier_to_hf(self, config: EncoderConfig) -> dict:
+        """config.json keys of the classifier dropout and pooling, written for every head: a task head fine-tuned
+        from the checkpoint takes them (and a missing dropout key would read as the config class's default)."""
+        task = config.task_or_default
+        values = {}
         if self.dropout_key:  # the rate in effect: ALBERT, DistilBERT and ModernBERT refuse null here
             values[self.dropout_key] = (config.dropout_rate if task.classifier_dropout is None
                                         else task.classifier_dropout)
-        if self.poolings:
+        if config.classifier_pooling in self.poolings:  # (a task head's pooling was checked: `refuse`)
             values[self.pooling_key] = self.poolings[config.classifier_pooling]
         return values
 

@@ -140,7 +140,7 @@ _TASK_HEADS = TaskHeads(
                    "XLNetForMultipleChoice": "multiple_choice"},
     keys={"sequence_classification": _SUMMARY, "token_classification": HeadKeys(out="classifier"),
           "question_answering": HeadKeys(out="qa_outputs"), "multiple_choice": _SUMMARY},
-    activation="tanh", dropout_key="summary_last_dropout",
+    activation="tanh", dropout_key="summary_last_dropout", dropout_default=0.1,
     poolings={"last": "last", "cls": "first", "mean": "mean"}, pooling_default=FAMILY_POOLING[MODEL_TYPE],
     pooling_key="summary_type")
 
