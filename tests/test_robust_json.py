@@ -185,6 +185,13 @@ def test_search_shows_only_the_texts_that_were_embedded(hf_dir, tmp_path, capsys
     corpus.with_suffix(".json").write_text("[1, 2]")
     status, _, err = search_json(hf_dir, corpus, capsys)
     assert status == 2 and "corpus.json: expected an object at the top level, got an array" in err
+    # Keys of another type, or a count that is not the matrix's, were ignored (or acted on): errors naming the key.
+    for changes, message in (({"truncate_dim": "x"}, "'truncate_dim' must be an integer or null, got a string"),
+                             ({"normalized": 1}, "'normalized' must be true/false, got a number"),
+                             ({"count": 99}, "'count' is 99, but corpus.npy holds 2 x ")):
+        corpus.with_suffix(".json").write_text(json.dumps({**description, **changes}))
+        status, _, err = search_json(hf_dir, corpus, capsys)
+        assert status == 2 and message in err, err
     assert np.load(corpus).shape[0] == 2
 
 

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.k <= 0:
         raise ValueError(f"-k must be positive, got {args.k}")
     corpus = load_corpus(args.corpus)
-    description = read_description(args.corpus) or {}
+    description = read_description(args.corpus, corpus.shape) or {}
     # Before the model loads: FILE.json's input must be the file that was embedded (else an error asks for --texts).
     source = args.texts or described_texts(args.corpus, description)
     # The query embedded as the corpus was: its Matryoshka truncation and its normalisation (both part of the

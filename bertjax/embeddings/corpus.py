@@ -152,12 +152,34 @@ def write_embeddings(path: str | os.PathLike, vectors: np.ndarray, description: 
     return path
 
 
-def read_description(npy: str | os.PathLike) -> dict | None:
-    """FILE.json beside FILE.npy, or None for an embedding matrix saved by other means."""
+# The JSON types of FILE.json's keys (what `embed` writes); None is allowed where `embed` writes null.
+# (`input` is checked where it is read, `described_texts`.)
+_DESCRIPTION_TYPES = {"model": (str,), "model_fingerprint": (str,), "input_sha256": (str,),
+                      "column": (str, type(None)), "prompt": (str, type(None)), "normalized": (bool,),
+                      "truncate_dim": (int, type(None)), "similarity_fn_name": (str, type(None)), "overflow": (str,),
+                      "stride": (int,), "max_seq_length": (int,), "count": (int,), "dim": (int,)}
+
+
+def read_description(npy: str | os.PathLike, shape: tuple[int, ...] | None = None) -> dict | None:
+    """FILE.json beside FILE.npy, or None for an embedding matrix saved by other means. A key of another JSON type
+    than `embed` writes, or a count and dim that are not the matrix's `shape`, is an error naming the key (search
+    would otherwise act on it, or quietly ignore it)."""
     path = description_path(npy)
     if not path.is_file():
         return None
-    return read_json_file(path)
+    description = read_json_file(path)
+    for key, types in _DESCRIPTION_TYPES.items():
+        value = description.get(key)
+        if key in description and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            names = " or ".join("null" if t is type(None) else {str: "a string", int: "an integer",
+                                                                  bool: "true/false"}[t] for t in types)
+            raise ValueError(f"{path}: {key!r} must be {names}, got {json_type_name(value)}")
+    if shape is not None:
+        for key, size in (("count", shape[0]), ("dim", shape[1])):
+            if key in description and description[key] != size:
+                raise ValueError(f"{path}: {key!r} is {description[key]}, but {Path(npy).name} holds "
+                                 f"{shape[0]} x {shape[1]}: FILE.json describes another matrix")
+    return description
 
 
 def described_texts(npy: str | os.PathLike, description: dict) -> Path | None:
