@@ -19,6 +19,7 @@ import contextlib
 import importlib.util
 import math
 import os
+import re
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -37,8 +38,30 @@ def libtpu_available() -> bool:
     return importlib.util.find_spec("libtpu") is not None
 
 
+def _accelerator_type_hint(name: str) -> str:
+    """For a Cloud TPU accelerator type (what launch/tpu_pod.sh takes), how many chips it is: v4 and v5p types
+    count TensorCores, two per chip; v5e (v5litepod) and v6e types count chips."""
+    match = re.fullmatch(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)", name.strip().lower())
+    if match is None:
+        return ""
+    generation, count = match.groups()
+    chips = int(count) // 2 if generation in ("v4", "v5p") else int(count)
+    generation = "v5e" if generation == "v5litepod" else generation
+    if generation in ("v4", "v5p"):  # 3-D tori
+        shape = f"2x2x{chips // 4}" if chips % 4 == 0 else f"1x1x{chips}"
+    else:
+        side = math.isqrt(chips)
+        while chips % side:
+            side -= 1
+        shape = f"{side}x{chips // side}"
+    return f". The accelerator type {name} is {chips} chip(s), e.g. --topology {generation}:{shape}"
+
+
 def topology_devices(topology: str = "v5e:2x2") -> list:
     """Compile-only devices of a TPU topology such as "v5e:2x2", "v5p:2x2x1", "v4:2x2x1"."""
+    if ":" not in topology:  # libtpu reads "" (and other names without a shape) as its default slice, silently
+        raise ValueError(f"TPU topology {topology!r}: expected GENERATION:SHAPE, e.g. {', '.join(EXAMPLE_TOPOLOGIES)}; "
+                         f"NVIDIA GPUs: h100, h200 (h100:8 for eight){_accelerator_type_hint(topology)}")
     if not libtpu_available():
         raise RuntimeError(INSTALL_HINT)
     # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) so two processes cannot drive one TPU. Compile-only

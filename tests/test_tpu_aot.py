@@ -54,6 +54,14 @@ def test_every_example_topology_has_one_device_per_chip():
     for topology in tpu_aot.EXAMPLE_TOPOLOGIES:
         chips = math.prod(int(n) for n in topology.split(":")[1].split("x"))
         assert len(tpu_aot.topology_devices(topology)) == chips, topology
+    for name in ("", "v5e"):  # libtpu compiled these for its default slice, v5p:2x2x2, without a word
+        with pytest.raises(ValueError, match="expected GENERATION:SHAPE"):
+            tpu_aot.topology_devices(name)
+    # What launch/tpu_pod.sh takes (v4/v5p types count TensorCores, two per chip): the error says the chips.
+    for name, shape in (("v5p-32", "v5p:2x2x4"), ("v5litepod-8", "v5e:2x4"), ("v6e-16", "v6e:4x4")):
+        with pytest.raises(ValueError, match=f"e.g. --topology {shape}$"):
+            tpu_aot.topology_devices(name)
+        assert len(tpu_aot.topology_devices(shape)) == math.prod(int(n) for n in shape.split(":")[1].split("x"))
 
 
 def test_compile_check_compiles_for_a_v4_slice(capsys):

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     note = unsplit_parameters_note(objective.init_params, mesh)
     if note is not None:
         print(f"warning: {note}")
-    hbm = next((gib for prefix, gib in HBM_GIB.items() if args.topology.startswith(prefix + ":")), None)
+    hbm = next((gib for prefix, gib in HBM_GIB.items() if args.topology.lower().startswith(prefix + ":")), None)
     if on_gpu:  # what JAX's allocator may take of the card, not the card
         hbm = gpu_aot.device_memory_gib(args.topology) * gpu_aot.jax_memory_fraction()
     # How each platform's program names a Pallas kernel call (Mosaic on TPU, Triton on GPU).
