@@ -16,9 +16,9 @@
 # Python: bertjax needs Python >= 3.11, and the TPU runtime images are Ubuntu 22.04, whose python3 is 3.10. Each
 # worker therefore gets uv (with the image's python3: `pip install --user uv`, else uv's installer), a standalone
 # CPython PYTHON_VERSION (default 3.11) that uv downloads (TPU VMs reach the internet), and the virtual environment
-# ~/bertjax-venv holding JAX for TPU (`jax[tpu]`, libtpu included) and bertjax; the run starts from that venv.
-# This works whatever python3 an image ships and leaves the system Python alone, where a version check could only
-# refuse. A rerun keeps the venv, so a resumed run keeps its JAX; remove ~/bertjax-venv on the workers for newer.
+# ~/bertjax-venv holding JAX for TPU (`jax[tpu]` of JAX_VERSION, libtpu included) and bertjax; the run starts from
+# that venv. This works whatever python3 an image ships and leaves the system Python alone, where a version check
+# could only refuse. A rerun, and a slice recreated after a preemption, installs the same JAX.
 #
 # The workers find each other from the TPU VM metadata (`bertjax pretrain` calls jax.distributed.initialize()
 # when it runs on a TPU VM), so the command is identical everywhere. Checkpoints go to CHECKPOINT_DIR, which every
@@ -41,6 +41,8 @@
 #   SPOT         1/true/yes: a spot slice; 0/false/no or unset: an on-demand one
 #   PROJECT      gcloud's --project
 #   PYTHON_VERSION  the workers' Python (default 3.11; bertjax needs >= 3.11)
+#   JAX_VERSION  the workers' JAX (default: this machine's, the one `bertjax compile-check` compiled with here; all
+#                for the newest). Pinned, a slice recreated after a preemption (a fresh venv) resumes on the same JAX.
 set -euo pipefail
 ORIGIN=$PWD
 cd "$(dirname "$0")/.."
@@ -102,6 +104,10 @@ fi
 SPOT_FLAG=""
 if truthy SPOT "${SPOT:-}"; then SPOT_FLAG=--spot; fi
 PYTHON_VERSION=${PYTHON_VERSION:-3.11}
+if [ -z "${JAX_VERSION:-}" ]; then
+  JAX_VERSION=$(python3 -c 'import jax; print(jax.__version__)' 2>/dev/null) || JAX_VERSION=all
+fi
+if [ "$JAX_VERSION" = all ]; then JAX_REQUIREMENT='jax[tpu]'; else JAX_REQUIREMENT="jax[tpu]==$JAX_VERSION"; fi
 
 GCLOUD=(gcloud compute tpus tpu-vm)
 WHERE=(--zone "$ZONE" ${PROJECT:+--project "$PROJECT"})
@@ -149,6 +155,7 @@ run "${GCLOUD[@]}" scp "$CONFIG" "$NAME":pretrain-config.yaml.new "${WHERE[@]}" 
 # On every worker: refuse while a run is going on (its files would be replaced under it), unpack, and install
 # into ~/bertjax-venv with a Python uv provides (see the top of this file).
 INSTALL="PYTHON_VERSION=$(printf %q "$PYTHON_VERSION")"$'\n'
+INSTALL+="JAX_REQUIREMENT=$(printf %q "$JAX_REQUIREMENT")"$'\n'
 INSTALL+=$(cat <<'EOF'
 set -e
 if [ -f ~/pretrain.pid ] && pid=$(cat ~/pretrain.pid) && kill -0 "$pid" 2>/dev/null &&
@@ -163,7 +170,7 @@ if ! command -v uv >/dev/null; then
   PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --user uv || curl -LsSf https://astral.sh/uv/install.sh | sh
 fi
 [ -x ~/bertjax-venv/bin/python ] || uv venv -q --python "$PYTHON_VERSION" ~/bertjax-venv
-uv pip install -q --python ~/bertjax-venv/bin/python 'jax[tpu]' -e "$HOME/bertjax[gcs]"  # gcs: gs:// paths
+uv pip install -q --python ~/bertjax-venv/bin/python "$JAX_REQUIREMENT" -e "$HOME/bertjax[gcs]"  # gcs: gs:// paths
 echo "$(hostname): $(~/bertjax-venv/bin/python -c 'import sys, jax; print("Python", sys.version.split()[0], "JAX", jax.__version__)')"
 EOF
 )

@@ -24,7 +24,7 @@ CONFIG = "configs/pretrain/tiny.yaml"
 
 def _env(**values) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in {"DRY_RUN", "FOLLOW", "SPOT", "TPU_VERSION", "PROJECT", "PYTHON_VERSION"}}
+           if k not in {"DRY_RUN", "FOLLOW", "SPOT", "TPU_VERSION", "PROJECT", "PYTHON_VERSION", "JAX_VERSION"}}
     env.update(values)
     return env
 
@@ -65,6 +65,9 @@ def test_dry_run_prints_the_runtime_image_of_the_accelerator_and_the_detached_st
     out = result.stdout
     # A Python >= 3.11 from uv in a venv, and the run started from it, detached, its output in ~/pretrain.log.
     assert 'uv venv -q --python "$PYTHON_VERSION" ~/bertjax-venv' in out and "PYTHON_VERSION=3.11" in out
+    # JAX pinned to this machine's (what compile-check compiled with): a recreated slice resumes on the same one.
+    import jax
+    assert f"JAX_REQUIREMENT=jax\\[tpu\\]=={jax.__version__}" in out, out
     assert "nohup setsid bash -c" in out
     assert ("~/bertjax-venv/bin/python -m bertjax pretrain --config ~/pretrain-config.yaml --workdir ~/run "
             "checkpoint.directory=gs://bucket/run train.steps=10 >> ~/pretrain.log 2>&1 < /dev/null &") in out
