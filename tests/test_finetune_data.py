@@ -118,9 +118,14 @@ def test_token_label_alignment_first_subtoken(tok):
     assert tok.decode(ids[1:3]) == "cats"
     words_back = encoding.token_predictions_to_words(word_of_token, labels, 4, default=0)
     assert list(words_back) == [1, 0, 0, 2]
-    # Truncation keeps whole words; the cut ones get the default.
+    # Truncation: the words past the cut get the default ...
     row, word_of_token = encoding.encode_words(tok, words, 6, True, "sentence 1")
     assert list(encoding.token_predictions_to_words(word_of_token, np.arange(6), 4, default=-1)) == [1, 3, 4, -1]
+    # ... and a word the cut falls inside keeps its first piece, and so its tag, as transformers' truncation does
+    # (words kept whole or not at all: "mats" lost its tag).
+    row, word_of_token = encoding.encode_words(tok, words, 7, True, "sentence 1")
+    assert list(encoding.token_predictions_to_words(word_of_token, np.arange(7), 4, default=-1)) == [1, 3, 4, 5]
+    assert tok.decode(row["input_ids"][5:6]) == "mat" and row["input_ids"][6] == tok.sep_id
     with pytest.raises(ValueError, match="data.max_length=6"):
         encoding.encode_words(tok, words, 6, False, "sentence 1")
 

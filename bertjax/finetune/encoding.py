@@ -109,10 +109,15 @@ def encode_words(tokenizer, words: Sequence[str], max_length: int, truncation: b
     for index, word_pieces in enumerate(pieces):
         if len(word_pieces) == 0:
             continue
-        if len(ids) + len(word_pieces) > max_length - specials:
-            break  # a word is kept whole or not at all
+        room = max_length - specials - len(ids)
+        if room <= 0:
+            break
+        # A word the cut falls inside keeps its first pieces, as transformers' truncation cuts: its label sits on
+        # the first (kept whole or dropped, a long word such as a URL lost its tag too).
         word_of_token[start + len(ids)] = index
-        ids.extend(int(t) for t in word_pieces)
+        ids.extend(int(t) for t in word_pieces[:room])
+        if len(word_pieces) > room:
+            break
     return layout(tokenizer, ids, None, max_length), word_of_token
 
 
