@@ -41,6 +41,27 @@ def test_glue_tsv_quirks(tmp_path):
     assert rows == [{"text": "A cat .", "text_pair": "A cat sat .", "label": "1"}] and skipped == 0
 
 
+def test_grid_weight_decays_are_decoupled_as_in_modernberts_fine_tuning():
+    """The grid's weight decays {1e-6, 5e-6, 1e-5} are Composer's decoupled ones (weights shrink by wd x lr_t / peak
+    each step). Passed to AdamW as they were, they shrank the weights by lr x wd, about 1e-10 a step: nothing in
+    float32, so two thirds of the grid trained the same model."""
+    import jax.numpy as jnp
+    import optax
+
+    from bertjax.finetune.glue import LEARNING_RATES, WEIGHT_DECAYS, grid_configs
+    from bertjax.finetune.tasks import task_class
+
+    configs = grid_configs(GLUE_TASKS["RTE"], LEARNING_RATES, WEIGHT_DECAYS, None, [],
+                           task_class("sequence-classification").defaults)
+    for (lr, wd, _), config in configs.items():
+        assert config.train.weight_decay == pytest.approx(wd / lr, rel=1e-12)
+        # One AdamW step at the peak with a zero gradient: the weights shrink by wd, as DecoupledAdamW's do.
+        weights = jnp.ones(4)
+        optimizer = optax.adamw(lr, weight_decay=config.train.weight_decay)
+        updates, _ = optimizer.update(jnp.zeros(4), optimizer.init(weights), weights)
+        np.testing.assert_allclose(-updates, wd, rtol=1e-5)
+
+
 def test_glue_runs_mnli_then_mrpc_from_mnli(tmp_path, capsys):
     from bertjax.cli import main
 

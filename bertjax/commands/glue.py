@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learning-rates", type=_positive_floats, default=list(LEARNING_RATES), metavar="LR,LR,...",
                         help=f"learning-rate grid (default {listed(LEARNING_RATES)})")
     parser.add_argument("--weight-decays", type=_floats, default=list(WEIGHT_DECAYS), metavar="WD,WD,...",
-                        help=f"weight-decay grid (default {listed(WEIGHT_DECAYS)})")
+                        help=f"decoupled weight-decay grid (default {listed(WEIGHT_DECAYS)}; each step shrinks the "
+                             "weights by wd x lr_t / peak lr, as ModernBERT's fine-tuning)")
     parser.add_argument("--epochs", type=_ints, default=None, metavar="N,N,...",
                         help=f"epochs grid for every task (default: {listed(LARGE_EPOCHS)} for MNLI, QNLI, QQP, "
                              f"SST-2; {listed(SMALL_EPOCHS)} for CoLA, MRPC, RTE, STS-B)")

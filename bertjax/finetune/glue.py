@@ -5,7 +5,11 @@ The protocol of the ModernBERT paper (its GLUE appendix, as we read it): every t
 learning rates {1e-5, 3e-5, 5e-5, 8e-5} x weight decays {1e-6, 5e-6, 1e-5} x epochs, {1, 2, 3} for the four large
 tasks (MNLI, QNLI, QQP, SST-2) and {2, 5, 10} for the small ones (CoLA, MRPC, RTE, STS-B), with early stopping on
 the task's metric (evaluated after every epoch); RTE, MRPC and STS-B start from the best MNLI model (as RoBERTa
-and ModernBERT do) when MNLI is part of the run. The table shows, per task, the dev scores GLUE reports (CoLA:
+and ModernBERT do) when MNLI is part of the run. Those weight decays are decoupled, as the DecoupledAdamW of
+MosaicML's Composer that ModernBERT's fine-tuning code uses applies them: each step shrinks the weights by
+wd x lr_t / peak lr. bertjax's AdamW shrinks them by lr_t x train.weight_decay (optax, transformers' Trainer), where
+1e-5 would be a no-op in float32, so a grid point runs with train.weight_decay = wd / learning rate (the same
+decay). The table shows, per task, the dev scores GLUE reports (CoLA:
 Matthews correlation; STS-B: Pearson and Spearman; MRPC, QQP: F1 and accuracy; MNLI: matched and mismatched
 accuracy; the others: accuracy) of the best grid point, chosen on the first of them, and the settings that
 reached it.
@@ -159,7 +163,8 @@ def grid_configs(task: GlueTask, learning_rates, weight_decays, epochs, override
             raise ValueError(f"{flag}: the grid needs at least one value")
     configs = {}
     for lr, wd, count in itertools.product(learning_rates, weight_decays, epochs or task.epochs):
-        settings = [f"train.learning_rate={lr}", f"train.weight_decay={wd}", f"train.epochs={count}",
+        decay = wd / lr if lr > 0 else wd  # (a learning rate of 0 is refused by the config's check, naming it)
+        settings = [f"train.learning_rate={lr}", f"train.weight_decay={decay!r}", f"train.epochs={count}",
                     f"train.early_stopping_patience={EARLY_STOPPING_PATIENCE}", "eval.every=0",
                     f"eval.main_metric={task.metric}"]
         if task.regression:
