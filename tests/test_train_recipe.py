@@ -99,3 +99,22 @@ def test_stopped_in_each_phase_resumes_to_the_same_run(runs):
     assert results[-1].eval_loss_end == reference.eval_loss_end  # exact: the same parameters at the end
     starts = {r["step"]: r["phase_start"] for r in read_metrics(results[-1].workdir) if "phase_start" in r}
     assert starts == {s: name for s, (name, _, _) in PHASE_STARTS.items()}
+
+
+def test_a_batch_warmup_grows_in_steps_every_microbatch_split_takes():
+    """With gradient accumulation the stairs grow by batch shards x accumulation_steps rows: they grew by the shards
+    alone, so every batch warmup with accumulation (modernbert-base.yaml on fewer chips) failed with an error naming
+    a batch size no one wrote (769)."""
+    from bertjax.train.feed import check_batch_fits
+    from bertjax.train.mesh import build_mesh
+    from bertjax.train.phases import plan_phases
+    from bertjax.train.run_config import MeshConfig, to_dict
+
+    config = run_config_from_dict({**RECIPE, "optimizer": {**RECIPE["optimizer"], "accumulation_steps": 2},
+                                   "tokenizer": {"path": str(small_tokenizer())}})
+    phases = plan_phases(config, batch_shards=1)
+    assert [segment.global_batch_size for segment in phases[0].segments] == [6, 8]
+    check_batch_fits(phases, build_mesh(MeshConfig(data=1)), accumulation_steps=2)
+    odd = run_config_from_dict({**to_dict(config), "optimizer": {**RECIPE["optimizer"], "accumulation_steps": 4}})
+    with pytest.raises(Exception, match=r"batch_warmup.start \(6\) .* times optimizer.accumulation_steps \(4\)"):
+        plan_phases(odd, batch_shards=1)

@@ -60,7 +60,8 @@ class Phase:
 def plan_phases(config: RunConfig, batch_shards: int = 1) -> list[Phase]:
     """The run's phases (one when train.phases is empty), covering steps [0, total_steps(phases)).
 
-    `batch_shards`: devices the batch is split over (data * fsdp); a batch warmup grows by that many rows a step.
+    `batch_shards`: devices the batch is split over (data * fsdp); a batch warmup grows by that many rows times
+    optimizer.accumulation_steps a stair, so that every stair splits into the microbatches of every shard.
     """
     if not config.train.phases:
         steps = config.train.steps
@@ -74,7 +75,7 @@ def plan_phases(config: RunConfig, batch_shards: int = 1) -> list[Phase]:
         if spec.fraction is not None:
             cumulative += spec.fraction
             end = config.train.steps if i == len(config.train.phases) - 1 else int(round(cumulative * config.train.steps))
-        segments = _segments(spec, data, start, end, batch_shards, where)
+        segments = _segments(spec, data, start, end, batch_shards * config.optimizer.accumulation_steps, where)
         schedule = None if spec.schedule is None else parse_dataclass(ScheduleConfig, spec.schedule, f"{where}.schedule")
         end = segments[-1].end if segments else start
         phases.append(Phase(i, start, end, data, name=spec.name, model=dict(spec.model),
@@ -91,7 +92,8 @@ def _segments(spec, data, start: int, end: int | None, shards: int, where: str) 
     if warmup is not None:
         if warmup.start % shards or final % shards or warmup.start >= final:
             raise ConfigError(f"{where}.batch_warmup.start ({warmup.start}) must be below the phase's "
-                              f"data.global_batch_size ({final}), both multiples of the batch shards ({shards})")
+                              f"data.global_batch_size ({final}), both multiples of the batch shards (data*fsdp) "
+                              f"times optimizer.accumulation_steps ({shards})")
         increments = (final - warmup.start) // shards
     segments: list[Segment] = []
     step, tokens = start, 0.0
