@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 
 import bertjax
 from bertjax.models.params import _trace_shapes, abstract_params
@@ -58,3 +59,37 @@ def test_abstract_params_under_a_mesh_carry_its_shardings():
     assert all(leaf.sharding is not None for leaf in jax.tree.leaves(meshed))
     assert all(getattr(leaf, "sharding", None) is None for leaf in jax.tree.leaves(abstract_params(model)))
     assert jax.tree.map(lambda x: (x.shape, x.dtype), meshed) == jax.tree.map(lambda x: (x.shape, x.dtype), plain)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb", "stable_adamw"])
+def test_a_skipped_update_keeps_the_state_but_the_schedule_moves_on(name):
+    """train.nonfinite=skip kept the optimizer's counts too, and the schedule reads them: every later update ran at
+    schedule(step - skipped) while the step, the logged learning rate and the phases moved on."""
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from bertjax.train.guards import keep_finite_update
+    from bertjax.train.optimizers import OPTIMIZERS
+    from bertjax.train.run_config import OptimizerConfig
+    from bertjax.train.state import TrainState
+
+    schedule = optax.linear_schedule(1e-2, 0.0, 10)
+    optimizer = OPTIMIZERS[name](OptimizerConfig(name=name, learning_rate=1e-2), schedule, lambda p: {"w": True})
+    params = {"w": jnp.ones(3)}
+    state = TrainState(step=jnp.int32(0), params=params, opt_state=optimizer.init(params))
+
+    def step(state, grad):
+        updates, opt_state = optimizer.update({"w": grad}, state.opt_state, state.params)
+        new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+        loss = jnp.sum(grad)
+        return keep_finite_update(state, new, {"loss": loss, "grad_norm": jnp.abs(loss)})[0]
+
+    state = step(state, jnp.full(3, 0.5))
+    skipped = step(state, jnp.full(3, jnp.nan))
+    np.testing.assert_array_equal(skipped.params["w"], state.params["w"])  # nothing moved ...
+    counts = [leaf for leaf in jax.tree.leaves(skipped.opt_state) if jnp.ndim(leaf) == 0]
+    assert int(skipped.step) == 2 and counts and all(int(count) == 2 for count in counts)  # ... but the counts
+    moments = [leaf for leaf in jax.tree.leaves(skipped.opt_state) if jnp.ndim(leaf) > 0]
+    before = [leaf for leaf in jax.tree.leaves(state.opt_state) if jnp.ndim(leaf) > 0]
+    assert all(np.array_equal(a, b) for a, b in zip(moments, before))

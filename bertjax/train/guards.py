@@ -6,8 +6,8 @@ checkpoint after it. The run config's `train.nonfinite` picks what happens:
 - `stop` (default): the loop stops with an error naming the step, before saving anything, so the checkpoints on
   disk are the finite ones from before the divergence;
 - `skip`: the jitted step computes the update and keeps the old parameters and optimizer state instead when the
-  loss or gradient norm is not finite (`keep_finite_update`); the step counter and the data still advance, and
-  the loop reports how many updates were skipped.
+  loss or gradient norm is not finite (`keep_finite_update`); the step counter, the optimizer counts that the
+  learning rate schedule reads, and the data still advance, and the loop reports how many updates were skipped.
 
 Detection reads only the "loss" and "grad_norm" entries of the train step's metrics, which every objective returns.
 """
@@ -40,14 +40,26 @@ def update_is_finite(metrics: dict) -> jax.Array:
 
 
 def keep_finite_update(old_state: Any, new_state: Any, metrics: dict) -> tuple[Any, dict]:
-    """`new_state` when the step's loss and gradient norm are finite, else `old_state` with the new step counter.
+    """`new_state` when the step's loss and gradient norm are finite, else `old_state` with the new step counter
+    and the new optimizer counts.
 
-    The update is computed either way (one program, no host round trip); `jnp.where` picks per leaf, so with the
-    old state donated XLA still updates the buffers in place. Adds metrics["skipped"] (1.0 for a skipped update).
+    The counts (the integer scalars of the optimizer state) advance with the step because the learning rate
+    schedule reads them: kept, every later update would run at schedule(step - skipped) while the step, the logged
+    learning_rate and the phases move on (transformers' Trainer also steps its scheduler past a skipped update).
+    Adam's bias correction then counts the skipped update too, which changes an update by about b1^t: nothing after
+    its first few dozen. The update is computed either way (one program, no host round trip); `jnp.where` picks per
+    leaf, so with the old state donated XLA still updates the buffers in place. Adds metrics["skipped"] (1.0 for a
+    skipped update).
     """
     finite = update_is_finite(metrics)
     kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, old_state)
-    return kept.replace(step=new_state.step), {**metrics, "skipped": jnp.where(finite, 0.0, 1.0).astype(jnp.float32)}
+    counts = jax.tree.map(lambda new, old: new if _is_count(new) else old, new_state.opt_state, kept.opt_state)
+    return kept.replace(step=new_state.step, opt_state=counts), \
+        {**metrics, "skipped": jnp.where(finite, 0.0, 1.0).astype(jnp.float32)}
+
+
+def _is_count(leaf: Any) -> bool:
+    return jnp.ndim(leaf) == 0 and jnp.issubdtype(jnp.result_type(leaf), jnp.integer)
 
 
 # ---------------------------------------------------------------------------------------------------------------
