@@ -186,3 +186,20 @@ def test_gradcache_memory_is_that_of_one_chunk():
     small, large, cached = (r["temp_mib"] for r in step_memory("bert-tiny", seq=32, batch=256, chunk=16))
     assert cached <= 1.5 * small, (small, cached)
     assert large >= 5 * cached, (large, cached)
+
+
+def test_a_zero_embedding_keeps_the_gradient_finite():
+    """unit_rows divided by max(norm, 1e-12): the norm's gradient at a zero row is NaN, so one zero embedding (a ReLU
+    Dense layer's, say) made every parameter's gradient NaN; sentence-transformers' stays finite. The loss is the
+    same either way."""
+    rng = np.random.default_rng(0)
+    anchors, positives = (jnp.asarray(rng.normal(size=(4, 8)), jnp.float32) for _ in range(2))
+    anchors = anchors.at[1].set(0.0)
+    loss, grads = jax.value_and_grad(multiple_negatives_ranking_loss, argnums=(0, 1))(anchors, positives)
+    assert np.isfinite(float(loss)) and all(np.isfinite(np.asarray(g)).all() for g in grads)
+    # Row 1 scores 0 against every positive: its term is log(4).
+    unit = positives / jnp.linalg.norm(positives, axis=1, keepdims=True)
+    others = np.array([0, 2, 3])
+    scores = 20.0 * (anchors[others] / jnp.linalg.norm(anchors[others], axis=1, keepdims=True)) @ unit.T
+    terms = jax.nn.logsumexp(scores, axis=1) - scores[jnp.arange(3), jnp.asarray(others)]
+    np.testing.assert_allclose(float(loss), float((jnp.sum(terms) + np.log(4)) / 4), rtol=1e-6)

@@ -1,5 +1,5 @@
-"""The embedder's validation metrics (recall@k, MRR@k): ranks known by construction, the k cutoff, ties, the
-query chunks, and sentence-transformers' InformationRetrievalEvaluator on the same vectors."""
+"""The embedder's validation metrics (recall@k, MRR@k): ranks known by construction, the k cutoff, ties (counted
+against the answer), the query chunks, and sentence-transformers' InformationRetrievalEvaluator on the same vectors."""
 
 import numpy as np
 import pytest
@@ -12,8 +12,8 @@ CORPUS = np.eye(6, dtype=np.float32)
 QUERIES = np.array([[5, 4, 3, 2, 1, 0],   # gold 0: rank 1
                     [5, 4, 3, 2, 1, 0],   # gold 2: rank 3 = k, found
                     [5, 4, 3, 2, 1, 0],   # gold 3: rank 4 = k + 1, missed
-                    [4, 4, 3, 2, 1, 0],   # gold 1: tied with row 0 at the top, rank 1 (ties count in its favour)
-                    [5, 4, 3, 3, 3, 0]],  # gold 4: tied with rows 2 and 3, rank 3, found
+                    [4, 4, 3, 2, 1, 0],   # gold 1: tied with row 0 at the top, rank 2 (a tie counts against it)
+                    [5, 4, 3, 3, 3, 0]],  # gold 4: tied with rows 2 and 3, rank 5, missed
                    np.float32)
 GOLD = np.array([0, 2, 3, 1, 4])
 
@@ -23,17 +23,29 @@ def test_recall_and_mrr_at_k_by_hand_and_over_query_chunks():
     The queries are scored in chunks (1024 at a time in `bertjax train-embedder`), and every chunk must use its
     own queries' answers: chunks of 1, 2 or 3 queries give the same metrics as one chunk."""
     metrics = retrieval_metrics(QUERIES, CORPUS, GOLD, k=3, similarity="dot")
-    assert metrics == pytest.approx({"recall@3": 4 / 5, "mrr@3": (1 + 1 / 3 + 0 + 1 + 1 / 3) / 5})
+    assert metrics == pytest.approx({"recall@3": 3 / 5, "mrr@3": (1 + 1 / 3 + 0 + 1 / 2 + 0) / 5})
     at_4 = retrieval_metrics(QUERIES, CORPUS, GOLD, k=4, similarity="dot")
-    assert at_4 == pytest.approx({"recall@4": 1.0, "mrr@4": (1 + 1 / 3 + 1 / 4 + 1 + 1 / 3) / 5})
+    assert at_4 == pytest.approx({"recall@4": 4 / 5, "mrr@4": (1 + 1 / 3 + 1 / 4 + 1 / 2 + 0) / 5})
     at_1 = retrieval_metrics(QUERIES, CORPUS, GOLD, k=1, similarity="dot")
-    assert at_1 == pytest.approx({"recall@1": 2 / 5, "mrr@1": 2 / 5})
+    assert at_1 == pytest.approx({"recall@1": 1 / 5, "mrr@1": 1 / 5})
     for chunk in (1, 2, 3):
         assert retrieval_metrics(QUERIES, CORPUS, GOLD, k=3, similarity="dot", chunk=chunk) == metrics, chunk
     # Cosine ranks the same (one corpus row per axis, any query norm).
     assert retrieval_metrics(QUERIES, CORPUS, GOLD, k=3, chunk=2) == pytest.approx(metrics)
     texts, gold = pair_corpus(["a", "b", "a", "c"], negatives=["d", "b"])
     assert texts == ["a", "b", "c", "d"] and gold.tolist() == [0, 1, 0, 2]
+
+
+def test_a_collapsed_or_nan_model_scores_as_badly_as_it_retrieves():
+    """Ties counted in the answer's favour gave a model mapping every text to one vector (or texts cut to the same
+    tokens) recall@1 = MRR@1 = 1.0, and NaN embeddings the same (every comparison with NaN is False)."""
+    gold = np.arange(20)
+    collapsed = np.ones((20, 4), np.float32)
+    assert retrieval_metrics(collapsed, collapsed, gold, k=1) == {"recall@1": 0.0, "mrr@1": 0.0}
+    at_20 = retrieval_metrics(collapsed, collapsed, gold, k=20)
+    assert at_20 == pytest.approx({"recall@20": 1.0, "mrr@20": 1 / 20})
+    nan = np.full((20, 4), np.nan, np.float32)
+    assert retrieval_metrics(nan, nan, gold, k=20) == {"recall@20": 0.0, "mrr@20": 0.0}
 
 
 def test_metrics_equal_sentence_transformers_information_retrieval_evaluator():

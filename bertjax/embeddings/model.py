@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.embeddings.config import DenseConfig, PoolingConfig
+from bertjax.embeddings.similarity import unit_rows
 from bertjax.models.common import ACTIVATIONS, dense
 from bertjax.models.model import _Backbone
 from bertjax.models.pooling import pool_sentences
@@ -58,9 +59,8 @@ def finish_embedding(x: jax.Array, pooling: PoolingConfig) -> jax.Array:
     """Matryoshka truncation then L2 normalisation (float32), as sentence-transformers' encode does them."""
     if pooling.truncate_dim is not None:
         x = x[..., :pooling.truncate_dim]
-    if pooling.normalize:
-        # torch.nn.functional.normalize: x / max(||x||, 1e-12); a zero vector (an empty slot) stays zero.
-        x = x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    if pooling.normalize:  # torch.nn.functional.normalize; a zero vector (an empty slot) stays zero
+        x = unit_rows(x)
     return x
 
 

@@ -22,8 +22,10 @@ def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, gold: np.ndarray,
                       similarity: str = "cosine", chunk: int = 1024) -> dict[str, float]:
     """{"recall@k", "mrr@k"} of queries [n, dim] against corpus [m, dim]; query i's answer is corpus row gold[i].
 
-    The rank of the answer is 1 + the number of corpus rows scored strictly higher (ties count in its favour, so a
-    corpus holding the same text twice does not penalise finding it)."""
+    The rank of the answer is 1 + the number of other corpus rows scored at least as high: a tie counts against
+    it, so a model that maps texts to one vector (collapsed, or texts cut to the same tokens) scores as badly as it
+    retrieves instead of perfectly (`pair_corpus` holds each text once, so a tie is two different texts). An answer
+    whose score is not finite is not found."""
     if len(queries) != len(gold):
         raise ValueError(f"{len(queries)} queries but {len(gold)} answers")
     if len(corpus) == 0 or len(queries) == 0:
@@ -33,7 +35,9 @@ def retrieval_metrics(queries: np.ndarray, corpus: np.ndarray, gold: np.ndarray,
     for start in range(0, len(queries), chunk):
         scores = np.asarray(score(queries[start:start + chunk], corpus))
         answer = scores[np.arange(len(scores)), gold[start:start + chunk]]
-        ranks.append(1 + np.sum(scores > answer[:, None], axis=1))
+        # NaN scores compare False: a NaN answer would rank first, so it gets no rank at all.
+        rank = np.sum(scores >= answer[:, None], axis=1).astype(np.float64)
+        ranks.append(np.where(np.isfinite(answer), np.maximum(rank, 1), np.inf))
     rank = np.concatenate(ranks)
     found = rank <= k
     return {f"recall@{k}": float(np.mean(found)), f"mrr@{k}": float(np.mean(np.where(found, 1.0 / rank, 0.0)))}

@@ -15,9 +15,11 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def unit_rows(x: jax.Array) -> jax.Array:
-    """Rows scaled to unit L2 norm (a zero row stays zero), as torch.nn.functional.normalize."""
+    """Rows scaled to unit L2 norm (a zero row stays zero), as torch.nn.functional.normalize: x / max(||x||, 1e-12),
+    written with the squared norm, whose gradient at a zero row is finite (the norm's is NaN there, and one zero
+    embedding in a batch made every parameter's gradient NaN)."""
     x = jnp.asarray(x, jnp.float32)
-    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+    return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-24))
 
 
 def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
