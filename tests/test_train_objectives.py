@@ -385,13 +385,19 @@ ELECTRA = get_config("electra-tiny-discriminator", vocab_size=50)
 
 
 def test_generator_is_a_fraction_of_the_discriminator_sharing_its_embedding_size():
+    """By default the sizes of the ELECTRA paper's Table 6 (1/4 small, 1/3 base, 1/4 large): the default had small
+    and base swapped. The feed-forward width follows the rounded head ratio (small's FFN was 341 for 1 of 4 heads)."""
     small = get_config("electra-small-discriminator")
-    assert generator_config(small, None).hidden_size == 64  # 1/3 of 4 heads rounds to 1 head of 64
+    g = generator_config(small, None)  # 1/4: 1 head of 64
+    assert (g.hidden_size, g.num_heads, g.intermediate_size) == (64, 1, 256)
     base = get_config("electra-base-discriminator")
-    g = generator_config(base, None)  # 1/4
-    assert (g.hidden_size, g.num_heads, g.intermediate_size, g.embed_dim) == (192, 3, 768, 768)
-    g = generator_config(base, 1 / 3)
-    assert (g.hidden_size, g.num_heads, g.intermediate_size, g.num_layers) == (256, 4, 1024, 12)
+    for size in (None, 1 / 3):
+        g = generator_config(base, size)
+        assert (g.hidden_size, g.num_heads, g.intermediate_size, g.num_layers, g.embed_dim) == (256, 4, 1024, 12, 768)
+    g = generator_config(get_config("electra-large-discriminator"), None)
+    assert (g.hidden_size, g.num_heads, g.intermediate_size) == (256, 4, 1024)
+    g = generator_config(base, 1 / 4)
+    assert (g.hidden_size, g.num_heads, g.intermediate_size) == (192, 3, 768)
 
 
 def test_sampled_replacements_follow_the_generator_distribution():

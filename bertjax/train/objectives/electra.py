@@ -71,15 +71,16 @@ class ElectraOptions(ObjectiveOptions):
 
 
 def generator_config(discriminator: EncoderConfig, size: float | None, depth: float = 1.0) -> EncoderConfig:
-    """The generator of `discriminator`: `size` of its heads (each of the same head size) and feed-forward width,
-    `depth` of its layers, the same embedding size and vocabulary."""
+    """The generator of `discriminator`: `size` of its heads (each of the same head size) and, by the same rounded
+    ratio, of its feed-forward width; `depth` of its layers; the same embedding size and vocabulary. `size` None:
+    Table 6 of the ELECTRA paper, 1/4 for small (hidden 256) and large discriminators, 1/3 for base (768)."""
     if size is None:
-        size = 1 / 3 if discriminator.hidden_size <= 256 else 1 / 4
+        size = 1 / 3 if 256 < discriminator.hidden_size <= 768 else 1 / 4
     heads = max(1, round(discriminator.num_heads * size))
     head_dim = discriminator.head_dim
     return discriminator.replace(
         hidden_size=heads * head_dim, num_heads=heads, num_kv_heads=None,
-        intermediate_size=max(1, round(discriminator.intermediate_size * size)),
+        intermediate_size=max(1, round(discriminator.intermediate_size * heads / discriminator.num_heads)),
         embedding_size=discriminator.embed_dim, pooler=False, tie_word_embeddings=True,
         num_layers=max(1, round(discriminator.num_layers * depth)))
 
