@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from bertjax.config import get_config
+from bertjax.data.special_template import bert_template
 from bertjax.embeddings import Embedder, EncoderForEmbedding, PoolingConfig, load_sentence_encoder
 from bertjax.embeddings.embed import embedding_row_fn
 from bertjax.embeddings.search import top_k_search
@@ -33,8 +34,9 @@ FAMILIES = ("bert-tiny", "roberta-tiny", "albert-tiny", "distilbert-tiny", "elec
 
 
 class IdTokenizer:
-    """Special ids only: these tests hand the layer token ids directly."""
+    """Special ids and their layout only: these tests hand the layer token ids directly."""
     pad_id, cls_id, sep_id = 0, 1, 2
+    special_template = bert_template(cls_id, sep_id)
 
 
 def random_params(model, seed: int = 0):
@@ -470,7 +472,8 @@ def test_data_parallel_over_four_devices_equals_one(tmp_path):
                                     pooling=PoolingConfig(modes=("mean", "cls")))
         rng = np.random.default_rng(0)
         params = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, 0.2, s.shape), s.dtype), abstract_params(model))
-        class Tok: pad_id, cls_id, sep_id = 0, 1, 2
+        from bertjax.data.special_template import bert_template
+        class Tok: pad_id, cls_id, sep_id, special_template = 0, 1, 2, bert_template(1, 2)
         texts = [rng.integers(5, 128, n).astype(np.int32) for n in rng.integers(0, 40, 30)]
         outs = []
         for devices in (jax.devices(), jax.devices()[:1]):
