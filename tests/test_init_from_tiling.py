@@ -49,6 +49,28 @@ def test_layer_map_is_proportional_in_depth():
     assert layer_map(4, 4) == [0, 1, 2, 3]
 
 
+def test_a_longer_position_table_keeps_its_rows_in_place_and_shallower_targets_are_refused():
+    """Centre-tiled like the other weights, a position table grown from 64 to 128 rows started target position 0 as
+    source position 32 (BERT's logits 0.073 off where copying the rows gives none); and a target with fewer layers
+    silently dropped some."""
+    from bertjax.models import EncoderForMaskedLM, abstract_params
+    from bertjax.train.init_from import grow_params
+
+    rng = np.random.default_rng(0)
+    small = EncoderForMaskedLM(get_config("bert-tiny", max_position_embeddings=64))
+    source = jax.tree.map(lambda spec: rng.normal(0, 0.2, spec.shape).astype(np.float32), abstract_params(small))
+    longer = EncoderForMaskedLM(get_config("bert-tiny", max_position_embeddings=128))
+    grown, _ = grow_params(source, abstract_params(longer))
+    table = grown["embeddings"]["position_embeddings"]["embedding"]
+    np.testing.assert_array_equal(table[:64], source["embeddings"]["position_embeddings"]["embedding"])
+    ids = jnp.arange(5, 45)[None]
+    np.testing.assert_array_equal(longer.apply({"params": grown}, ids).logits, small.apply({"params": source},
+                                                                                           ids).logits)
+    shallow = EncoderForMaskedLM(get_config("bert-tiny", max_position_embeddings=64, num_layers=1))
+    with pytest.raises(ValueError, match="the target needs at least as many"):
+        grow_params(source, abstract_params(shallow))
+
+
 @pytest.fixture(scope="module")
 def grown(tmp_path_factory):
     from bertjax.cli import main

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
                          f"source is of the {source_config.family} family")
     head = head_of(source_model)
     target = MODEL_CLASSES[head](target_config)
-    params, mapping = grow_params(jax.device_get(source_params), abstract_params(target))
+    params, mapping = grow_params(jax.device_get(source_params), abstract_params(target),
+                                  position_offset=target_config.position_offset)
     out = Path(args.out)
     save_model_dir(out, target, params, tokenizer)
     (out / INIT_FROM_FILE).write_text(json.dumps({

@@ -13,7 +13,8 @@ Growing a model (`bertjax init-from`, ModernBERT-large from a trained ModernBERT
 `grow_params` builds every parameter of a wider and deeper model from a smaller one of the same family:
 - centre tiling (`centre_tile`): along every axis where the new tensor is larger, index i of the new axis holds
   index (i - offset) mod n of the source axis, offset = (new - n) // 2: the source sits whole in the middle and
-  wrapped copies of its edges fill both sides (numpy's `np.pad(source, ..., mode="wrap")`);
+  wrapped copies of its edges fill both sides (numpy's `np.pad(source, ..., mode="wrap")`); the rows of a longer
+  learned position table stay in place instead (as above), so position i starts as the source's position i;
 - a Gopher-style layer map (`layer_map`): layer i of the L-layer model starts from layer floor(i * l / L) of the
   l-layer source, so depth is mapped proportionally (the first from the first, the last from the last, source
   layers repeated evenly). A norm the source layer lacks (ModernBERT's first layer has no attention norm) starts
@@ -94,8 +95,9 @@ def centre_tile(source: np.ndarray, shape: tuple[int, ...], name: str = "paramet
 
 def layer_map(source_layers: int, target_layers: int) -> list[int]:
     """The source layer each target layer starts from: floor(i * source / target) (depth mapped proportionally)."""
-    if source_layers < 1 or target_layers < 1:
-        raise ValueError(f"init-from: cannot map {source_layers} source layers onto {target_layers}")
+    if source_layers < 1 or target_layers < source_layers:
+        raise ValueError(f"init-from: cannot map {source_layers} source layers onto {target_layers}: growing keeps "
+                         "every source layer, so the target needs at least as many")
     return [i * source_layers // target_layers for i in range(target_layers)]
 
 
@@ -105,9 +107,11 @@ def count_layers(flat: dict) -> int:
     return len(found)
 
 
-def grow_params(source: dict, target: dict) -> tuple[dict, list[int]]:
+def grow_params(source: dict, target: dict, position_offset: int = 0) -> tuple[dict, list[int]]:
     """Numpy parameters of the target's structure (`target`: arrays or ShapeDtypeStructs) grown from `source` by
-    the layer map and centre tiling; returns them and the layer map."""
+    the layer map and centre tiling; returns them and the layer map. A longer learned position table keeps its rows
+    in place (`tile_positions` past `position_offset`, as `adapt_params`): centre-tiled, target position 0 would
+    start as a middle position of the source; only its width is centre-tiled."""
     flat_source = {path: np.asarray(value) for path, value in traverse_util.flatten_dict(source).items()}
     flat_target = traverse_util.flatten_dict(target)
     mapping = (layer_map(count_layers(flat_source), count_layers(flat_target))
@@ -123,5 +127,7 @@ def grow_params(source: dict, target: dict) -> tuple[dict, list[int]]:
         if value is None:
             raise ValueError(f"init-from: the source model has no parameter {'/'.join(source_path)} "
                              f"(for the target's {name} {shape})")
+        if path[-2:] == ("position_embeddings", "embedding") and value.ndim == 2 and value.shape[0] < shape[0]:
+            value = tile_positions(value, shape[0], position_offset)
         out[path] = centre_tile(value, shape, name).astype(spec.dtype)
     return traverse_util.unflatten_dict(out), mapping
