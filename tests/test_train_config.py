@@ -458,3 +458,15 @@ def test_compile_check_resolves_deberta_attention_for_the_target_platform(tmp_pa
                                              attention_platform=platform).disentangled.implementation
                 for platform in ("gpu", "tpu", None)}
     assert resolved == {"gpu": "pallas_gpu", "tpu": "dense", None: "auto"}
+
+
+def test_pretraining_refuses_bfloat16_master_weights(tmp_path):
+    """model.overrides.param_dtype=bfloat16 was accepted: updates below bfloat16's spacing rounded away (8 of 10 norm
+    scales still exactly 1 after 20 steps), where fine-tuning and train-embedder force float32."""
+    from bertjax.train.setup import build_model_config
+
+    config = run_config_from_dict(_with("model", overrides={"param_dtype": "bfloat16"}))
+    with pytest.raises(ConfigError, match="model.overrides.param_dtype='bfloat16': pretraining keeps float32"):
+        build_model_config(config, vocab_size=128, pad_id=0, max_seq_len=32)
+    bf16 = run_config_from_dict(_with("model", overrides={"dtype": "bfloat16"}))
+    assert build_model_config(bf16, vocab_size=128, pad_id=0, max_seq_len=32).dtype == "bfloat16"

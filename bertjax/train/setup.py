@@ -76,6 +76,10 @@ def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_s
         raise ConfigError(f"model.overrides.vocab_size ({overrides['vocab_size']}) is smaller than the tokenizer's "
                           f"vocabulary ({vocab_size})")
     model_config = get_config(config.model.preset, **overrides)
+    if model_config.param_dtype != "float32":  # as fine-tuning and train-embedder keep them
+        raise ConfigError(f"model.overrides.param_dtype={model_config.param_dtype!r}: pretraining keeps float32 "
+                          "master weights (in bfloat16 most updates round away: a norm scale stays exactly 1 at lr "
+                          "5e-4); model.overrides.dtype=bfloat16 computes in bfloat16")
     if attention_platform is not None and model_config.attention_implementation == "auto":
         # The platform's best implementation that serves this model's attention (ALiBi needs one that adds it).
         from bertjax.ops.attention import required_features, resolve_implementation
