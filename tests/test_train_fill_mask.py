@@ -40,6 +40,19 @@ def test_fill_mask_on_a_hugging_face_directory(hf_dir, capsys):
     assert lines[0].startswith("The [") and lines[1].startswith("  mask 1: ") and lines[1].count(",") >= 2
 
 
+def test_outputs_that_are_not_finite_are_an_error_not_no_candidate(hf_dir):
+    """A float16 directory whose activations overflow gave NaN logits everywhere, which fill-mask reported as "no
+    candidate among the top ones decodes to text", exit 0."""
+    from bertjax.inference.fill_mask import make_predictor
+
+    directory, tokenizer = hf_dir
+    model, params = bertjax.from_pretrained(str(directory))
+    blown = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * np.inf if "final_norm" in jax.tree_util.keystr(path) else x, params)
+    with pytest.raises(ValueError, match="outputs are not finite .* computes in float32"):
+        make_predictor(model, blown, tokenizer)("The [MASK] statement ends a loop.")
+
+
 def test_fill_mask_on_converted_model_directory(hf_dir, tmp_path, capsys):
     directory, tokenizer = hf_dir
     converted = tmp_path / "converted"

@@ -151,6 +151,10 @@ def make_predictor(model, params, tokenizer, *,
         if not placed:
             placed.append(inference.runner.place_params(params))
         outputs = inference.run_sequences(placed[0], [ids for ids, _ in encoded])
+        for text, (_, masks), top_probs in zip(texts, encoded, outputs.tokens["top_probs"]):
+            if not np.isfinite(top_probs[list(masks)]).all():  # else read as "no candidate decodes to text"
+                raise ValueError(f"the model's outputs are not finite (NaN or infinity) for {text[:60]!r}; it computes "
+                                 f"in {config.dtype}: a float16 model can overflow where float32 does not")
         results = []
         for (_, masks), top_ids, top_probs in zip(encoded, outputs.tokens["top_ids"], outputs.tokens["top_probs"]):
             per_mask = []
