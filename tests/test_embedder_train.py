@@ -164,6 +164,16 @@ def test_pairs_file_errors(tmp_path):
     csv.write_text('query,doc\n"a, b",c\n')
     pairs = read_pairs(csv, EmbedderDataConfig(anchor_column="query", positive_column="doc"))
     assert (pairs.anchors, pairs.positives, pairs.negatives) == (["a, b"], ["c"], None)
+    # sentence-transformers' n-tuples (mine_hard_negatives): trained as plain pairs, their negatives were dropped.
+    tuples = write_jsonl(tmp_path / "tuples.jsonl", [{"anchor": "a", "positive": "b", "negative_1": "c",
+                                                      "negative_2": "d"}])
+    with pytest.raises(ValueError, match=r"columns \['negative_1', 'negative_2'\] look like hard negatives.*"
+                                         r"data.negative_column=negative_1"):
+        read_pairs(tuples, data)
+    with pytest.raises(ValueError, match=r"columns \['negative_2'\] look like hard negatives"):
+        read_pairs(tuples, EmbedderDataConfig(negative_column="negative_1"))  # one of two: still one dropped
+    single = write_jsonl(tmp_path / "single.jsonl", [{"anchor": "a", "positive": "b", "negative_1": "c"}])
+    assert read_pairs(single, EmbedderDataConfig(negative_column="negative_1")).negatives == ["c"]
 
 
 def test_config_errors(tmp_path, files):

@@ -12,6 +12,7 @@ only some rows fill.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -59,6 +60,14 @@ def read_pairs(path: str | Path, data) -> Pairs:
                          f"{sum(with_negative)} other rows have; give every row a hard negative, or none")
     if all(with_negative):
         columns["data.negative_column"] = data.negative_column
+    # sentence-transformers' n-tuple files (mine_hard_negatives) hold negative_1 ... negative_n: read as plain pairs,
+    # their hard negatives would be dropped without a word.
+    unread = sorted(key for key in (rows[0] if rows else {}) if isinstance(key, str)
+                    and re.fullmatch(r"negative_?\d+", key) and key != data.negative_column)
+    if unread:
+        raise ValueError(f"{path}: columns {unread} look like hard negatives, which this run would not read: it takes "
+                         f"one per row, data.negative_column ({data.negative_column!r}); name one of them there "
+                         "(e.g. data.negative_column=" + unread[0] + "), or drop them from the file")
     texts = {key: [_text(row[name], path, i, name, key) for i, row in enumerate(rows)]
              for key, name in columns.items()}
     return Pairs(texts["data.anchor_column"], texts["data.positive_column"], texts.get("data.negative_column"),
