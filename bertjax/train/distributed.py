@@ -100,9 +100,10 @@ def catch_setup_interrupts() -> Callable[[], None]:
         return lambda: None
     previous = {signum: signal.signal(signum, _interrupt_setup) for signum in (signal.SIGINT, signal.SIGTERM)}
 
-    def restore() -> None:
+    def restore() -> None:  # and forget any note: a later run in this process (a notebook's) starts clean
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        _SETUP_INTERRUPTS.clear()
     return restore
 
 
