@@ -554,8 +554,9 @@ class EncoderConfig:
 
     def resolved_dict(self) -> dict:
         """`to_dict` with every "None: as another field" written out (num_kv_heads, embedding_size,
-        attention_head_dim, mlp_up_bias, num_layer_groups, the task's classifier_pooling): two configs describe one model exactly when these are
-        equal, whichever way each was spelled (a workdir of an older bertjax lacks fields added since)."""
+        attention_head_dim, mlp_up_bias, num_layer_groups, the task's classifier_pooling): two configs describe one
+        model exactly when these are equal, whichever way each was spelled (a workdir of an older bertjax lacks fields
+        added since)."""
         resolved = {**self.to_dict(), "num_kv_heads": self.kv_heads, "embedding_size": self.embed_dim,
                     "attention_head_dim": self.head_dim, "mlp_up_bias": self.up_bias,
                     "num_layer_groups": self.layer_groups}
@@ -703,7 +704,7 @@ register_preset("eurobert-tiny", _EUROBERT.replace(vocab_size=128, hidden_size=3
 # transform. Token types 0, 1, 2 (<cls>) and 3 (padding) only matter as "same or not". max_position_embeddings
 # bounds the input length at the pretraining length (relative encodings themselves have no table). Task heads pool
 # the last token (XLNet's <cls>; XLNetTokenizer pads on the left), so the presets carry that pooling for fine-tuning.
-XLNET_TASK = TaskConfig(classifier_pooling="last")
+XLNET_TASK = TaskConfig(classifier_pooling=FAMILY_POOLING["xlnet"])
 _XLNET = EncoderConfig(
     family="xlnet", vocab_size=32000, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
     max_position_embeddings=512, type_vocab_size=4, position_embedding="none", norm_eps=1e-12,

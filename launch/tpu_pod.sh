@@ -18,7 +18,7 @@
 # CPython PYTHON_VERSION (default 3.11) that uv downloads (TPU VMs reach the internet), and the virtual environment
 # ~/bertjax-venv holding JAX for TPU (`jax[tpu]` of JAX_VERSION, libtpu included) and bertjax; the run starts from
 # that venv. This works whatever python3 an image ships and leaves the system Python alone, where a version check
-# could only refuse. A rerun, and a slice recreated after a preemption, installs the same JAX.
+# could only refuse. A rerun from this machine, and a slice recreated after a preemption, installs the same JAX.
 #
 # The workers find each other from the TPU VM metadata (`bertjax pretrain` calls jax.distributed.initialize()
 # when it runs on a TPU VM), so the command is identical everywhere. Checkpoints go to CHECKPOINT_DIR, which every

@@ -600,7 +600,8 @@ def test_words_of_byte_level_bpe_start_with_word_initial_pieces(tmp_path):
     words = ["the", "", " ", "dog"]
     row, word_of_token = encoding.encode_words(bpe, words, 16, True, "sentence")
     expected = [int(t) for piece in bpe.encode_batch([" the", " ", " dog"]) for t in piece]
-    assert row["input_ids"][1:1 + len(expected)].tolist() == expected and int(row["segment_ids"].sum()) == 2 + len(expected)
+    assert row["input_ids"][1:1 + len(expected)].tolist() == expected
+    assert int(row["segment_ids"].sum()) == 2 + len(expected)
     assert word_of_token[word_of_token >= 0].tolist() == [0, 2, 3]
 
 

@@ -423,5 +423,5 @@ def test_text_rows_take_the_tokenizers_layout_and_refuse_xlnets():
     assert SequenceFormat.for_tokenizer(suffix_only, 16).prefix == ()
     xlnet = SimpleNamespace(special_template=SpecialTemplate(
         single=(Item(TEXT, 0, 0), Item(4, 0), Item(3, 2)), pair=None), cls_id=3, sep_id=4)
-    with pytest.raises(ValueError, match=r"`text id 4 id 3` with token types \[0, 0, 2\]"):
+    with pytest.raises(ValueError, match=r"`text id 4 id 3` \(token types \[0, 0, 2\]\)"):
         SequenceFormat.for_tokenizer(xlnet, 16)

@@ -40,6 +40,12 @@ class SpecialTemplate:
             raise ValueError(self.pair_error)
         return self.pair
 
+    def describe(self, pair: bool = False) -> str:
+        """The layout for messages: `id 1 text id 2` (token types [0, 0, 0])."""
+        items = self.layout(pair)
+        layout = " ".join("text" if item.token == TEXT else f"id {item.token}" for item in items)
+        return f"`{layout}` (token types {[item.type_id for item in items]})"
+
     def specials(self, pair: bool) -> int:
         """How many special tokens the layout adds (what truncation must leave room for)."""
         return sum(item.token != TEXT for item in self.layout(pair))

@@ -386,7 +386,7 @@ def class_options_over_json(tokenizer_json: str, config: dict) -> list[str]:
     if name not in CLASS_OPTIONS:  # the JSON (megabytes for a large vocabulary) is parsed only when it matters
         return []
     described, found = json.loads(tokenizer_json), []
-    for key, where, kind, field, default in CLASS_OPTIONS.get(name, ()):
+    for key, where, kind, field, default in CLASS_OPTIONS[name]:
         wanted = config.get(key, default)
         for component in _components(described.get(where), kind):
             if field in component and component[field] != wanted:

@@ -47,11 +47,10 @@ def check_single_text_layout(tokenizer, where: str) -> None:
     items = tokenizer.special_template.single
     expected = (tokenizer.cls_id, TEXT, tokenizer.sep_id)
     if tuple(item.token for item in items) != expected or any(item.type_id for item in items):
-        layout = " ".join("text" if item.token == TEXT else f"id {item.token}" for item in items)
-        raise ValueError(f"{where}: the tokenizer lays a text out as `{layout}` (token types "
-                         f"{[item.type_id for item in items]}); sentence embeddings are computed on [CLS] text "
-                         f"[SEP] (ids {tokenizer.cls_id} and {tokenizer.sep_id}) of token type 0, which this "
-                         "model's tokenizer does not build (XLNet's text <sep> <cls>): not supported")
+        raise ValueError(f"{where}: the tokenizer lays a text out as {tokenizer.special_template.describe()}; "
+                         f"sentence embeddings are computed on [CLS] text [SEP] (ids {tokenizer.cls_id} and "
+                         f"{tokenizer.sep_id}) of token type 0, which this model's tokenizer does not build "
+                         "(XLNet's text <sep> <cls>): not supported")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

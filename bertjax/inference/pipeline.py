@@ -53,10 +53,9 @@ class SequenceFormat:
         items = tokenizer.special_template.single
         tokens = [item.token for item in items]
         if tokens.count(TEXT) != 1 or any(item.type_id for item in items):
-            layout = " ".join("text" if token == TEXT else f"id {token}" for token in tokens)
-            raise ValueError(f"the tokenizer lays a text out as `{layout}` with token types "
-                             f"{[item.type_id for item in items]}; inference on texts builds rows of token type 0 "
-                             "only (XLNet's layout is not served here: run its model on ids you build)")
+            raise ValueError(f"the tokenizer lays a text out as {tokenizer.special_template.describe()}; inference on "
+                             "texts builds rows of token type 0 only (XLNet's layout is not served here: run its "
+                             "model on ids you build)")
         at = tokens.index(TEXT)
         return cls(prefix=tuple(int(t) for t in tokens[:at]), suffix=tuple(int(t) for t in tokens[at + 1:]),
                    max_length=max_length)
