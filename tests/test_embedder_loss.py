@@ -66,12 +66,15 @@ def test_loss_equals_sentence_transformers(embeddings):
     torch = pytest.importorskip("torch")
     losses = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
     a, p, n = embeddings
-    t = lambda x: torch.from_numpy(x)  # noqa: E731
+    t = lambda x: torch.from_numpy(np.ascontiguousarray(x))  # noqa: E731
     mnrl = losses.MultipleNegativesRankingLoss(None, scale=20.0)
     symmetric = losses.MultipleNegativesRankingLoss(None, scale=20.0, directions=("query_to_doc", "doc_to_query"),
                                                     partition_mode="per_direction")
     checks = [(mnrl.compute_loss_from_embeddings([t(a), t(p)], None), multiple_negatives_ranking_loss(a, p)),
               (mnrl.compute_loss_from_embeddings([t(a), t(p), t(n)], None), multiple_negatives_ranking_loss(a, p, n)),
+              # an n-tuple (anchor, positive, negative_1, negative_2), as train-embedder reads one
+              (mnrl.compute_loss_from_embeddings([t(a), t(p), t(n), t(n[::-1])], None),
+               multiple_negatives_ranking_loss(a, p, np.stack([n, n[::-1]], axis=1))),
               (symmetric.compute_loss_from_embeddings([t(a), t(p)], None),
                multiple_negatives_ranking_loss(a, p, symmetric=True))]
     for reference, got in checks:

@@ -19,16 +19,18 @@ CUES = ["good", "great", "fine", "nice", "happy", "warm", "bright", "kind", "bad
         "rude", "grim", "dull", "paris", "france"]
 
 
-def cue_pairs(count: int, seed: int, negatives: bool = False) -> list[dict]:
-    """The anchor and its positive share two cue words among neutral ones; the hard negative has other cues."""
+def cue_pairs(count: int, seed: int, negatives: int = 0) -> list[dict]:
+    """The anchor and its positive share two cue words among neutral ones; each hard negative has other cues (one:
+    column "negative"; more: sentence-transformers' n-tuple columns negative_1 ... negative_n)."""
     rng = np.random.default_rng(seed)
     rows = []
     for _ in range(count):
         cues = list(rng.choice(CUES, size=2, replace=False))
         sentence = lambda words: " ".join(rng.permutation(words + list(rng.choice(NEUTRAL, 3))))  # noqa: E731
         row = {"anchor": sentence(cues), "positive": sentence(cues)}
-        if negatives:
-            row["negative"] = sentence(list(rng.choice([c for c in CUES if c not in cues], size=2, replace=False)))
+        for n in range(negatives):
+            other = sentence(list(rng.choice([c for c in CUES if c not in cues], size=2, replace=False)))
+            row["negative" if negatives == 1 else f"negative_{n + 1}"] = other
         rows.append(row)
     return rows
 
@@ -44,8 +46,8 @@ RAW = {"train": {"batch_size": 8, "mini_batch_size": 4, "learning_rate": 2e-3, "
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("embedder")
     model = tiny_model_dir(root / "model")
-    train = write_jsonl(root / "train.jsonl", cue_pairs(48, 0, negatives=True))
-    validation = write_jsonl(root / "validation.jsonl", cue_pairs(24, 1, negatives=True))
+    train = write_jsonl(root / "train.jsonl", cue_pairs(48, 0, negatives=2))  # an n-tuple file
+    validation = write_jsonl(root / "validation.jsonl", cue_pairs(24, 1, negatives=1))
     return root, model, train, validation
 
 
@@ -80,6 +82,7 @@ def test_train_resume_and_model_dir(files, capsys, caplog):
     assert code == 0
     out = capsys.readouterr().out
     assert "steps 6 -> 12 of 12" in out and "recall@3 on the validation pairs:" in out, out
+    assert "48 pairs with 2 hard negatives each" in out, out  # the n-tuple file's negative_1 and negative_2
     assert "written by an older bertjax, before loss.similarity, train.nonfinite: each takes its default" in caplog.text
     assert f"sentence-transformers model in {workdir / 'model'}" in out
 
@@ -164,16 +167,30 @@ def test_pairs_file_errors(tmp_path):
     csv.write_text('query,doc\n"a, b",c\n')
     pairs = read_pairs(csv, EmbedderDataConfig(anchor_column="query", positive_column="doc"))
     assert (pairs.anchors, pairs.positives, pairs.negatives) == (["a, b"], ["c"], None)
-    # sentence-transformers' n-tuples (mine_hard_negatives): trained as plain pairs, their negatives were dropped.
-    tuples = write_jsonl(tmp_path / "tuples.jsonl", [{"anchor": "a", "positive": "b", "negative_1": "c",
-                                                      "negative_2": "d"}])
-    with pytest.raises(ValueError, match=r"columns \['negative_1', 'negative_2'\] look like hard negatives.*"
-                                         r"data.negative_column=negative_1"):
-        read_pairs(tuples, data)
-    with pytest.raises(ValueError, match=r"columns \['negative_2'\] look like hard negatives"):
-        read_pairs(tuples, EmbedderDataConfig(negative_column="negative_1"))  # one of two: still one dropped
-    single = write_jsonl(tmp_path / "single.jsonl", [{"anchor": "a", "positive": "b", "negative_1": "c"}])
-    assert read_pairs(single, EmbedderDataConfig(negative_column="negative_1")).negatives == ["c"]
+    # sentence-transformers' n-tuples (mine_hard_negatives): every numbered negative is read, in numeric order.
+    tuples = write_jsonl(tmp_path / "tuples.jsonl", [{"anchor": "a", "positive": "b", "negative_2": "d",
+                                                      "negative_10": "e", "negative_1": "c"}])
+    pairs = read_pairs(tuples, data)
+    assert pairs.negatives == (["c"], ["d"], ["e"]) and pairs.columns == [["a"], ["b"], ["c"], ["d"], ["e"]]
+    listed = EmbedderDataConfig(negative_column=("negative_10", "negative_1", "negative_2"))
+    assert read_pairs(tuples, listed).negatives == (["e"], ["c"], ["d"])
+    with pytest.raises(ValueError, match=r"columns \['negative_2', 'negative_10'\] look like hard negatives.*"
+                                         r"data.negative_column=\[negative_1, negative_2, negative_10\]"):
+        read_pairs(tuples, EmbedderDataConfig(negative_column="negative_1"))  # one of three: two dropped
+    with pytest.raises(ValueError, match=r"no column 'neg' \(data.negative_column\[1\]\)"):
+        read_pairs(tuples, EmbedderDataConfig(negative_column=("negative_1", "neg", "negative_2", "negative_10")))
+    ragged = write_jsonl(tmp_path / "ragged.jsonl", [{"anchor": "a", "positive": "b"},
+                                                     {"anchor": "c", "positive": "d", "negative_1": "e"}])
+    with pytest.raises(ValueError, match=r"row 1: no column 'negative_1' \(data.negative_column\), which 1 other"):
+        read_pairs(ragged, data)
+    both = write_jsonl(tmp_path / "both.jsonl", [{"anchor": "a", "positive": "b", "negative": "c", "negative_1": "d"}])
+    with pytest.raises(ValueError, match=r"columns \['negative_1'\] look like hard negatives"):
+        read_pairs(both, data)
+    with pytest.raises(ConfigError, match="data.negative_column must name at least one column"):
+        load_embedder_config(None, ["data.negative_column=[]"])
+    with pytest.raises(ConfigError, match="must differ"):
+        load_embedder_config(None, ["data.negative_column=[negative_1, anchor]"])
+    assert load_embedder_config(None, ["data.negative_column=[n1, n2]"]).data.negative_column == ("n1", "n2")
 
 
 def test_config_errors(tmp_path, files):

@@ -1,6 +1,6 @@
 """`bertjax train-embedder --model MODEL --train PAIRS --workdir DIR [--validation PAIRS] [--config YAML] [key=value]`.
 
-Contrastive fine-tuning of an embedding model on (anchor, positive[, negative]) pairs with in-batch negatives
+Contrastive fine-tuning of an embedding model on (anchor, positive[, negatives]) rows with in-batch negatives
 (MultipleNegativesRankingLoss; `loss.symmetric=true` for both directions), negatives gathered across every device
 of the mesh, and cached large batches with `train.mini_batch_size` (GradCache). MODEL is a sentence-transformers
 directory, a transformers checkpoint (mean pooling) or any bertjax model directory / pretraining workdir, with its
@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a sentence-transformers, transformers or bertjax model directory, or a pretraining "
                              "workdir")
     parser.add_argument("--train", required=True, metavar="FILE",
-                        help="pairs (.jsonl, .csv, .tsv, .parquet) with columns anchor, positive and optional negative")
+                        help="pairs (.jsonl, .csv, .tsv, .parquet) with columns anchor, positive and optional negative "
+                             "(or negative_1 ... negative_n)")
     parser.add_argument("--validation", default=None, metavar="FILE",
                         help="held-out pairs, same columns: recall@k and MRR@k before, during and after training")
     parser.add_argument("--workdir", required=True, metavar="DIR",

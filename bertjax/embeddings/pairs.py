@@ -1,12 +1,12 @@
-"""Training pairs for embedding models: (anchor, positive[, negative]) rows from JSONL, CSV, TSV or Parquet, and
+"""Training pairs for embedding models: (anchor, positive[, negatives]) rows from JSONL, CSV, TSV or Parquet, and
 their token arrays.
 
-    pairs = read_pairs("train.jsonl", config.data)    # columns anchor, positive, optional negative
+    pairs = read_pairs("train.jsonl", config.data)    # columns anchor, positive, optional negative or negative_1..n
     arrays = tokenize_pairs(encoder, pairs, ...)       # input_ids / segment_ids int32 [pairs, columns, seq]
 
 Every problem with a file is an error naming it (and the row and column where it applies): a missing file, an
 empty one, a missing column (with the override that renames it), a cell that is not text, a negative column that
-only some rows fill.
+only some rows fill, numbered negative columns the run would not read.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _SEQ_MULTIPLE = 8  # token rows are padded to a multiple of this (fewer distinct
 class Pairs:
     anchors: list[str]
     positives: list[str]
-    negatives: list[str] | None  # hard negatives, one per pair, when the file has the column
+    negatives: tuple[list[str], ...] | None  # hard negatives by column (each one per pair), when the file has them
     source: str
 
     def __len__(self) -> int:
@@ -35,8 +35,8 @@ class Pairs:
 
     @property
     def columns(self) -> list[list[str]]:
-        """The texts by column: anchors, positives[, negatives]."""
-        return [self.anchors, self.positives] + ([self.negatives] if self.negatives is not None else [])
+        """The texts by column: anchors, positives[, each column of negatives]."""
+        return [self.anchors, self.positives, *(self.negatives or ())]
 
 
 def _text(value, path, index: int, column: str, key: str) -> str:
@@ -48,30 +48,56 @@ def _text(value, path, index: int, column: str, key: str) -> str:
                      f"{type(value).__name__} {value!r}")
 
 
+_NUMBERED_NEGATIVE = re.compile(r"negative_?(\d+)")
+
+
+def negative_columns(setting: str | Sequence[str], keys: Sequence) -> tuple[str, ...]:
+    """The hard-negative columns a file with columns `keys` is read with, given data.negative_column.
+
+    A list names them exactly. A single name is read when the file has it; otherwise sentence-transformers'
+    n-tuple columns (mine_hard_negatives: negative_1 ... negative_n) are read, all of them in numeric order, as its
+    MultipleNegativesRankingLoss would. Numbered columns that the setting leaves out are an error: training without
+    them would drop hard negatives without a word."""
+    keys = [key for key in keys if isinstance(key, str)]
+    numbered = sorted((key for key in keys if _NUMBERED_NEGATIVE.fullmatch(key)),
+                      key=lambda key: int(_NUMBERED_NEGATIVE.fullmatch(key).group(1)))
+    if not isinstance(setting, str):
+        chosen = tuple(setting)
+    elif setting in keys:
+        chosen = (setting,)
+    else:
+        chosen = tuple(numbered)
+    unread = [key for key in numbered if key not in chosen]
+    if unread:
+        listed = "[" + ", ".join(list(chosen) + unread) + "]"
+        raise ValueError(f"columns {unread} look like hard negatives, which this run would not read: it reads "
+                         f"{list(chosen)} (data.negative_column); name every one to read them all (e.g. "
+                         f"data.negative_column={listed}), or drop them from the file")
+    return chosen
+
+
 def read_pairs(path: str | Path, data) -> Pairs:
     """The pairs of a data file; `data` is the run config's data section (column names)."""
     rows = read_rows(path)
     columns = {"data.anchor_column": data.anchor_column, "data.positive_column": data.positive_column}
     require_columns(rows, path, columns)
-    with_negative = [data.negative_column in row for row in rows]
-    if any(with_negative) and not all(with_negative):
-        missing = with_negative.index(False) + 1
-        raise ValueError(f"{path}, row {missing}: no column {data.negative_column!r} (data.negative_column), which "
-                         f"{sum(with_negative)} other rows have; give every row a hard negative, or none")
-    if all(with_negative):
-        columns["data.negative_column"] = data.negative_column
-    # sentence-transformers' n-tuple files (mine_hard_negatives) hold negative_1 ... negative_n: read as plain pairs,
-    # their hard negatives would be dropped without a word.
-    unread = sorted(key for key in (rows[0] if rows else {}) if isinstance(key, str)
-                    and re.fullmatch(r"negative_?\d+", key) and key != data.negative_column)
-    if unread:
-        raise ValueError(f"{path}: columns {unread} look like hard negatives, which this run would not read: it takes "
-                         f"one per row, data.negative_column ({data.negative_column!r}); name one of them there "
-                         "(e.g. data.negative_column=" + unread[0] + "), or drop them from the file")
-    texts = {key: [_text(row[name], path, i, name, key) for i, row in enumerate(rows)]
-             for key, name in columns.items()}
-    return Pairs(texts["data.anchor_column"], texts["data.positive_column"], texts.get("data.negative_column"),
-                 str(path))
+    try:
+        negatives = negative_columns(data.negative_column, list(dict.fromkeys(key for row in rows for key in row)))
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    listed = not isinstance(data.negative_column, str)
+    negative_keys = [f"data.negative_column[{i}]" if listed else "data.negative_column" for i in range(len(negatives))]
+    for name, key in zip(negatives, negative_keys):
+        present = [name in row for row in rows]
+        if listed and not any(present):
+            raise ValueError(f"{path}: no column {name!r} ({key}); its rows have {sorted(rows[0]) if rows else []}")
+        if not all(present):
+            raise ValueError(f"{path}, row {present.index(False) + 1}: no column {name!r} ({key}), which "
+                             f"{sum(present)} other rows have; give every row its hard negatives, or none")
+    read = lambda name, key: [_text(row[name], path, i, name, key) for i, row in enumerate(rows)]  # noqa: E731
+    negative_texts = tuple(read(name, key) for name, key in zip(negatives, negative_keys))
+    return Pairs(read(data.anchor_column, "data.anchor_column"), read(data.positive_column, "data.positive_column"),
+                 negative_texts or None, str(path))
 
 
 def resolve_prompt(encoder, prompt: str | None) -> str | None:

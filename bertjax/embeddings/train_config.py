@@ -59,7 +59,9 @@ class EmbedderDataConfig:
     max_length: int | None = None  # tokens per text, [CLS] and [SEP] included; None: the model's max_seq_length
     anchor_column: str = "anchor"
     positive_column: str = "positive"
-    negative_column: str = "negative"  # hard negatives, used when the file has this column
+    # Hard negatives: this column when the file has it, else its negative_1 ... negative_n (sentence-transformers'
+    # n-tuples); a list names the columns to read, every one a hard negative of the row.
+    negative_column: str | tuple[str, ...] = "negative"
     anchor_prompt: str | None = None  # text put before every anchor ("query: "); a name of the model's prompts too
     positive_prompt: str | None = None  # and before every positive and negative ("search_document: ")
 
@@ -142,7 +144,11 @@ def _validate(config: EmbedderConfig) -> None:
         raise ConfigError(f"eval.every must be >= 0 (0: at the start and the end), got {config.eval.every}")
     if config.pooling.modes is not None and not config.pooling.modes:
         raise ConfigError("pooling.modes must name at least one mode (or be null: the model's own)")
-    columns = [config.data.anchor_column, config.data.positive_column, config.data.negative_column]
+    negatives = config.data.negative_column
+    if not isinstance(negatives, str) and not negatives:
+        raise ConfigError("data.negative_column must name at least one column (a name, or a list of names)")
+    columns = [config.data.anchor_column, config.data.positive_column,
+               *([negatives] if isinstance(negatives, str) else negatives)]
     if len(set(columns)) != len(columns):
         raise ConfigError(f"data.anchor_column, data.positive_column and data.negative_column must differ, got "
                           f"{columns}")

@@ -215,7 +215,8 @@ class RetrievalEval:
 
     def __init__(self, pairs: Pairs, encoder, config: EmbedderConfig):
         self.pairs, self.encoder, self.config = pairs, encoder, config
-        self.corpus, self.gold = pair_corpus(pairs.positives, pairs.negatives)
+        negatives = [text for column in pairs.negatives or () for text in column]
+        self.corpus, self.gold = pair_corpus(pairs.positives, negatives)
         self.query_prompt = resolve_prompt(encoder, config.data.anchor_prompt)
         self.document_prompt = resolve_prompt(encoder, config.data.positive_prompt)
 
@@ -374,7 +375,9 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
     logger = MetricsLogger(workdir, total_steps=total, start_step=start, is_primary=primary,
                            progress_bar=config.train.progress_bar, process_index=jax.process_index(),
                            desc="train-embedder")
-    logger.message(f"train-embedder: {len(pairs)} pairs{' with hard negatives' if pairs.negatives else ''} "
+    negatives = {0: "", 1: " with a hard negative each"}.get(len(pairs.negatives or ()),
+                                                              f" with {len(pairs.negatives or ())} hard negatives each")
+    logger.message(f"train-embedder: {len(pairs)} pairs{negatives} "
                    f"(texts padded to {arrays['input_ids'].shape[-1]} tokens), {count_params(state.params) / 1e6:.2f}M "
                    f"parameters, pooling {'+'.join(encoder.pooling.modes)}, batch {config.train.batch_size}"
                    f"{f' in cached chunks of {rows_per_chunk}' if config.train.mini_batch_size else ''}, mesh "
