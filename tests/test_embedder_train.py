@@ -40,6 +40,7 @@ RAW = {"train": {"batch_size": 8, "mini_batch_size": 4, "learning_rate": 2e-3, "
        "data": {"max_length": 16},
        "eval": {"every": 6, "k": 3, "batch_size": 16},
        "checkpoint": {"every": 6, "async_save": False}}
+UNIQUE = {**RAW, "train": {**RAW["train"], "batch_sampler": "no_duplicates"}}  # sentence-transformers' advice
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_train_resume_and_model_dir(files, capsys, caplog):
 
     root, model, train, validation = files
     workdir = root / "run"
-    config = embedder_config_from_dict(RAW)
+    config = embedder_config_from_dict(UNIQUE)
     first = train_embedder(config, workdir, model, train, validation, stop_after=6)
     assert (first.start_step, first.final_step, first.model_dir) == (0, 6, None)
     with pytest.raises(FileNotFoundError, match="train-embedder workdir whose run has not finished"):
@@ -76,7 +77,7 @@ def test_train_resume_and_model_dir(files, capsys, caplog):
     del held["train"]["nonfinite"], held["loss"]["similarity"]
     (workdir / "config.yaml").write_text(yaml.safe_dump(held))
     config_file = root / "run.yaml"
-    config_file.write_text(yaml.safe_dump(RAW))
+    config_file.write_text(yaml.safe_dump(UNIQUE))
     code = main(["train-embedder", "--model", str(model), "--train", str(train), "--validation", str(validation),
                  "--workdir", str(workdir), "--config", str(config_file)])
     assert code == 0
@@ -117,7 +118,8 @@ def test_train_resume_and_model_dir(files, capsys, caplog):
     assert "steps 12 -> 12 of 12" in out and " before, " in out and "- after" not in out, out
 
     # checkpoint.restore_step resumes from an earlier checkpoint, as in pretraining, and repeats the later steps.
-    rewound = train_embedder(embedder_config_from_dict({**RAW, "checkpoint": {**RAW["checkpoint"], "restore_step": 6}}),
+    rewind = {**UNIQUE, "checkpoint": {**RAW["checkpoint"], "restore_step": 6}}
+    rewound = train_embedder(embedder_config_from_dict(rewind),
                              workdir, model, train, validation)
     assert (rewound.start_step, rewound.final_step) == (6, 12)
     assert [r["loss"] for r in read_metrics(workdir) if "loss" in r] == losses
@@ -129,7 +131,7 @@ def test_train_resume_and_model_dir(files, capsys, caplog):
     assert (again.start_step, again.final_step) == (12, 12)
 
     # Resuming with another loss is refused, naming the key.
-    changed = embedder_config_from_dict({**RAW, "loss": {"symmetric": True}})
+    changed = embedder_config_from_dict({**UNIQUE, "loss": {"symmetric": True}})
     with pytest.raises(ConfigError, match="loss.symmetric"):
         train_embedder(changed, workdir, model, train, validation)
 
@@ -249,7 +251,8 @@ def test_workdir_problems_are_named_and_a_run_without_checkpoint_starts_over(tmp
 
 @pytest.mark.parametrize("name, value, held", [("seed", 5, "0"), ("batch_size", 16, "8"),
                                                ("learning_rate", 1e-3, "0.002"), ("warmup_ratio", 0.5, "0.0"),
-                                               ("weight_decay", 0.0, "0.01"), ("max_grad_norm", 2.0, "1.0")])
+                                               ("weight_decay", 0.0, "0.01"), ("max_grad_norm", 2.0, "1.0"),
+                                               ("batch_sampler", "no_duplicates", "'random'")])
 def test_a_resume_refuses_what_decides_the_pairs_or_the_optimizers_trajectory(tmp_path, name, value, held):
     """As fine-tuning does: the key named with the workdir's value and the requested one, whatever the dropout."""
     from bertjax.embeddings.train_config import save_embedder_config
@@ -258,7 +261,8 @@ def test_a_resume_refuses_what_decides_the_pairs_or_the_optimizers_trajectory(tm
     save_embedder_config(embedder_config_from_dict(RAW), tmp_path / "config.yaml")
     changed = embedder_config_from_dict({**RAW, "train": {**RAW["train"], name: value}})
     for drops_out in (False, True):
-        with pytest.raises(ConfigError, match=rf"other settings \(train.{name}: {held} in the workdir, {value} "
+        shown = repr(value) if isinstance(value, str) else value
+        with pytest.raises(ConfigError, match=rf"other settings \(train.{name}: {held} in the workdir, {shown} "
                                               r"requested\); only train.epochs, train.steps"):
             check_rerun(tmp_path, changed, {}, resumable=True, drops_out=drops_out)
 

@@ -2,7 +2,8 @@
 (bertjax.train.run_config: unknown keys, wrong types and impossible values name the dotted key).
 
     loss:       {scale: 20.0, symmetric: false, similarity: cosine}
-    train:      {epochs: 1, steps: null, batch_size: 64, mini_batch_size: null, learning_rate: 5.0e-5, ...}
+    train:      {epochs: 1, steps: null, batch_size: 64, mini_batch_size: null, learning_rate: 5.0e-5,
+                 batch_sampler: random, ...}
     data:       {max_length: null, anchor_column: anchor, positive_column: positive, negative_column: negative, ...}
     pooling:    {modes: null, normalize: null}   (null: the model's own; a transformers directory: mean)
     eval:       {every: 0, k: 10, batch_size: 64, at_start: true}
@@ -38,7 +39,7 @@ class LossConfig:
 @dataclasses.dataclass(frozen=True)
 class EmbedderTrainConfig:
     epochs: int = 1
-    steps: int | None = None  # optimizer updates; None: epochs x (pairs // batch_size)
+    steps: int | None = None  # optimizer updates; None: the batches of `epochs` epochs (bertjax.embeddings.batches)
     batch_size: int = 64  # pairs per update; each anchor's negatives are the other pairs' positives (and negatives)
     # Pairs embedded at a time (cached batches, GradCache); None: the whole batch in one differentiated pass. The
     # whole batch's gradient exactly when the model has no dropout; with dropout equal in distribution, but the
@@ -49,6 +50,9 @@ class EmbedderTrainConfig:
     warmup_ratio: float = 0.1
     max_grad_norm: float | None = 1.0
     seed: int = 0  # shuffling and dropout
+    # How an epoch's shuffled pairs are cut into batches (bertjax.embeddings.batches): "random" in order,
+    # "no_duplicates" with no text twice in a batch, as sentence-transformers' batch samplers of those names.
+    batch_sampler: Literal["random", "no_duplicates"] = "random"
     log_every: int = 10
     progress_bar: bool = True
     nonfinite: Literal["stop", "skip"] = "stop"  # as pretraining's train.nonfinite

@@ -30,6 +30,7 @@ import optax
 import yaml
 
 from bertjax.embeddings.contrastive import (cached_loss_and_grads, mesh_ranking_loss, uncached_loss_and_grads)
+from bertjax.embeddings.batches import PairBatches
 from bertjax.embeddings.pairs import Pairs, read_pairs, resolve_prompt, tokenize_columns, tokenize_pairs
 from bertjax.embeddings.retrieval_metrics import pair_corpus, retrieval_metrics
 from bertjax.embeddings.train_config import EmbedderConfig, embedder_config_from_dict, save_embedder_config
@@ -177,20 +178,7 @@ def make_steps(model, optimizer, schedule, mesh, shardings, config: EmbedderConf
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Batches and evaluation.
-
-def full_batches_per_epoch(pairs: int, batch_size: int) -> int:
-    """Full batches per epoch: a last partial batch is dropped (a padded row would be a false in-batch negative)."""
-    return pairs // batch_size
-
-
-def train_batch(arrays: dict[str, np.ndarray], step: int, batch_size: int, seed: int) -> dict[str, np.ndarray]:
-    """The pairs of global step `step`: a shuffled order per epoch that depends only on (seed, epoch)."""
-    rows = len(arrays["input_ids"])
-    epoch, position = divmod(step, full_batches_per_epoch(rows, batch_size))
-    chosen = np.random.default_rng([seed, epoch]).permutation(rows)[position * batch_size:(position + 1) * batch_size]
-    return {k: arrays[k][chosen] for k in ("input_ids", "segment_ids")}
-
+# Evaluation.
 
 def embed_texts(embed_step, params, encoder, texts: list[str], prompt: str | None, batch_size: int,
                 mesh) -> np.ndarray:
@@ -345,11 +333,12 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
         raise ConfigError(f"train.batch_size ({config.train.batch_size}), train.mini_batch_size "
                           f"({config.train.mini_batch_size}) and eval.batch_size ({config.eval.batch_size}) must "
                           f"divide over the {shards} batch shards of the mesh")
-    per_epoch = full_batches_per_epoch(len(pairs), config.train.batch_size)
-    if per_epoch == 0:
-        raise ValueError(f"{train_file}: {len(pairs)} pairs, fewer than train.batch_size ({config.train.batch_size});"
-                         " lower train.batch_size or give more pairs")
-    total = config.train.steps or per_epoch * config.train.epochs
+    batches = PairBatches(pairs.columns, config.train.batch_size, config.train.seed, config.train.batch_sampler)
+    if batches.batches_in_epoch(0) == 0:
+        raise ValueError(f"{train_file}: {len(pairs)} pairs, fewer than train.batch_size ({config.train.batch_size})"
+                         f"{' that share no text' if config.train.batch_sampler == 'no_duplicates' else ''}; lower "
+                         "train.batch_size or give more pairs")
+    total = config.train.steps or batches.steps_in(config.train.epochs)
     arrays = tokenize_pairs(encoder, pairs, config.data.anchor_prompt, config.data.positive_prompt)
 
     schedule = build_schedule(ScheduleConfig(name="linear", warmup=warmup_steps(config.train.warmup_ratio, total)),
@@ -397,7 +386,8 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
             eval_start = evaluate(embed_step, state.params, mesh)
             logger.log(0, eval_start)
         while step < end:
-            batch = train_batch(arrays, step, config.train.batch_size, config.train.seed)
+            chosen = batches.rows(step)
+            batch = {key: arrays[key][chosen] for key in ("input_ids", "segment_ids")}
             state, metrics = train_step(state, from_full_batch(batch, mesh, mesh_lib.BATCH_AXES))
             step += 1
             checkpointer.record_finished()  # a completed save gets its checksums now, not at the next save
@@ -413,7 +403,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
                 seconds = time.perf_counter() - timer
                 record = {"loss": accumulated["loss_sum"] / accumulated["count"],
                           "learning_rate": float(metrics["learning_rate"]), "grad_norm": float(metrics["grad_norm"]),
-                          "epoch": round(step / per_epoch, 4),
+                          "epoch": round(batches.epoch_progress(step), 4),
                           "pairs_per_sec": accumulated["count"] * config.train.batch_size / seconds}
                 if eval_due:
                     eval_end, eval_end_step = evaluate(embed_step, state.params, mesh), step
