@@ -129,6 +129,27 @@ def test_predict_scores_a_multi_label_checkpoint_with_a_sigmoid_per_label(files,
     assert len({round(r["score"], 6) for r in records}) > 1
 
 
+def test_predict_refuses_outputs_that_are_nan(files, full_run, tmp_path):
+    """A model whose activations overflow (its weights finite, so loading takes it) scored every example as its
+    first label, a record like any other."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import shutil
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(full_run[0] / "best").eval()
+    with torch.no_grad():  # 3e38 + 3e38 is past float32's range: inf, then NaN in the layer norm
+        model.base_model.embeddings.word_embeddings.weight.fill_(3e38)
+        model.base_model.embeddings.position_embeddings.weight.fill_(3e38)
+    broken = tmp_path / "nan"
+    model.save_pretrained(broken)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (full_run[0] / "best" / name).is_file():
+            shutil.copy(full_run[0] / "best" / name, broken / name)
+    with pytest.raises(ValueError, match=r"outputs are NaN for \d+ of \d+ encoded rows \(the first: row 1\); it "
+                                         r"computes in float32"):
+        predict(broken, files["validation"])
+
+
 def test_resume_after_a_stop_gives_the_same_metrics(files, full_run, caplog):
     reference, _ = full_run
     workdir = files["root"] / "resumed"

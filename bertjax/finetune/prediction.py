@@ -111,4 +111,23 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
     # A Longformer runs with the most global tokens a row here has: a static bound keeps its attention linear.
     model = with_global_token_bound(model, encoded.arrays)
     outputs = predict_outputs(model, params, task, encoded, tokenizer, max_tokens=max_tokens, batch_size=batch_size)
+    check_outputs(outputs, input_file, model.config.dtype)
     return task.predictions(outputs, encoded, labels)
+
+
+def check_outputs(outputs: dict, input_file, dtype: str) -> None:
+    """NaN anywhere in the model's outputs is an error: an argmax over NaN scores is label 0 and a span over them
+    is the first token, records that look like predictions. (Infinities stay: padded choices and positions hold
+    them by design.)"""
+    import numpy as np
+
+    rows = None
+    for value in outputs.values():
+        value = np.asarray(value)
+        if np.issubdtype(value.dtype, np.floating):
+            bad = np.isnan(value).reshape(len(value), -1).any(axis=1)
+            rows = bad if rows is None else rows | bad
+    if rows is not None and rows.any():
+        raise ValueError(f"{input_file}: the model's outputs are NaN for {int(rows.sum())} of {len(rows)} encoded "
+                         f"rows (the first: row {int(np.argmax(rows)) + 1}); it computes in {dtype}: a float16 model "
+                         "can overflow where float32 does not, and a model trained to NaN has NaN parameters")
