@@ -364,6 +364,25 @@ def test_labels_integers_strings_and_regression():
         _classification().fit_labels(rows(["3.8", "", "1.25"]), "f", None)
 
 
+def test_labels_keep_a_checkpoints_order_up_to_case_and_placeholder_names():
+    """roberta-large-mnli's CONTRADICTION, NEUTRAL, ENTAILMENT against GLUE's lowercase gold labels: sorted, the
+    file's labels put "entailment" on the row that means NEUTRAL, and the head was kept (its shape fits)."""
+    from bertjax.finetune.tasks.base import same_labels
+
+    rows = lambda labels: [{"text": "a", "label": v} for v in labels]  # noqa: E731
+    mnli = ("CONTRADICTION", "NEUTRAL", "ENTAILMENT")
+    names = _classification().fit_labels(rows(["entailment", "neutral", "contradiction"]), "f", mnli).names
+    assert names == ("contradiction", "neutral", "entailment") and same_labels(names, mnli)
+    partial = _classification().fit_labels(rows(["neutral", "contradiction"]), "f", mnli).names
+    assert partial == ("contradiction", "neutral", "ENTAILMENT")  # a file without one class keeps its row
+    placeholders = _classification().fit_labels(rows(["1", "0", "1"]), "f", ("LABEL_0", "LABEL_1")).names
+    assert placeholders == ("0", "1") and same_labels(placeholders, ("LABEL_0", "LABEL_1"))
+    other = _classification().fit_labels(rows(["pos", "neg"]), "f", ("positive", "negative")).names
+    assert other == ("neg", "pos") and not same_labels(other, ("positive", "negative"))
+    clash = _classification().fit_labels(rows(["Yes", "yes", "no"]), "f", ("yes", "no")).names  # two spellings
+    assert clash == ("Yes", "no", "yes")
+
+
 def test_losses_match_their_definitions(tok):
     import types
 

@@ -129,6 +129,34 @@ def test_predict_scores_a_multi_label_checkpoint_with_a_sigmoid_per_label(files,
     assert len({round(r["score"], 6) for r in records}) > 1
 
 
+def test_a_checkpoints_classifier_starts_fresh_when_its_labels_mean_other_classes(files, full_run, tmp_path):
+    """best/'s rows are negative, positive. A file labelled neg/pos (other names) or with the checkpoint's names in
+    another order would have trained on rows that mean other classes (the shapes fit): the output layer is dropped
+    and drawn fresh; the same names in the same order, in any case, keep it."""
+    transformers = pytest.importorskip("transformers")
+    from bertjax.finetune.trainer import known_labels, without_relabelled_rows
+    from bertjax.model_dirs import load_model_dir
+
+    model, params, _ = load_model_dir(full_run[0] / "best")
+    task = task_class("sequence-classification")(config("sequence-classification").data,
+                                                 config("sequence-classification").task)
+    assert known_labels(model) == ("negative", "positive")
+    rows = lambda labels: [{"text": "a b", "label": v} for v in labels]  # noqa: E731
+    for labels, dropped in [(["NEGATIVE", "Positive"], []), (["neg", "pos"], ["classifier/out/bias",
+                                                                               "classifier/out/kernel"])]:
+        fitted = task.fit_labels(rows(labels), "f", known_labels(model))
+        kept, relabelled = without_relabelled_rows(params, model, task, fitted)
+        assert relabelled == dropped, labels
+        assert ("out" in kept["classifier"]) == (not dropped)
+    swapped = transformers.AutoModelForSequenceClassification.from_pretrained(full_run[0] / "best")
+    swapped.config.id2label, swapped.config.label2id = {0: "positive", 1: "negative"}, {"positive": 0, "negative": 1}
+    swapped.save_pretrained(tmp_path / "swapped")
+    model, params, _ = load_model_dir(tmp_path / "swapped")
+    fitted = task.fit_labels(rows(["negative", "positive"]), "f", known_labels(model))
+    assert fitted.names == ("positive", "negative")  # the checkpoint's order: its rows keep their meaning
+    assert without_relabelled_rows(params, model, task, fitted)[1] == []
+
+
 def test_predict_refuses_outputs_that_are_nan(files, full_run, tmp_path):
     """A model whose activations overflow (its weights finite, so loading takes it) scored every example as its
     first label, a record like any other."""

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import traverse_util
 
 from bertjax.data.global_batch import from_full_batch
 from bertjax.finetune import batches as batch_lib
@@ -28,7 +29,7 @@ from bertjax.finetune import report
 from bertjax.finetune.config import FinetuneConfig, save_finetune_config
 from bertjax.finetune.readers import read_rows
 from bertjax.finetune.tasks import Encoded, Labels, Task
-from bertjax.finetune.tasks.base import fit_max_length
+from bertjax.finetune.tasks.base import fit_max_length, same_labels
 from bertjax.inference.texts import check_tokenizer_fits  # shared with predict and the embedding commands
 from bertjax.jsonl import read_json_file
 from bertjax.train import mesh as mesh_lib
@@ -72,6 +73,25 @@ def task_model(base_config, task: Task, labels: Labels):
 def known_labels(model) -> tuple[str, ...] | None:
     task = getattr(model.config, "task", None)
     return None if task is None or task.labels is None else tuple(task.labels)
+
+
+def without_relabelled_rows(base_params: dict, base_model, task: Task, labels: Labels) -> tuple[dict, list[str]]:
+    """`base_params` without the checkpoint's label-indexed head parameters (the classifier's output rows) when its
+    labels are not the training file's in the same order: kept because their shapes fit, row i would go on meaning
+    the checkpoint's label i (an MNLI checkpoint's NEUTRAL read as "entailment"), so they start fresh instead.
+    Returns (parameters, the dropped paths)."""
+    from bertjax.models import abstract_params
+
+    known = known_labels(base_model)
+    if known is None or labels.regression or not labels.names or same_labels(labels.names, known):
+        return base_params, []
+    config = base_model.config.replace(param_dtype="float32")
+    shapes = [traverse_util.flatten_dict(abstract_params(task_model(config, task, choice)))
+              for choice in (labels, dataclasses.replace(labels, names=labels.names + ("another",)))]
+    indexed = {path for path, shape in shapes[0].items() if shapes[1].get(path, shape).shape != shape.shape}
+    flat = traverse_util.flatten_dict(base_params)
+    dropped = sorted("/".join(path) for path in indexed if path in flat)
+    return traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in indexed}), dropped
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -347,6 +367,10 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     task = task_cls(config.data, config.task)
     train_rows, validation_rows = read_rows(train_file), read_rows(validation_file)
     labels = task.fit_labels(train_rows, str(train_file), known_labels(base_model))
+    base_params, relabelled = without_relabelled_rows(base_params, base_model, task, labels)
+    if relabelled:
+        say(f"{model_dir}'s labels {list(known_labels(base_model))} are not the training file's "
+            f"{list(labels.names)} in the same order: {', '.join(relabelled)} start fresh")
     train_data = task.encode(tokenizer, train_rows, labels, str(train_file), with_targets=True, training=True)
     validation = task.encode(tokenizer, validation_rows, labels, str(validation_file), with_targets=True)
     for note in train_data.notes + validation.notes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, ClassVar
 
@@ -197,14 +198,29 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def fit_names(values: list, known: tuple[str, ...] | None) -> tuple[str, ...]:
-    """Label names of a training file: integers in numeric order, other strings sorted; a checkpoint's own names
-    first when it already has all of them (its classifier rows keep their meaning)."""
+    """Label names of a training file: integers in numeric order, other strings sorted; a checkpoint's own order
+    when it already has all of them (its classifier rows keep their meaning), matched as `same_labels` does and
+    spelled as the file spells them ("neutral" for a checkpoint's "NEUTRAL")."""
     seen = {label_key(v) for v in values}
-    if known and seen <= set(known):
-        return tuple(known)
+    if known:
+        spelled = {_label_identity(name): name for name in seen}
+        identities = [_label_identity(name) for name in known]
+        if len(spelled) == len(seen) and set(spelled) <= set(identities) and len(set(identities)) == len(known):
+            return tuple(spelled.get(identity, name) for identity, name in zip(identities, known))
     if all(_is_int(v) for v in seen):
         return tuple(sorted(seen, key=int))
     return tuple(sorted(seen))
+
+
+def same_labels(names: tuple[str, ...], known: tuple[str, ...]) -> bool:
+    """Whether `names` (a training file's, in id order) are a checkpoint's `known` label names in the same order,
+    up to case and transformers' placeholder names: LABEL_3 is label 3 (a checkpoint saved without id2label)."""
+    return [_label_identity(name) for name in names] == [_label_identity(name) for name in known]
+
+
+def _label_identity(name: str) -> str:
+    placeholder = re.fullmatch(r"LABEL_(\d+)", name)
+    return str(int(placeholder.group(1))) if placeholder else name.casefold()
 
 
 def label_ids(values: list, names: tuple[str, ...], source: str, column: str, unit: str = "row") -> np.ndarray:
