@@ -31,8 +31,43 @@ def test_each_format_reads_the_same_rows(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
-    for suffix in ("csv", "tsv", "jsonl", "parquet"):
+    (tmp_path / "d.json").write_text(json.dumps(rows, indent=1))  # one document: a list of objects
+    for suffix in ("csv", "tsv", "jsonl", "parquet", "json"):
         assert readers.read_rows(tmp_path / f"d.{suffix}") == rows, suffix
+    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows))  # JSON Lines as `datasets`
+    assert readers.read_rows(tmp_path / "lines.json") == rows
+
+
+def test_squad_json_is_read_as_one_row_per_question(tmp_path):
+    """train-v2.0.json as published: articles > paragraphs > qas. It was read as one JSON line with columns data
+    and version, and the error advised renaming a column. Rows take Hugging Face's `squad_v2` layout; an impossible
+    question has no answers (its plausible_answers are not answers)."""
+    context = "The cat sat on the mat in Paris."
+    squad = {"version": "v2.0", "data": [{"title": "Cats", "paragraphs": [{"context": context, "qas": [
+        {"id": "q1", "question": "Where did the cat sit?", "is_impossible": False,
+         "answers": [{"text": "on the mat", "answer_start": 8}, {"text": "the mat", "answer_start": 11}]},
+        {"id": "q2", "question": "Who ran away?", "is_impossible": True, "answers": [],
+         "plausible_answers": [{"text": "The cat", "answer_start": 0}]}]}]}]}
+    (tmp_path / "train-v2.0.json").write_text(json.dumps(squad))
+    rows = readers.read_rows(tmp_path / "train-v2.0.json")
+    assert rows == [{"id": "q1", "title": "Cats", "context": context, "question": "Where did the cat sit?",
+                     "answers": {"text": ["on the mat", "the mat"], "answer_start": [8, 11]}},
+                    {"id": "q2", "title": "Cats", "context": context, "question": "Who ran away?",
+                     "answers": {"text": [], "answer_start": []}}]
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.finetune.tasks import task_class
+
+    task_cls = task_class("question-answering")
+    config = load_finetune_config(None, [], task_cls.defaults)
+    labels = task_cls(config.data, config.task).fit_labels(rows, "train-v2.0.json", None)
+    assert labels.unanswerable  # v2.0: prediction may answer ""
+    broken = {"data": [{"title": "x", "paragraphs": [{"context": "c", "qas": [{"id": "1", "answers": []}]}]}]}
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match=r"broken.json, article 1, paragraph 1, question 1: no \"question\" text"):
+        readers.read_rows(tmp_path / "broken.json")
+    (tmp_path / "list.json").write_text('[{"text": "a"}, 3]')
+    with pytest.raises(ValueError, match="item 2 of its list is int, not an object"):
+        readers.read_rows(tmp_path / "list.json")
 
 
 def test_reader_errors(tmp_path):

@@ -1,7 +1,7 @@
 """Read a fine-tuning data file into rows (one dict per example), whatever its format.
 
-CSV (header line), TSV (header line), JSONL (one object per line) and Parquet, chosen by the file's suffix in
-`READERS`. Each problem with the file is an error that names it and says what to do: an empty file, bytes that
+CSV (header line), TSV (header line), JSONL (one object per line), JSON (a list of objects, SQuAD's nested
+articles, or JSON Lines) and Parquet, chosen by the file's suffix in `READERS`. Each problem with the file is an error that names it and says what to do: an empty file, bytes that
 are not UTF-8, a malformed line, a missing column. Columns are looked up by `require_columns` with the name of the
 config key that renames them, so the message can say which override to set.
 """
@@ -56,6 +56,62 @@ def parse_jsonl(text: str, path: Path) -> list[Row]:
     return json_objects(text.split("\n"), path)
 
 
+def parse_json(text: str, path: Path) -> list[Row]:
+    """A .json file: one JSON document, a list of objects or SQuAD's nested articles (flattened by `squad_rows`),
+    or else JSON Lines saved under .json (as `datasets` writes them)."""
+    try:
+        document = loads(text)
+    except json.JSONDecodeError:  # several lines of objects: JSON Lines
+        return parse_jsonl(text, path)
+    if isinstance(document, dict) and _is_squad(document):
+        return squad_rows(document, path)
+    if isinstance(document, list):
+        for index, item in enumerate(document):
+            if not isinstance(item, dict):
+                raise ValueError(f"{path}: item {index + 1} of its list is {type(item).__name__}, not an object "
+                                 "(one example as {column: value})")
+        return document
+    return parse_jsonl(text, path)
+
+
+def _is_squad(document: dict) -> bool:
+    articles = document.get("data")
+    return isinstance(articles, list) and bool(articles) and all(
+        isinstance(a, dict) and "paragraphs" in a for a in articles)
+
+
+def squad_rows(document: dict, path: Path) -> list[Row]:
+    """SQuAD's v1.1 / v2.0 layout ({"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question",
+    "answers": [{"text", "answer_start"}], "is_impossible"}]}]}]}) as one row per question, in the layout of
+    Hugging Face's `squad` data sets: id, title, context, question, answers {text: [...], answer_start: [...]}.
+    An impossible question (v2.0) has no answers; its plausible_answers are not answers."""
+    rows = []
+    for a, article in enumerate(document["data"]):
+        for p, paragraph in enumerate(_items(article, "paragraphs", f"{path}, article {a + 1}")):
+            where = f"{path}, article {a + 1}, paragraph {p + 1}"
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str):
+                raise ValueError(f"{where}: no \"context\" text")
+            for q, qa in enumerate(_items(paragraph, "qas", where)):
+                at = f"{where}, question {q + 1}"
+                if not isinstance(qa, dict) or not isinstance(qa.get("question"), str):
+                    raise ValueError(f"{at}: no \"question\" text")
+                answers = [] if qa.get("is_impossible") else _items(qa, "answers", at, required=False)
+                if not all(isinstance(x, dict) and "text" in x and "answer_start" in x for x in answers):
+                    raise ValueError(f"{at}: each answer must be {{\"text\": ..., \"answer_start\": ...}}")
+                rows.append({"id": qa.get("id"), "title": article.get("title"), "context": paragraph["context"],
+                             "question": qa["question"],
+                             "answers": {"text": [x["text"] for x in answers],
+                                         "answer_start": [x["answer_start"] for x in answers]}})
+    return rows
+
+
+def _items(parent: dict, key: str, where: str, required: bool = True) -> list:
+    value = parent.get(key, None if required else [])
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: \"{key}\" must be a list, got {type(value).__name__}")
+    return value
+
+
 def read_csv(path: Path) -> list[Row]:
     return parse_delimited(_text(path), path, ",")
 
@@ -66,6 +122,10 @@ def read_tsv(path: Path) -> list[Row]:
 
 def read_jsonl(path: Path) -> list[Row]:
     return parse_jsonl(_text(path), path)
+
+
+def read_json(path: Path) -> list[Row]:
+    return parse_json(_text(path), path)
 
 
 def read_parquet(path: Path) -> list[Row]:
@@ -85,7 +145,7 @@ READERS: dict[str, Callable[[Path], list[Row]]] = {
     ".csv": read_csv,
     ".tsv": read_tsv,
     ".jsonl": read_jsonl,
-    ".json": read_jsonl,  # JSON Lines saved under .json (as `datasets` writes them)
+    ".json": read_json,  # one document (a list, SQuAD's articles) or JSON Lines saved under .json
     ".parquet": read_parquet,
 }
 
@@ -95,7 +155,7 @@ TEXT_PARSERS: dict[str, Callable[[str, Path], list[Row]]] = {
     ".csv": lambda text, path: parse_delimited(text, path, ","),
     ".tsv": lambda text, path: parse_delimited(text, path, "\t"),
     ".jsonl": parse_jsonl,
-    ".json": parse_jsonl,
+    ".json": parse_json,
 }
 
 
