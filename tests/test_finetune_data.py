@@ -584,6 +584,26 @@ def test_text_pair_is_decided_per_row(tok):
                 np.testing.assert_array_equal(got[key][i], alone[key][0], err_msg=f"{key} {row}")
 
 
+def test_a_pair_model_refuses_rows_without_their_second_text(tok):
+    """Trained on (premise, hypothesis) in every row, a model given a file whose text_pair column is missing (named
+    otherwise: GLUE's sentence2) predicted from the first texts alone, exit 0. The training file's layout is in
+    the labels (finetune.json records it); files of single texts, or of some pairs, stay free."""
+    task = _classification()
+    pairs = [{"text": "the cat", "text_pair": "sat", "label": "a"}, {"text": "the dog", "text_pair": "ran",
+                                                                       "label": "b"}]
+    singles = [{"text": "the cat", "label": "a"}, {"text": "the dog", "label": "b"}]
+    labels = task.fit_labels(pairs, "train.jsonl", None)
+    assert labels.text_pairs == "all"
+    assert task.fit_labels(singles, "f", None).text_pairs == "none"
+    assert task.fit_labels([pairs[0], singles[1]], "f", None).text_pairs == "some"
+    assert task.fit_labels([{**r, "label": 0.5} for r in pairs], "f", None).text_pairs == "all"  # regression too
+    with pytest.raises(ValueError, match=r"dev.tsv: no row has a second text in column 'text_pair' "
+                                         r"\(data.text_pair_column\), but the model was trained on a text pair"):
+        task.encode(tok, [{"text": "the cat", "sentence2": "sat"}], labels, "dev.tsv", with_targets=False)
+    task.encode(tok, [pairs[0], {"text": "the dog"}], labels, "dev.tsv", with_targets=False)  # some: as written
+    task.encode(tok, pairs, Labels(names=("a", "b"), text_pairs="none"), "dev.tsv", with_targets=False)
+
+
 def test_null_cells_are_errors_naming_file_row_and_column(tok):
     """A null or missing text is an error naming the file, row and column (and the key that renames it), never the
     text "None"; in every task, for training labels too."""

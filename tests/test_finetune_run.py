@@ -51,6 +51,7 @@ def test_learns_a_separable_task_and_writes_its_artefacts(files, full_run):
     gold = [json.loads(line)["label"] for line in files["validation"].read_text().splitlines()]
     assert np.mean([p["label"] == g for p, g in zip(predictions, gold)]) == pytest.approx(best["accuracy"])
     assert all(abs(sum(p["scores"].values()) - 1) < 1e-6 for p in predictions)
+    assert json.loads((workdir / "best" / "finetune.json").read_text())["text_pairs"] == "none"  # single texts
 
 
 def test_best_is_a_transformers_directory(files, full_run):

@@ -35,7 +35,7 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
         try:
             cls = task_class(described["task"])
             labels = Labels(names=tuple(described["labels"]), regression=described["regression"],
-                            unanswerable=described["unanswerable"])
+                            unanswerable=described["unanswerable"], text_pairs=described.get("text_pairs"))
             defaults = {"data": described["data"]}
         except (KeyError, TypeError, ValueError) as error:  # a record edited or damaged: named, no traceback
             raise ValueError(f"{Path(model_dir) / RUN_FILE}: not a fine-tuning record bertjax can read "

@@ -236,7 +236,8 @@ def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Lab
 def write_run_file(directory: Path, task: Task, labels: Labels, config: FinetuneConfig,
                    extra: dict | None = None) -> None:
     described = {"task": task.name, "labels": list(labels.names), "regression": labels.regression,
-                 "unanswerable": labels.unanswerable, "data": to_dict(config.data), **(extra or {})}
+                 "unanswerable": labels.unanswerable, "text_pairs": labels.text_pairs, "data": to_dict(config.data),
+                 **(extra or {})}
     (directory / RUN_FILE).write_text(json.dumps(described, indent=1) + "\n")
 
 

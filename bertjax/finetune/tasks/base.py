@@ -53,6 +53,9 @@ class Labels:
     # own (a sigmoid), not one of exclusive classes. `bertjax predict` serves such checkpoints; fine-tuning them is
     # not supported (the data format has one label per example).
     multi_label: bool = False
+    # Sequence classification: whether the training rows had a second text ("all", "none" or "some" of them), so
+    # that predicting a pair model on single texts (its text_pair column missing) is an error, not a guess.
+    text_pairs: str | None = None
 
     @property
     def num_labels(self) -> int:

@@ -76,7 +76,7 @@ class SequenceClassification(Task):
                 bad = next(v for v in values if not is_number(v))
                 raise ValueError(f"{source}: regression needs numeric labels, got {bad!r} in column "
                                  f"{self.data.label_column!r}")
-            return Labels(regression=True)
+            return Labels(regression=True, text_pairs=self._pair_layout(rows, source))
         names = fit_names(values, known)
         if self.task_config.num_labels is not None and self.task_config.num_labels != len(names):
             raise ValueError(f"{source}: task.num_labels={self.task_config.num_labels} but the training labels are "
@@ -84,11 +84,19 @@ class SequenceClassification(Task):
         if len(names) < 2:
             raise ValueError(f"{source}: every training example has the label {names[0]!r}; classification needs "
                              "at least two classes")
-        return Labels(names=names)
+        return Labels(names=names, text_pairs=self._pair_layout(rows, source))
+
+    def _pair_layout(self, rows, source) -> str:
+        with_pair = sum(pair is not None for pair in self._texts(rows, source)[1])
+        return "all" if with_pair == len(rows) else "none" if with_pair == 0 else "some"
 
     def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
         self._columns(rows, source, with_targets)
         texts, pairs = self._texts(rows, source)
+        if labels.text_pairs == "all" and all(pair is None for pair in pairs):
+            raise ValueError(f"{source}: no row has a second text in column {self.data.text_pair_column!r} "
+                             "(data.text_pair_column), but the model was trained on a text pair in every row; name "
+                             "the column that holds it with data.text_pair_column=NAME")
         arrays, cut = encode_texts_and_cuts(tokenizer, texts, pairs, self.data.max_length, self.data.truncation,
                                             source)
         gold = None
