@@ -224,3 +224,35 @@ def test_packing_a_task_that_does_not_pack_is_refused(task):
         task_class(task)(config.data, config.task)
     config = load_finetune_config(None, ["data.packing=true"], task_class("sequence-classification").defaults)
     assert task_class("sequence-classification")(config.data, config.task).data.packing
+
+
+def test_task_unanswerable_decides_whether_an_answer_may_be_empty(tmp_path):
+    """A transformers SQuAD v2 checkpoint has no finetune.json, so predict never answered "" and every
+    unanswerable question scored 0; a SQuAD v2 subset without impossible questions turned no-answer off as well.
+    task.unanswerable says it; other tasks refuse the key."""
+    transformers = pytest.importorskip("transformers")
+    from bertjax.finetune.prediction import load_task
+    from bertjax.model_dirs import load_model_dir
+    from finetune_helpers import tiny_model_dir
+
+    base = tiny_model_dir(tmp_path / "base")
+    qa_dir = tmp_path / "squad2"
+    transformers.BertForQuestionAnswering(transformers.AutoConfig.from_pretrained(base)).save_pretrained(qa_dir)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        if (base / name).is_file():
+            (qa_dir / name).write_bytes((base / name).read_bytes())
+    model, _, _ = load_model_dir(qa_dir)
+    assert not load_task(qa_dir, model, [])[1].unanswerable
+    assert load_task(qa_dir, model, ["task.unanswerable=true"])[1].unanswerable
+
+    qa_task = task_class("question-answering")
+    rows = [{"question": "q", "context": "c d", "answers": {"text": ["d"], "answer_start": [2]}}]
+    config = load_finetune_config(None, ["task.unanswerable=true"], qa_task.defaults)
+    assert qa_task(config.data, config.task).fit_labels(rows, "v2-subset.jsonl", None).unanswerable
+    empty = [{**rows[0], "answers": {"text": [], "answer_start": []}}]
+    config = load_finetune_config(None, ["task.unanswerable=false"], qa_task.defaults)
+    assert not qa_task(config.data, config.task).fit_labels(empty, "f", None).unanswerable
+    classification = task_class("sequence-classification")
+    config = load_finetune_config(None, ["task.unanswerable=true"], classification.defaults)
+    with pytest.raises(ConfigError, match="task.unanswerable: the sequence-classification task has no empty answer"):
+        classification(config.data, config.task)

@@ -35,6 +35,9 @@ class FinetuneTaskConfig:
     # The head's dropout and its pooling of a sequence (ModernBERT's "mean"); None: the checkpoint's.
     classifier_dropout: float | None = None
     classifier_pooling: ClassifierPooling | None = None
+    # Question answering: whether an answer may be "" (no answer, SQuAD v2). None: when some training question has
+    # no answer; predicting with a transformers checkpoint (no finetune.json), false.
+    unanswerable: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)

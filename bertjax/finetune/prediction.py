@@ -13,6 +13,7 @@ warning counts them.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Callable
@@ -52,6 +53,8 @@ def load_task(model_dir: str | Path, model, overrides: list[str]):
                         and (task.problem_type == "multi_label_classification" or task.num_labels == 1))
         defaults = cls.defaults
     config = load_finetune_config(None, overrides, defaults)
+    if config.task.unanswerable is not None:  # a transformers SQuAD v2 checkpoint has no record of it
+        labels = dataclasses.replace(labels, unanswerable=config.task.unanswerable)
     # A task default (QA's 384) is capped to a smaller checkpoint; a data.max_length the user set must fit it.
     data = fit_max_length(config.data, model.config, chosen=chosen_keys(overrides), model=f"--model {model_dir}")
     return cls(data, config.task), labels

@@ -86,6 +86,8 @@ class Task(abc.ABC):
         if data_config.packing and not self.packs_training_rows:
             raise ConfigError(f"data.packing: the {self.name} task does not pack its training examples (sequence "
                               "classification does); set data.packing=false")
+        if task_config.unanswerable is not None and self.head != "question_answering":
+            raise ConfigError(f"task.unanswerable: the {self.name} task has no empty answer; remove it")
         if task_config.classifier_pooling is not None and not self.pools_sequence:
             raise ConfigError(f"task.classifier_pooling: the {self.name} head predicts per token and pools nothing; "
                               "remove it")

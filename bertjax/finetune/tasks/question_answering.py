@@ -77,6 +77,8 @@ class QuestionAnswering(Task):
 
     def fit_labels(self, rows, source, known):
         self._columns(rows, source, True)
+        if self.task_config.unanswerable is not None:
+            return Labels(unanswerable=self.task_config.unanswerable)
         empty = any(not self._answers(row, f"{source}, row {i + 1}") for i, row in enumerate(rows))
         return Labels(unanswerable=empty)
 
