@@ -58,6 +58,47 @@ def test_prepared_and_raw_inputs_give_the_same_batches(corpus):
     assert held_out and all(b["input_ids"].shape == (4, 64) for b in held_out)
 
 
+def test_a_run_on_several_prepared_parts_takes_the_tokenizer_they_share(corpus, tmp_path):
+    """data.input=a,b of two prepared directories and no tokenizer.path: the run trained a tokenizer on their token
+    ids (a traceback). Their shared tokenizer is the run's; two different ones are an error naming the parts."""
+    import shutil
+
+    from bertjax.data.tokenizer_training import train_sentencepiece
+    from bertjax.train.feed import _build_tokenizer
+    from bertjax.train.run_config import load_run_config
+
+    shutil.copytree(corpus / "prepared", tmp_path / "copy")
+    both = f"{corpus / 'prepared'},{tmp_path / 'copy'},"  # a trailing comma too
+    config = load_run_config("configs/pretrain/tiny.yaml", [f"data.input={both}"])
+    _build_tokenizer(config, tmp_path / "run-tokenizer")
+    assert load_tokenizer(tmp_path / "run-tokenizer").fingerprint == \
+        load_tokenizer(corpus / "prepared" / "tokenizer").fingerprint
+    other = train_sentencepiece(PARAGRAPHS[:200], tmp_path / "other", vocab_size=500)
+    shutil.rmtree(tmp_path / "copy" / "tokenizer")
+    other.save(tmp_path / "copy" / "tokenizer")
+    with pytest.raises(ValueError, match="were tokenized with different tokenizers; .* tokenizer.path"):
+        _build_tokenizer(config, tmp_path / "second")
+    shutil.rmtree(tmp_path / "copy" / "tokenizer")
+    alone = load_run_config("configs/pretrain/tiny.yaml", [f"data.input={tmp_path / 'copy'}"])
+    with pytest.raises(ValueError, match="prepared data without its tokenizer/ directory"):
+        _build_tokenizer(alone, tmp_path / "third")
+
+
+def test_a_prepared_output_inside_the_input_directory_is_not_read_as_text(tmp_path, capsys):
+    """prepare --input corpus/ --out corpus/prepared: the next run read the tokenizer's vocab.txt as documents, and
+    --overwrite deleted it after indexing it, then failed reading it with the old data gone."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "docs.txt").write_text("\n".join(PARAGRAPHS[:300]) + "\n")
+    args = ["prepare", "--input", str(corpus), "--train-tokenizer", "--vocab-size", "400", "--out"]
+    assert main(args + [str(corpus / "v1")]) == 0
+    assert main(args + [str(corpus / "v2")]) == 0
+    first, second = (json.loads((corpus / name / "metadata.json").read_text()) for name in ("v1", "v2"))
+    assert first["splits"] == second["splits"]  # the same 300 documents: v1 was not read
+    assert main(args + [str(corpus / "v1"), "--overwrite"]) == 0, capsys.readouterr().err
+    assert json.loads((corpus / "v1" / "metadata.json").read_text())["splits"] == first["splits"]
+
+
 def test_prepared_data_errors(corpus, tmp_path, capsys):
     from bertjax.data.tokenizer_training import train_sentencepiece
 

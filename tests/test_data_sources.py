@@ -81,6 +81,17 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     (tmp_path / "sub").mkdir()
     with pytest.raises(FileNotFoundError, match="holds no file of a known type"):
         open_documents(str(tmp_path / "sub"))
+    # A directory's shards in forms this cannot read were dropped without a word (2 of 3 shards, exit 0).
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "shard0.txt").write_text("one document\n")
+    (shards / "shard1.txt.gz").write_bytes(b"\x1f\x8b")
+    (shards / "shard2.json").write_text('{"text": "another"}\n')
+    (shards / "README.md").write_text("not data: passed over\n")
+    with pytest.raises(ValueError, match=r"holds files this cannot read as documents: .*shard1.txt.gz, "
+                                         r".*shard2.json\. Readable: .txt"):
+        open_documents(str(shards), split="all")
+    assert documents(open_documents(str(shards / "*.txt"), split="all")) == ["one document"]
 
 
 def test_hash_split_is_disjoint_stable_and_format_independent(tmp_path):

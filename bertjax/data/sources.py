@@ -491,13 +491,38 @@ def _each_file_once(paths: list[pathlib.Path]) -> list[pathlib.Path]:
     return sorted(by_file.values())
 
 
+# Files in an input directory that hold data this cannot read: dropped without a word, a corpus would shrink.
+_UNREAD_DATA_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".json", ".csv", ".tsv", ".arrow")
+
+
+def _directory_files(spec: str) -> list[pathlib.Path]:
+    """The data files under directory `spec`. Other files there (READMEs, ...) are not data; a `bertjax prepare`
+    output inside it (its tokenizer's vocab.txt is a text file) is not raw text, and is passed over; a file of data
+    in a form this cannot read (compressed, JSON Lines named .json, CSV) is an error naming it."""
+    paths, unread = [], []
+    for root, directories, files in os.walk(spec):  # links to directories not followed, as rglob
+        if root != spec and (PREPARED_METADATA in files or any(f.endswith(".array_record") for f in files)):
+            directories[:] = []  # prepared data, or a prepare stopped halfway
+            continue
+        for name in files:
+            suffix = pathlib.Path(name).suffix.lower()
+            if suffix in FILE_KINDS:
+                paths.append(pathlib.Path(root, name))
+            elif suffix in _UNREAD_DATA_SUFFIXES:
+                unread.append(os.path.join(root, name))
+    if unread:
+        shown = ", ".join(sorted(unread)[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")
+        raise ValueError(f"directory {spec!r} holds files this cannot read as documents: {shown}. Readable: "
+                         f"{', '.join(FILE_KINDS)} (decompress them; JSON Lines as .jsonl), or name the files to read "
+                         f"with a glob such as {os.path.join(spec, '**', '*.txt')!r}")
+    if not paths:
+        raise FileNotFoundError(f"directory {spec!r} holds no file of a known type ({', '.join(FILE_KINDS)})")
+    return sorted(paths)
+
+
 def _expand(spec: str) -> list[pathlib.Path]:
     if os.path.isdir(spec):
-        # A directory stands for the data files in it; other files there (READMEs, ...) are not data.
-        paths = sorted(p for p in pathlib.Path(spec).rglob("*") if p.is_file() and p.suffix.lower() in FILE_KINDS)
-        if not paths:
-            raise FileNotFoundError(f"directory {spec!r} holds no file of a known type ({', '.join(FILE_KINDS)})")
-        return paths
+        return _directory_files(spec)
     if glob.has_magic(spec):
         paths = sorted(pathlib.Path(p) for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
         if not paths:

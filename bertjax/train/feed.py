@@ -56,12 +56,25 @@ def _build_tokenizer(config: RunConfig, out_dir: Path) -> None:
     if tok.path is not None:
         load_tokenizer(tok.path).save(out_dir)
         return
-    prepared = None if "," in config.data.input else prepared_directory(config.data.input)
-    if prepared is not None and (prepared / TOKENIZER_DIR).is_dir():
-        load_tokenizer(prepared / TOKENIZER_DIR).save(out_dir)  # prepared data carries the tokenizer it was made with
+    # Prepared data carries the tokenizer it was made with; several prepared parts must share one.
+    specs = [spec.strip() for spec in config.data.input.split(",") if spec.strip()]
+    prepared = [directory for directory in map(prepared_directory, specs) if directory is not None]
+    tokenizers = {}
+    for directory in prepared:
+        if (directory / TOKENIZER_DIR).is_dir():
+            tokenizer = load_tokenizer(directory / TOKENIZER_DIR)
+            tokenizers.setdefault(tokenizer.fingerprint, (directory, tokenizer))
+    if len(tokenizers) > 1:
+        raise ValueError(f"data.input: the prepared directories {[str(d) for d, _ in tokenizers.values()]} were "
+                         "tokenized with different tokenizers; prepare them with one, or name it with tokenizer.path")
+    if tokenizers:
+        next(iter(tokenizers.values()))[1].save(out_dir)
         return
     documents = open_documents(config.data.input, split="train", text_format=config.data.text_format,
                                text_field=config.data.text_field, eval_fraction=config.data.eval_fraction)
+    if documents.tokenized:  # prepared data whose tokenizer/ is gone: its token ids cannot train a tokenizer
+        raise ValueError(f"data.input {config.data.input!r} is prepared data without its tokenizer/ directory; "
+                         "name the tokenizer it was prepared with in tokenizer.path")
     log.info("training a %s tokenizer (vocab %d) on %d documents", tok.model_type, tok.vocab_size, len(documents))
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     train_sentencepiece((documents[i] for i in range(len(documents))), tmp, vocab_size=tok.vocab_size,
