@@ -26,7 +26,8 @@ import numpy as np
 
 from bertjax.data import remote
 from bertjax.data.default_corpus import default_corpus_documents, in_split
-from bertjax.data.text_checks import NON_TEXT_REASONS, check_mostly_text, is_binary
+from bertjax.data.text_checks import (NON_TEXT_REASONS, check_mostly_records, check_mostly_text, is_binary,
+                                      is_malformed_record)
 from bertjax.jsonl import loads
 
 SPLITS = ("train", "eval", "all")
@@ -159,6 +160,7 @@ class IndexedFileSource(DocumentSource):
             data = _map_file(path)
             line_starts = None
             records = non_text = 0
+            malformed, first_malformed = collections.Counter(), ""
             for start, end, text, reason in scan(data):
                 records += 1
                 non_text += reason in NON_TEXT_REASONS
@@ -167,6 +169,9 @@ class IndexedFileSource(DocumentSource):
                         line_starts = np.flatnonzero(np.frombuffer(data, np.uint8) == ord("\n"))
                     line = int(np.searchsorted(line_starts, start)) + 1
                     self.stats.skip(reason, f"{path}:{line}")
+                    if is_malformed_record(reason):
+                        malformed[reason] += 1
+                        first_malformed = first_malformed or f"{path}:{line}"
                 elif in_split(text, split, eval_fraction):
                     files.append(file_index)
                     starts.append(start)
@@ -176,6 +181,7 @@ class IndexedFileSource(DocumentSource):
             if records == 0:
                 self.stats.skip("empty_file", str(path))
             check_mostly_text(path, records, non_text)
+            check_mostly_records(path, records, malformed, first_malformed)
         self._file = np.array(files, np.int32)
         self._start = np.array(starts, np.int64)
         self._end = np.array(ends, np.int64)

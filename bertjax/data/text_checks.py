@@ -1,7 +1,9 @@
 """Is an input file text? Binary data given as text (a model file, an archive, a `.txt` that is really UTF-16)
 would otherwise be indexed line by line: most lines skipped as invalid UTF-8, and the rest, fragments of bytes
 that happen to decode, trained on. A file whose share of undecodable or binary lines passes
-`MAX_NON_TEXT_SHARE` is refused instead, with an error naming it."""
+`MAX_NON_TEXT_SHARE` is refused instead, with an error naming it. So is a JSONL file whose share of lines that are
+not JSON, or lack the text field, passes it: another schema (the text under another key) or another format, whose
+documents would otherwise be skipped nearly all, exit 0."""
 
 from __future__ import annotations
 
@@ -20,6 +22,22 @@ def is_binary(text: str) -> bool:
     if "\x00" in text:
         return True
     return len(_CONTROL.findall(text)) > _MAX_CONTROL_SHARE * len(text)
+
+
+def is_malformed_record(reason: str | None) -> bool:
+    """A JSONL line that is not JSON, not an object with the text field, or whose field is not text."""
+    return reason is not None and (reason == "not_json" or reason.startswith(("missing_field_", "field_")))
+
+
+def check_mostly_records(path, records: int, malformed: dict[str, int], first: str) -> None:
+    """Raise ValueError when more than MAX_NON_TEXT_SHARE of a JSONL file's lines (and at least
+    MIN_NON_TEXT_RECORDS) are malformed; `malformed`: their count by reason, `first`: where the first one is."""
+    count = sum(malformed.values())
+    if count >= MIN_NON_TEXT_RECORDS and count > MAX_NON_TEXT_SHARE * records:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(malformed.items()))
+        raise ValueError(f"{str(path)!r}: {count} of its {records} lines are not JSON objects with a text field "
+                         f"({reasons}; more than {MAX_NON_TEXT_SHARE:.0%}; the first at {first}); name the field "
+                         "that holds the text (data.text_field, prepare's --text-field), or fix the file")
 
 
 def check_mostly_text(path, records: int, non_text: int) -> None:
