@@ -21,11 +21,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_two_processes(config, workdir) -> list[subprocess.Popen]:
-    """The two processes of one run on localhost, each printing into a pipe (stdout and stderr together)."""
+def _start_two_processes(config, workdir, second_config=None) -> list[subprocess.Popen]:
+    """The two processes of one run on localhost, each printing into a pipe (stdout and stderr together); process
+    1 reads `second_config` when given."""
     coordinator = f"127.0.0.1:{_free_port()}"
-    return [subprocess.Popen(pretrain_command(config, workdir, "--coordinator", coordinator, "--num-processes", "2",
-                                              "--process-id", str(i)),
+    configs = [config, second_config or config]
+    return [subprocess.Popen(pretrain_command(configs[i], workdir, "--coordinator", coordinator, "--num-processes",
+                                              "2", "--process-id", str(i)),
                              env=cpu_env(devices=1), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True) for i in range(2)]
 
@@ -57,6 +59,31 @@ def test_both_processes_log_the_same_losses(two_process_run):
     assert sorted(process0) == list(range(1, STEPS + 1))
     assert process1 == process0
     assert process0[STEPS] < process0[1]
+
+
+def test_processes_started_with_other_settings_are_refused(tmp_path):
+    """One host with a stale config (another learning rate): both trained on, exit 0, the replicated parameters
+    drifting apart while every host printed the same averaged loss. Now every process stops before training,
+    naming the section that differs."""
+    tokenizer = small_tokenizer()
+    config = write_config(tmp_path / "run.yaml", tokenizer, train={"steps": 2})
+    stale = write_config(tmp_path / "stale.yaml", tokenizer, train={"steps": 2}, optimizer={"learning_rate": 3e-2})
+    processes = _start_two_processes(config, tmp_path / "run", stale)
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    for i, process in enumerate(processes):
+        assert process.returncode == 2, f"process {i}:\n{outputs[i]}"
+        assert "started with different settings than process 0: optimizer (process 1)" in outputs[i], outputs[i]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_differing_settings_names_each_key_and_process():
+    from bertjax.train.distributed import differing_settings, settings_digests
+
+    runs = [{"data": {"input": "a"}, "optimizer": {"lr": 1}}, {"data": {"input": "a"}, "optimizer": {"lr": 2}},
+            {"data": {"input": "b"}, "optimizer": {"lr": 2}}]
+    gathered = np.stack([settings_digests(run) for run in runs])
+    assert differing_settings(["data", "optimizer"], gathered) == {"data": [2], "optimizer": [1, 2]}
+    assert differing_settings(["data", "optimizer"], gathered[:1]) == {}
 
 
 def test_the_two_process_checkpoint_restores_in_one_process(two_process_run):

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
+import json
 import os
 import signal
 import sys
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from bertjax.train import session_outputs
 
@@ -75,6 +78,41 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         return "single"
     jax.distributed.initialize()
     return cluster
+
+
+def settings_digests(settings: dict[str, Any]) -> np.ndarray:
+    """uint8 [len(settings), 32]: the sha256 of each setting's JSON, in sorted key order."""
+    return np.stack([np.frombuffer(hashlib.sha256(json.dumps(settings[key], sort_keys=True, default=str)
+                                                  .encode()).digest(), np.uint8) for key in sorted(settings)])
+
+
+def differing_settings(keys: list[str], gathered: np.ndarray) -> dict[str, list[int]]:
+    """key -> the processes whose digest of it is not process 0's (`gathered`: [processes, keys, 32])."""
+    found = {}
+    for index, key in enumerate(keys):
+        others = [p for p in range(1, len(gathered)) if (gathered[p, index] != gathered[0, index]).any()]
+        if others:
+            found[key] = others
+    return found
+
+
+def check_same_everywhere(settings: dict[str, Any], advice: str) -> None:
+    """Refuse a run whose processes were started with other settings than process 0 (a stale config file on one
+    host, another data path): each host would train its share of the batch on its own terms, the replicated
+    parameters drifting apart while every host prints the same averaged loss, or a collective of another shape
+    would abort the run. `settings`: the same keys on every process, JSON-able values."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    keys = sorted(settings)
+    gathered = np.asarray(multihost_utils.process_allgather(settings_digests(settings).astype(np.int32)))
+    found = differing_settings(keys, gathered)
+    if found:
+        listed = "; ".join(f"{key} (process{'es' * (len(p) > 1)} {', '.join(map(str, p))})"
+                           for key, p in found.items())
+        raise ValueError(f"the processes of this run were started with different settings than process 0: {listed}. "
+                         f"{advice}")
 
 
 # A Ctrl-C or SIGTERM that arrives before a run's PreemptionWatch is open (while it loads data, builds the model or
