@@ -470,3 +470,32 @@ def test_pretraining_refuses_bfloat16_master_weights(tmp_path):
         build_model_config(config, vocab_size=128, pad_id=0, max_seq_len=32)
     bf16 = run_config_from_dict(_with("model", overrides={"dtype": "bfloat16"}))
     assert build_model_config(bf16, vocab_size=128, pad_id=0, max_seq_len=32).dtype == "bfloat16"
+
+
+def test_a_roberta_family_model_follows_the_tokenizers_padding_and_separator():
+    """roberta-base.yaml trains its own tokenizer ([PAD] 0, [SEP] 3): the preset's position offset 2 (RoBERTa's pad
+    1 + 1) made the trained model impossible to export (transformers numbers positions from pad + 1), and a
+    Longformer's sep_token_id 2 (its [CLS] here) put no global attention on a question. Both follow the tokenizer
+    now, unless overridden; one token type means none is passed, as RoBERTa's own tokenizer gives all zeros."""
+    from bertjax.finetune.tasks.base import Task
+    from bertjax.hf.registry import FAMILIES
+    from bertjax.train.setup import build_model_config
+
+    roberta = run_config_from_dict(_with("model", preset="roberta-base"))
+    own = build_model_config(roberta, vocab_size=512, pad_id=0, max_seq_len=32, sep_id=3)
+    assert own.position_offset == 1
+    FAMILIES["roberta"].to_hf_config(own, "masked_lm")  # refused before: position_offset=2 (needs 1)
+    assert build_model_config(roberta, vocab_size=512, pad_id=1, max_seq_len=32).position_offset == 2
+    kept = run_config_from_dict(_with("model", preset="roberta-base", overrides={"position_offset": 2}))
+    assert build_model_config(kept, vocab_size=512, pad_id=0, max_seq_len=32).position_offset == 2
+    assert build_model_config(run_config_from_dict(_with("model", preset="bert-base")), vocab_size=512, pad_id=5,
+                              max_seq_len=32).position_offset == 0
+    longformer = run_config_from_dict(_with("model", preset="longformer-tiny"))
+    assert build_model_config(longformer, vocab_size=512, pad_id=0, max_seq_len=32, sep_id=3) \
+        .longformer.sep_token_id == 3
+    chosen = run_config_from_dict(_with("model", preset="longformer-tiny",
+                                        overrides={"longformer": {"sep_token_id": 7}}))
+    assert build_model_config(chosen, vocab_size=512, pad_id=0, max_seq_len=32, sep_id=3) \
+        .longformer.sep_token_id == 7
+    batch = {"input_ids": 1, "segment_ids": 2, "token_type_ids": 3}
+    assert "token_type_ids" not in Task.model_kwargs(batch, 1) and Task.model_kwargs(batch, 2)["token_type_ids"] == 3

@@ -63,8 +63,11 @@ class RunSetup:
 
 
 def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_seq_len: int,
-                       attention_platform: str | None = None, seq_len_key: str = "data.seq_len") -> EncoderConfig:
-    """The preset with its overrides; vocabulary size and pad id follow the tokenizer unless overridden.
+                       attention_platform: str | None = None, seq_len_key: str = "data.seq_len",
+                       sep_id: int | None = None) -> EncoderConfig:
+    """The preset with its overrides; vocabulary size and pad id follow the tokenizer unless overridden, and so
+    does what depends on them: a family that numbers positions after the padding id (RoBERTa's offset pad + 1,
+    which its export requires) and a Longformer's separator id (where its heads put global attention by default).
 
     `attention_platform` resolves "auto" attention for a platform other than this machine's (compile-check).
     `seq_len_key` names the setting `max_seq_len` comes from in the error when it does not fit (a phase's).
@@ -75,7 +78,15 @@ def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_s
     if overrides["vocab_size"] < vocab_size:
         raise ConfigError(f"model.overrides.vocab_size ({overrides['vocab_size']}) is smaller than the tokenizer's "
                           f"vocabulary ({vocab_size})")
+    preset = get_config(config.model.preset)
+    if preset.position_offset and preset.position_offset == preset.pad_token_id + 1:
+        overrides.setdefault("position_offset", overrides["pad_token_id"] + 1)
     model_config = get_config(config.model.preset, **overrides)
+    chosen = overrides.get("longformer")
+    if sep_id is not None and model_config.longformer is not None and not (
+            chosen is not None and (not isinstance(chosen, dict) or "sep_token_id" in chosen)):
+        longformer = dataclasses.replace(model_config.longformer, sep_token_id=sep_id)
+        model_config = model_config.replace(longformer=longformer)
     if model_config.param_dtype != "float32":  # as fine-tuning and train-embedder keep them
         raise ConfigError(f"model.overrides.param_dtype={model_config.param_dtype!r}: pretraining keeps float32 "
                           "master weights (in bfloat16 most updates round away: a norm scale stays exactly 1 at lr "
@@ -193,7 +204,8 @@ def schedule_change_on_resume(config: RunConfig, held_steps: int, batch_shards: 
 
 
 def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Sequence | None = None,
-              attention_platform: str | None = None, compile_only: bool = False) -> RunSetup:
+              attention_platform: str | None = None, compile_only: bool = False,
+              sep_id: int | None = None) -> RunSetup:
     """Everything a run needs but the data feed and the state itself.
 
     `compile_only`: no weights are loaded (a teacher is abstract) and a schedule that no longer fits an
@@ -202,7 +214,7 @@ def setup_run(config: RunConfig, *, vocab_size: int, pad_id: int, devices: Seque
     check_kernels_run_on(config, attention_platform or jax.default_backend())
     mesh = mesh_lib.build_mesh(config.mesh, devices)
     phases = feed_lib.plan_phases(config, mesh_lib.batch_shards(mesh))
-    objectives = _phase_objectives(config, phases, vocab_size, pad_id, attention_platform)
+    objectives = _phase_objectives(config, phases, vocab_size, pad_id, attention_platform, sep_id)
     objective = objectives[0]
     for phase, phase_objective in zip(phases, objectives):
         check_objective_data(phase_objective, [phase] if len(phases) > 1 else phases)
@@ -246,7 +258,7 @@ def _unused_parameters(objectives: list[Objective], phases: list, frozen: Any) -
 
 
 def _phase_objectives(config: RunConfig, phases: list, vocab_size: int, pad_id: int,
-                      attention_platform: str | None) -> list[Objective]:
+                      attention_platform: str | None, sep_id: int | None) -> list[Objective]:
     """The objective of each phase: the run's model with the phase's `model` fields (RoPE thetas), one object per
     distinct model. A phase may change how the model computes, never the shapes of its parameters."""
     by_model: dict[str, Objective] = {}
@@ -267,7 +279,7 @@ def _phase_objectives(config: RunConfig, phases: list, vocab_size: int, pad_id: 
             try:
                 model_config = build_model_config(
                     phased, vocab_size=vocab_size, pad_id=pad_id, attention_platform=attention_platform,
-                    max_seq_len=longest.data.seq_len, seq_len_key=seq_len_key)
+                    max_seq_len=longest.data.seq_len, seq_len_key=seq_len_key, sep_id=sep_id)
                 by_model[key] = build_objective(config.objective, model_config, config.model.remat_policy)
             except ObjectiveError as error:
                 raise ConfigError(str(error)) from None

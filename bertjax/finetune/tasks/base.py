@@ -138,7 +138,9 @@ class Task(abc.ABC):
     @classmethod
     def model_kwargs(cls, batch: dict, type_vocab_size: int) -> dict:
         inputs = {"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"]}
-        if type_vocab_size:
+        # One token type (RoBERTa's family): every position is type 0, as its own tokenizer says, whatever the pair
+        # template of the tokenizer at hand numbers the second text (bertjax's trained one: BERT's 0/1).
+        if type_vocab_size > 1:
             inputs["token_type_ids"] = batch["token_type_ids"]
         return inputs
 
