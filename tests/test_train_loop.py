@@ -109,6 +109,9 @@ def test_summary_names_the_step_of_an_evaluation_that_was_not_at_the_end(finishe
     assert "(stopped by SIGTERM or Ctrl-C; rerun to resume)" in lines[0]
     assert f"latest held-out MLM loss (step 3): {finished_run.eval_loss_end:.4f}" in lines
     assert not any("at the end" in line for line in lines)
+    # Another objective's held-out loss is its total, named so (ELECTRA's 42 read as an MLM loss).
+    assert f"held-out electra loss (its total; parts in metrics.jsonl) at the end:   " \
+        f"{finished_run.eval_loss_end:.4f}" in summary(finished_run, "electra")
 
 
 class _Messages:

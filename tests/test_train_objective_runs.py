@@ -75,6 +75,20 @@ def test_distillation_learns_from_a_pretraining_workdir(tmp_path, teacher):
     for name in ("kl_loss", "mlm_loss", "cosine_loss", "eval_kl_loss"):
         assert name in last, name
     assert (result.workdir / "tokenizer").is_dir()
+    # The teacher is part of the run: a resume against a teacher trained on since (another fingerprint) is refused;
+    # it went on silently. A description written before teachers were recorded still resumes.
+    from bertjax.train import workdir as workdir_lib
+    from bertjax.train.run_config import ConfigError
+
+    described = json.loads((result.workdir / "model_config.json").read_text())
+    assert described["frozen"]["teacher"] == str(teacher.workdir.resolve())
+    workdir_lib.check_model_config(result.workdir, described)
+    changed = {**described, "frozen": {**described["frozen"], "fingerprint": "0" * 16}}
+    with pytest.raises(ConfigError, match="holds another model .*frozen.fingerprint"):
+        workdir_lib.check_model_config(result.workdir, changed)
+    older = {k: v for k, v in described.items() if k != "frozen"}
+    (result.workdir / "model_config.json").write_text(json.dumps(older))
+    workdir_lib.check_model_config(result.workdir, changed)
 
 
 def test_electra_learns_and_saves_both_models(tmp_path):

@@ -12,7 +12,7 @@ from bertjax.models import MODEL_CLASSES
 from bertjax.models.params import init_boxed
 from bertjax.train import flops
 from bertjax.train.objectives import OBJECTIVES, build_objective, losses, objective_class
-from bertjax.train.objectives.base import model_inputs
+from bertjax.train.objectives.base import ObjectiveError, model_inputs
 from bertjax.train.objectives.distillation import teacher_layer_map
 from bertjax.train.run_config import ConfigError, run_config_from_dict
 from bertjax.train.setup import setup_run
@@ -177,6 +177,36 @@ def test_distillation_of_a_student_equal_to_its_teacher_has_zero_kl_and_cosine(m
     _, sums = loss_of(objective, student, tiny_batch(BERT), frozen)
     metrics = objective.metrics(sums)
     assert abs(float(metrics["kl_loss"])) < 1e-6 and abs(float(metrics["cosine_loss"])) < 1e-6
+
+
+def test_a_narrower_student_trains_without_the_cosine_term(monkeypatch):
+    """The error for a narrower student says "set objective.alpha_cos: 0"; doing so failed on a shape mismatch,
+    the cosine being computed at weight 0 anyway."""
+    teacher_config = BERT.replace(hidden_size=BERT.hidden_size * 2, intermediate_size=BERT.intermediate_size * 2)
+    teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(5)))
+    objective, _ = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params, alpha_cos=0.0,
+                                             student_init="random")
+    loss, sums = loss_of(objective, params_of(objective), tiny_batch(BERT), {"teacher": teacher_params})
+    assert np.isfinite(float(loss)) and float(objective.metrics(sums)["cosine_loss"]) == 0.0
+    with pytest.raises(ValueError, match="objective.alpha_cos: the cosine loss compares hidden states"):
+        distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params)[0].check_compatible()
+
+
+def test_a_missing_teacher_is_named_as_the_teacher(tmp_path):
+    """It was "tokenizer path 'runs/nope' does not exist": the teacher's path doubles as the tokenizer's."""
+    from bertjax.train.objectives.distillation import DistillationOptions
+
+    with pytest.raises(ValueError, match=r"objective.teacher: '.*nope' does not exist"):
+        DistillationOptions(teacher=str(tmp_path / "nope")).tokenizer_path()
+
+
+def test_sentence_pair_objectives_refuse_a_model_that_cannot_hold_them():
+    """RoBERTa (one token type: sentence B clamped to type 0 under jit), DistilBERT, ModernBERT, ELECTRA: one step
+    trained, and the run could not be exported at its end."""
+    for preset in ("roberta-tiny", "distilbert-tiny", "modernbert-tiny", "electra-tiny-discriminator"):
+        with pytest.raises(ObjectiveError, match=r"objective.name='mlm_nsp' needs a BERT- or ALBERT-style model"):
+            objective_for("mlm_nsp", get_config(preset, vocab_size=64))
+    objective_for("mlm_sop", get_config("albert-tiny", vocab_size=64))
 
 
 def test_student_takes_every_other_teacher_layer():

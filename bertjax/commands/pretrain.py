@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if jax.process_index() != 0:
         return 0
     with final_report():  # a reader gone by now takes the summary, not the run's status
-        print("\n" + "\n".join(summary(result)))
+        print("\n" + "\n".join(summary(result, config.objective.name)))
         if not result.preempted and config.eval.fill_mask_examples and jax.process_count() == 1:
             try:
                 show_fill_mask(config, result)
@@ -57,18 +57,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def summary(result) -> list[str]:
+def summary(result, objective: str = "mlm") -> list[str]:
     """The lines printed after a run: its steps and time, and the held-out loss at the start and at the end, or at
-    the step of the latest evaluation when the run stopped before the end (or did not evaluate there)."""
+    the step of the latest evaluation when the run stopped before the end (or did not evaluate there). Another
+    objective's loss is its whole (distillation's weighted sum, ELECTRA's generator MLM + 50 x detection), named
+    so; metrics.jsonl holds its parts."""
     lines = [f"workdir {result.workdir}: steps {result.start_step} -> {result.final_step} in {result.seconds:.0f} s"
              f"{' (stopped by SIGTERM or Ctrl-C; rerun to resume)' if result.preempted else ''}"]
+    name = "MLM loss" if objective == "mlm" else f"{objective} loss (its total; parts in metrics.jsonl)"
     if result.eval_loss_start is not None:
-        lines.append(f"held-out MLM loss at the start: {result.eval_loss_start:.4f}")
+        lines.append(f"held-out {name} at the start: {result.eval_loss_start:.4f}")
     if result.eval_loss_end is not None:
         if result.eval_loss_end_step == result.final_step and not result.preempted:
-            lines.append(f"held-out MLM loss at the end:   {result.eval_loss_end:.4f}")
+            lines.append(f"held-out {name} at the end:   {result.eval_loss_end:.4f}")
         else:
-            lines.append(f"latest held-out MLM loss (step {result.eval_loss_end_step}): {result.eval_loss_end:.4f}")
+            lines.append(f"latest held-out {name} (step {result.eval_loss_end_step}): {result.eval_loss_end:.4f}")
     return lines
 
 

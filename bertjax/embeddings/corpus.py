@@ -18,12 +18,10 @@ not ours to replace).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from bertjax.file_digest import sha256_of
@@ -91,15 +89,10 @@ def _column(rows: list[dict], column: str, path: Path) -> list[str]:
 def model_fingerprint(encoder) -> str:
     """A short hash of the embedding model: its settings and a sample of every parameter array, so two copies of
     one model agree wherever they are stored and two different models (almost surely) do not."""
-    digest = hashlib.sha256()
-    digest.update(repr((encoder.config, encoder.pooling, encoder.dense, encoder.max_seq_length,
-                        encoder.do_lower_case)).encode())
-    for path, leaf in jax.tree_util.tree_flatten_with_path(encoder.params)[0]:
-        values = np.asarray(leaf).reshape(-1)
-        digest.update(jax.tree_util.keystr(path).encode())
-        digest.update(str(values.shape).encode())
-        digest.update(np.ascontiguousarray(values[:: max(len(values) // 256, 1)][:256], np.float32).tobytes())
-    return digest.hexdigest()[:16]
+    from bertjax.models.params import params_fingerprint
+
+    return params_fingerprint(encoder.params, repr((encoder.config, encoder.pooling, encoder.dense,
+                                                    encoder.max_seq_length, encoder.do_lower_case)))
 
 
 def description_path(npy: str | os.PathLike) -> Path:

@@ -12,6 +12,7 @@ Parameter shapes do not depend on the dummy row's length; `seq_len` only has to 
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import flax.linen as nn
 import jax
@@ -74,3 +75,18 @@ def logical_axes(model: nn.Module, seq_len: int = DUMMY_SEQ_LEN) -> dict:
     """The logical axis names of every parameter (a pytree of PartitionSpecs of names), without allocating."""
     boxed = jax.eval_shape(lambda key: init_boxed(model, key, seq_len), jax.random.key(0))
     return nn.get_partition_spec(boxed)
+
+
+def params_fingerprint(params, extra: str = "") -> str:
+    """A short hash of a parameter tree (and `extra`, its settings): every array's path, shape and a sample of up to
+    256 of its values, so two copies of one model agree wherever they are stored and two different models (almost
+    surely) do not, for the cost of reading a few thousand numbers."""
+    import numpy as np
+
+    digest = hashlib.sha256(extra.encode())
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        values = np.asarray(leaf).reshape(-1)
+        digest.update(jax.tree_util.keystr(path).encode())
+        digest.update(str(values.shape).encode())
+        digest.update(np.ascontiguousarray(values[:: max(len(values) // 256, 1)][:256], np.float32).tobytes())
+    return digest.hexdigest()[:16]

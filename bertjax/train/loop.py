@@ -131,7 +131,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     changed = workdir_lib.check_rerun(workdir, config, resumable)  # before anything is written
 
     tokenizer = feed_lib.prepare_tokenizer(config, workdir)
-    setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id)
+    setup = setup_run(config, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, sep_id=tokenizer.sep_id)
     objective, model_config, mesh = setup.objective, setup.model_config, setup.mesh
     description = model_description(objective)
     if resumable:
@@ -316,6 +316,9 @@ def model_description(objective: Objective) -> dict:
     description = {"head": head_of(model), "config": model.config.to_dict()}
     if objective.params_key is not None:
         description["params_key"] = objective.params_key
+    frozen = objective.frozen_description()
+    if frozen is not None:
+        description["frozen"] = frozen
     return description
 
 

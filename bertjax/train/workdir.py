@@ -560,6 +560,8 @@ def check_model_config(workdir: Path, description: dict) -> None:
     except json.JSONDecodeError as error:
         raise ConfigError(f"{saved} is not valid JSON ({error}); this workdir's model description is damaged") \
             from None
+    if isinstance(held, dict) and "frozen" not in held:  # written before frozen parameters were recorded
+        description = {k: v for k, v in description.items() if k != "frozen"}
     found = differences(_comparable(held), _comparable(description))
     if found:
         fields = {f.name for f in dataclasses.fields(EncoderConfig)}

@@ -102,6 +102,11 @@ class Objective(abc.ABC):
         `abstract`, ShapeDtypeStructs carrying the shardings (ahead-of-time compiles)."""
         return {}, {}
 
+    def frozen_description(self) -> dict | None:
+        """What the frozen parameters are (a teacher's path and fingerprint), kept in model_config.json so that a
+        resume against other ones is refused; None when the objective has none."""
+        return None
+
     def warm_start(self, params: Params, frozen: Params) -> Params:
         """The parameters a fresh run starts from, given the randomly initialised ones (jitted, sharded)."""
         return params

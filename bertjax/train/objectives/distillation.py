@@ -56,6 +56,9 @@ class DistillationOptions(ObjectiveOptions):
 
     def tokenizer_path(self) -> str | None:
         """The teacher's tokenizer: a student must read the same token ids."""
+        if "://" not in self.teacher and not Path(self.teacher).exists():
+            raise ValueError(f"objective.teacher: {self.teacher!r} does not exist (a transformers directory, a bertjax "
+                             "model directory or a pretraining workdir)")
         nested = Path(self.teacher) / "tokenizer"  # a pretraining workdir keeps it in a subdirectory
         return str(nested) if nested.is_dir() else self.teacher
 
@@ -106,6 +109,13 @@ class Distillation(MaskedLM):
             raise ObjectiveError(f"objective.alpha_cos: the cosine loss compares hidden states, but the teacher's "
                                  f"hidden_size is {teacher_config.hidden_size} and the student's {student.hidden_size}"
                                  "; set objective.alpha_cos: 0 or match the sizes")
+
+    def frozen_description(self):
+        from bertjax.models.params import params_fingerprint
+
+        model, params, _ = self.teacher
+        return {"teacher": str(Path(self.options.teacher).resolve()),
+                "fingerprint": params_fingerprint(params, repr(model.config))}
 
     # -- parameters ---------------------------------------------------------------------------------------------
     def frozen_params(self, mesh, abstract=False):
@@ -161,10 +171,14 @@ class Distillation(MaskedLM):
             masked_logits = jnp.take_along_axis(student.logits, batch["masked_positions"][..., None], axis=1)
         mlm_loss, mlm_weight, mlm_correct = losses.mlm_sums(masked_logits, batch["masked_ids"], weights)
         h_student = student.last_hidden_state.astype(jnp.float32)
-        cosine = jnp.sum(h_student * teacher_hidden, -1) / jnp.maximum(
-            jnp.linalg.norm(h_student, axis=-1) * jnp.linalg.norm(teacher_hidden, axis=-1), 1e-8)
+        if h_student.shape == teacher_hidden.shape:
+            cosine = jnp.sum(h_student * teacher_hidden, -1) / jnp.maximum(
+                jnp.linalg.norm(h_student, axis=-1) * jnp.linalg.norm(teacher_hidden, axis=-1), 1e-8)
+            cosine_loss = jnp.sum((1.0 - cosine) * real)
+        else:  # a narrower student: no cosine term (check_compatible requires alpha_cos 0 then)
+            cosine_loss = jnp.zeros((), jnp.float32)
         return {"kl_loss": jnp.sum(kl * (real if everywhere else weights)) * t * t, "mlm_loss": mlm_loss,
-                "mlm_weight": mlm_weight, "mlm_correct": mlm_correct, "cosine_loss": jnp.sum((1.0 - cosine) * real),
+                "mlm_weight": mlm_weight, "mlm_correct": mlm_correct, "cosine_loss": cosine_loss,
                 "token_count": jnp.sum(real)}
 
     def normalisers(self, batch):

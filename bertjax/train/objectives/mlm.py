@@ -66,6 +66,24 @@ class MaskedLMWithSentencePairs(MaskedLM):
     extra_batch_keys = frozenset({"nsp_labels"})
     sentence_objective: ClassVar[str] = "nsp"  # the data pipeline's pair builder that makes the labels
 
+    def __init__(self, options, model_config, remat_policy="none"):
+        super().__init__(options, model_config, remat_policy)
+        from bertjax.hf.registry import FAMILIES
+
+        # A family without them trained anyway: sentence B's token type 1 clamped to row 0 under jit (never marked),
+        # a pooler built the family does not have, and no transformers class to export the run to, found at its end.
+        family = FAMILIES.get(model_config.family)
+        problems = [text for failed, text in (
+            (model_config.type_vocab_size < 2, f"type_vocab_size={model_config.type_vocab_size} (sentence B is "
+                                               "token type 1)"),
+            (not model_config.pooler, "no pooler (the sentence classifier reads the pooled [CLS])"),
+            (family is None or "pretraining" not in family.heads.values(),
+             f"no {model_config.family} *ForPreTraining class in transformers to export it to"))
+            if failed]
+        if problems:
+            raise ObjectiveError(f"objective.name={self.name!r} needs a BERT- or ALBERT-style model (model.preset); "
+                                 f"this one has {'; '.join(problems)}: train it with objective.name: mlm")
+
     def check_data(self, data_config, produced, where):
         if data_config.sentence_objective != self.sentence_objective:
             raise ObjectiveError(f"objective.name={self.name!r} trains on {self.sentence_objective.upper()} pairs: "
