@@ -126,13 +126,19 @@ def _tokenizer_in(*candidates: Path):
 # ---------------------------------------------------------------------------------------------------------------
 # A bertjax model directory.
 
-def save_model_dir(path: str | Path, model, params, tokenizer=None, token_ids: dict[str, int] | None = None) -> None:
+def save_model_dir(path: str | Path, model, params, tokenizer=None, token_ids: dict[str, int] | None = None, *,
+                   this_process_only: bool = False) -> None:
     """Write a bertjax model directory (`load_model_dir` reads it back, onto any mesh).
+
+    Called on every process of a multi-host run, with global arrays, into a directory they all see; or with
+    `this_process_only`, by one process with host arrays (the others wait for nothing: their own disks, a per-host
+    workdir, never see the directory).
 
     `params` may be boxed (`model.init(...)["params"]`: Flax's LogicallyPartitioned): the arrays are saved. A tree
     that is not `model`'s (another path or shape) is a ValueError naming the first difference, before anything is
     written."""
     import flax.linen as nn
+    import jax
     import orbax.checkpoint as ocp
 
     params = nn.meta.unbox(params)
@@ -140,7 +146,10 @@ def save_model_dir(path: str | Path, model, params, tokenizer=None, token_ids: d
     path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
     write_model_config(path, model, token_ids)
-    with ocp.StandardCheckpointer() as checkpointer:
+    alone = jax.process_index()
+    options = ocp.options.MultiprocessingOptions(primary_host=alone, active_processes={alone}) \
+        if this_process_only else ocp.options.MultiprocessingOptions()
+    with ocp.StandardCheckpointer(multiprocessing_options=options) as checkpointer:
         checkpointer.save(path / PARAMS_DIR, params, force=True)
         checkpointer.wait_until_finished()
     if tokenizer is not None:

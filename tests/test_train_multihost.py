@@ -76,6 +76,33 @@ def test_processes_started_with_other_settings_are_refused(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_per_host_workdirs_export_from_process_0_and_refuse_unshared_checkpoints(tmp_path):
+    """tpu_pod.sh's layout: --workdir on each host's own disk. ELECTRA's end-of-run exports (orbax, every process
+    into "one" directory) and fine-tuning's default <workdir>/checkpoints hung forever there."""
+    import sys
+
+    coordinator = f"127.0.0.1:{_free_port()}"
+    tokenizer = small_tokenizer()
+    processes = [subprocess.Popen([sys.executable, "tests/per_host_workdir_script.py", coordinator, str(i),
+                                   str(tmp_path), str(tokenizer)], env=cpu_env(devices=1), cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    for i, output in enumerate(outputs):
+        assert processes[i].returncode == 0 and "EXPORTED" in output, f"process {i}:\n{output}"
+        assert "REFUSED checkpoint directory" in output and "process(es) 1 do not see" in output, output
+    from bertjax.config import get_config
+    from bertjax.model_dirs import load_model_dir
+    from bertjax.models import MODEL_CLASSES, init_params
+
+    model = MODEL_CLASSES["masked_lm"](get_config("bert-tiny", vocab_size=512, hidden_size=32, num_layers=1,
+                                                  num_heads=2, intermediate_size=48))
+    expected = jax.tree.map(np.asarray, init_params(model, jax.random.key(0)))
+    for name in ("generator", "discriminator"):
+        _, loaded, exported_tokenizer = load_model_dir(tmp_path / "host0" / "models" / name)
+        assert exported_tokenizer is not None
+        jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, loaded), expected)
+
+
 def test_differing_settings_names_each_key_and_process():
     from bertjax.train.distributed import differing_settings, settings_digests
 

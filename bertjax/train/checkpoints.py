@@ -447,8 +447,44 @@ def open_for_resume(config, workdir: str | Path) -> tuple["Checkpointer", int | 
     (checkpoint.restore_step, or the latest; None: a fresh start). One path for pretraining, fine-tuning and
     embedder runs; after restoring, `set_aside_after(step)` moves later checkpoints out of the way."""
     checkpointer = Checkpointer(config.directory or Path(workdir) / "checkpoints", config)
+    check_shared_by_every_process(checkpointer.directory)
     step = config.restore_step if config.restore_step is not None else checkpointer.latest_step()
     return checkpointer, step
+
+
+_SHARED_MARKER = ".bertjax-every-host-sees-this"
+
+
+def check_shared_by_every_process(directory) -> None:
+    """Several processes save one checkpoint into one directory, each its shards, and orbax's commit waits for all
+    of them there: a directory on each host's own disk (a per-host workdir's checkpoints/) hung the first save
+    forever. Process 0 writes a marker with a token every process is told; a process that cannot read it back
+    has its own directory, and every process stops with an error naming checkpoint.directory."""
+    if jax.process_count() == 1:
+        return
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    marker = epath.Path(directory) / _SHARED_MARKER
+    token = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    if jax.process_index() == 0:
+        epath.Path(directory).mkdir(parents=True, exist_ok=True)
+        marker.write_text(str(token))
+    token = int(multihost_utils.broadcast_one_to_all(np.int32(token)))  # also a barrier after the write
+    try:
+        sees = marker.read_text().strip() == str(token)
+    except OSError:
+        sees = False
+    everyone = np.asarray(multihost_utils.process_allgather(np.int32(sees)))
+    multihost_utils.sync_global_devices("bertjax-checkpoint-directory-check")
+    if jax.process_index() == 0:
+        marker.unlink(missing_ok=True)
+    if not everyone.all():
+        blind = [str(i) for i, seen in enumerate(everyone.reshape(-1)) if not seen]
+        raise CheckpointError(f"checkpoint directory {directory} is not shared: process(es) {', '.join(blind)} do "
+                              "not see what process 0 writes there, and every process must save into the same one. "
+                              "Give checkpoint.directory on storage every host sees (a gs:// bucket, a shared "
+                              "filesystem), or one --workdir every host sees")
 
 
 def _check_same_state(stored: Any, abstract_state: Any, step_dir) -> None:

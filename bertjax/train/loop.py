@@ -325,10 +325,14 @@ def model_description(objective: Objective) -> dict:
 def save_exports(workdir: Path, exports: dict, tokenizer) -> None:
     """Each model of a multi-model objective (ELECTRA's discriminator and generator) as a bertjax model directory
     `<workdir>/models/<name>/`, with the run's tokenizer, ready for `bertjax convert --to-hf`."""
+    from jax.experimental import multihost_utils
+
     from bertjax.model_dirs import save_model_dir
 
     for name, (model, params) in exports.items():
-        directory = workdir / EXPORTS_DIR / name
-        save_model_dir(str(directory), model, params)
+        # Gathered to every host (a collective), written by process 0 alone: on a pod the workdir is often each
+        # host's own disk, where a save by every process into "one" directory never completes.
+        host = multihost_utils.process_allgather(params, tiled=True) if jax.process_count() > 1 else params
         if jax.process_index() == 0:
-            tokenizer.save(directory / feed_lib.TOKENIZER_DIR)
+            directory = workdir / EXPORTS_DIR / name
+            save_model_dir(str(directory), model, host, tokenizer, this_process_only=True)
