@@ -499,3 +499,21 @@ def test_a_roberta_family_model_follows_the_tokenizers_padding_and_separator():
         .longformer.sep_token_id == 7
     batch = {"input_ids": 1, "segment_ids": 2, "token_type_ids": 3}
     assert "token_type_ids" not in Task.model_kwargs(batch, 1) and Task.model_kwargs(batch, 2)["token_type_ids"] == 3
+
+
+def test_resuming_into_a_workdir_without_its_records_says_what_is_missing(tmp_path, caplog):
+    """A preempted TPU slice recreated: the checkpoints (checkpoint.directory, a bucket) are there, the workdir on
+    worker 0's disk is new. The run resumed without a word, its metrics history and setting checks gone."""
+    import logging
+
+    from bertjax.train.workdir import check_rerun
+
+    config = run_config_from_dict(_with("checkpoint", directory=str(tmp_path / "bucket")))
+    with caplog.at_level(logging.WARNING):
+        assert check_rerun(tmp_path / "fresh", config, resumable=True) == []
+    assert "into a workdir without its records (config.yaml, metrics.jsonl)" in caplog.text
+    assert str(tmp_path / "bucket") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        check_rerun(tmp_path / "fresh", config, resumable=False)  # nothing to resume: a fresh run
+    assert "without its records" not in caplog.text

@@ -380,6 +380,12 @@ def check_rerun(workdir: Path, config: RunConfig, resumable: bool = True) -> lis
     """
     saved = Path(workdir) / CONFIG_FILE
     if not saved.is_file():
+        if resumable and jax.process_index() == 0:  # checkpoints elsewhere (checkpoint.directory), records gone
+            log.warning("resuming from the checkpoints of %s into a workdir without its records (config.yaml, "
+                        "metrics.jsonl): the settings cannot be compared with the run's, and the metrics, "
+                        "TensorBoard events and loss plot start at the resumed step (a host's disk recreated, as "
+                        "after a preempted TPU slice? keep the workdir on storage that outlives it)",
+                        config.checkpoint.directory or Path(workdir) / "checkpoints")
         return []
     try:
         held = yaml.safe_load(saved.read_text())
