@@ -14,9 +14,12 @@ then the backward with the fastest dq and dk/dv together (`atomic`: the one-pass
 forward + backward with the fastest against cuDNN); off a GPU it runs the kernels in interpret mode, to check
 the sweep, not to time it. Memory is the compiled program's
 temporary buffer size (`memory_analysis().temp_size_in_bytes`: what the attention itself needs beyond inputs and
-outputs); on GPU the device's peak bytes in use are printed as well. A program whose temporaries exceed --max-gib
+outputs); on GPU the device's peak bytes in use are printed as well, where the row raised the process's peak (JAX
+cannot reset it), else as the running maximum it stayed under. A program whose temporaries exceed --max-gib
 is compiled (to report its size) but not run. Ratios are relative to the dense `xla` reference of the same row:
-speed-up = reference time / time, memory = temp / reference temp.
+speed-up = reference time / time, memory = temp / reference temp. Every timed row is also checked: the max abs
+error of its outputs (and gradients) against dense XLA's on the same inputs, or cuDNN's where XLA's scores exceed
+--max-gib, or the blockwise XLA path's where neither expresses the row (CHECK_REFERENCES).
 
 Implementations per backend: CPU runs the XLA paths; GPU adds `pallas_gpu` and cuDNN global attention
 (`jax.nn.dot_product_attention(implementation="cudnn")`, which has no bidirectional window and no packing, so it
@@ -155,36 +158,105 @@ def first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:80]}"
 
 
-def measure(name, window, passes, shapes, dtype, repeats, min_seconds, max_bytes, documents: int = 1,
-            fn=None) -> dict:
+# The implementations whose outputs every timed row is checked against, in order of preference: dense XLA where its
+# scores fit --max-gib, else cuDNN (global layers of one document), else XLA's blockwise path (any layer).
+CHECK_REFERENCES = ("xla", "cudnn", "xla_blockwise")
+
+
+def inputs(name, shapes, dtype, documents: int) -> tuple:
+    """(q, k, v, cotangent, segment_ids) of a row: the same draws for every implementation of one input dtype."""
     batch, seq, heads, head_dim = shapes
-    fn = fn or attention_fn(name, window, 1 / math.sqrt(head_dim), packed=documents > 1)
-    if fn is None:
-        return {"status": "n/a"}
     keys = jax.random.split(jax.random.key(seq), 4)
     dtype = INPUT_DTYPES.get(name, dtype)
     q, k, v, ct = (jax.random.normal(key, (batch, seq, heads, head_dim), dtype) for key in keys)
-    segment_ids = packed_segment_ids(batch, seq, documents)
+    return q, k, v, ct, packed_segment_ids(batch, seq, documents)
+
+
+def compiled_program(fn, passes, q, k, v, ct, segment_ids):
+    """(compiled program, its arguments); raises where the implementation does not compile here."""
     if passes == "forward":
         program, args = jax.jit(fn), (q, k, v, segment_ids)
     else:
         program, args = jax.jit(forward_backward(fn)), (q, k, v, segment_ids, ct)
+    return program.lower(*args).compile(), args
+
+
+def temp_bytes(compiled) -> int | None:
+    stats = compiled.memory_analysis()
+    return stats.temp_size_in_bytes if stats is not None else None
+
+
+def reference_key(window, passes, shapes, dtype, documents: int) -> tuple:
+    return window, passes, shapes, jnp.dtype(dtype).name, documents
+
+
+def reference_outputs(cache: dict, window, passes, shapes, dtype, documents: int, max_bytes) -> tuple | None:
+    """(name, outputs) of this row's reference on its own inputs: the first CHECK_REFERENCES implementation timed
+    on it (`measure` keeps its outputs), else the first that expresses the row, compiles and fits `max_bytes`,
+    computed here once; None where none does."""
+    key = reference_key(window, passes, shapes, dtype, documents)
+    if key not in cache:
+        cache[key] = None
+        q, k, v, ct, segment_ids = inputs(None, shapes, dtype, documents)
+        for name in CHECK_REFERENCES:
+            fn = attention_fn(name, window, 1 / math.sqrt(shapes[3]), packed=documents > 1)
+            if fn is None or (name == "cudnn" and jax.default_backend() != "gpu"):
+                continue
+            try:
+                compiled, args = compiled_program(fn, passes, q, k, v, ct, segment_ids)
+                temp = temp_bytes(compiled)
+                if temp is not None and temp > max_bytes:
+                    continue
+                cache[key] = (name, jax.block_until_ready(compiled(*args)))
+                break
+            except Exception:  # noqa: BLE001: the next reference, or a row without a check
+                continue
+    return cache[key]
+
+
+def max_abs_error(outputs, reference) -> float:
+    """The largest absolute difference over every output (forward: the attention; forward+backward: it and dq, dk,
+    dv), in float32; NaN where either holds one."""
+    pairs = zip(jax.tree_util.tree_leaves(outputs), jax.tree_util.tree_leaves(reference))
+    return max(float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in pairs)
+
+
+def measure(name, window, passes, shapes, dtype, repeats, min_seconds, max_bytes, documents: int = 1,
+            fn=None, references: dict | None = None) -> dict:
+    """A row's time and memory; with `references` (a cache shared by the implementations timed on one row), also its
+    outputs' max abs error against a reference implementation's on the same inputs (`reference_outputs`), so a
+    timed row is a checked one."""
+    fn = fn or attention_fn(name, window, 1 / math.sqrt(shapes[3]), packed=documents > 1)
+    if fn is None:
+        return {"status": "n/a"}
+    q, k, v, ct, segment_ids = inputs(name, shapes, dtype, documents)
     try:
-        compiled = program.lower(*args).compile()
+        compiled, args = compiled_program(fn, passes, q, k, v, ct, segment_ids)
     except Exception as error:  # e.g. cuDNN unavailable for this shape or GPU generation
         return {"status": f"failed: {first_line(error)}"}
-    stats = compiled.memory_analysis()
-    temp = stats.temp_size_in_bytes if stats is not None else None
+    temp = temp_bytes(compiled)
     if temp is not None and temp > max_bytes:
         return {"status": "skipped", "temp": temp}
+    # JAX keeps one peak for the process and cannot reset it: a row owns the peak only if it raised it.
+    peak_before = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
     try:
         seconds = median_seconds(compiled, args, repeats, min_seconds)
+        result = {"status": "ok", "seconds": seconds, "temp": temp}
+        peak = (jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use")  # before a reference's compile
+        key = reference_key(window, passes, shapes, q.dtype, documents)
+        if references is not None and name in CHECK_REFERENCES and references.get(key) is None:
+            references[key] = (name, jax.block_until_ready(compiled(*args)))  # the row's reference: no compile
+            result["checked_against"] = "is the reference"
+        elif references is not None:
+            reference = reference_outputs(references, window, passes, shapes, q.dtype, documents, max_bytes)
+            if reference is not None:
+                result["checked_against"] = reference[0]
+                result["max_abs_error"] = max_abs_error(compiled(*args), reference[1])
     except Exception as error:  # noqa: BLE001 (a kernel failing on the device: its row says so, others run)
         return {"status": f"failed while running: {first_line(error)}"}
-    result = {"status": "ok", "seconds": seconds, "temp": temp}
-    device_stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in device_stats:
-        result["device_peak"] = device_stats["peak_bytes_in_use"]
+    if peak is not None:
+        result["device_peak"] = peak
+        result["peak_raised"] = peak_before is None or peak > peak_before
     return result
 
 
@@ -243,24 +315,28 @@ def main(argv=None) -> None:
     names = args.implementations or IMPLEMENTATIONS_BY_BACKEND.get(backend, ["xla", "xla_blockwise"])
     if REFERENCE not in names:
         names = [REFERENCE, *names]
+    # The references first at each row: their own timed outputs check the others' at no extra compile.
+    names = [name for name in CHECK_REFERENCES if name in names] + [n for n in names if n not in CHECK_REFERENCES]
     dtype = jnp.dtype(args.dtype or ("float32" if backend == "cpu" else "bfloat16"))
     print(f"# attention_bench  {datetime.date.today()}  {machine_description()}")
     if args.tune:
         return tune(args, dtype)
     print(f"# batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, {dtype.name}; local window "
           f"{args.window}; memory = compiled temp buffers (GiB); programs over {args.max_gib} GiB are not run\n")
-    print("| seq | layer | pass | implementation | time (ms) | speed-up vs xla | temp (GiB) | memory vs xla |")
-    print("|---:|---|---|---|---:|---:|---:|---:|")
+    print("| seq | layer | pass | implementation | time (ms) | speed-up vs xla | temp (GiB) | memory vs xla "
+          "| max abs error (vs) |")
+    print("|---:|---|---|---|---:|---:|---:|---:|---|")
     results = {}
     layers = [(None, 1), (args.window, 1)] + ([(None, args.packed_docs)] if args.packed_docs > 1 else [])
     try:
         for seq in args.seqs:
             for window, documents in layers:
                 for passes in args.passes:
-                    reference = None
+                    reference, references = None, {}  # a row's reference outputs live while its row is measured
                     for name in names:
                         r = measure(name, window, passes, (args.batch, seq, args.heads, args.head_dim), dtype,
-                                    args.repeats, args.min_seconds, args.max_gib * 2**30, documents)
+                                    args.repeats, args.min_seconds, args.max_gib * 2**30, documents,
+                                    references=references)
                         results[(seq, window, documents, passes, name)] = r
                         if name == REFERENCE:
                             reference = r
@@ -403,15 +479,20 @@ def row(seq, window, passes, name, r, reference, documents: int = 1) -> str:
         layer += f", {documents} docs"
     if r["status"] != "ok":
         status = r["status"] if r["status"] != "skipped" else f"not run: temp {gib(r['temp'])} GiB over limit"
-        return f"| {seq} | {layer} | {passes} | {name} | {status} | | {gib(r.get('temp'))} | |"
+        return f"| {seq} | {layer} | {passes} | {name} | {status} | | {gib(r.get('temp'))} | | |"
     speedup = memory = ""
     if reference is not None and reference["status"] == "ok":
         speedup = f"{reference['seconds'] / r['seconds']:.2f}x"
     if reference is not None and reference.get("temp") and r.get("temp") is not None:
         memory = f"{r['temp'] / reference['temp']:.3f}"  # known even when the reference was too big to run
-    peak = f" (device peak {gib(r['device_peak'])})" if "device_peak" in r else ""
+    peak = ""
+    if "device_peak" in r:  # the process's running maximum: this row's own peak only where it raised it
+        peak = (f" (device peak {gib(r['device_peak'])})" if r.get("peak_raised")
+                else f" (device peak <= {gib(r['device_peak'])}, running max)")
+    error = (f"{r['max_abs_error']:.2e} ({r['checked_against']})" if "max_abs_error" in r
+             else r.get("checked_against", "-"))
     return (f"| {seq} | {layer} | {passes} | {name} | {r['seconds'] * 1e3:.2f} | {speedup} | {gib(r['temp'])}{peak} "
-            f"| {memory} |")
+            f"| {memory} | {error} |")
 
 
 def gpu_targets(results, window: int, packed_docs: int) -> list[str]:

@@ -28,7 +28,7 @@ import tempfile
 import jax
 import numpy as np
 
-from bench.step_floor import kernels_of
+from bench.step_floor import floor_rates, kernels_of
 from bench.train_bench import Case, synthetic_batch
 from bertjax.config import get_config
 from bertjax.data.global_batch import batch_sharding
@@ -174,10 +174,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--copy-to", default=None,
                         help="also write the trace (profile.trace.json.gz) and the step's optimized HLO "
                         "(profile.hlo.txt.gz) into this directory, for the join to be redone elsewhere")
-    parser.add_argument("--bandwidth", type=float, default=3.0e12,
-                        help="floors: bytes/s read plus written (default: the device tool's H100s)")
-    parser.add_argument("--matmul-rate", type=float, default=7.98e14,
-                        help="floors: FLOP/s of the products (default: the device tool's H100s, bf16)")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="floors: bytes/s read plus written (default: this device's, bench.step_floor.CEILINGS)")
+    parser.add_argument("--matmul-rate", type=float, default=None,
+                        help="floors: FLOP/s of the products (default: this device's bf16, bench.step_floor.CEILINGS)")
     return parser.parse_args(argv)
 
 
@@ -217,7 +217,9 @@ def main(argv=None) -> None:
     step_events = [e for e in events if e.get("args", {}).get("hlo_module", "jit_train_step") == "jit_train_step"]
     print()
     kernels = kernels_of(text)
-    print(by_source(step_events, kernels, args.steps, args.bandwidth, args.matmul_rate, args.top))
+    bandwidth, matmul_rate, rates = floor_rates(device.device_kind, args.bandwidth, args.matmul_rate)
+    print(rates)
+    print(by_source(step_events, kernels, args.steps, bandwidth, matmul_rate, args.top))
     print()
     print(by_kernel(step_events, kernels, args.steps, args.top))
     print(f"loss {float(np.asarray(metrics['loss'])):.3f}")

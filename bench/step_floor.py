@@ -17,9 +17,9 @@ the slices it reads, and a fusion that updates a slice of an operand in place (a
 that slice and reads nothing else of the operand. Products' FLOPs are 2 x output elements x contracted size of every
 dot in a fusion; the Pallas kernels are listed by their bytes (attention's FLOPs depend on the segments; the norm
 and GLU kernels' bytes count every row they read and write, as the other kernels').
-Times are at --bandwidth and --matmul-rate (defaults: what the device tool's H100s measured, 3.0 TB/s counting
-bytes read plus written, 798 TFLOP/s bf16), and the largest memory-bound kernels are grouped by the model code
-that made them (the HLO's op names, layers merged).
+Times are at --bandwidth and --matmul-rate (defaults: what the device tool measured on the target card, CEILINGS:
+an H100's 3.0 TB/s counting bytes read plus written and 798 TFLOP/s bf16, an H200's 4.3 TB/s and 790 TFLOP/s), and
+the largest memory-bound kernels are grouped by the model code that made them (the HLO's op names, layers merged).
 """
 
 from __future__ import annotations
@@ -41,6 +41,35 @@ PALLAS_KINDS = {"bertjax_add_norm": "norm", "bertjax_glu": "GLU"}
 PALLAS_TARGETS = ("xla.gpu.triton", 'custom_call_target="mosaic_gpu', "tpu_custom_call")
 KERNEL_OPS = ("fusion", "custom-call", "copy", "dot", "convolution", "all-reduce", "all-gather", "reduce-scatter",
               "sort", "scatter", "gather", "reduce", "transpose", "concatenate", "dynamic-update-slice")
+
+
+# The ceilings floors are timed at, by device kind (first matching substring wins): (bytes/s read plus written,
+# FLOP/s of bf16 products, where they come from). Measured on the device tool's cards, as METHOD.md asks: a large
+# device-to-device copy and an 8192^3 bf16 product on random data, not the datasheets (the H200's 4.8 TB/s HBM3e and
+# both cards' 989 TFLOP/s dense bf16 are not reached by either).
+CEILINGS = {
+    "H200": (4.3e12, 7.9e14, "the device tool's H200 as measured there (its machine notes, 2026-10-28 and -11-04)"),
+    "H100": (3.0e12, 7.98e14, "the device tool's H100s as measured there"),
+}
+
+
+def ceilings(device_kind: str) -> tuple[float, float, str]:
+    """(bandwidth, matmul rate, a line naming whose they are) for floors on `device_kind`; an H100's, said so,
+    for a device without figures here (a CPU, another GPU)."""
+    for name, (bandwidth, rate, source) in CEILINGS.items():
+        if name in device_kind:
+            return bandwidth, rate, source
+    bandwidth, rate, source = CEILINGS["H100"]
+    return bandwidth, rate, f"{source}: no figures for a {device_kind or 'device of unknown kind'}"
+
+
+def floor_rates(device_kind: str, bandwidth: float | None, matmul_rate: float | None) -> tuple[float, float, str]:
+    """--bandwidth and --matmul-rate where given, else `device_kind`'s ceilings, and a line saying which."""
+    default_bandwidth, default_rate, source = ceilings(device_kind)
+    line = (f"# floors at {(bandwidth or default_bandwidth) / 1e12:.2f} TB/s and "
+            f"{(matmul_rate or default_rate) / 1e12:.0f} TFLOP/s" + (
+                f": {source}" if bandwidth is None or matmul_rate is None else ": as given"))
+    return bandwidth or default_bandwidth, matmul_rate or default_rate, line
 
 
 def array_bytes(text: str) -> int:
@@ -294,8 +323,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="attention on the stacked q/k/v projection (EncoderConfig.attention_fused_qkv)")
     parser.add_argument("--glu", default="xla", choices=["xla", "pallas_gpu"],
                         help="the gated MLP's implementation (EncoderConfig.glu_implementation)")
-    parser.add_argument("--bandwidth", type=float, default=3.0e12, help="bytes/s, read plus written")
-    parser.add_argument("--matmul-rate", type=float, default=7.98e14, help="FLOP/s of the matrix products")
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="bytes/s, read plus written (default: the target device's, CEILINGS)")
+    parser.add_argument("--matmul-rate", type=float, default=None,
+                        help="FLOP/s of the matrix products (default: the target device's, CEILINGS)")
     parser.add_argument("--hlo-out", default=None, help="also write the optimized HLO here")
     parser.add_argument("--xla-option", action="append", default=[], metavar="NAME=VALUE",
                         help="an XLA compiler option for this compile (repeatable), e.g. "
@@ -349,12 +380,15 @@ def main(argv=None) -> None:
         with open(args.hlo_out, "w") as f:
             f.write(text)
     target = args.topology or jax.devices()[0].device_kind
+    kind = gpu_aot.TARGETS[gpu_aot.parse_topology(args.topology)[0]][0] if args.topology else target
+    bandwidth, matmul_rate, rates = floor_rates(kind, args.bandwidth, args.matmul_rate)
     print(f"# modernbert-base train step, {args.batch} x {args.seq}, {args.documents_per_row} documents per row, "
           f"remat {args.remat}, compiled for {target} (jax {jax.__version__}); attention "
           f"{setup.model_config.attention_implementation}"
           f"{' on the stacked q/k/v' if setup.model_config.attention_fused_qkv else ''}, norm "
           f"{setup.model_config.norm_implementation}, GLU {setup.model_config.glu_implementation}")
-    print(summary(kernels_of(text), args.bandwidth, args.matmul_rate))
+    print(rates)
+    print(summary(kernels_of(text), bandwidth, matmul_rate))
 
 
 if __name__ == "__main__":

@@ -60,3 +60,44 @@ def test_largest_fitting_from_a_prediction(largest):
         assert len(tries) <= 2 * (error + 1).bit_length() + 1
         if error == 0 and 0 < largest < 100:
             assert tries == [largest, largest + 1]
+
+
+def test_the_start_point_scales_with_the_cards_memory():
+    """`--start-batch auto`: the H100's answers (bertjax 24 under JAX's 75.2 GiB, transformers 9 on the 80 GB card)
+    at the share of this card's memory, and unscaled where the memory is unknown (a CPU, no allocator stats)."""
+    from bench.train_bench import scaled_start_batch
+
+    assert scaled_start_batch("bertjax", 8192, 75.2 * 2**30)[0] == 24
+    assert scaled_start_batch("transformers", 8192, 81_559 * 2**20)[0] == 9
+    start, why = scaled_start_batch("bertjax", 8192, 132.6 * 2**30)  # an H200's limit at 95% preallocated
+    assert start == 42 and "132.6 GiB / 75.2 GiB" in why
+    assert scaled_start_batch("transformers", 8192, 143_771 * 2**20)[0] == 16  # the H200's whole card
+    assert scaled_start_batch("bertjax", 8192, None) == (24, "the H100's 24 at 8192 tokens: this card's memory is "
+                                                           "unknown")
+    assert scaled_start_batch("bertjax", 4096, None)[0] == 48  # twice the rows at half the tokens
+
+
+@pytest.mark.parametrize("largest", [40, 41, 42, 43, 44])
+def test_on_an_h200_the_scaled_start_brackets_the_answer_within_the_memory_cap(largest):
+    """A stand-in fits for an H200 whose largest bertjax batch is near the scaled prediction: the memory stage's
+    bertjax share (~170 s at ~50 s a compile) holds 3-4 tries, which the scaled start needs and the H100's 24 does
+    not (8-10 tries)."""
+    from bench.train_bench import scaled_start_batch
+
+    start, _ = scaled_start_batch("bertjax", 8192, 132.6 * 2**30)
+    fits, tries = threshold(largest)
+    assert largest_fitting(fits, start=start, near=True) == largest
+    assert len(tries) <= 4
+    tries.clear()
+    assert largest_fitting(fits, start=24, near=True) == largest
+    assert len(tries) >= 8
+
+
+def test_start_batch_takes_a_number_or_auto():
+    from bench.train_bench import parse_args
+
+    assert parse_args(["--gpu-max-batch", "bertjax", "--start-batch", "auto"]).start_batch == "auto"
+    assert parse_args(["--gpu-max-batch", "bertjax", "--start-batch", "7"]).start_batch == 7
+    for bad in ("soon", "0"):
+        with pytest.raises(SystemExit):
+            parse_args(["--gpu-max-batch", "bertjax", "--start-batch", bad])

@@ -243,3 +243,18 @@ def test_a_fusion_updating_an_operand_in_place_moves_only_the_update():
     dynamic-update-slice fusion, which XLA runs in place: it reads dq and writes one slot, not the whole stack."""
     [kernel] = kernels_of(IN_PLACE_MODULE)
     assert kernel.writes == 4 * 32 * 2 and kernel.reads == 4 * 32 * 4
+
+
+def test_floors_are_timed_at_the_cards_own_ceilings():
+    """bench.profile_step and bench.step_floor time floors at the measured ceilings of the card they run on (or
+    compile for), an H200's rather than an H100's on an H200, and say whose they are; given rates win."""
+    from bench.step_floor import floor_rates
+
+    bandwidth, rate, line = floor_rates("NVIDIA H200", None, None)
+    assert (bandwidth, rate) == (4.3e12, 7.9e14) and "H200" in line
+    bandwidth, rate, line = floor_rates("NVIDIA H100 80GB HBM3", None, None)
+    assert (bandwidth, rate) == (3.0e12, 7.98e14) and "H100" in line
+    bandwidth, rate, line = floor_rates("cpu", None, None)
+    assert (bandwidth, rate) == (3.0e12, 7.98e14) and "no figures for a cpu" in line
+    assert floor_rates("NVIDIA H200", 1e12, 2e14)[:2] == (1e12, 2e14)
+    assert floor_rates("NVIDIA H200", 1e12, 2e14)[2].endswith(": as given")
