@@ -116,6 +116,10 @@ def test_squad_normalisation_and_scores():
     # q1: exact; q2: f1 = 2*(1/3)*1/(1/3+1) = 0.5; q3: unanswerable, empty prediction right
     assert scores["exact_match"] == pytest.approx(100 * 2 / 3)
     assert scores["f1"] == pytest.approx(100 * (1 + 0.5 + 1) / 3)
+    # SQuAD v2.0's breakdown, as its official script reports it: answerable questions, then unanswerable ones.
+    assert (scores["HasAns_exact"], scores["HasAns_f1"], scores["NoAns_exact"], scores["NoAns_f1"]) == \
+        pytest.approx((50.0, 75.0, 100.0, 100.0))
+    assert "HasAns_f1" not in m.squad_scores(["x"], [["x"]])  # v1.1: every question has an answer
     assert m.squad_scores(["x"], [[]])["f1"] == 0.0
     # As the official v2 script: a gold that normalises to nothing is dropped, not matched by an empty answer.
     assert m.squad_scores([""], [["The", "Paris"]]) == {"exact_match": 0.0, "f1": 0.0}

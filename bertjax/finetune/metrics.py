@@ -186,18 +186,26 @@ def _f1(prediction: str, gold: str) -> float:
 
 def squad_scores(predictions: Sequence[str], golds: Sequence[Sequence[str]]) -> dict[str, float]:
     """exact_match and f1 (0-100), each the best over a question's gold answers; no gold answer means the
-    question is unanswerable and only the empty prediction scores."""
+    question is unanswerable and only the empty prediction scores. With both kinds of question (SQuAD v2.0), also
+    the official script's breakdown: HasAns_exact / HasAns_f1 over the answerable ones, NoAns_exact / NoAns_f1
+    over the others."""
     if len(predictions) != len(golds):
         raise ValueError(f"{len(predictions)} predictions for {len(golds)} questions")
     if not predictions:
         return {"exact_match": 0.0, "f1": 0.0}
-    exact = f1 = 0.0
+    exact, f1 = [], []
     for prediction, answers in zip(predictions, golds):
         # As the official SQuAD v2 script: golds that normalise to nothing ("The") are dropped.
         answers = [a for a in answers if normalize_answer(a)] or [""]
-        exact += max(_exact(prediction, a) for a in answers)
-        f1 += max(_f1(prediction, a) for a in answers)
-    return {"exact_match": 100.0 * exact / len(predictions), "f1": 100.0 * f1 / len(predictions)}
+        exact.append(max(_exact(prediction, a) for a in answers))
+        f1.append(max(_f1(prediction, a) for a in answers))
+    scores = {"exact_match": 100.0 * float(np.mean(exact)), "f1": 100.0 * float(np.mean(f1))}
+    answerable = np.asarray([bool(answers) for answers in golds])
+    if answerable.any() and not answerable.all():
+        for name, chosen in (("HasAns", answerable), ("NoAns", ~answerable)):
+            scores[f"{name}_exact"] = 100.0 * float(np.mean(np.asarray(exact)[chosen]))
+            scores[f"{name}_f1"] = 100.0 * float(np.mean(np.asarray(f1)[chosen]))
+    return scores
 
 
 # ---------------------------------------------------------------------------------------------------------------
