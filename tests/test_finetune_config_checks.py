@@ -197,6 +197,16 @@ def test_glue_grid_is_checked_before_anything_trains(tmp_path, capsys):
         run_glue(tmp_path / "model", tmp_path / "data", workdir, learning_rates=[1e-4], weight_decays=[0],
                  epochs=[1], overrides=["train.batch_size=0"], say=lambda _: None)
     assert not workdir.exists()  # nothing read, written or trained
+    # WNLI was passed over without a word, and --tasks WNLI called it unknown.
+    (tmp_path / "data" / "WNLI").mkdir()
+    (tmp_path / "data" / "WNLI" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n")
+    said = []
+    with pytest.raises(ConfigError, match="train.learning_rate must be positive"):
+        run_glue(tmp_path / "model", tmp_path / "data", workdir, learning_rates=[0], weight_decays=[1e-6],
+                 epochs=[1], say=said.append)
+    assert any("WNLI: skipped (WNLI's dev set is adversarial" in line for line in said), said
+    with pytest.raises(ValueError, match="WNLI is not fine-tuned"):
+        run_glue(tmp_path / "model", tmp_path / "data", workdir, tasks=["WNLI"], say=said.append)
 
 
 def test_a_pretraining_workdir_is_not_a_finetuning_workdir(tmp_path, capsys):

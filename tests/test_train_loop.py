@@ -146,3 +146,23 @@ def test_mfu_is_against_the_datasheet_peak_or_not_reported(monkeypatch, platform
     throughput.add(16, {"tokens": 32.0, "predictions": 4.0, "rows": 2.0})
     report = throughput.report()
     assert report["tokens_per_sec"] > 0 and ("mfu" in report) == (peak is not None)
+
+
+def test_the_command_shows_fill_mask_examples_except_after_a_permutation_lm(finished_run, monkeypatch, tmp_path):
+    """XLNet's permutation LM predicts through its query stream: content-stream fill-mask examples printed after
+    such a run were noise."""
+    import argparse
+
+    import bertjax.train.loop
+    from bertjax.commands import pretrain as command
+
+    shown = []
+    monkeypatch.setattr(bertjax.train.loop, "pretrain", lambda config, workdir, config_path=None: finished_run)
+    monkeypatch.setattr(command, "show_fill_mask", lambda config, result: shown.append(config.objective.name))
+    for name, preset in (("mlm", "bert-tiny"), ("permutation_lm", "xlnet-tiny")):
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(f"model: {{preset: {preset}}}\nobjective: {{name: {name}}}\ntrain: {{steps: 2}}\n")
+        args = argparse.Namespace(config=str(config), overrides=[], workdir=str(tmp_path / name), coordinator=None,
+                                  num_processes=None, process_id=None)
+        assert command.run(args) == 0
+    assert shown == ["mlm"]

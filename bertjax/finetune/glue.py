@@ -201,8 +201,14 @@ def run_glue(model: str | Path, data_dir: str | Path, workdir: str | Path, *, ta
     data_dir, workdir = Path(data_dir), Path(workdir).absolute()  # glue.json's model paths hold wherever read
     names = tasks or [name for name in GLUE_TASKS if (data_dir / name / "train.tsv").is_file()]
     unknown = [name for name in names if name not in GLUE_TASKS]
+    if "WNLI" in unknown:
+        raise ValueError("WNLI is not fine-tuned: its dev set is adversarial to what training teaches (BERT, RoBERTa "
+                         "and ModernBERT leave it out too)")
     if unknown:
         raise ValueError(f"unknown GLUE task(s) {unknown}; known: {list(GLUE_TASKS)}")
+    if not tasks and (data_dir / "WNLI" / "train.tsv").is_file():
+        say(f"{data_dir / 'WNLI'}: skipped (WNLI's dev set is adversarial to its training set; BERT, RoBERTa and "
+            "ModernBERT leave it out)")
     if not names:
         raise FileNotFoundError(f"{data_dir}: no GLUE task directory with a train.tsv ({', '.join(GLUE_TASKS)})")
     cls = task_class("sequence-classification")

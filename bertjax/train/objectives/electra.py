@@ -48,7 +48,7 @@ GDES_EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddi
 class ElectraOptions(ObjectiveOptions):
     name: str = "electra"
     # The generator's width as a fraction of the discriminator's (hidden size, heads, feed-forward), same depth
-    # and embedding size. None: 1/3 for ELECTRA-Small-sized discriminators (hidden <= 256), else 1/4.
+    # and embedding size. None: the paper's Table 6, 1/3 for base-sized discriminators (256 < hidden <= 768), else 1/4.
     generator_size: float | None = None
     rtd_weight: float = 50.0  # lambda of the paper
     temperature: float = 1.0  # of the generator's sampling distribution
