@@ -253,7 +253,9 @@ class EncoderConfig:
     intermediate_size: int
     num_kv_heads: int | None = None  # None: same as num_heads (MHA); fewer: grouped-query attention.
     embedding_size: int | None = None  # None: same as hidden_size; smaller: factorised embedding (ALBERT, ELECTRA).
-    max_position_embeddings: int = 512  # longest sequence the model accepts.
+    # Longest sequence the model accepts where positions index a table (or RoPE, XLNet); ALiBi and DeBERTa-v3's
+    # clamped relative positions take any length (bertjax.models.inputs.position_limit).
+    max_position_embeddings: int = 512
     # ELECTRA/EuroBERT knob: width of one attention head. None: hidden_size // num_heads. EuroBERT's
     # config allows any head_dim, so q/k/v project to num_heads * attention_head_dim, not to hidden_size.
     attention_head_dim: int | None = None
