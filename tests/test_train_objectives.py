@@ -523,3 +523,18 @@ def test_electra_sample_equal_to_the_original_counts_as_original(monkeypatch):
     assert float(sums["replaced"]) == expected
     real = (batch["segment_ids"] > 0).sum()
     np.testing.assert_allclose(float(objective.metrics(sums)["replacement_rate"]), expected / real, rtol=1e-6)
+
+
+def test_a_teacher_with_fewer_positions_than_the_rows_is_named(monkeypatch):
+    """It was "input_ids: sequence length 128 exceeds the model's max_position_embeddings (64)" from inside the
+    step: "the model" read as the student, whose limit was 128."""
+    from bertjax.data.pipeline import DataConfig
+
+    teacher_config = BERT.replace(max_position_embeddings=16)
+    teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(6)))
+    objective, _ = distillation_with_teacher(monkeypatch, BERT, teacher_config, teacher_params)
+    produced = set(objective.batch_keys)
+    with pytest.raises(ObjectiveError, match=r"data.seq_len \(32\) does not fit the teacher's "
+                                             r"max_position_embeddings \(16, objective.teacher unused\)"):
+        objective.check_data(DataConfig(seq_len=32), produced, "data")
+    objective.check_data(DataConfig(seq_len=16), produced, "data")

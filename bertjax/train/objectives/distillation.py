@@ -110,6 +110,17 @@ class Distillation(MaskedLM):
                                  f"hidden_size is {teacher_config.hidden_size} and the student's {student.hidden_size}"
                                  "; set objective.alpha_cos: 0 or match the sizes")
 
+    def check_data(self, data_config, produced, where):
+        super().check_data(data_config, produced, where)
+        from bertjax.models.inputs import position_limit
+
+        teacher = self.teacher[0].config
+        limit = position_limit(teacher)
+        if limit is not None and data_config.seq_len + teacher.position_offset > limit:
+            raise ObjectiveError(f"{where}.seq_len ({data_config.seq_len}) does not fit the teacher's "
+                                 f"max_position_embeddings ({teacher.max_position_embeddings}, objective.teacher "
+                                 f"{self.options.teacher}): the teacher reads every row the student does")
+
     def frozen_description(self):
         from bertjax.models.params import params_fingerprint
 
