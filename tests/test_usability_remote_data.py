@@ -202,3 +202,20 @@ def test_a_bucket_path_without_gcsfs_is_one_line_naming_the_install(override, tm
     if override.startswith("checkpoint"):  # and prepare's --out, checked before the first look at the bucket
         assert main(["prepare", "--input", "default", "--train-tokenizer", "--out", "gs://bucket/prepared"]) == 2
         assert "--out gs://bucket/prepared: gs:// paths need the gcsfs package" in capsys.readouterr().err
+
+
+def test_a_filesystem_error_of_its_own_class_is_one_line_naming_the_path(bucket, monkeypatch, capsys, tmp_path):
+    """hf:// without network: huggingface_hub raises httpx's ConnectError, which is no OSError, and prepare ended in
+    a 105-line traceback. Any error a filesystem raises while an input is read is reported as that path's."""
+    class ConnectError(Exception):  # an HTTP client's own class, as httpx's
+        pass
+
+    def unreachable(self, name):
+        raise ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(epath_backend._FileSystemSpecBackend, "_get_filesystem", unreachable)
+    with pytest.raises(OSError, match=r"gs://bucket/corpus: cannot be read \(ConnectError: \[Errno -2\]"):
+        open_documents("gs://bucket/corpus")
+    assert main(["prepare", "--input", "gs://bucket/corpus", "--train-tokenizer", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read (ConnectError" in err and "Traceback" not in err

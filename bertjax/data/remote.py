@@ -58,6 +58,19 @@ def require_filesystem(uri: str | os.PathLike, name: str | None = None) -> None:
         raise ValueError(f"{what}: {scheme}:// paths need the {package} package: {install}") from None
 
 
+@contextlib.contextmanager
+def reading(uri: str | os.PathLike) -> Iterator[None]:
+    """Errors a filesystem package raises in classes of its own while `uri` is read (huggingface_hub's httpx
+    ConnectError for an hf:// path without network) as an OSError naming the path, which the command line reports
+    in one line like any other unreadable path, not as a traceback."""
+    try:
+        yield
+    except (OSError, ValueError, KeyboardInterrupt):
+        raise
+    except Exception as error:  # noqa: BLE001 (any package's own error class)
+        raise OSError(f"{os.fspath(uri)}: cannot be read ({type(error).__name__}: {error})") from None
+
+
 def cache_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "bertjax" / "remote")
 
@@ -135,6 +148,11 @@ def local_directory(uri: str | epath.Path) -> pathlib.Path:
 def expand(spec: str, suffixes: tuple[str, ...]) -> list[epath.Path]:
     """The remote files of one input spec: a file, a directory (its files with a data suffix) or a glob."""
     require_filesystem(spec)
+    with reading(spec):
+        return _expand(spec, suffixes)
+
+
+def _expand(spec: str, suffixes: tuple[str, ...]) -> list[epath.Path]:
     path = epath.Path(spec)
     if any(char in spec.split("://", 1)[1] for char in "*?["):
         scheme, rest = spec.split("://", 1)

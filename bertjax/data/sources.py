@@ -455,8 +455,11 @@ def open_documents(inputs: str | Sequence[str], *, split: str = "train", text_fo
         elif prepared is not None:
             sources.append(PreparedSource(prepared, split))
         else:
-            paths = [remote.local_file(p) for p in remote.expand(spec, tuple(FILE_KINDS))] if remote.is_remote(spec) \
-                else _expand(spec)
+            if remote.is_remote(spec):
+                with remote.reading(spec):
+                    paths = [remote.local_file(p) for p in remote.expand(spec, tuple(FILE_KINDS))]
+            else:
+                paths = _expand(spec)
             for path in paths:
                 kind = FILE_KINDS.get(path.suffix.lower())
                 if kind is None:
@@ -480,9 +483,10 @@ def prepared_directory(spec: str) -> pathlib.Path | None:
         from etils import epath
 
         remote.require_filesystem(spec)  # (the error names the path: data.input's, or prepare's --input)
-        if "*" in spec or not (epath.Path(spec) / PREPARED_METADATA).exists():
-            return None
-        return remote.local_directory(spec)
+        with remote.reading(spec):
+            if "*" in spec or not (epath.Path(spec) / PREPARED_METADATA).exists():
+                return None
+            return remote.local_directory(spec)
     if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, PREPARED_METADATA)):
         return pathlib.Path(spec)
     return None
