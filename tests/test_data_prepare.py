@@ -99,6 +99,15 @@ def test_a_prepared_output_inside_the_input_directory_is_not_read_as_text(tmp_pa
     assert json.loads((corpus / "v1" / "metadata.json").read_text())["splits"] == first["splits"]
 
 
+def test_prepare_says_where_it_skipped_lines(corpus, tmp_path, capsys):
+    """The command printed the counts of skipped lines by reason, not where they are (metadata.json had it)."""
+    (tmp_path / "docs.jsonl").write_text("\n".join([json.dumps({"text": p}) for p in PARAGRAPHS[:40]] + ["{broken"]))
+    assert main(["prepare", "--input", str(tmp_path / "docs.jsonl"), "--tokenizer",
+                 str(corpus / "prepared" / "tokenizer"), "--out", str(tmp_path / "out")]) == 0
+    assert f"skipped: {{'not_json': 1}}, empty after tokenization: 0; e.g. {tmp_path / 'docs.jsonl'}:41: not_json" \
+        in capsys.readouterr().out
+
+
 def test_prepared_data_errors(corpus, tmp_path, capsys):
     from bertjax.data.tokenizer_training import train_sentencepiece
 

@@ -66,9 +66,10 @@ def run(args: argparse.Namespace) -> int:
                               overwrite=args.overwrite)
     for split, info in metadata["splits"].items():
         print(f"{split}: {info['documents']} documents, {info['tokens']} tokens in {len(info['files'])} files")
-    skipped = metadata["source_stats"]["skipped"]
-    if skipped or metadata["source_stats"]["empty_after_tokenization"]:
-        print(f"skipped: {skipped}, empty after tokenization: {metadata['source_stats']['empty_after_tokenization']}")
+    stats = metadata["source_stats"]
+    if stats["skipped"] or stats["empty_after_tokenization"]:
+        print(f"skipped: {stats['skipped']}, empty after tokenization: {stats['empty_after_tokenization']}"
+              + (f"; e.g. {'; '.join(stats['examples'])}" if stats.get("examples") else ""))
     print(f"wrote {args.out}")
     return 0
 
