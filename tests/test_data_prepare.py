@@ -106,6 +106,24 @@ def test_prepare_says_where_it_skipped_lines(corpus, tmp_path, capsys):
                  str(corpus / "prepared" / "tokenizer"), "--out", str(tmp_path / "out")]) == 0
     assert f"skipped: {{'not_json': 1}}, empty after tokenization: 0; e.g. {tmp_path / 'docs.jsonl'}:41: not_json" \
         in capsys.readouterr().out
+    # A vocabulary smaller than asked for (a small corpus) is said as such.
+    assert main(["prepare", "--input", str(tmp_path / "docs.jsonl"), "--train-tokenizer", "--vocab-size", "8192",
+                 "--out", str(tmp_path / "small")]) == 0
+    assert ": fewer than the 8192 asked for, the most this corpus yields" in capsys.readouterr().out
+
+
+def test_a_run_says_its_trained_tokenizer_is_smaller_than_asked(tmp_path, caplog):
+    import logging
+
+    from bertjax.train.feed import _build_tokenizer
+    from bertjax.train.run_config import load_run_config
+
+    (tmp_path / "docs.txt").write_text("\n".join(PARAGRAPHS[:40]) + "\n")
+    config = load_run_config("configs/pretrain/tiny.yaml", [f"data.input={tmp_path / 'docs.txt'}",
+                                                            "tokenizer.vocab_size=8192"])
+    with caplog.at_level(logging.WARNING):
+        _build_tokenizer(config, tmp_path / "tokenizer")
+    assert "fewer than tokenizer.vocab_size=8192: the most this corpus yields" in caplog.text
 
 
 def test_prepared_data_errors(corpus, tmp_path, capsys):

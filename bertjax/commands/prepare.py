@@ -58,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="bertjax-tokenizer-") as scratch:
             # prepare_corpus saves the tokenizer into --out with the data (which may be a bucket)
             tokenizer = train_sentencepiece(documents, scratch, vocab_size=args.vocab_size, model_type=args.model_type)
-        print(f"trained a {args.model_type} SentencePiece tokenizer, vocabulary {tokenizer.vocab_size}")
+        fewer = tokenizer.vocab_size < args.vocab_size
+        print(f"trained a {args.model_type} SentencePiece tokenizer, vocabulary {tokenizer.vocab_size}"
+              + (f": fewer than the {args.vocab_size} asked for, the most this corpus yields (SentencePiece's "
+                 "hard_vocab_limit is off)" if fewer else ""))
     else:
         tokenizer = load_tokenizer(args.tokenizer)
     metadata = prepare_corpus(args.input, tokenizer, args.out, text_format=args.text_format, text_field=args.text_field,

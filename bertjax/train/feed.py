@@ -80,6 +80,10 @@ def _build_tokenizer(config: RunConfig, out_dir: Path) -> None:
     train_sentencepiece((documents[i] for i in range(len(documents))), tmp, vocab_size=tok.vocab_size,
                         model_type=tok.model_type, max_lines=tok.max_lines, seed=config.train.seed)
     tmp.rename(out_dir)  # a run killed mid-training leaves no half-written tokenizer behind
+    trained = load_tokenizer(out_dir).vocab_size
+    if trained < tok.vocab_size:
+        log.warning("the tokenizer holds %d pieces, fewer than tokenizer.vocab_size=%d: the most this corpus yields "
+                    "(the model's vocabulary follows the tokenizer)", trained, tok.vocab_size)
 
 
 def _barrier(name: str) -> None:
