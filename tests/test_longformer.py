@@ -330,3 +330,15 @@ def test_the_bounded_classifier_is_linear_in_the_length_under_jit():
         quadratic = temporary_bytes(model)
     # The unbounded program scores every position against every key ([heads, 1024, 1024] floats per layer).
     assert quadratic > 4 * linear, (quadratic, linear)
+
+
+def test_multiple_choice_global_tokens_follow_the_pair_templates_separators():
+    """transformers puts the choice after `</s></s>`: positions past the first separator + 1. With one separator
+    (a BERT-style template: bertjax's own tokenizer) that dropped the choice's first token from the global set."""
+    from bertjax.models.task_models import around_first_separator
+
+    bert_style = np.asarray([[2, 7, 8, 3, 9, 10, 3, 0]])  # [CLS] q q [SEP] c c [SEP] pad, sep 3
+    roberta_style = np.asarray([[0, 7, 8, 2, 2, 9, 10, 2]])  # <s> q q </s></s> c c </s>, sep 2
+    np.testing.assert_array_equal(around_first_separator(bert_style, 3, before=False), [[0, 0, 0, 0, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(around_first_separator(roberta_style, 2, before=False), [[0, 0, 0, 0, 0, 1, 1, 1]])
+    np.testing.assert_array_equal(around_first_separator(bert_style, 3, before=True), [[1, 1, 1, 0, 0, 0, 0, 0]])

@@ -66,11 +66,16 @@ def segment_starts(input_ids, attention_mask=None, segment_ids=None) -> jax.Arra
 
 def around_first_separator(input_ids, sep_token_id: int, before: bool) -> jax.Array:
     """transformers' Longformer default global attention for QA (`before`: the question, tokens before the first
-    separator) and multiple choice (the choice: tokens after the separator pair that follows the question)."""
+    separator) and multiple choice (the choice: tokens after the separator pair that follows the question). A
+    single separator there (a BERT-style template, as bertjax's own tokenizer lays pairs out) is skipped alone, so
+    the choice's first token stays global; RoBERTa's `</s></s>` gives transformers' positions exactly."""
     input_ids = jnp.asarray(input_ids)
     first = jnp.argmax(input_ids == sep_token_id, axis=-1)[..., None]  # 0 when a row has no separator
     positions = jnp.arange(input_ids.shape[-1])
-    return (positions < first if before else positions > first + 1).astype(jnp.int32)
+    if before:
+        return (positions < first).astype(jnp.int32)
+    following = jnp.take_along_axis(input_ids, jnp.minimum(first + 1, input_ids.shape[-1] - 1), axis=-1)
+    return (positions > first + (following == sep_token_id)).astype(jnp.int32)
 
 
 @with_call_arguments
