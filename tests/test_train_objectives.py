@@ -538,3 +538,23 @@ def test_a_teacher_with_fewer_positions_than_the_rows_is_named(monkeypatch):
                                              r"max_position_embeddings \(16, objective.teacher unused\)"):
         objective.check_data(DataConfig(seq_len=32), produced, "data")
     objective.check_data(DataConfig(seq_len=16), produced, "data")
+
+
+def test_teacher_layers_into_layers_that_attend_otherwise_are_warned_and_a_deeper_student_named(monkeypatch,
+                                                                                                caplog):
+    """tiny-distilbert: teacher layer 3 (global) was copied into student layer 1 (local) without a word; a student
+    deeper than its teacher was refused only when the state was first created, as a bare message."""
+    import logging
+
+    teacher_config = get_config("modernbert-tiny", vocab_size=64, num_layers=4, global_attention_every=3)
+    student_config = get_config("modernbert-tiny", vocab_size=64, num_layers=2, global_attention_every=3)
+    teacher_params = nn.meta.unbox(init_boxed(MODEL_CLASSES["masked_lm"](teacher_config), jax.random.key(7)))
+    objective, _ = distillation_with_teacher(monkeypatch, student_config, teacher_config, teacher_params)
+    with caplog.at_level(logging.WARNING):
+        objective.check_compatible()
+    assert "student layer 1 (window" in caplog.text and "from teacher layer 3 (global)" in caplog.text
+    deeper = get_config("modernbert-tiny", vocab_size=64, num_layers=6)
+    objective, _ = distillation_with_teacher(monkeypatch, deeper, teacher_config, teacher_params)
+    with pytest.raises(ObjectiveError, match="objective.student_init=teacher_layers: the student has 6 layers, more "
+                                             "than the teacher's 4; lower model.overrides.num_layers"):
+        objective.check_compatible()

@@ -16,6 +16,7 @@ that is never donated, and never updated.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +32,8 @@ from bertjax.train.objectives import losses
 from bertjax.train.objectives.base import ObjectiveError, ObjectiveOptions, model_inputs
 from bertjax.train.objectives.mlm import MaskedLM
 
+
+log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DistillationOptions(ObjectiveOptions):
@@ -105,6 +108,22 @@ class Distillation(MaskedLM):
             raise ObjectiveError(f"objective.teacher: the teacher's vocabulary ({teacher_config.vocab_size} tokens) "
                                  f"differs from the student's ({student.vocab_size}); train the student with the "
                                  "teacher's tokenizer (leave tokenizer.path unset) and vocab_size")
+        if self.options.student_init == "teacher_layers":
+            # At setup, naming the key: a deeper student was refused only when the state was first created.
+            try:
+                mapping = teacher_layer_map(teacher_config.num_layers, student.num_layers)
+            except ObjectiveError as error:
+                raise ObjectiveError(f"objective.student_init=teacher_layers: {error}; lower model.overrides."
+                                     "num_layers, or set objective.student_init: random") from None
+            def kinds(config, layer):
+                window = config.layer_window(layer)
+                return "global" if window is None else f"window {window}"
+
+            mismatched = [f"student layer {s} ({kinds(student, s)}) from teacher layer {t} ({kinds(teacher_config, t)})"
+                          for s, t in enumerate(mapping) if kinds(student, s) != kinds(teacher_config, t)]
+            if mismatched:  # ModernBERT's every-third-global pattern does not survive an even spacing
+                log.warning("objective.student_init=teacher_layers copies layers into ones that attend otherwise: "
+                            "%s; the copies start from weights trained for the other attention", "; ".join(mismatched))
         if teacher_config.hidden_size != student.hidden_size and self.options.alpha_cos > 0:
             raise ObjectiveError(f"objective.alpha_cos: the cosine loss compares hidden states, but the teacher's "
                                  f"hidden_size is {teacher_config.hidden_size} and the student's {student.hidden_size}"
