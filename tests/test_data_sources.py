@@ -102,6 +102,20 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
                                          r".*shard2.json\. Readable: .txt"):
         open_documents(str(shards), split="all")
     assert documents(open_documents(str(shards / "*.txt"), split="all")) == ["one document"]
+    # A Hugging Face dataset snapshot: its metadata JSON (one line) and README are not data; its Parquet is read.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "data").mkdir(parents=True)
+    (snapshot / "README.md").write_text("---\nlicense: cc\n---\n")
+    (snapshot / "dataset_info.json").write_text(json.dumps({"features": {"text": {"dtype": "string"}}}))
+    (snapshot / "notes.json").write_text(json.dumps({"about": "the corpus"}, indent=2))  # one document, not lines
+    pq.write_table(pa.table({"text": ["a parquet document", "another one"]}), snapshot / "data" / "train.parquet")
+    assert sorted(documents(open_documents(str(snapshot), split="all"))) == ["a parquet document", "another one"]
+    (snapshot / "data" / "extra.json").write_text('{"text": "lines"}\n{"text": "of json"}\n')
+    with pytest.raises(ValueError, match=r"extra.json\. Readable: .* glob such as '.*\*\*/\*\.parquet'"):
+        open_documents(str(snapshot), split="all")
 
 
 def test_hash_split_is_disjoint_stable_and_format_independent(tmp_path):

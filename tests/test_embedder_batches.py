@@ -25,6 +25,7 @@ def test_random_batches_are_the_epoch_permutation_cut_in_order():
         expected = np.random.default_rng([7, epoch]).permutation(23)[position * 4:(position + 1) * 4]
         np.testing.assert_array_equal(batches.rows(step), expected)
     assert batches.epoch_progress(7) == pytest.approx(1.4)
+    assert (batches.epoch_progress(0), batches.epoch_progress(5), batches.epoch_progress(15)) == (0.0, 1.0, 3.0)
 
 
 def test_no_duplicates_holds_no_text_twice_and_uses_each_row_at_most_once():

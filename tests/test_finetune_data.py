@@ -68,6 +68,12 @@ def test_squad_json_is_read_as_one_row_per_question(tmp_path):
     (tmp_path / "list.json").write_text('[{"text": "a"}, 3]')
     with pytest.raises(ValueError, match="item 2 of its list is int, not an object"):
         readers.read_rows(tmp_path / "list.json")
+    # One object, indented: one example (it was "line 1: not valid JSON"); a {"data": [rows]} layout is named.
+    (tmp_path / "one.json").write_text(json.dumps({"text": "a", "label": "x"}, indent=2))
+    assert readers.read_rows(tmp_path / "one.json") == [{"text": "a", "label": "x"}]
+    (tmp_path / "wrapped.json").write_text(json.dumps({"version": "1", "data": [{"text": "a"}]}, indent=1))
+    with pytest.raises(ValueError, match="one JSON object whose examples are the list under 'data'"):
+        readers.read_rows(tmp_path / "wrapped.json")
 
 
 def test_reader_errors(tmp_path):
@@ -416,6 +422,8 @@ def test_labels_keep_a_checkpoints_order_up_to_case_and_placeholder_names():
     assert other == ("neg", "pos") and not same_labels(other, ("positive", "negative"))
     clash = _classification().fit_labels(rows(["Yes", "yes", "no"]), "f", ("yes", "no")).names  # two spellings
     assert clash == ("Yes", "no", "yes")
+    exact = _classification().fit_labels(rows(["pos", "POS", "neg"]), "f", ("pos", "POS", "neg")).names
+    assert exact == ("pos", "POS", "neg") and same_labels(exact, ("pos", "POS", "neg"))  # its own names: kept
 
 
 def test_losses_match_their_definitions(tok):

@@ -517,3 +517,21 @@ def test_resuming_into_a_workdir_without_its_records_says_what_is_missing(tmp_pa
     with caplog.at_level(logging.WARNING):
         check_rerun(tmp_path / "fresh", config, resumable=False)  # nothing to resume: a fresh run
     assert "without its records" not in caplog.text
+
+
+def test_a_nested_model_option_that_differs_on_resume_gets_its_override_as_the_hint(tmp_path):
+    """An older Longformer workdir (sep_token_id 2, the preset's) resumed now that it follows the tokenizer's
+    [SEP] (3): the refusal named no override, though model.overrides.longformer.sep_token_id=2 resumes it."""
+    import dataclasses
+    import json
+
+    from bertjax.config import get_config
+    from bertjax.train.workdir import MODEL_CONFIG_FILE, check_model_config
+
+    config = get_config("longformer-tiny", vocab_size=64)
+    older = config.replace(longformer=dataclasses.replace(config.longformer, sep_token_id=2))
+    newer = config.replace(longformer=dataclasses.replace(config.longformer, sep_token_id=3))
+    (tmp_path / MODEL_CONFIG_FILE).write_text(json.dumps({"head": "masked_lm", "config": older.to_dict()}))
+    with pytest.raises(ConfigError, match=r"resume it with the workdir's model "
+                                          r"\(model.overrides.longformer.sep_token_id=2\)"):
+        check_model_config(tmp_path, {"head": "masked_lm", "config": newer.to_dict()})

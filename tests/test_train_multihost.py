@@ -111,6 +111,19 @@ def test_differing_settings_names_each_key_and_process():
     gathered = np.stack([settings_digests(run) for run in runs])
     assert differing_settings(["data", "optimizer"], gathered) == {"data": [2], "optimizer": [1, 2]}
     assert differing_settings(["data", "optimizer"], gathered[:1]) == {}
+    # A host given checkpoint.restore_step alone (a one-shot key, recorded null) resumed from another step than the
+    # others, which waited on it forever; a progress bar is each host's own.
+    from bertjax.train.distributed import run_settings
+    from bertjax.train.run_config import run_config_from_dict
+    from train_helpers import TINY_RUN
+
+    base = run_settings(run_config_from_dict(TINY_RUN))
+    rewound = run_settings(run_config_from_dict({**TINY_RUN, "checkpoint": {"restore_step": 6}}))
+    quiet = run_settings(run_config_from_dict({**TINY_RUN, "train": {**TINY_RUN["train"], "progress_bar": False}}))
+    keys = sorted(base)
+    assert differing_settings(keys, np.stack([settings_digests(base), settings_digests(rewound)])) == \
+        {"checkpoint": [1]}
+    assert differing_settings(keys, np.stack([settings_digests(base), settings_digests(quiet)])) == {}
 
 
 def test_the_two_process_checkpoint_restores_in_one_process(two_process_run):

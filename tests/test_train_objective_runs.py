@@ -84,8 +84,11 @@ def test_distillation_learns_from_a_pretraining_workdir(tmp_path, teacher):
     assert described["frozen"]["teacher"] == str(teacher.workdir.resolve())
     workdir_lib.check_model_config(result.workdir, described)
     changed = {**described, "frozen": {**described["frozen"], "fingerprint": "0" * 16}}
-    with pytest.raises(ConfigError, match="holds another model .*frozen.fingerprint"):
+    with pytest.raises(ConfigError, match="trained against other frozen parameters .* the run started from "
+                                          f"{teacher.workdir.resolve()}"):
         workdir_lib.check_model_config(result.workdir, changed)
+    moved = {**described, "frozen": {**described["frozen"], "teacher": "/another/disk/teacher"}}
+    workdir_lib.check_model_config(result.workdir, moved)  # the same teacher copied elsewhere: by its contents
     older = {k: v for k, v in described.items() if k != "frozen"}
     (result.workdir / "model_config.json").write_text(json.dumps(older))
     workdir_lib.check_model_config(result.workdir, changed)

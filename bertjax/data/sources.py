@@ -502,13 +502,28 @@ def _each_file_once(paths: list[pathlib.Path]) -> list[pathlib.Path]:
 
 
 # Files in an input directory that hold data this cannot read: dropped without a word, a corpus would shrink.
-_UNREAD_DATA_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".json", ".csv", ".tsv", ".arrow")
+# `.json` is data when its first line is a JSON object (JSON Lines under another suffix); the metadata files data
+# set tools write beside their data (Hugging Face's dataset_info.json, state.json, ...) are not.
+_UNREAD_DATA_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".csv", ".tsv", ".arrow")
+_METADATA_JSON = {"dataset_info.json", "dataset_infos.json", "dataset_dict.json", "state.json", "config.json",
+                  PREPARED_METADATA}
+
+
+def _json_lines_file(path: str) -> bool:
+    if os.path.basename(path) in _METADATA_JSON:
+        return False
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(1 << 20).strip()
+        return first.startswith(b"{") and isinstance(loads(first), dict)
+    except (OSError, ValueError):  # not one object on its first line: a document of its own, not JSON Lines
+        return False
 
 
 def _directory_files(spec: str) -> list[pathlib.Path]:
-    """The data files under directory `spec`. Other files there (READMEs, ...) are not data; a `bertjax prepare`
-    output inside it (its tokenizer's vocab.txt is a text file) is not raw text, and is passed over; a file of data
-    in a form this cannot read (compressed, JSON Lines named .json, CSV) is an error naming it."""
+    """The data files under directory `spec`. Other files there (READMEs, metadata) are not data; a `bertjax
+    prepare` output inside it (its tokenizer's vocab.txt is a text file) is not raw text, and is passed over; a file
+    of data in a form this cannot read (compressed, JSON Lines named .json, CSV) is an error naming it."""
     paths, unread = [], []
     for root, directories, files in os.walk(spec):  # links to directories not followed, as rglob
         if root != spec and (PREPARED_METADATA in files or any(f.endswith(".array_record") for f in files)):
@@ -518,13 +533,15 @@ def _directory_files(spec: str) -> list[pathlib.Path]:
             suffix = pathlib.Path(name).suffix.lower()
             if suffix in FILE_KINDS:
                 paths.append(pathlib.Path(root, name))
-            elif suffix in _UNREAD_DATA_SUFFIXES:
+            elif suffix in _UNREAD_DATA_SUFFIXES or suffix == ".json" and _json_lines_file(os.path.join(root, name)):
                 unread.append(os.path.join(root, name))
     if unread:
         shown = ", ".join(sorted(unread)[:5]) + (f" and {len(unread) - 5} more" if len(unread) > 5 else "")
+        found = collections.Counter(path.suffix.lower() for path in paths).most_common(1)
+        glob_hint = os.path.join(spec, "**", f"*{found[0][0] if found else '.txt'}")
         raise ValueError(f"directory {spec!r} holds files this cannot read as documents: {shown}. Readable: "
                          f"{', '.join(FILE_KINDS)} (decompress them; JSON Lines as .jsonl), or name the files to read "
-                         f"with a glob such as {os.path.join(spec, '**', '*.txt')!r}")
+                         f"with a glob such as {glob_hint!r}")
     if not paths:
         raise FileNotFoundError(f"directory {spec!r} holds no file of a known type ({', '.join(FILE_KINDS)})")
     return sorted(paths)

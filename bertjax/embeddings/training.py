@@ -37,7 +37,7 @@ from bertjax.embeddings.train_config import EmbedderConfig, embedder_config_from
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
-from bertjax.train.run_config import ConfigError, ScheduleConfig, to_record
+from bertjax.train.run_config import ConfigError, ScheduleConfig
 from bertjax.train.unused_params import undecayed_note, unused_parameters
 
 log = logging.getLogger(__name__)
@@ -312,7 +312,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
     from bertjax.data.global_batch import from_full_batch
     from bertjax.models import abstract_params
     from bertjax.train.checkpoints import open_for_resume
-    from bertjax.train.distributed import PreemptionWatch, check_same_everywhere
+    from bertjax.train.distributed import PreemptionWatch, check_same_everywhere, run_settings
     from bertjax.train.guards import NonFiniteGuard
     from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
     from bertjax.train.schedules import build_schedule, warmup_steps
@@ -321,7 +321,7 @@ def _train(config: EmbedderConfig, workdir: Path, model_dir: str | Path, train_f
     workdir = Path(workdir)
     primary = jax.process_index() == 0
     identity = _identity(model_dir, train_file, validation_file)
-    check_same_everywhere({**to_record(config), "data files' contents": identity[workdir_lib.FINGERPRINTS]},
+    check_same_everywhere(run_settings(config, data_files=identity[workdir_lib.FINGERPRINTS]),
                           "Start every host with the same command, config and data files.")
     checkpointer, start = open_for_resume(config.checkpoint, workdir)
     check_rerun(workdir, config, identity, resumable=start is not None, drops_out=encoder.config.dropout_rate > 0)

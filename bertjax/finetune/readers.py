@@ -65,13 +65,22 @@ def parse_json(text: str, path: Path) -> list[Row]:
         return parse_jsonl(text, path)
     if isinstance(document, dict) and _is_squad(document):
         return squad_rows(document, path)
+    if isinstance(document, dict):
+        # {"version": ..., "data": [rows]} and the like: the examples are a list under one key, not this object.
+        nested = [key for key, value in document.items()
+                  if isinstance(value, list) and value and all(isinstance(item, dict) for item in value)]
+        if nested:
+            raise ValueError(f"{path}: one JSON object whose examples are the list under {nested[0]!r}; write them "
+                             "one object per line (JSON Lines), or as a JSON list")
+        return [document]  # one example, however it is indented
     if isinstance(document, list):
         for index, item in enumerate(document):
             if not isinstance(item, dict):
                 raise ValueError(f"{path}: item {index + 1} of its list is {type(item).__name__}, not an object "
                                  "(one example as {column: value})")
         return document
-    return parse_jsonl(text, path)
+    raise ValueError(f"{path}: a JSON {type(document).__name__}, not examples (JSON Lines, a list of objects, or "
+                     "SQuAD's articles)")
 
 
 def _is_squad(document: dict) -> bool:

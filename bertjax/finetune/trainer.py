@@ -33,7 +33,7 @@ from bertjax.finetune.tasks.base import fit_max_length, same_labels
 from bertjax.inference.texts import check_tokenizer_fits  # shared with predict and the embedding commands
 from bertjax.jsonl import read_json_file
 from bertjax.train import mesh as mesh_lib
-from bertjax.train.distributed import PreemptionWatch, check_same_everywhere
+from bertjax.train.distributed import PreemptionWatch, check_same_everywhere, run_settings
 from bertjax.train.guards import NonFiniteGuard
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.optimizers import TRAINER_OPTIMIZER_KEYS, build_optimizer, trainer_adamw
@@ -352,8 +352,8 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
         say = lambda text: None  # noqa: E731  (one copy of every message)
     identity = {"model": workdir_lib.path_identity(model_dir), "task": task_cls.name,
                 **workdir_lib.data_identity({"train": train_file, "validation": validation_file})}
-    check_same_everywhere({**to_record(config), "task": task_cls.name,
-                           "data files' contents": identity[workdir_lib.FINGERPRINTS]},
+    check_same_everywhere(run_settings(config, task=task_cls.name,
+                                       data_files=identity[workdir_lib.FINGERPRINTS]),
                           "Start every host with the same command, config and data files.")
     base_model, base_params, tokenizer = load_model_dir(model_dir, allow_pickle=allow_pickle)
     token_ids = read_token_ids(model_dir)  # bos, eos, mask, ... for best/'s config, as `convert` keeps them

@@ -96,6 +96,23 @@ def differing_settings(keys: list[str], gathered: np.ndarray) -> dict[str, list[
     return found
 
 
+# Settings a host may hold its own value of: how its terminal shows the run, nothing the processes share.
+PER_HOST_SETTINGS = (("train", "progress_bar"),)
+
+
+def run_settings(config: Any, **extra: Any) -> dict[str, Any]:
+    """A run config's sections as `check_same_everywhere` compares them: every setting, the one-shot ones included
+    (checkpoint.restore_step: hosts resuming from different steps would wait on each other forever), but those in
+    PER_HOST_SETTINGS; plus `extra` entries (data files' fingerprints)."""
+    from bertjax.train.run_config import to_dict
+
+    settings = to_dict(config)
+    for section, key in PER_HOST_SETTINGS:
+        if isinstance(settings.get(section), dict):
+            settings[section].pop(key, None)
+    return {**settings, **extra}
+
+
 def check_same_everywhere(settings: dict[str, Any], advice: str) -> None:
     """Refuse a run whose processes were started with other settings than process 0 (a stale config file on one
     host, another data path): each host would train its share of the batch on its own terms, the replicated

@@ -23,11 +23,11 @@ from bertjax.train import flops as flops_lib
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.checkpoints import Checkpointer, open_for_resume
-from bertjax.train.distributed import PreemptionWatch, check_same_everywhere
+from bertjax.train.distributed import PreemptionWatch, check_same_everywhere, run_settings
 from bertjax.train.guards import NonFiniteGuard
 from bertjax.train.metrics import MetricsLogger, plot_loss, read_metrics
 from bertjax.train.objectives import Objective
-from bertjax.train.run_config import RunConfig, to_record
+from bertjax.train.run_config import RunConfig
 from bertjax.train.setup import schedule_change_on_resume, setup_run
 from bertjax.train.state import count_params, unsplit_parameters_note
 from bertjax.train.unused_params import undecayed_note
@@ -124,7 +124,7 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     workdir = Path(workdir).absolute()
     primary = jax.process_index() == 0
     config = _with_objective_tokenizer(config)  # as config.yaml records it, so a rerun compares equal
-    check_same_everywhere(to_record(config), "Start every host with the same --config file and overrides "
+    check_same_everywhere(run_settings(config), "Start every host with the same --config file and overrides "
                           "(launch/tpu_pod.sh copies one to every worker).")
     # Only a checkpoint pins the model: a workdir whose run saved none starts over with these settings.
     resumable = workdir_lib.has_checkpoint(workdir, config.checkpoint)

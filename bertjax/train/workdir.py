@@ -568,15 +568,31 @@ def check_model_config(workdir: Path, description: dict) -> None:
             from None
     if isinstance(held, dict) and "frozen" not in held:  # written before frozen parameters were recorded
         description = {k: v for k, v in description.items() if k != "frozen"}
-    found = differences(_comparable(held), _comparable(description))
+    # Frozen parameters (a teacher) are the same by their fingerprint wherever they are stored now.
+    held_frozen = held.get("frozen") if isinstance(held, dict) else None
+    held_frozen = held_frozen if isinstance(held_frozen, dict) else {}
+    found = differences(_comparable(_frozen_by_contents(held)), _comparable(_frozen_by_contents(description)))
+    if any(key.startswith("frozen.") for key, _, _ in found):
+        raise ConfigError(f"workdir {workdir} was trained against other frozen parameters than this run loads (a "
+                          f"teacher with another fingerprint; the run started from {held_frozen.get('teacher')}): "
+                          "give objective.teacher the teacher it started with, or another --workdir")
     if found:
         fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+        # Nested options (longformer.sep_token_id) are overrides too: model.overrides.longformer.sep_token_id=2.
         keep = [f"model.overrides.{key[len('config.'):]}={json.dumps(held_value)}" for key, held_value, _ in found
-                if key.startswith("config.") and key[len("config."):] in fields
+                if key.startswith("config.") and key[len("config."):].split(".")[0] in fields
                 and isinstance(held_value, (bool, int, float, str, type(None)))]
         hint = f"resume it with the workdir's model ({' '.join(keep)}), or " if len(keep) == len(found) else ""
         raise ConfigError(f"workdir {workdir} holds another model ({describe_differences(found)}); {hint}"
                           "give another --workdir")
+
+
+def _frozen_by_contents(description: dict) -> dict:
+    """A model description whose frozen parameters are compared by fingerprint, not by where they were read."""
+    frozen = description.get("frozen") if isinstance(description, dict) else None
+    if not isinstance(frozen, dict):
+        return description
+    return {**description, "frozen": {key: value for key, value in frozen.items() if key != "teacher"}}
 
 
 def _comparable(description: dict) -> dict:

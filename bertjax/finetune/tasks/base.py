@@ -209,6 +209,8 @@ def fit_names(values: list, known: tuple[str, ...] | None) -> tuple[str, ...]:
     when it already has all of them (its classifier rows keep their meaning), matched as `same_labels` does and
     spelled as the file spells them ("neutral" for a checkpoint's "NEUTRAL")."""
     seen = {label_key(v) for v in values}
+    if known and seen <= set(known):  # exactly its names (even two that differ only in case: pos, POS)
+        return tuple(known)
     if known:
         spelled = {_label_identity(name): name for name in seen}
         identities = [_label_identity(name) for name in known]

@@ -144,7 +144,8 @@ class Distillation(MaskedLM):
         from bertjax.models.params import params_fingerprint
 
         model, params, _ = self.teacher
-        return {"teacher": str(Path(self.options.teacher).resolve()),
+        teacher = self.options.teacher
+        return {"teacher": teacher if "://" in teacher else str(Path(teacher).resolve()),
                 "fingerprint": params_fingerprint(params, repr(model.config))}
 
     # -- parameters ---------------------------------------------------------------------------------------------
