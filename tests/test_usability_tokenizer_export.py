@@ -57,3 +57,36 @@ def test_tokenizer_json_of_a_checkpoint(tmp_path):
     tokenizer = load_tokenizer(tmp_path / "src")
     assert type(tokenizer).__name__ == "HuggingFaceTokenizer"
     _check(tokenizer, tmp_path / "hf", ["the end.", "the ends"])
+
+
+def test_a_models_export_takes_its_token_types_and_padding_side(tmp_path):
+    """Pretrained with bertjax's own tokenizer, a RoBERTa or Longformer export handed transformers token type 1 for
+    a pair's second text, past its one-row table (IndexError in transformers), and an XLNet export padded on the
+    right, where its heads read the last position (padding). config.json named RoBERTa's bos/eos 0 and 2: [PAD]
+    and [CLS] here."""
+    import json
+
+    import jax
+    from transformers import AutoTokenizer
+
+    import bertjax
+    from bertjax.config import get_config
+    from bertjax.data.tokenizer_export import save_for_model
+    from bertjax.models import MODEL_CLASSES, init_params
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "end", "functions", "return", "values", "."]
+    tokenizer = WordPieceTokenizer("\n".join(words))
+    for preset, types, side in (("roberta-tiny", None, "right"), ("bert-tiny", [0, 0, 0, 0, 1, 1, 1], "right"),
+                                ("xlnet-tiny", [0, 0, 0, 0, 1, 1, 1], "left")):
+        offset = 1 if preset == "roberta-tiny" else 0  # RoBERTa's positions start past the padding id
+        config = get_config(preset, vocab_size=len(words), pad_token_id=0, position_offset=offset)
+        save_for_model(tokenizer, tmp_path / preset, config)
+        hf = AutoTokenizer.from_pretrained(str(tmp_path / preset))
+        encoded = hf("the end", "functions return")
+        assert encoded.get("token_type_ids") == types, preset
+        assert hf.padding_side == side, preset
+    roberta = MODEL_CLASSES["masked_lm"](get_config("roberta-tiny", vocab_size=len(words), pad_token_id=0,
+                                                    position_offset=1))
+    bertjax.save_pretrained(str(tmp_path / "roberta"), roberta, init_params(roberta, jax.random.key(0)))
+    written = json.loads((tmp_path / "roberta" / "config.json").read_text())
+    assert written["bos_token_id"] is None and written["eos_token_id"] is None

@@ -127,7 +127,8 @@ def to_hf_tokenizer(tokenizer: Tokenizer):
 
 
 def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_max_length: int | None = None,
-                          model_input_names: Sequence[str] | None = None) -> list[str]:
+                          model_input_names: Sequence[str] | None = None,
+                          padding_side: str | None = None) -> list[str]:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json; returns the file names.
 
     `model_input_names` says which encodings the model takes (ModernBERT has no token_type_ids: transformers'
@@ -140,7 +141,8 @@ def save_for_transformers(tokenizer: Tokenizer, directory: str | Path, *, model_
     names = special_tokens(tokenizer, hf)
     # A checkpoint's own class and options (RobertaTokenizer, add_prefix_space, ...) when it came with them.
     kept = {key: _tagged_added_token(value) for key, value in getattr(tokenizer, "transformers_config", {}).items()}
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", **_padding_side(tokenizer), **kept, **names,
+    side = {"padding_side": padding_side} if padding_side else _padding_side(tokenizer)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **side, **kept, **names,
               "clean_up_tokenization_spaces": False}
     if model_max_length is not None:
         config["model_max_length"] = model_max_length
@@ -189,9 +191,11 @@ def _padding_side(tokenizer: Tokenizer) -> dict[str, str]:
 
 def save_for_model(tokenizer: Tokenizer, directory: str | Path, config) -> list[str]:
     """`save_for_transformers` with what a model's EncoderConfig says: the longest input (its positions, past
-    RoBERTa's offset) and the encodings it takes (no token_type_ids without token types)."""
-    names = ["input_ids", "token_type_ids", "attention_mask"] if config.type_vocab_size else \
+    RoBERTa's offset), the encodings it takes (no token_type_ids with fewer than two token types: RoBERTa's one
+    type would index past its table at a pair's type 1) and, for XLNet, left padding (its heads read the last
+    position, whatever the tokenizer's layout)."""
+    names = ["input_ids", "token_type_ids", "attention_mask"] if config.type_vocab_size > 1 else \
         ["input_ids", "attention_mask"]
     return save_for_transformers(tokenizer, directory,
                                  model_max_length=config.max_position_embeddings - config.position_offset,
-                                 model_input_names=names)
+                                 model_input_names=names, padding_side="left" if config.family == "xlnet" else None)

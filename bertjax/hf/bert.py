@@ -90,6 +90,9 @@ class BertLikeConfig:
             "initializer_range": config.initializer_range, "layer_norm_eps": config.norm_eps,
             "pad_token_id": config.pad_token_id, "tie_word_embeddings": config.tie_word_embeddings,
             "is_decoder": False, "add_cross_attention": False,
+            # The tokenizer owns these (a checkpoint's own ids come back through save_pretrained's token_ids);
+            # RobertaConfig's defaults 0 and 2 would name other tokens of another vocabulary.
+            "bos_token_id": None, "eos_token_id": None,
         }
 
 

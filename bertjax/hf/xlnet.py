@@ -90,6 +90,7 @@ def to_hf_config(config: EncoderConfig, head: str) -> dict:
         "initializer_range": cfg.initializer_range, "pad_token_id": cfg.pad_token_id,
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "summary_type": "last", "summary_use_proj": True, "summary_activation": "tanh",
+        "bos_token_id": None, "eos_token_id": None,  # the tokenizer's; XLNetConfig's 1 and 2 name other tokens here
     }
 
 
