@@ -609,7 +609,11 @@ def test_a_pair_model_refuses_rows_without_their_second_text(tok):
                                          r"\(data.text_pair_column\), but the model was trained on a text pair"):
         task.encode(tok, [{"text": "the cat", "sentence2": "sat"}], labels, "dev.tsv", with_targets=False)
     task.encode(tok, [pairs[0], {"text": "the dog"}], labels, "dev.tsv", with_targets=False)  # some: as written
-    task.encode(tok, pairs, Labels(names=("a", "b"), text_pairs="none"), "dev.tsv", with_targets=False)
+    single = Labels(names=("a", "b"), text_pairs="none")  # a single-text model given pairs: read, and said
+    assert task.encode(tok, pairs, single, "dev.tsv", with_targets=False).notes == [
+        "dev.tsv: 2 of 2 rows have a second text (column 'text_pair'), but the model was trained on single texts: "
+        "they are read as pairs"]
+    assert task.encode(tok, singles, single, "dev.tsv", with_targets=False).notes == []
 
 
 def test_null_cells_are_errors_naming_file_row_and_column(tok):

@@ -106,6 +106,8 @@ def predict(model_dir: str | Path, input_file: str | Path, overrides: list[str] 
     task.data = dataclasses.replace(task.data, packing=False)
     encoded = task.encode(tokenizer, read_rows(input_file), labels, str(input_file), with_targets=False)
     check_ids(encoded.arrays["input_ids"], model.config.vocab_size, "token ids")  # on the host, before any compile
+    for note in encoded.notes:  # what the encoding skipped or read otherwise than the model was trained on
+        say(note)
     warning = truncation_warning(task, encoded, input_file, model.config)
     if warning:
         say(warning)

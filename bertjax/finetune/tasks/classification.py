@@ -113,7 +113,12 @@ class SequenceClassification(Task):
             arrays["labels"] = gold
         if self.data.packing:
             arrays = pack_rows(arrays, tokenizer.pad_id, training_order(len(rows)) if training else None)
-        return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold), truncated=int(cut.sum()))
+        paired = sum(pair is not None for pair in pairs)
+        notes = [f"{source}: {paired} of {len(rows)} rows have a second text (column {self.data.text_pair_column!r}"
+                 "), but the model was trained on single texts: they are read as pairs"] \
+            if labels.text_pairs == "none" and paired else []
+        return Encoded(arrays, examples=[None] * len(rows) if gold is None else list(gold), truncated=int(cut.sum()),
+                       notes=notes)
 
     # Packed rows carry [rows, K] labels and weights; unpacked ones [rows].
     @classmethod
