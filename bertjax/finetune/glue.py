@@ -9,7 +9,8 @@ and ModernBERT do) when MNLI is part of the run. Those weight decays are decoupl
 MosaicML's Composer that ModernBERT's fine-tuning code uses applies them: each step shrinks the weights by
 wd x lr_t / peak lr. bertjax's AdamW shrinks them by lr_t x train.weight_decay (optax, transformers' Trainer), where
 1e-5 would be a no-op in float32, so a grid point runs with train.weight_decay = wd / learning rate (the same
-decay). The table shows, per task, the dev scores GLUE reports (CoLA: Matthews correlation; STS-B: Pearson and Spearman; MRPC, QQP: F1 and accuracy; MNLI: matched and mismatched
+decay). The table shows, per task, the dev scores GLUE reports (CoLA: Matthews correlation; STS-B: Pearson and
+Spearman; MRPC, QQP: F1 and accuracy; MNLI: matched and mismatched
 accuracy; the others: accuracy) of the best grid point, chosen on the first of them, and the settings that
 reached it.
 

@@ -1,7 +1,8 @@
 """Read a fine-tuning data file into rows (one dict per example), whatever its format.
 
 CSV (header line), TSV (header line), JSONL (one object per line), JSON (a list of objects, SQuAD's nested
-articles, or JSON Lines) and Parquet, chosen by the file's suffix in `READERS`. Each problem with the file is an error that names it and says what to do: an empty file, bytes that
+articles, or JSON Lines) and Parquet, chosen by the file's suffix in `READERS`. Each problem with the file is an
+error that names it and says what to do: an empty file, bytes that
 are not UTF-8, a malformed line, a missing column. Columns are looked up by `require_columns` with the name of the
 config key that renames them, so the message can say which override to set.
 """

@@ -21,6 +21,7 @@ from bertjax.data.sources import NoDocuments
 from bertjax.train import mesh as mesh_lib
 from bertjax.train import phases as phases_lib
 from bertjax.train.checkpoints import CheckpointError
+from bertjax.train.distributed import check_same_everywhere
 from bertjax.train.run_config import ConfigError, RunConfig
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def prepare_tokenizer(config: RunConfig, workdir: Path):
     if not saved.exists():
         _build_tokenizer(config, saved)
     tokenizer = load_tokenizer(saved)
-    _check_same_everywhere(tokenizer.fingerprint)
+    check_same_everywhere({"tokenizer": tokenizer.fingerprint}, "Each host built or loaded the tokenizer in its own "
+                          "workdir: give tokenizer.path, or a workdir all hosts share.")
     return tokenizer
 
 
@@ -90,16 +92,6 @@ def _barrier(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(name)
-
-
-def _check_same_everywhere(fingerprint: str) -> None:
-    if jax.process_count() == 1:
-        return
-    from jax.experimental import multihost_utils
-    digits = np.frombuffer(fingerprint.encode(), np.uint8).astype(np.int32)
-    gathered = np.asarray(multihost_utils.process_allgather(digits))
-    if not (gathered == gathered[0]).all():
-        raise RuntimeError("processes hold different tokenizers; give tokenizer.path, or a workdir all hosts share")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ class Distillation(MaskedLM):
             except ObjectiveError as error:
                 raise ObjectiveError(f"objective.student_init=teacher_layers: {error}; lower model.overrides."
                                      "num_layers, or set objective.student_init: random") from None
+
             def kinds(config, layer):
                 window = config.layer_window(layer)
                 return "global" if window is None else f"window {window}"
