@@ -57,7 +57,8 @@ def test_mlm_sop_learns(tmp_path):
     result = run(tmp_path / "albert", "tiny-albert.yaml", "model.overrides.num_layers=2",
                  "model.overrides.embedding_size=16")
     assert_learns(result)
-    assert "eval_nsp_accuracy" in read_metrics(result.workdir)[-1]
+    last = read_metrics(result.workdir)[-1]
+    assert "eval_sop_accuracy" in last and "eval_nsp_accuracy" not in last
 
 
 def test_eurobert_mlm_learns(tmp_path):

@@ -106,10 +106,12 @@ class MaskedLMWithSentencePairs(MaskedLM):
         return super().loss(sums, norm) + sums["nsp_loss"] / norm["nsp_count"]
 
     def metrics(self, sums):
+        # Named after the task the pairs were built for (sop_loss for ALBERT's), as the papers report them.
         out = super().metrics(sums)
-        out["nsp_loss"] = losses.mean(sums["nsp_loss"], sums["nsp_count"])
-        out["nsp_accuracy"] = losses.mean(sums["nsp_correct"], sums["nsp_count"])
-        out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+        task = self.sentence_objective
+        out[f"{task}_loss"] = losses.mean(sums["nsp_loss"], sums["nsp_count"])
+        out[f"{task}_accuracy"] = losses.mean(sums["nsp_correct"], sums["nsp_count"])
+        out["loss"] = out["mlm_loss"] + out[f"{task}_loss"]
         return out
 
     def train_flops(self, *, seq_len, tokens, predictions, rows):
