@@ -25,6 +25,11 @@ def test_multi_label_problem_type_is_refused_naming_the_key():
         load_finetune_config(None, ["task.problem_type=multi_label_classification"])
 
 
+def test_single_label_classification_with_one_label_is_refused():
+    with pytest.raises(ConfigError, match="single_label_classification needs task.num_labels >= 2"):
+        load_finetune_config(None, ["task.problem_type=single_label_classification", "task.num_labels=1"])
+
+
 def test_doc_stride_must_fit_the_context_room_of_max_length():
     with pytest.raises(ValueError, match=r"data.doc_stride \(128\) must be less than .* data.max_length \(128\)"):
         qa.make_windows(_tokenizer(), "where ?", CONTEXT, None, max_length=128, doc_stride=128)

@@ -405,6 +405,21 @@ def test_labels_integers_strings_and_regression():
         _classification().fit_labels(rows(["3.8", "", "1.25"]), "f", None)
 
 
+def test_labels_written_as_decimals_are_classes_with_a_note_and_problem_type_decides():
+    rows = lambda labels: [{"text": "a", "label": v} for v in labels]  # noqa: E731
+    ratings = _classification().fit_labels(rows([1.0, 5.0, 3.0]), "f", None)  # JSONL floats
+    assert ratings.names == ("1", "3", "5") and not ratings.regression
+    assert len(ratings.notes) == 1 and "task.problem_type=regression" in ratings.notes[0]
+    assert _classification().fit_labels(rows(["1", "0"]), "f", None).notes == ()  # integers: nothing to say
+    assert _classification(problem_type="regression").fit_labels(rows(["1.0", "5.0"]), "f", None).regression
+    # Asked for classes, numbers with fractions are classes too (they were regressed whatever problem_type said).
+    halves = _classification(problem_type="single_label_classification").fit_labels(rows(["0.5", "1.5"]), "f", None)
+    assert halves.names == ("0.5", "1.5") and not halves.regression and halves.notes == ()
+    for bad in ("nan", "inf"):  # a CSV cell pandas would not read as a number to learn
+        with pytest.raises(ValueError, match=f"row 2: regression needs a finite label, got '{bad}'"):
+            _classification().fit_labels(rows(["0.5", bad]), "f", None)
+
+
 def test_labels_keep_a_checkpoints_order_up_to_case_and_placeholder_names():
     """roberta-large-mnli's CONTRADICTION, NEUTRAL, ENTAILMENT against GLUE's lowercase gold labels: sorted, the
     file's labels put "entailment" on the row that means NEUTRAL, and the head was kept (its shape fits)."""

@@ -154,6 +154,9 @@ def _validate(config: FinetuneConfig) -> None:
         # train single-label while best/config.json claims multi-label.
         raise ConfigError("task.problem_type multi_label_classification is not supported by fine-tuning (the data "
                           "readers take one label per example); use single_label_classification or regression")
+    if config.task.problem_type == "single_label_classification" and config.task.num_labels == 1:
+        raise ConfigError("task.problem_type single_label_classification needs task.num_labels >= 2 (or null: from "
+                          "the training labels); one output is regression (task.problem_type=regression)")
     if config.task.problem_type == "regression" and config.task.num_labels not in (None, 1):
         raise ConfigError(f"task.problem_type regression predicts one number: task.num_labels must be 1, got "
                           f"{config.task.num_labels}")

@@ -371,6 +371,8 @@ def _finetune_holding_the_workdir(config: FinetuneConfig, workdir: Path, model_d
     task = task_cls(config.data, config.task)
     train_rows, validation_rows = read_rows(train_file), read_rows(validation_file)
     labels = task.fit_labels(train_rows, str(train_file), known_labels(base_model))
+    for note in labels.notes:
+        say(note)
     base_params, relabelled = without_relabelled_rows(base_params, base_model, task, labels)
     if relabelled:
         say(f"{model_dir}'s labels {list(known_labels(base_model))} are not the training file's "

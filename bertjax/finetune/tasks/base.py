@@ -56,6 +56,8 @@ class Labels:
     # Sequence classification: whether the training rows had a second text ("all", "none" or "some" of them), so
     # that predicting a pair model on single texts (its text_pair column missing) is an error, not a guess.
     text_pairs: str | None = None
+    # What reading the labels decided that the user may not expect (said by the trainer, not saved).
+    notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def num_labels(self) -> int:
@@ -258,6 +260,13 @@ def is_number(value: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def written_as_float(value: Any) -> bool:
+    """A number written with a fraction part or exponent (1.0, "2.0", "1e0"), as a float column of scores is."""
+    if isinstance(value, (float, np.floating)):
+        return True
+    return isinstance(value, str) and is_number(value) and any(c in value for c in ".eE")
 
 
 def _is_int(value: Any) -> bool:

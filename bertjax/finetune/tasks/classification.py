@@ -1,12 +1,16 @@
 """Sequence classification and regression: one text (or a pair) -> one label, or one number.
 
-Regression when task.problem_type is regression, task.num_labels is 1, or the training labels are numbers that
-are not all integers (STS-B's similarity scores); integer labels are classes. With data.packing, several short
+Regression when task.problem_type is regression, task.num_labels is 1, or (no problem_type given) the training
+labels are numbers that are not all integers (STS-B's similarity scores); integer labels are classes, and whole
+numbers written as decimals (1.0, 2.0) too, with a note saying so. task.problem_type=single_label_classification
+makes any labels classes. With data.packing, several short
 examples share a row (segment ids 1, 2, ...) and the model pools each one separately (`max_segments`). Each row
 has its text_pair or not (a missing or null one: a single text), in training and in `bertjax predict` alike.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +20,7 @@ from bertjax.finetune.encoding import encode_texts_and_cuts
 from bertjax.finetune.packing import pack_rows, training_order
 from bertjax.finetune.readers import is_null, require_columns, text_cell
 from bertjax.finetune.tasks.base import (Encoded, Labels, Task, cross_entropy, fit_names, is_number, label_ids,
-                                         sigmoid, softmax)
+                                         sigmoid, softmax, written_as_float)
 
 # The probability at which a multi-label checkpoint's label applies (its sigmoid is an independent yes/no).
 MULTI_LABEL_THRESHOLD = 0.5
@@ -69,22 +73,36 @@ class SequenceClassification(Task):
     def fit_labels(self, rows, source, known):
         self._columns(rows, source, with_targets=True)
         values = self._label_values(rows, source)
-        forced = self.task_config.problem_type == "regression" or self.task_config.num_labels == 1
+        problem_type = self.task_config.problem_type
+        forced = problem_type == "regression" or self.task_config.num_labels == 1
         numeric = all(is_number(v) for v in values)
-        if forced or (numeric and not all(float(v).is_integer() for v in values)):
+        if forced or (numeric and problem_type is None and not all(float(v).is_integer() for v in values)):
             if not numeric:
                 bad = next(v for v in values if not is_number(v))
                 raise ValueError(f"{source}: regression needs numeric labels, got {bad!r} in column "
                                  f"{self.data.label_column!r}")
+            self._check_finite(values, source)
             return Labels(regression=True, text_pairs=self._pair_layout(rows, source))
         names = fit_names(values, known)
+        notes = ()
+        if numeric and problem_type is None and any(written_as_float(v) for v in values):
+            # 1.0, 2.0 ... may be scores (HF's run_glue reads a float column as regression) or class ids: say which.
+            notes = (f"{source}: the labels are whole numbers written as decimals "
+                     f"({next(v for v in values if written_as_float(v))!r}, ...): read as {len(names)} classes; for a "
+                     "score to regress, set task.problem_type=regression",)
         if self.task_config.num_labels is not None and self.task_config.num_labels != len(names):
             raise ValueError(f"{source}: task.num_labels={self.task_config.num_labels} but the training labels are "
                              f"{len(names)}: {list(names)}")
         if len(names) < 2:
             raise ValueError(f"{source}: every training example has the label {names[0]!r}; classification needs "
                              "at least two classes")
-        return Labels(names=names, text_pairs=self._pair_layout(rows, source))
+        return Labels(names=names, text_pairs=self._pair_layout(rows, source), notes=notes)
+
+    def _check_finite(self, values: list, source: str) -> None:
+        for i, value in enumerate(values):
+            if not math.isfinite(float(value)):  # "nan" or "inf" in a CSV cell: every loss after it would be NaN
+                raise ValueError(f"{source}, row {i + 1}: regression needs a finite label, got {value!r} in column "
+                                 f"{self.data.label_column!r}")
 
     def _pair_layout(self, rows, source) -> str:
         with_pair = sum(pair is not None for pair in self._texts(rows, source)[1])
@@ -107,6 +125,7 @@ class SequenceClassification(Task):
                     if not is_number(value):
                         raise ValueError(f"{source}, row {i + 1}: regression needs a numeric label, got {value!r} "
                                          f"in column {self.data.label_column!r}")
+                self._check_finite(values, source)
                 gold = np.asarray([float(v) for v in values], np.float32)
             else:
                 gold = label_ids(values, labels.names, source, self.data.label_column)
