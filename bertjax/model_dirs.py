@@ -30,6 +30,7 @@ PARAMS_DIR = "params"
 TOKENIZER_DIR = "tokenizer"
 CHECKPOINTS_DIR = "checkpoints"
 RUN_CONFIG_FILE = "config.yaml"  # the resolved run config a workdir starts with
+EXPORTS_DIR = "models"  # multi-model objectives (ELECTRA) write each model here at the end of the run
 
 
 class LoadedModel(NamedTuple):

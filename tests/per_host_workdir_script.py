@@ -18,9 +18,10 @@ def main(coordinator: str, process_id: int, root: str, tokenizer_dir: str) -> No
 
     from bertjax.config import get_config
     from bertjax.data import load_tokenizer
+    from bertjax.model_dirs import EXPORTS_DIR
     from bertjax.models import MODEL_CLASSES, init_params
     from bertjax.train.checkpoints import CheckpointError, check_shared_by_every_process
-    from bertjax.train.loop import EXPORTS_DIR, save_exports
+    from bertjax.train.loop import save_exports
 
     workdir = Path(root) / f"host{process_id}"
     workdir.mkdir(parents=True)

@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from bertjax.train.loop import EXPORTS_DIR, pretrain
+from bertjax.inference.fill_mask import load_predictor
+from bertjax.model_dirs import EXPORTS_DIR
+from bertjax.train.loop import pretrain
 from bertjax.train.metrics import read_metrics
 from bertjax.train.run_config import load_run_config
 from train_helpers import REPO, small_tokenizer
@@ -107,6 +109,12 @@ def test_electra_learns_and_saves_both_models(tmp_path):
     assert described["head"] == "replaced_token_detection" and described["params_key"] == "discriminator"
     for name in ("discriminator", "generator"):
         assert (result.workdir / EXPORTS_DIR / name / "model_config.json").is_file(), name
+    # fill-mask on the workdir reads the discriminator, which has no MLM head: the error names the generator export.
+    generator = result.workdir / EXPORTS_DIR / "generator"
+    with pytest.raises(ValueError, match=f"such as this run's generator: --model {generator}"):
+        load_predictor(result.workdir)
+    [[options]] = load_predictor(generator).many(["the [MASK] ."], 3)  # one text, one mask
+    assert all(0.0 <= option.probability <= 1.0 for option in options)
 
 
 def test_deberta_v3_replaced_token_detection_with_gdes_learns_and_saves_both_models(tmp_path):

@@ -91,10 +91,11 @@ def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, t
     return row_fn
 
 
-def check_masked_lm(model, source: str | None = None) -> None:
+def check_masked_lm(model, source: str | None = None, elsewhere: str = "") -> None:
     """Refuse a model without an MLM head before anything is compiled: its outputs would fail deep in JAX (a bare
     encoder has no `logits`) or broadcast into nonsense (a classifier's logits are per label).
-    `source` (e.g. "--model DIR") names where the model came from in the error."""
+    `source` (e.g. "--model DIR") names where the model came from in the error, `elsewhere` where a masked
+    language model of the same run is."""
     from bertjax.hf.pretrained import head_of
     from bertjax.models import MODEL_CLASSES
 
@@ -107,7 +108,8 @@ def check_masked_lm(model, source: str | None = None) -> None:
     held = f"a {head} model ({type(model).__name__})"
     said = f"{source} holds {held}" if source else f"the model is {held}"
     raise ValueError(f"{said}, not a masked language model; fill-mask needs one with an MLM head "
-                     f"(heads {', '.join(MLM_HEADS)}), e.g. an MLM pretraining workdir or a *ForMaskedLM checkpoint")
+                     f"(heads {', '.join(MLM_HEADS)}), "
+                     f"{elsewhere or 'e.g. an MLM pretraining workdir or a *ForMaskedLM checkpoint'}")
 
 
 def make_predictor(model, params, tokenizer, *,
@@ -179,10 +181,13 @@ def make_predictor(model, params, tokenizer, *,
 
 def load_predictor(model_dir: str | Path, step: int | None = None,
                    allow_pickle: bool = False) -> Callable[[str, int], list[list[Prediction]]]:
-    from bertjax.model_dirs import load_model_dir
+    from bertjax.model_dirs import EXPORTS_DIR, load_model_dir
 
     model, params, tokenizer = load_model_dir(model_dir, step=step, allow_pickle=allow_pickle)
-    check_masked_lm(model, f"--model {model_dir}")  # first: with the wrong model a tokenizer would not help
+    # An ELECTRA workdir reads as its discriminator; the run's masked language model is its generator export.
+    generator = Path(model_dir) / EXPORTS_DIR / "generator"
+    check_masked_lm(model, f"--model {model_dir}",  # first: with the wrong model a tokenizer would not help
+                    f"such as this run's generator: --model {generator}" if generator.is_dir() else "")
     if tokenizer is None:
         raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model, "
                                 "vocab.txt or vocab.json + merges.txt); copy the checkpoint's tokenizer files next "

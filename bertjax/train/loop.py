@@ -36,7 +36,6 @@ from bertjax.train.workdir import CONFIG_FILE  # noqa: F401 (the resolved run co
 
 log = logging.getLogger(__name__)
 
-EXPORTS_DIR = "models"  # multi-model objectives (ELECTRA) write each model here at the end of the run
 
 
 @dataclasses.dataclass
@@ -327,7 +326,7 @@ def save_exports(workdir: Path, exports: dict, tokenizer) -> None:
     `<workdir>/models/<name>/`, with the run's tokenizer, ready for `bertjax convert --to-hf`."""
     from jax.experimental import multihost_utils
 
-    from bertjax.model_dirs import save_model_dir
+    from bertjax.model_dirs import EXPORTS_DIR, save_model_dir
 
     for name, (model, params) in exports.items():
         # Gathered to every host (a collective), written by process 0 alone: on a pod the workdir is often each
