@@ -30,6 +30,12 @@ def test_single_label_classification_with_one_label_is_refused():
         load_finetune_config(None, ["task.problem_type=single_label_classification", "task.num_labels=1"])
 
 
+def test_null_score_diff_threshold_must_be_finite():
+    assert load_finetune_config(None, ["data.null_score_diff_threshold=-1.5"]).data.null_score_diff_threshold == -1.5
+    with pytest.raises(ConfigError, match="data.null_score_diff_threshold must be a finite number"):
+        load_finetune_config(None, ["data.null_score_diff_threshold=.inf"])
+
+
 def test_doc_stride_must_fit_the_context_room_of_max_length():
     with pytest.raises(ValueError, match=r"data.doc_stride \(128\) must be less than .* data.max_length \(128\)"):
         qa.make_windows(_tokenizer(), "where ?", CONTEXT, None, max_length=128, doc_stride=128)

@@ -286,6 +286,46 @@ def test_null_score_is_the_lowest_cls_score_over_windows(tok):
     starts[other, 0] = ends[other, 0] = 5.5  # every window's [CLS] now beats the span: min null 11 > 10
     found = qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30, allow_empty=True)
     assert (found.text, found.score) == ("", 11.0)
+    assert (found.null_score_diff, found.best_span_text) == (1.0, "the dog")  # the span kept for threshold search
+    # transformers' null_score_diff_threshold: "" only when the null score beats the span's by more than it.
+    found = qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30, allow_empty=True,
+                         null_score_diff_threshold=1.0)
+    assert (found.text, found.score, found.null_score_diff) == ("the dog", 10.0, 1.0)
+    found = qa.best_span(starts, ends, windows.offsets, CONTEXT, n_best=20, max_answer_length=30, allow_empty=True,
+                         null_score_diff_threshold=0.5)
+    assert found.text == ""
+
+
+def test_squad_v2_evaluation_reports_the_best_threshold(tok):
+    """Through the task: with unanswerable questions the scores add best_f1 / best_f1_thresh (the official v2
+    script's), and the threshold found gives best_f1 when set as data.null_score_diff_threshold."""
+    from bertjax.finetune.config import load_finetune_config
+    from bertjax.finetune.tasks import task_class
+
+    answer = {"text": ["the dog"], "answer_start": [CONTEXT.index("the dog")]}
+    rows = [{"id": "a", "question": "who ran ?", "context": CONTEXT, "answers": answer},
+            {"id": "b", "question": "who flew ?", "context": CONTEXT, "answers": {"text": [], "answer_start": []}}]
+    config = load_finetune_config(None, [], task_class("question-answering").defaults)
+    task = task_class("question-answering")(config.data, config.task)
+    labels = task.fit_labels(rows, "f", None)
+    encoded = task.encode(tok, rows, labels, "f", with_targets=True)
+    starts = np.zeros(encoded.arrays["input_ids"].shape, np.float32)
+    ends = np.zeros_like(starts)
+    for row, question in enumerate(encoded.arrays["window_example"]):
+        offsets = encoded.arrays["offsets"][row]
+        dog = int(np.argmax(offsets[:, 0] == CONTEXT.index("dog")))
+        starts[row, dog] = ends[row, dog] = 2.0  # span "dog": 4
+        starts[row, 0] = ends[row, 0] = 2.25 if question == 0 else 2.5  # [CLS]: 4.5 for "a", 5 for "b"
+    outputs = {"start_logits": starts, "end_logits": ends}
+    scores = task.metrics(outputs, encoded, labels)
+    # Threshold 0: both answer "" ("a" wrong, "b" right). At 0.5 (the diff of "a") "a" answers "dog", right (the
+    # article is not counted), and "b" still "": both right. Above 1 "b" answers "dog" too, wrongly.
+    assert (scores["exact_match"], scores["f1"]) == (50.0, 50.0)
+    assert (scores["best_f1"], scores["best_f1_thresh"], scores["best_exact"]) == (100.0, 0.5, 100.0)
+    qa_task = task_class("question-answering")
+    tuned = load_finetune_config(None, ["data.null_score_diff_threshold=0.5"], qa_task.defaults)
+    tuned_task = qa_task(tuned.data, tuned.task)
+    assert tuned_task.metrics(outputs, encoded, labels)["f1"] == 100.0
 
 
 def test_best_span_ranks_context_tokens_only(tok):

@@ -124,3 +124,34 @@ def test_squad_normalisation_and_scores():
     # As the official v2 script: a gold that normalises to nothing is dropped, not matched by an empty answer.
     assert m.squad_scores([""], [["The", "Paris"]]) == {"exact_match": 0.0, "f1": 0.0}
     assert m.squad_scores([""], [["The"]]) == {"exact_match": 100.0, "f1": 100.0}  # only it: unanswerable
+
+
+def test_squad_best_thresholds_by_hand_and_against_every_threshold():
+    # q1 answerable, its span right (diff -2); q2 unanswerable, a span offered (diff 1); q3 answerable, its span half
+    # right (diff 3). Below -2 nothing is answered: only q2 scores (1/3). At -2 q1 scores too (2/3); at 1 q2 is lost
+    # (1/3); at 3 q3 adds f1 0.5 (f1 1.5/3, exact 1/3). Both best at -2: 2/3.
+    texts, diffs, golds = ["Paris", "a cat", "Eiffel"], [-2.0, 1.0, 3.0], [["Paris"], [], ["Eiffel Tower"]]
+    scores = m.squad_best_thresholds(texts, diffs, golds)
+    assert scores == pytest.approx({"best_exact": 100 * 2 / 3, "best_exact_thresh": -2.0,
+                                    "best_f1": 100 * 2 / 3, "best_f1_thresh": -2.0})
+    assert m.squad_best_thresholds(["x"], [0.5], [[]])["best_f1_thresh"] == -0.5  # answer nothing: below all
+
+    # Against answering at every threshold (each diff, and below them all) with squad_scores, ties included.
+    rng = np.random.default_rng(0)
+    words = ["paris", "tower", "the cat", "blue sky", "x"]
+    for _ in range(20):
+        n = int(rng.integers(1, 12))
+        texts = [str(rng.choice(words)) for _ in range(n)]
+        golds = [[] if rng.random() < 0.4 else [str(rng.choice(words))] for _ in range(n)]
+        diffs = [float(v) for v in rng.integers(-3, 3, n)]  # integers: ties are common
+        diffs = [np.inf if rng.random() < 0.1 else d for d in diffs]  # no span at all: never answered
+        got = m.squad_best_thresholds(texts, diffs, golds)
+        finite = sorted({d for d in diffs if np.isfinite(d)})
+        for name, key in (("exact", "exact_match"), ("f1", "f1")):
+            by_threshold = {}
+            for t in [min(finite, default=1.0) - 1.0] + finite:
+                answered = [text if d <= t else "" for text, d in zip(texts, diffs)]
+                by_threshold.setdefault(m.squad_scores(answered, golds)[key], t)  # the lowest reaching it
+            best = max(by_threshold)
+            assert got[f"best_{name}"] == pytest.approx(best)
+            assert got[f"best_{name}_thresh"] == by_threshold[best]

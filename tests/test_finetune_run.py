@@ -403,6 +403,14 @@ def test_each_task_trains_and_predicts(files, tmp_path, task, make, overrides, m
     if task == "question-answering":
         assert all(p["answer"] == r["context"][p["start"]:p["end"]] for p, r in zip(predictions, rows))
         assert [p["id"] for p in predictions] == [r["id"] for r in rows]
+        # Read as SQuAD v2 (answers may be ""): each record says by how much [CLS] beat its best span, and the
+        # threshold decides: a very high one keeps every span, a very low one answers nothing.
+        v2 = ["task.unanswerable=true"]
+        kept = predict(workdir / "best", validation, [*v2, "data.null_score_diff_threshold=1e6"])
+        assert [k["answer"] for k in kept] == [p["answer"] for p in predictions]
+        assert all(isinstance(k["null_score_diff"], float) for k in kept)
+        assert {k["answer"] for k in predict(workdir / "best", validation,
+                                             [*v2, "data.null_score_diff_threshold=-1e6"])} == {""}
     if task == "multiple-choice":
         assert all(len(p["scores"]) == 3 for p in predictions)
 

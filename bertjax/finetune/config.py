@@ -15,6 +15,7 @@ weight decay 0.01, 3 epochs, batch 32); each task's preset (configs/finetune/) a
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Literal, Mapping
 
@@ -66,6 +67,9 @@ class FinetuneDataConfig:
     doc_stride: int = 128
     max_answer_length: int = 30  # question answering: longest answer span predicted, in tokens
     n_best: int = 20  # question answering: start and end candidates considered per window
+    # Question answering with unanswerable questions: answer "" when the [CLS] score beats the best span's by more
+    # than this (transformers' run_qa option); SQuAD v2 evaluation prints the best one found as best_f1_thresh.
+    null_score_diff_threshold: float = 0.0
     text_column: str = "text"
     text_pair_column: str = "text_pair"  # used when the file has it
     label_column: str = "label"
@@ -129,6 +133,9 @@ def _validate(config: FinetuneConfig) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}")
+    if not math.isfinite(config.data.null_score_diff_threshold):
+        raise ConfigError(f"data.null_score_diff_threshold must be a finite number, got "
+                          f"{config.data.null_score_diff_threshold}")
     if config.data.max_length < 4:
         raise ConfigError(f"data.max_length must be at least 4 ([CLS], [SEP] and room for text), got "
                           f"{config.data.max_length}")

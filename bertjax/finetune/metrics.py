@@ -208,6 +208,41 @@ def squad_scores(predictions: Sequence[str], golds: Sequence[Sequence[str]]) -> 
     return scores
 
 
+def squad_best_thresholds(span_texts: Sequence[str], null_score_diffs: Sequence[float],
+                          golds: Sequence[Sequence[str]]) -> dict[str, float]:
+    """SQuAD v2's best_exact / best_f1 and the null-score-diff threshold reaching each (the official script's
+    best_*_thresh, in score units): a question is answered with its best span (`span_texts`) when its null score
+    minus that span's (`null_score_diffs`; +inf: no span) is at most the threshold, else with "". Every distinct
+    threshold is tried, ties included, so the score reported is one that threshold gives (the official script can
+    report a cut between equal scores, which no threshold reaches). Setting data.null_score_diff_threshold to the
+    best_f1_thresh of the validation set makes prediction answer as the best_f1 counted."""
+    if not (len(span_texts) == len(null_score_diffs) == len(golds)):
+        raise ValueError(f"{len(span_texts)} spans, {len(null_score_diffs)} scores and {len(golds)} questions")
+    if not golds:
+        return {}
+    diffs = np.asarray(null_score_diffs, np.float64)
+    answered, empty = [], []  # per question: (exact, f1) answering its span, then answering ""
+    for text, answers in zip(span_texts, golds):
+        answers = [a for a in answers if normalize_answer(a)] or [""]
+        answered.append((max(_exact(text, a) for a in answers), max(_f1(text, a) for a in answers)))
+        empty.append((max(_exact("", a) for a in answers), max(_f1("", a) for a in answers)))
+    gain = np.asarray(answered) - np.asarray(empty)  # what answering instead of "" changes, per question
+    order = np.argsort(diffs, kind="stable")
+    cuts = np.unique(diffs[np.isfinite(diffs)])
+    # Answering every question whose diff is <= cut: the gains of the sorted prefix up to the last such question.
+    ends = np.searchsorted(diffs[order], cuts, side="right")
+    prefix = np.concatenate([np.zeros((1, 2)), np.cumsum(gain[order], axis=0)])
+    totals = np.sum(empty, axis=0) + prefix[np.concatenate([[0], ends])]  # [1 + cuts, 2]: nothing answered first
+    # Answering nothing needs a threshold below every diff: one less than the lowest (0 when there is none).
+    thresholds = np.concatenate([[cuts[0] - 1.0 if len(cuts) else 0.0], cuts])
+    scores = {}
+    for column, name in enumerate(("exact", "f1")):
+        best = int(np.argmax(totals[:, column]))  # the first best: the lowest such threshold
+        scores[f"best_{name}"] = 100.0 * float(totals[best, column]) / len(golds)
+        scores[f"best_{name}_thresh"] = float(thresholds[best])
+    return scores
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Per task.
 

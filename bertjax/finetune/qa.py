@@ -7,7 +7,8 @@ split into windows that share `doc_stride` tokens, so an answer cut by one windo
 A window that does not hold the whole answer (and an unanswerable question, SQuAD v2) is labelled with the
 [CLS] position, 0, as BERT does. Prediction takes, per question, the best-scoring valid span (start <= end,
 at most max_answer_length tokens, inside the context) over all its windows; with unanswerable questions allowed,
-the empty answer wins when the [CLS] score beats every span.
+the empty answer wins when the [CLS] score beats every span by more than `null_score_diff_threshold` (0 by
+default; transformers' run_qa option of that name; SQuAD v2's evaluation reports the best one as best_f1_thresh).
 """
 
 from __future__ import annotations
@@ -114,10 +115,15 @@ class SpanPrediction:
     start: int  # character offsets in the context; -1 for no answer
     end: int
     score: float  # start logit + end logit (the [CLS] score for no answer)
+    # With unanswerable questions allowed: the null score minus the best span's (the empty answer was chosen when it
+    # exceeds the threshold), and the best span's text whichever was chosen, for SQuAD v2's threshold search.
+    null_score_diff: float | None = None
+    best_span_text: str = ""
 
 
 def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, context: str, *,
-              n_best: int, max_answer_length: int, allow_empty: bool) -> SpanPrediction:
+              n_best: int, max_answer_length: int, allow_empty: bool,
+              null_score_diff_threshold: float = 0.0) -> SpanPrediction:
     """The answer of one question from the logits of its windows ([windows, max_length] each)."""
     best = SpanPrediction("", -1, -1, -np.inf)
     null_score = np.inf
@@ -137,6 +143,10 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndar
                 if score > best.score:
                     begin, finish = int(window_offsets[i, 0]), int(window_offsets[j, 1])
                     best = SpanPrediction(context[begin:finish], begin, finish, score)
-    if allow_empty and (best.start < 0 or null_score > best.score):
-        return SpanPrediction("", -1, -1, null_score)
-    return best
+    if not allow_empty:
+        return best
+    # No span at all (an empty context): the empty answer, whatever the threshold.
+    diff = null_score - best.score if best.start >= 0 else np.inf
+    if diff > null_score_diff_threshold:
+        return SpanPrediction("", -1, -1, null_score, null_score_diff=diff, best_span_text=best.text)
+    return dataclasses.replace(best, null_score_diff=diff, best_span_text=best.text)

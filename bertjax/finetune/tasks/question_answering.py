@@ -149,14 +149,25 @@ class QuestionAnswering(Task):
             yield question, best_span(outputs["start_logits"][rows], outputs["end_logits"][rows],
                                       encoded.arrays["offsets"][rows], question.context, n_best=self.data.n_best,
                                       max_answer_length=self.data.max_answer_length,
-                                      allow_empty=labels.unanswerable)
+                                      allow_empty=labels.unanswerable,
+                                      null_score_diff_threshold=self.data.null_score_diff_threshold)
 
     def metrics(self, outputs, encoded, labels):
         spans = list(self._spans(outputs, encoded, labels))
-        return metrics.squad_scores([s.text for _, s in spans], [q.answers for q, _ in spans])
+        golds = [q.answers for q, _ in spans]
+        scores = metrics.squad_scores([s.text for _, s in spans], golds)
+        if labels.unanswerable:  # SQuAD v2: also the best the threshold could do, and that threshold
+            scores.update(metrics.squad_best_thresholds([s.best_span_text for _, s in spans],
+                                                        [s.null_score_diff for _, s in spans], golds))
+        return scores
 
     def predictions(self, outputs, encoded, labels):
         # No span at all (an empty context) scores -inf: null in JSON, which has no infinities.
-        return [{"id": q.id, "answer": s.text, "start": s.start, "end": s.end,
-                 "score": s.score if np.isfinite(s.score) else None}
-                for q, s in self._spans(outputs, encoded, labels)]
+        finite = lambda value: value if value is not None and np.isfinite(value) else None  # noqa: E731
+        records = []
+        for q, s in self._spans(outputs, encoded, labels):
+            record = {"id": q.id, "answer": s.text, "start": s.start, "end": s.end, "score": finite(s.score)}
+            if labels.unanswerable:  # what data.null_score_diff_threshold is compared with
+                record["null_score_diff"] = finite(s.null_score_diff)
+            records.append(record)
+        return records
