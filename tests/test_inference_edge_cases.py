@@ -134,6 +134,31 @@ def test_embed_takes_any_iterable_of_texts(bpe_model):
         embedder.embed("hello")
 
 
+def test_token_ids_given_as_arrays_are_checked_against_the_vocabulary(bpe_model):
+    """Ids from another tokenizer: one past the embedding gathered a NaN row, and packing spread it to every text in
+    the row (all three came back NaN, without an error); -1 read the last row. Refused, naming the text."""
+    from bertjax.inference import TextInference, encoder_row_fn, model_max_length
+
+    encoder = load_sentence_encoder(bpe_model[1])
+    embedder = Embedder(encoder, dtype="float32")
+    ids = embedder.token_ids(["the cat sat", "hello world", "a dog"])
+    vocab = encoder.model.config.vocab_size
+    for bad_id in (vocab, -1):
+        bad = [x.copy() for x in ids]
+        bad[1][0] = bad_id
+        with pytest.raises(ValueError, match=f"text 1: token id {bad_id} is outside the model's vocabulary "
+                                             rf"\[0, {vocab}\)"):
+            embedder.embed_token_ids(bad)
+    with pytest.raises(ValueError, match="text 0: token ids must be integers"):
+        embedder.embed_token_ids([ids[0].astype(np.float32)])
+    inference = TextInference(encoder_row_fn(encoder.model, "mean"), encoder.tokenizer,
+                              model_max_length(encoder.model.config))
+    sequences = [np.concatenate([[2], x, [3]]).astype(np.int32) for x in ids]
+    sequences[2][1] = vocab + 7
+    with pytest.raises(ValueError, match=f"sequence 2: token id {vocab + 7} is outside"):
+        inference.run_sequences(encoder.params, sequences)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Search: NaN rows, lists.
 
@@ -211,6 +236,8 @@ def test_read_texts_keeps_unicode_separators_and_names_the_users_file(tmp_path):
     broken.write_bytes(b'{"text": "caf\xe9"}\n{"text": \n')
     with pytest.raises(ValueError, match=f"^{broken}, line 2: not valid JSON"):
         read_texts(broken, errors="replace")
+    with pytest.raises(FileNotFoundError, match=f"input file {tmp_path} is a directory"):
+        read_texts(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

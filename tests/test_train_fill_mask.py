@@ -84,4 +84,17 @@ def test_a_model_without_an_mlm_head_is_a_clear_error(hf_dir, tmp_path, capsys, 
     assert main(["fill-mask", "--model", str(tmp_path / head), "A [MASK] returns a value."]) == 2
     err = capsys.readouterr().err
     assert err.startswith("bertjax fill-mask: error: ") and "Traceback" not in err
-    assert f"holds a {head} model ({class_name}), not a masked language model" in err
+    article = "an" if head == "encoder" else "a"
+    assert f"holds {article} {head} model ({class_name}), not a masked language model" in err
+
+
+def test_a_tokenizer_of_special_tokens_only_is_named_not_blamed_on_the_dtype():
+    """Every candidate banned made the softmax NaN, and the error said float16 overflowed on a float32 model."""
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from bertjax.inference.fill_mask import make_predictor
+
+    tokenizer = WordPieceTokenizer("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    config = bertjax.get_config("modernbert-tiny", vocab_size=64, pad_token_id=0)
+    model = bertjax.EncoderForMaskedLM(config)
+    with pytest.raises(ValueError, match="tokenizer's 5 tokens are all special tokens"):
+        make_predictor(model, None, tokenizer)

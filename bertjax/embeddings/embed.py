@@ -88,7 +88,7 @@ class Embedder:
             inference = TextInference(embedding_row_fn(self.model), encoder.tokenizer, encoder.max_seq_length,
                                       buckets=self._buckets, packing=self._buckets.max_segments > 1,
                                       mesh=self._mesh, overflow=self.overflow, stride=self.stride,
-                                      sequence_format=fmt)
+                                      sequence_format=fmt, vocab_size=self.model.config.vocab_size)
             if self._by_prompt:  # share one compiled function: the programs depend on shapes only
                 inference.runner = next(iter(self._by_prompt.values())).runner
             self._by_prompt[prompt] = inference

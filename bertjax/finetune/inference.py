@@ -81,7 +81,7 @@ def predict_outputs(model, params, task, encoded, tokenizer, *, max_tokens: int 
     lengths = DEFAULT_LENGTHS if packing else (width,)
     buckets = BucketConfig(lengths=lengths, max_tokens=max_tokens, max_segments=MAX_SEGMENTS if packing else 1)
     inference = TextInference(task_row_fn(model, type(task)), tokenizer, width, buckets=buckets, packing=packing,
-                              mesh=mesh)
+                              mesh=mesh, vocab_size=model.config.vocab_size)
     sequences, token_inputs = example_sequences(arrays)
     outputs = inference.run_sequences(inference.runner.place_params(params), sequences, token_inputs=token_inputs)
     if task.prediction_unit == "segments":

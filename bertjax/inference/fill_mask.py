@@ -105,7 +105,7 @@ def check_masked_lm(model, source: str | None = None, elsewhere: str = "") -> No
         head = head_of(model)
     except ValueError:  # not one of bertjax's classes: its class name is all there is to say
         head = "non-bertjax"
-    held = f"a {head} model ({type(model).__name__})"
+    held = f"{'an' if head[0] in 'aeiou' else 'a'} {head} model ({type(model).__name__})"
     said = f"{source} holds {held}" if source else f"the model is {held}"
     raise ValueError(f"{said}, not a masked language model; fill-mask needs one with an MLM head "
                      f"(heads {', '.join(MLM_HEADS)}), "
@@ -123,6 +123,10 @@ def make_predictor(model, params, tokenizer, *,
     check_masked_lm(model)
     config = model.config
     special_ids = tuple(sorted(int(i) for i in tokenizer.special_ids))
+    if all(i in special_ids for i in range(min(tokenizer.vocab_size, config.vocab_size))):
+        # Every candidate banned: the softmax would be NaN, and the error would blame the dtype.
+        raise ValueError(f"the tokenizer's {tokenizer.vocab_size} tokens are all special tokens ({list(special_ids)}): "
+                         "there is no word for fill-mask to propose; is this the tokenizer the model was trained with?")
     max_length = model_max_length(config)
     packing = supports_packing(config)
     buckets = BucketConfig(max_tokens=max_tokens, max_segments=16 if packing else 1)
@@ -148,7 +152,8 @@ def make_predictor(model, params, tokenizer, *,
         slots = min(buckets.max_segments * (1 << (most - 1).bit_length()), max_length)
         if (k, slots) not in by_k:
             row_fn = fill_mask_row_fn(model, special_ids, tokenizer.vocab_size, k, tokenizer.mask_id, slots)
-            by_k[k, slots] = TextInference(row_fn, tokenizer, max_length, buckets=buckets, packing=packing)
+            by_k[k, slots] = TextInference(row_fn, tokenizer, max_length, buckets=buckets, packing=packing,
+                                           vocab_size=config.vocab_size)
         inference = by_k[k, slots]
         if not placed:
             placed.append(inference.runner.place_params(params))

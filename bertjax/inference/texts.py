@@ -72,13 +72,32 @@ def with_compute_dtype(model, dtype: str | None):
     return model.clone(config=model.config.replace(dtype=dtype))
 
 
+def check_token_ids(sequences: Sequence[np.ndarray], vocab_size: int, what: str) -> None:
+    """Ids given as arrays (`run_tokens`, `Embedder.embed_token_ids`: a corpus tokenised earlier, maybe by another
+    tokenizer) must be rows of the embedding: one past it gathers a NaN row inside jit, and packing spreads that
+    NaN to every text sharing the row; a negative one reads the last row. `what` names an item ("text")."""
+    arrays = [np.asarray(ids) for ids in sequences]
+    every = np.concatenate([ids.ravel() for ids in arrays]) if arrays else np.zeros(0, np.int32)
+    if every.size and np.issubdtype(every.dtype, np.integer) and every.min() >= 0 and every.max() < vocab_size:
+        return  # the common case, in one pass
+    for i, ids in enumerate(arrays):  # find the first culprit, to name it
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"{what} {i}: token ids must be integers, got an array of {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            bad = int(ids[(ids < 0) | (ids >= vocab_size)][0])
+            raise ValueError(f"{what} {i}: token id {bad} is outside the model's vocabulary [0, {vocab_size}); "
+                             "were these ids made by another tokenizer?")
+
+
 class TextInference:
     """Texts in, one output per text out. `row_fn` as in bertjax.inference.runner; `segment_inputs` of `run` are
-    per-text values handed to the row function per slot (e.g. prompt lengths)."""
+    per-text values handed to the row function per slot (e.g. prompt lengths). `vocab_size`: the model's, which
+    token ids given as arrays are checked against (default: the tokenizer's size)."""
 
     def __init__(self, row_fn: RowFunction, tokenizer, max_length: int, *, buckets: BucketConfig = BucketConfig(),
                  packing: bool = True, mesh=None, overflow: str = "truncate", stride: int = 0,
-                 sequence_format: SequenceFormat | None = None):
+                 sequence_format: SequenceFormat | None = None, vocab_size: int | None = None):
+        self.vocab_size = int(tokenizer.vocab_size if vocab_size is None else vocab_size)
         self.runner = Runner(row_fn, mesh)
         self.tokenizer = tokenizer
         self.format = sequence_format or SequenceFormat.for_tokenizer(tokenizer, max_length)
@@ -136,9 +155,10 @@ class TextInference:
                    prompt_tokens: Sequence[int] | None = None) -> Outputs:
         """As `run`, for texts already tokenised (without special tokens); `prompt_tokens`: per text, the leading
         tokens that are a prompt, repeated in front of every chunk (pipeline.to_sequences)."""
+        check_token_ids(token_ids, self.vocab_size, "text")
         sequences = to_sequences(token_ids, self.format, self.overflow, self.stride, prompt_tokens)
         per_sequence = {k: np.asarray(v)[sequences.source] for k, v in (segment_inputs or {}).items()}
-        outputs = self.run_sequences(params, sequences.ids, per_sequence)
+        outputs = self._run(params, sequences.ids, per_sequence)
         chunked = len(sequences.ids) != sequences.count
         if chunked and outputs.tokens:
             raise ValueError("token outputs cannot be pooled over chunks; use overflow='truncate'")
@@ -150,5 +170,9 @@ class TextInference:
                       token_inputs: dict[str, Sequence[np.ndarray]] | None = None) -> Outputs:
         """As `run`, for complete model sequences (special tokens included, at most max_length each);
         `token_inputs` as in pipeline.run_sequences (per-token arrays such as token type ids)."""
+        check_token_ids(sequences, self.vocab_size, "sequence")
+        return self._run(params, sequences, segment_inputs, token_inputs)
+
+    def _run(self, params, sequences, segment_inputs=None, token_inputs=None) -> Outputs:
         return run_sequences(self.runner, params, sequences, self.plan, self.pad_id, packing=self.packing,
                              segment_inputs=segment_inputs, token_inputs=token_inputs)
