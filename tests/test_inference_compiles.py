@@ -95,6 +95,18 @@ def test_search_compiles_per_power_of_two_of_queries(compiles):
         assert got_scores.shape == (count, 3)
         np.testing.assert_array_equal(got_indices[:5], indices)
     assert compiles() == before
+    # Each k runs the program of its power of two (3 and 4 share one); the first k of them are the top k.
+    corpus[50:60] = corpus[40]  # ties, ranked by index
+    for k in (4, 2, 1):
+        top_k_search(queries, corpus, k)
+    before = compiles()
+    wide_scores, wide = top_k_search(queries, corpus, 4)
+    assert compiles() == before
+    for k in (3, 4):
+        scores, indices = top_k_search(queries, corpus, k)
+        np.testing.assert_array_equal(indices, wide[:, :k])
+        np.testing.assert_array_equal(scores, wide_scores[:, :k])
+    assert compiles() == before
 
 
 def test_a_token_budget_below_the_packing_length_is_kept():

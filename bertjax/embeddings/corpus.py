@@ -51,7 +51,8 @@ def read_texts(path: str | os.PathLike, column: str = "text", errors: str = "str
         raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"input file {path} does not exist")
+        raise FileNotFoundError(f"input file {path} " + ("is a directory; give one file of texts" if path.is_dir()
+                                                         else "does not exist"))
     if path.suffix.lower() not in STRUCTURED_SUFFIXES:
         text, replaced = _decode(path.read_bytes(), path, errors)
         if not text:

@@ -77,14 +77,17 @@ def top_k_search(queries, corpus, k: int = 10, *, similarity: str = "cosine",
     if not np.isfinite(queries).all():
         raise ValueError("a query embedding holds NaN or infinite values")
     k = min(int(k), rows)
+    # The program computes a power of two of results (the first k of them are the top k: one order, score then
+    # index): a service passing each request's k compiles a few programs, not one per value, as fill-mask does.
+    k_run = min(1 << (k - 1).bit_length(), rows)
     chunk_rows = min(chunk_size, 1 << (rows - 1).bit_length())  # small corpora: one chunk of a power of two
     # Queries padded with zero rows to a power of two, as the corpus chunks are: a service searching with each
     # request's number of queries compiles a few programs, not a set per count. The padding rows are dropped below.
     count = queries.shape[0]
     queries = np.concatenate([queries, np.zeros(((1 << (count - 1).bit_length()) - count, dim), np.float32)])
     query_array = unit_rows(queries) if similarity == "cosine" else jnp.asarray(queries)
-    best_scores = jnp.full((queries.shape[0], k), -jnp.inf, jnp.float32)
-    best_indices = jnp.full((queries.shape[0], k), -1, jnp.int32 if rows < 2**31 else jnp.int64)
+    best_scores = jnp.full((queries.shape[0], k_run), -jnp.inf, jnp.float32)
+    best_indices = jnp.full((queries.shape[0], k_run), -1, jnp.int32 if rows < 2**31 else jnp.int64)
     unusable = 0
     for start in range(0, rows, chunk_rows):
         chunk = np.asarray(corpus[start:start + chunk_rows], np.float32)
@@ -95,7 +98,7 @@ def top_k_search(queries, corpus, k: int = 10, *, similarity: str = "cosine",
         valid[:len(chunk)] = np.isfinite(chunk).all(axis=1)
         unusable += len(chunk) - int(valid.sum())
         best_scores, best_indices = _chunk_top_k(query_array, buffer, valid, start, best_scores, best_indices,
-                                                 k=k, similarity=similarity)
+                                                 k=k_run, similarity=similarity)
     if unusable == rows:
         raise ValueError(f"every corpus row ({rows}) holds NaN or infinite values; nothing to search")
     if unusable:
