@@ -46,9 +46,11 @@ def runs(tmp_path_factory):
     config = run_config_from_dict({**RECIPE, "tokenizer": {"path": str(small_tokenizer())}})
     reference = pretrain(config, root / "reference")
     results, pending = [], list(STOPS)
+    shown = []  # every record on_log was given, by the stopped runs together
 
     def stop_once(step, record) -> bool:  # each stop once: the resumed run goes on past it
-        if pending and step == pending[0]:
+        shown.append((step, record))
+        if pending and step == pending[0] and "loss" in record:
             return pending.pop(0) is not None
         return False
 
@@ -57,7 +59,7 @@ def runs(tmp_path_factory):
         results.append(result)
         if not result.preempted:
             break
-    return reference, results
+    return reference, results, shown
 
 
 def by_step(workdir):
@@ -66,7 +68,7 @@ def by_step(workdir):
 
 
 def test_recipe_runs_and_metrics_record_phases_batches_and_rates(runs):
-    reference, _ = runs
+    reference, _, _ = runs
     assert reference.final_step == TOTAL and not reference.preempted
     assert reference.eval_loss_end < reference.eval_loss_start - 0.2, (reference.eval_loss_start,
                                                                         reference.eval_loss_end)
@@ -89,7 +91,7 @@ def test_recipe_runs_and_metrics_record_phases_batches_and_rates(runs):
 
 
 def test_stopped_in_each_phase_resumes_to_the_same_run(runs):
-    reference, results = runs
+    reference, results, shown = runs
     assert [r.final_step for r in results] == [*STOPS, TOTAL]
     assert [r.preempted for r in results] == [True, True, True, False]
     want, got = by_step(reference.workdir), by_step(results[-1].workdir)
@@ -99,6 +101,11 @@ def test_stopped_in_each_phase_resumes_to_the_same_run(runs):
     assert results[-1].eval_loss_end == reference.eval_loss_end  # exact: the same parameters at the end
     starts = {r["step"]: r["phase_start"] for r in read_metrics(results[-1].workdir) if "phase_start" in r}
     assert starts == {s: name for s, (name, _, _) in PHASE_STARTS.items()}
+    # on_log saw every record metrics.jsonl holds (the held-out loss at step 0 and the phase records too): a live
+    # plot drawn from it started at the first logged step.
+    written = [(r["step"], sorted(set(r) - {"step"})) for r in read_metrics(results[-1].workdir)]
+    assert [(step, sorted(record)) for step, record in shown] == written
+    assert shown[0][0] == 0 and "eval_loss" in shown[0][1]
 
 
 def test_a_batch_warmup_grows_in_steps_every_microbatch_split_takes():

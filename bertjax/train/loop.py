@@ -113,8 +113,9 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     """Train `config` in `workdir`, resuming from its latest checkpoint (what `bertjax pretrain` runs).
 
     `on_log(step, metrics)` is called with every record written to metrics.jsonl (a live plot in a notebook, an
-    early stop); returning True stops the run there as Ctrl-C does: a checkpoint is saved and calling `pretrain`
-    again resumes from it. On several processes it is called on each with the same metrics and must decide the
+    early stop), the held-out loss at step 0 and the phase records included; returning True after a train step's
+    record stops the run there as Ctrl-C does: a checkpoint is saved and calling `pretrain` again resumes from it
+    (the answer to a record written before any step of this call is not asked for: it is ignored). On several processes it is called on each with the same metrics and must decide the
     same everywhere.
     `config_path` (a keyword, taken by workdir.exclusive): the run config's file, named in the workdir
     checks' errors when it is the workdir's own config.yaml.
@@ -203,10 +204,15 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
         values = jax.device_get(objective.metrics(sums))
         return {f"eval_{name}": float(value) for name, value in values.items()}
 
+    def publish(step: int, record: dict) -> bool:
+        """Write a record to metrics.jsonl and show it to on_log; whether on_log asked to stop."""
+        logger.log(step, record)
+        return bool(on_log is not None and on_log(step, record))
+
     throughput = _Throughput(objective, _peak_flops(config, model_config.dtype, logger))
     if feed.reshard_report is not None:  # the checkpoint was written by another number of processes
         log.warning("%s", feed.reshard_report.message())
-        logger.log(start, feed.reshard_report.metrics())
+        publish(start, feed.reshard_report.metrics())
     watch = PreemptionWatch()
     nonfinite = NonFiniteGuard(config.train.nonfinite)
     last_saved = restore_step
@@ -215,13 +221,13 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     try:
         if start == 0 and config.eval.at_start:
             record = evaluate(0)
-            logger.log(0, record)
+            publish(0, record)
             eval_start = record["eval_loss"]
         while step < total:
             phase = feed_lib.phase_at(phases, step)
             if step == phase.start and len(phases) > 1:  # the boundaries a run used, for readers and the plot
-                logger.log(step, {"phase": phase.index, "phase_start": phase.label, "batch_size": phase.batch_at(step),
-                                  "seq_len": phase.data.seq_len})
+                publish(step, {"phase": phase.index, "phase_start": phase.label, "batch_size": phase.batch_at(step),
+                               "seq_len": phase.data.seq_len})
             seq_len = phase.data.seq_len
             state, metrics = setup.steps_for(phase)[0](state, frozen, _next_batch(feed, step, checkpointer,
                                                                                   state, nonfinite, last_saved))
@@ -243,9 +249,9 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
                 if eval_due:
                     record.update(evaluate(step))
                     eval_end, eval_end_step = record["eval_loss"], step
-                logger.log(step, record)
+                asked_to_stop = publish(step, record)
                 throughput.restart()
-                if on_log is not None and on_log(step, record) and not last:
+                if asked_to_stop and not last:
                     stop, save_due, stop_reason = True, True, "on_log asked to stop"
             elif throughput.start is None:
                 jax.block_until_ready(metrics)  # the first step compiled: time from here on
