@@ -261,6 +261,53 @@ def test_a_bare_model_saved_without_its_pooler_loads_with_a_fresh_one(tmp_path, 
                                   model.apply({"params": params}, ids).last_hidden_state)
 
 
+@pytest.mark.parametrize("preset, head, transformers_class", [
+    ("deberta-v3-tiny", "replaced_token_detection", "DebertaV2Model"),  # a GDES run's discriminator: no RTD class
+    ("electra-tiny-discriminator", "replaced_token_detection", "ElectraModel"),
+    ("bert-tiny", "pretraining", "BertModel"),  # the pooler is kept
+])
+def test_to_hf_head_encoder_writes_the_bare_encoder(preset, head, transformers_class, tmp_path, capsys):
+    """`convert --to-hf DIR --head encoder`: the backbone without its head, which transformers loads as the family's
+    *Model and runs as bertjax does. A DeBERTa-v3 discriminator had no way out: DeBERTa has no RTD class, and --head
+    was refused with --to-hf."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from bertjax.model_dirs import save_model_dir
+
+    model = tiny_model(preset, head, dropout_rate=0.0)
+    params = random_params(model)
+    save_model_dir(tmp_path / "model", model, params)
+    if preset.startswith("deberta"):  # ELECTRA has ElectraForPreTraining; DeBERTa no RTD class
+        assert cli_main(["convert", "--to-hf", str(tmp_path / "model"), "--out", str(tmp_path / "refused")]) == 2
+        assert "--head encoder` writes the bare encoder" in capsys.readouterr().err
+    assert cli_main(["convert", "--to-hf", str(tmp_path / "model"), "--head", "encoder",
+                     "--out", str(tmp_path / "hf")]) == 0
+    reference = getattr(transformers, transformers_class).from_pretrained(tmp_path / "hf").eval()
+    ids = np.arange(3, 19).reshape(2, 8) % VOCAB
+    mask = np.ones_like(ids)
+    mask[1, 5:] = 0
+    bare = bertjax.MODEL_CLASSES["encoder"](model.config)
+    kept = {name: params[name] for name in ("embeddings", "encoder", "pooler") if name in params}
+    ours = bare.apply({"params": kept}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
+    with torch.no_grad():
+        theirs = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+    real = mask.astype(bool)
+    # Weights drawn from N(0, 1) (random_params): activations of order 1-10, float32 sums of such terms.
+    np.testing.assert_allclose(np.asarray(ours.last_hidden_state)[real], theirs.last_hidden_state.numpy()[real],
+                               rtol=1e-4, atol=1e-4)
+    assert (ours.pooler_output is not None) == (head == "pretraining")
+    capsys.readouterr()
+    assert cli_main(["convert", "--to-hf", str(tmp_path / "model"), "--head", "masked_lm",
+                     "--out", str(tmp_path / "x")]) == 2
+    assert "--head masked_lm with --to-hf" in capsys.readouterr().err
+    if head == "pretraining":  # an MLM alone has no pooler to give BertModel: its own export is the way
+        mlm = tiny_model(preset, "masked_lm")
+        save_model_dir(tmp_path / "mlm", mlm, random_params(mlm))
+        assert cli_main(["convert", "--to-hf", str(tmp_path / "mlm"), "--head", "encoder",
+                         "--out", str(tmp_path / "y")]) == 2
+        assert "the masked_lm model has no pooler, which a bert encoder has" in capsys.readouterr().err
+
+
 def test_unexpected_tensor_is_an_error(bert_mlm_copy):
     extra = {"bert.encoder.layer.2.output.dense.bias": np.zeros(32, np.float32)}
     edit_tensors(bert_mlm_copy, lambda t: t.update(extra))

@@ -6,7 +6,7 @@ straight onto a mesh. Both directions read their input with `bertjax.model_dirs.
 also exports a pretraining workdir (its latest checkpoint, or `--step N`) with its tokenizer.
 
     bertjax convert --from-hf hf_dir --out model_dir [--dtype bfloat16]
-    bertjax convert --to-hf model_dir_or_workdir --out hf_dir [--step N]
+    bertjax convert --to-hf model_dir_or_workdir --out hf_dir [--step N] [--head encoder]
 
 The `--to-hf` output is a directory transformers loads as it is: config.json, the weights, and the tokenizer as
 tokenizer.json + tokenizer_config.json + special_tokens_map.json (`AutoTokenizer`, `AutoModelForMaskedLM`,
@@ -34,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "transformers checkpoint")
     parser.add_argument("--out", metavar="DIR", required=True, help="directory to write")
     parser.add_argument("--head", metavar="HEAD", help="with --from-hf: the model to build (encoder, masked_lm, "
-                        "sequence_classification, ...; default: the checkpoint's class, config.json architectures)")
+                        "sequence_classification, ...; default: the checkpoint's class, config.json architectures); "
+                        "with --to-hf only `encoder`: write the bare encoder (its *Model class) without the head, as "
+                        "a DeBERTa-v3 or ELECTRA discriminator is published")
     parser.add_argument("--step", type=int, metavar="N", help="with --to-hf on a pretraining workdir: the checkpoint "
                         "to export (default: the latest)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -128,6 +130,22 @@ def cast_model(model, params, dtype: str, source: str):
     return model.clone(config=model.config.replace(dtype=dtype, param_dtype=dtype)), cast
 
 
+def bare_encoder(model, params, source: str):
+    """The backbone of any bertjax model (embeddings, layers, and the pooler where the family has one) with its
+    parameters: the head's are left out."""
+    from bertjax.hf.pretrained import head_of
+    from bertjax.models import MODEL_CLASSES
+
+    if model.config.pooler and "pooler" not in params:
+        # transformers' BertModel (...) has a pooler, which an MLM head does not train: it loads the head's own export
+        # and draws the pooler fresh, as from any *ForMaskedLM checkpoint.
+        raise ValueError(f"--to-hf {source} --head encoder: the {head_of(model)} model has no pooler, which a "
+                         f"{model.config.family} encoder has; export it with its head (no --head), which "
+                         f"transformers' {model.config.family} *Model class loads, with a fresh pooler")
+    kept = {name: params[name] for name in ("embeddings", "encoder", "pooler") if name in params}
+    return MODEL_CLASSES["encoder"](model.config.replace(task=None)), kept
+
+
 def run(args: argparse.Namespace) -> int:
     from bertjax import hf
     from bertjax.output_paths import check_output_dir
@@ -150,9 +168,12 @@ def run(args: argparse.Namespace) -> int:
         copy_tokenizer_files(copied, args.out)
         write_built_tokenizer_json(tokenizer, args.from_hf, args.out)
     else:
-        if args.head is not None:
-            raise ValueError("--head applies to --from-hf (the model built from a transformers checkpoint)")
+        if args.head not in (None, "encoder"):
+            raise ValueError(f"--head {args.head} with --to-hf: a model is exported with its own head, or as the bare "
+                             "encoder with --head encoder")
         model, params, tokenizer = load_model_dir(args.to_hf, step=args.step, allow_pickle=args.allow_pickle)
+        if args.head == "encoder":
+            model, params = bare_encoder(model, params, args.to_hf)
         if args.dtype is not None:  # a bfloat16 export of float32 master weights, as checkpoints are published
             model, params = cast_model(model, params, args.dtype, f"--to-hf {args.to_hf}")
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything

@@ -66,4 +66,5 @@ class HfFamily:
             if target == head:
                 return name
         raise ValueError(f"there is no {self.model_type} architecture for the bertjax head {head!r}; "
-                         f"{self.model_type} architectures: {sorted(self.heads)}")
+                         f"{self.model_type} architectures: {sorted(self.heads)} (`bertjax convert --to-hf DIR "
+                         "--head encoder` writes the bare encoder, without the head)")
