@@ -138,6 +138,21 @@ def test_the_printed_next_command_keeps_the_overrides_given(grown, capsys):
     assert line.endswith(f"model.overrides.dropout_rate=0.0 model.init_from={root / 'with-overrides'}")
 
 
+def test_notes_for_a_grown_rotary_head_dim_and_a_source_without_tokenizer(grown, capsys):
+    """Both were silent: a head_dim grown under RoPE tiles its rotary pairs apart, and without a tokenizer the
+    printed command started a run that failed some 20 s later on the vocabulary size."""
+    from bertjax.cli import main
+
+    root, args, *_ = grown
+    capsys.readouterr()  # what came before
+    assert main([*args, str(root / "wide-heads"), "model.overrides.num_heads=4"]) == 0  # 48 / 4: head_dim 12
+    out = capsys.readouterr().out
+    assert "note: head_dim grows 8 -> 12 in a rotary-position model" in out
+    assert f"note: {root / 'base'} holds no tokenizer; add tokenizer.path=" in out
+    assert main([*args, str(root / "same-heads")]) == 0
+    assert "head_dim grows" not in capsys.readouterr().out
+
+
 def test_vocabulary_change_is_an_error_naming_the_field(grown, capsys):
     from bertjax.cli import main
 

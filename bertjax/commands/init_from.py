@@ -79,10 +79,19 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"{args.source} ({size(source_config)}) -> {out} ({size(target_config)})")
     print(f"layer map (target layer <- source layer): {', '.join(f'{i}<-{j}' for i, j in enumerate(mapping))}")
+    if source_config.position_embedding == "rope" and target_config.head_dim != source_config.head_dim:
+        # Rotary positions rotate dimensions j and j + head_dim/2 together at a frequency set by j / head_dim:
+        # tiling the head dimension pairs components that were never rotated together, at other frequencies.
+        print(f"note: head_dim grows {source_config.head_dim} -> {target_config.head_dim} in a rotary-position "
+              "model, so the grown query/key heads lose the source's rotary pairs and frequencies; grow num_heads "
+              "at the same head_dim to keep them (ModernBERT-large keeps base's 64)")
     # The overrides given here too: without them the run would build the config's own model and grow this one again.
     settings = [*args.overrides, f"model.init_from={out}"]
     if tokenizer is not None:
         settings.append(f"tokenizer.path={out / 'tokenizer'}")
+    else:  # the run would train a tokenizer of its own, whose vocabulary the grown embedding does not fit
+        print(f"note: {args.source} holds no tokenizer; add tokenizer.path=<the tokenizer the source model was "
+              "trained with> to the command below")
     print(f"start the run from it: bertjax pretrain --config {shlex.quote(str(args.config))} --workdir DIR "
           f"{' '.join(shlex.quote(setting) for setting in settings)}")
     return 0
