@@ -139,7 +139,7 @@ class EncoderForQuestionAnswering(_Backbone):
 
     def setup(self):
         super().setup()
-        self.classifier = TokenHead(self.config, 2)
+        self.classifier = TokenHead(self.config, 2, question_answering=True)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None, segment_ids=None,
                  deterministic: bool = True, global_attention_mask=None) -> QuestionAnsweringOutput:
@@ -166,7 +166,7 @@ class EncoderForMultipleChoice(_Backbone):
 
     def setup(self):
         super().setup()
-        self.classifier = SequenceHead(self.config, 1)
+        self.classifier = SequenceHead(self.config, 1, multiple_choice=True)
 
     def example_input_ids(self, seq_len: int = 1) -> jax.Array:
         return jnp.zeros((1, 1, seq_len), jnp.int32)
