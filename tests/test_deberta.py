@@ -198,6 +198,7 @@ def test_pos_att_type_string_in_config_json_reads_as_the_list(checkpoint, tmp_pa
 
 @pytest.mark.parametrize("prefix,factory,head", [
     ("DebertaV2", v3_config, "sequence_classification"),
+    ("DebertaV2", lambda: v3_config(pooler_hidden_act="tanh"), "sequence_classification"),  # ContextPooler's act
     ("DebertaV2", v3_config, "token_classification"),
     ("DebertaV2", v3_config, "question_answering"),
     ("DebertaV2", v2_config, "multiple_choice"),

@@ -73,7 +73,6 @@ def _to_encoder_config(version: _Version, values: dict, head: str) -> EncoderCon
     conv_act = read("conv_act")
     if conv_act not in HF_ACTIVATIONS:
         raise ValueError(f"config.json: unsupported activation conv_act={conv_act!r}")
-    read.expect("pooler_hidden_act", ("gelu",))  # every published head; bertjax's DeBERTa heads use the exact GELU
     disentangled = DisentangledAttentionConfig(
         pos_att_type=pos_att_terms(read("pos_att_type")), max_relative_positions=max_relative,
         position_buckets=0 if version.v1 else max(read("position_buckets"), 0),
@@ -96,7 +95,7 @@ def _to_encoder_config(version: _Version, values: dict, head: str) -> EncoderCon
         global_attention_every=1, attention_kind="disentangled", disentangled=disentangled,
         tie_word_embeddings=read("tie_word_embeddings"), decoder_bias=True, head_dense_bias=True,
         head_activation=activation, mlm_head_transform=True, pooler=False,
-        classifier_activation="gelu", pad_token_id=read("pad_token_id"),
+        classifier_activation=read.activation("pooler_hidden_act"), pad_token_id=read("pad_token_id"),
         dropout_rate=float(read("hidden_dropout_prob")), initializer_range=float(read("initializer_range")))
 
 
@@ -110,7 +109,6 @@ def _to_hf_config(version: _Version, config: EncoderConfig, head: str) -> dict:
                 head_activation=cfg.activation)
     refuse.check(cfg.position_embedding in ("learned", "none"),
                  f"position_embedding={cfg.position_embedding!r} (DeBERTa has learned absolute positions or none)")
-    refuse.need(classifier_activation="gelu")
     if dis is not None:
         refuse.check(dis.fused_qkv == version.v1, f"disentangled.fused_qkv={dis.fused_qkv} (v1's in_proj "
                      f"{'is' if version.v1 else 'is not'} the {version.model_type} layout)")
@@ -135,7 +133,7 @@ def _to_hf_config(version: _Version, config: EncoderConfig, head: str) -> dict:
         "tie_word_embeddings": cfg.tie_word_embeddings, "relative_attention": True,
         "max_relative_positions": dis.max_relative_positions, "pos_att_type": list(dis.pos_att_type),
         "position_biased_input": cfg.position_embedding == "learned", "pooler_hidden_size": cfg.hidden_size,
-        "pooler_hidden_act": "gelu", "pooler_dropout": 0.0,
+        "pooler_hidden_act": ACTIVATION_TO_HF[cfg.classifier_activation], "pooler_dropout": 0.0,
         "legacy": dis.legacy_mlm_head,
     }
     if cfg.embed_dim != cfg.hidden_size:
@@ -244,9 +242,11 @@ def _key_mapping(version: _Version, cfg: EncoderConfig, head: str) -> KeyMapping
 def _family(version: _Version, task_heads: tuple[str, ...]) -> HfFamily:
     keys = bert_like_keys(HeadKeys(out="classifier", dense="pooler.dense"),
                           HeadKeys(out="classifier", dense="pooler.dense"))
-    # ContextPooler: dense -> pooler_hidden_act (gelu) on the first token, then `classifier`.
+    # ContextPooler: dense -> pooler_hidden_act (read with the encoder: activation_from_config) on the first token,
+    # then `classifier`.
     heads = TaskHeads(base_prefix="deberta.", architectures=architectures(version.prefix, task_heads),
-                      activation="gelu", keys={name: keys[name] for name in task_heads}, dropout_key="cls_dropout")
+                      activation=None, activation_from_config=True, keys={name: keys[name] for name in task_heads},
+                      dropout_key="cls_dropout")
     return HfFamily(
         model_type=version.model_type,
         architectures={f"{version.prefix}Model": "encoder", f"{version.prefix}ForMaskedLM": "masked_lm"},

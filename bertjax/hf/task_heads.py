@@ -47,6 +47,7 @@ class TaskHeads:
     # The classifier layout of the family's heads (EncoderConfig fields); None: the activation is
     # head_activation (ModernBERT's one `classifier_activation` key serves both heads).
     activation: str | None
+    activation_from_config: bool = False  # the family reads it from config.json itself (DeBERTa's pooler_hidden_act)
     norm: bool = False
     token_transform: bool = False
     dense_bias: bool | None = True  # None: head_dense_bias as config.json says (ModernBERT's classifier_bias)
@@ -60,7 +61,8 @@ class TaskHeads:
     pooling_key: str = "classifier_pooling"  # the config.json key naming the pooling (XLNet: summary_type)
 
     def layout(self, config: EncoderConfig) -> dict:
-        activation = self.activation if self.activation is not None else config.head_activation
+        activation = (config.classifier_activation if self.activation_from_config else
+                      self.activation if self.activation is not None else config.head_activation)
         layout = {"classifier_activation": activation, "classifier_norm": self.norm,
                   "classifier_token_transform": self.token_transform}
         return layout if self.dense_bias is None else {**layout, "head_dense_bias": self.dense_bias}
