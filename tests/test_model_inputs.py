@@ -236,6 +236,10 @@ def test_int64_ids_past_int32_are_rejected_before_they_wrap(name, masked_lm):
     what = "token ids" if name == "input_ids" else name
     with pytest.raises(ValueError, match=rf"{what} must be in \[0, \d+\).*max {2**32 + 1}"):
         model.apply({"params": params}, ids, **kwargs)
+    # Through bertjax.checked too (its jit converted them to int32 first, where 2**32 + 1 is 1: accepted, silently).
+    where = "argument 1" if name == "input_ids" else f"argument 2\\['{name}'\\]"
+    with pytest.raises(ValueError, match=rf"{where}: int64 values in \[\d+, {2**32 + 1}\] do not fit in int32"):
+        checked_logits(model)(params, ids, kwargs)
 
 
 @pytest.mark.parametrize("shape,message", [((1, 0), "input_ids has 0 tokens per row"),

@@ -89,6 +89,7 @@ def checked(fn: Callable) -> Callable:
             except checkify.JaxRuntimeError as failed:
                 raise ValueError(_first_line(str(failed))) from None
             return out
+        _refuse_wrapping_integers(args, kwargs)
         error, out = jitted(*args, **kwargs)
         message = error.get()
         if message:
@@ -96,6 +97,21 @@ def checked(fn: Callable) -> Callable:
         return out
 
     return call
+
+
+def _refuse_wrapping_integers(args, kwargs) -> None:
+    """jax.jit turns a numpy int64 array into int32 (64-bit types are off by default) before any check sees it, so
+    2**32 + 5 would arrive as 5, a valid wrong id; such arrays are refused here, as an eager call refuses them."""
+    import numpy as np
+
+    bounds = np.iinfo(np.int32)
+    for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
+        if isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.integer) and leaf.dtype.itemsize >= 4 \
+                and leaf.size and (leaf.min() < bounds.min or leaf.max() > bounds.max):
+            top, inner = path[1], jax.tree_util.keystr(path[2:])
+            where = f"argument {top.idx}{inner}" if path[0].idx == 0 else f"{top.key}{inner}"
+            raise ValueError(f"{where}: {leaf.dtype} values in [{leaf.min()}, {leaf.max()}] do not fit in int32, "
+                             "which jax.jit converts them to (they would wrap around silently)")
 
 
 def _staging() -> bool:
