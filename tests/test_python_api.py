@@ -217,10 +217,18 @@ def test_jax_export_with_a_symbolic_batch_and_length_runs_every_size():
         forward = jax.jit(lambda p, ids, model=model: model.apply({"params": p}, ids).logits)
         shape = export.symbolic_shape(spec, constraints=["s <= 64"] if "s" in spec else ())
         exported = export.export(forward)(params, jax.ShapeDtypeStruct(shape, jnp.int32))
+        # The serving artefact: serialized (the serve extra's flatbuffers), read back, called at any shape.
+        exported = export.deserialize(exported.serialize())
         for batch, seq in ((1, 16), (3, 16)) if "s" not in spec else ((2, 5), (1, 40)):
             ids = jnp.asarray(np.random.default_rng(batch).integers(5, 64, (batch, seq)), jnp.int32)
             np.testing.assert_allclose(np.asarray(exported.call(params, ids)), np.asarray(forward(params, ids)),
                                        rtol=0, atol=1e-5, err_msg=f"{preset} {batch}x{seq}")
+    # Without the bound, the length check says which constraint to give (it was JAX's inconclusive comparison).
+    bert = bertjax.EncoderForMaskedLM(bertjax.get_config("bert-tiny", vocab_size=64))
+    unbounded = jax.ShapeDtypeStruct(export.symbolic_shape("b, s"), jnp.int32)
+    with pytest.raises(ValueError, match=r'constraints=\["s <= 64"\]'):
+        export.export(jax.jit(lambda p, ids: bert.apply({"params": p}, ids).logits))(
+            bertjax.init_params(bert, jax.random.key(0)), unbounded)
     model = bertjax.EncoderForMaskedLM(bertjax.get_config("deberta-v3-tiny", vocab_size=64))
     params = bertjax.init_params(model, jax.random.key(0))
     with pytest.raises(ValueError, match="disentangled attention needs a fixed sequence length"):

@@ -35,6 +35,20 @@ def position_limit(config: EncoderConfig) -> int | None:
     return None if unbounded else config.max_position_embeddings
 
 
+def _longer_than(length, limit: int, config) -> bool:
+    """length > limit, where length may be jax.export's symbolic sequence length: unbounded, that comparison is JAX's
+    InconclusiveDimensionOperation deep in tracing; the error says which constraint to export with instead."""
+    try:
+        return bool(length > limit)
+    except Exception as error:  # noqa: BLE001 (jax keeps the exception class private)
+        if type(error).__name__ != "InconclusiveDimensionOperation":
+            raise
+        room = limit - config.position_offset
+        raise ValueError(f"input_ids: a symbolic sequence length needs the model's bound (max_position_embeddings "
+                         f"{config.max_position_embeddings}): export with jax.export.symbolic_shape(\"b, s\", "
+                         f"constraints=[\"s <= {room}\"])") from None
+
+
 def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                    segment_ids=None, global_attention_mask=None) -> EncoderInputs:
     if not isinstance(input_ids, jax.Array):  # a list or numpy array: its values are checked before any cast, which
@@ -50,7 +64,7 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
         raise ValueError(f"input_ids has 0 tokens per row (shape {input_ids.shape}): give at least one token")
     # Learned positions start at position_offset (RoBERTa: pad_token_id + 1), so the offset eats into the table.
     limit = position_limit(config)
-    if limit is not None and seq + config.position_offset > limit:
+    if limit is not None and _longer_than(seq + config.position_offset, limit, config):
         raise ValueError(f"input_ids: sequence length {seq} exceeds the model's max_position_embeddings "
                          f"({config.max_position_embeddings}, of which position_offset={config.position_offset} "
                          "are never used)")
