@@ -288,3 +288,15 @@ def test_token_type_ids_for_a_model_without_them_are_refused_unless_deberta_read
     ids = jnp.asarray([[1, 2, 3, 4]], jnp.int32)
     with pytest.raises(ValueError, match="no token-type embedding .*can be left out"):
         model.apply({"params": params}, ids, token_type_ids=jnp.zeros_like(ids))
+
+
+@pytest.mark.parametrize("name", ["token_type_ids", "position_ids", "segment_ids"])
+def test_float_ids_are_refused_not_cast(name, masked_lm):
+    """1.7 was cast to 1 silently (float input_ids and masked_positions were refused already); masks may be floats
+    and booleans stay accepted as ids (0/1)."""
+    model, params = masked_lm("bert-tiny")
+    ids = np.array([[1, 2, 3, 4]], np.int32)
+    with pytest.raises(ValueError, match=f"{name} must be integers, got float32"):
+        model.apply({"params": params}, ids, **{name: np.ones((1, 4), np.float32)})
+    model.apply({"params": params}, ids, attention_mask=np.ones((1, 4), np.float32),
+                **{name: np.ones((1, 4), bool)})

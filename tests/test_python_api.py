@@ -121,6 +121,9 @@ def test_masked_positions_max_segments_and_segment_ids_errors_name_the_argument(
         jax.jit(classify)(four_texts, 4)
     with pytest.raises(TypeError, match="max_segments must be a static Python int"):
         classify(four_texts, 2.0)
+    # deterministic too decides what is computed: traced, it was a bare TracerBoolConversionError.
+    with pytest.raises(TypeError, match="deterministic is a traced value.*static_argnames='deterministic'"):
+        jax.jit(classifier.apply)({"params": weights}, ids, deterministic=True)
 
 
 def test_inference_runners_of_one_model_share_a_compiled_function_and_the_cache_is_bounded():

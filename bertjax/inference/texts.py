@@ -92,12 +92,13 @@ def check_token_ids(sequences: Sequence[np.ndarray], vocab_size: int, what: str)
 class TextInference:
     """Texts in, one output per text out. `row_fn` as in bertjax.inference.runner; `segment_inputs` of `run` are
     per-text values handed to the row function per slot (e.g. prompt lengths). `vocab_size`: the model's, which
-    token ids given as arrays are checked against (default: the tokenizer's size)."""
+    token ids given as arrays are checked against (default: the tokenizer's `vocab_size`, if it has one)."""
 
     def __init__(self, row_fn: RowFunction, tokenizer, max_length: int, *, buckets: BucketConfig = BucketConfig(),
                  packing: bool = True, mesh=None, overflow: str = "truncate", stride: int = 0,
                  sequence_format: SequenceFormat | None = None, vocab_size: int | None = None):
-        self.vocab_size = int(tokenizer.vocab_size if vocab_size is None else vocab_size)
+        vocab_size = getattr(tokenizer, "vocab_size", None) if vocab_size is None else vocab_size
+        self.vocab_size = None if vocab_size is None else int(vocab_size)  # None: ids unchecked
         self.runner = Runner(row_fn, mesh)
         self.tokenizer = tokenizer
         self.format = sequence_format or SequenceFormat.for_tokenizer(tokenizer, max_length)
@@ -155,7 +156,8 @@ class TextInference:
                    prompt_tokens: Sequence[int] | None = None) -> Outputs:
         """As `run`, for texts already tokenised (without special tokens); `prompt_tokens`: per text, the leading
         tokens that are a prompt, repeated in front of every chunk (pipeline.to_sequences)."""
-        check_token_ids(token_ids, self.vocab_size, "text")
+        if self.vocab_size is not None:
+            check_token_ids(token_ids, self.vocab_size, "text")
         sequences = to_sequences(token_ids, self.format, self.overflow, self.stride, prompt_tokens)
         per_sequence = {k: np.asarray(v)[sequences.source] for k, v in (segment_inputs or {}).items()}
         outputs = self._run(params, sequences.ids, per_sequence)
@@ -170,7 +172,8 @@ class TextInference:
                       token_inputs: dict[str, Sequence[np.ndarray]] | None = None) -> Outputs:
         """As `run`, for complete model sequences (special tokens included, at most max_length each);
         `token_inputs` as in pipeline.run_sequences (per-token arrays such as token type ids)."""
-        check_token_ids(sequences, self.vocab_size, "sequence")
+        if self.vocab_size is not None:
+            check_token_ids(sequences, self.vocab_size, "sequence")
         return self._run(params, sequences, segment_inputs, token_inputs)
 
     def _run(self, params, sequences, segment_inputs=None, token_inputs=None) -> Outputs:

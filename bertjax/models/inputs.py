@@ -74,6 +74,11 @@ def prepare_inputs(config: EncoderConfig, input_ids, attention_mask=None, token_
                         ("global_attention_mask", global_attention_mask)):
         if value is not None and jnp.shape(value) != (batch, seq):
             raise ValueError(f"{name} must have the shape of input_ids {(batch, seq)}, got {jnp.shape(value)}")
+    for name, value in (("token_type_ids", token_type_ids), ("position_ids", position_ids),
+                        ("segment_ids", segment_ids)):  # ids: 1.7 would be cast to 1 silently (masks may be floats)
+        dtype = None if value is None else getattr(value, "dtype", None) or np.asarray(value).dtype
+        if dtype is not None and not (jnp.issubdtype(dtype, jnp.integer) or dtype == np.bool_):
+            raise ValueError(f"{name} must be integers, got {dtype}")
     if position_ids is not None:
         # Given ids index the position table as they are: RoBERTa's position_offset is part of them, as in
         # transformers (its first token is position pad_token_id + 1).

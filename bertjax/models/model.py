@@ -108,6 +108,9 @@ class _Backbone(nn.Module):
         With XLNet's `target_mapping`, the query stream's output [batch, num_predict, hidden] instead.
         Longformer's `global_attention_mask` [batch, seq] (1 = global, as transformers names it) picks the tokens
         that attend, and are attended, globally; any other model refuses it."""
+        if isinstance(deterministic, jax.core.Tracer):  # jax.jit(model.apply)(..., deterministic=True) traces it
+            raise TypeError("deterministic is a traced value: it decides what the program computes, so make it "
+                            "static: jax.jit(model.apply, static_argnames='deterministic'), or close over it")
         if not deterministic and _drops_out(self.config) and not self.has_rng("dropout"):
             # Flax's own error ("Dropout needs PRNG for dropout") names neither the argument nor the idiom.
             raise ValueError("deterministic=False runs dropout, which needs a random key: "
