@@ -20,8 +20,23 @@ def check_field_types(instance) -> None:
     for field in dataclasses.fields(instance):
         value, annotation = getattr(instance, field.name), hints[field.name]
         if not matches(value, annotation):
-            what = "a finite number" if isinstance(value, float) and not math.isfinite(value) else annotation
+            what = ("a finite number" if isinstance(value, float) and not math.isfinite(value)
+                    else describe(annotation))
             raise ValueError(f"{cls.__name__}.{field.name} must be {what}, got {value!r}")
+
+
+def describe(annotation) -> str:
+    """An annotation as a reader would write it: "int", "one of 'float32', 'bfloat16'", "float or None"."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(arg) for arg in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return "None"
+    if origin is tuple:
+        return f"a tuple of {describe(typing.get_args(annotation)[0])}"
+    return getattr(annotation, "__name__", str(annotation))
 
 
 def matches(value, annotation) -> bool:

@@ -216,7 +216,7 @@ def test_bad_documents_never_break_a_batch(tokenizer):
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="DataConfig.seq_len"):
         DataConfig(seq_len=0)
-    with pytest.raises(ValueError, match="DataConfig.seq_len must be <class 'int'>"):
+    with pytest.raises(ValueError, match="DataConfig.seq_len must be int, got"):
         DataConfig(seq_len="128")
     with pytest.raises(ValueError, match="DataConfig.masking"):
         DataConfig(masking="words")
