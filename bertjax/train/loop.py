@@ -113,10 +113,10 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     """Train `config` in `workdir`, resuming from its latest checkpoint (what `bertjax pretrain` runs).
 
     `on_log(step, metrics)` is called with every record written to metrics.jsonl (a live plot in a notebook, an
-    early stop), the held-out loss at step 0 and the phase records included; returning True after a train step's
+    early stop), the held-out loss at step 0 and the phase records included. Returning True for a train step's
     record stops the run there as Ctrl-C does: a checkpoint is saved and calling `pretrain` again resumes from it
-    (the answer to a record written before any step of this call is not asked for: it is ignored). On several processes it is called on each with the same metrics and must decide the
-    same everywhere.
+    (for the records written before this call's first step the answer is ignored). On several processes it is
+    called on each with the same metrics and must decide the same everywhere.
     `config_path` (a keyword, taken by workdir.exclusive): the run config's file, named in the workdir
     checks' errors when it is the workdir's own config.yaml.
     """
