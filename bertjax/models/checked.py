@@ -122,4 +122,5 @@ def _staging() -> bool:
 
 
 def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0]
+    """The check's own message: its first line, without checkify's " (`check` failed)" tag."""
+    return message.strip().splitlines()[0].removesuffix(" (`check` failed)")
