@@ -613,8 +613,11 @@ def test_convert_builds_the_head_asked_for(bert_mlm_dir, tmp_path, capsys):
     model, params, _ = load_model_dir(native)
     assert type(model) is bertjax.EncoderModel
     assert_same_params(params, bertjax.from_pretrained(bert_mlm_dir, head="encoder")[1])
-    assert cli_main(["convert", "--to-hf", native, "--head", "encoder", "--out", str(tmp_path / "hf")]) == 2
-    assert "--head applies to --from-hf" in capsys.readouterr().err
+    # With --to-hf, --head takes `encoder` only (the bare encoder of any model: here the model itself).
+    assert cli_main(["convert", "--to-hf", native, "--head", "encoder", "--out", str(tmp_path / "hf")]) == 0
+    assert_same_params(params, bertjax.from_pretrained(str(tmp_path / "hf"))[1])
+    assert cli_main(["convert", "--to-hf", native, "--head", "masked_lm", "--out", str(tmp_path / "hf2")]) == 2
+    assert "--head masked_lm with --to-hf" in capsys.readouterr().err
 
 
 def test_convert_to_hf_writes_the_dtype_asked_for(bert_mlm_dir, tmp_path, capsys):
