@@ -455,6 +455,8 @@ def test_labels_written_as_decimals_are_classes_with_a_note_and_problem_type_dec
     # Asked for classes, numbers with fractions are classes too (they were regressed whatever problem_type said).
     halves = _classification(problem_type="single_label_classification").fit_labels(rows(["0.5", "1.5"]), "f", None)
     assert halves.names == ("0.5", "1.5") and not halves.regression and halves.notes == ()
+    three = _classification(num_labels=3).fit_labels(rows(["0.5", "1.5", "2.5"]), "f", None)  # num_labels says so
+    assert three.names == ("0.5", "1.5", "2.5") and not three.regression
     for bad in ("nan", "inf"):  # a CSV cell pandas would not read as a number to learn
         with pytest.raises(ValueError, match=f"row 2: regression needs a finite label, got '{bad}'"):
             _classification().fit_labels(rows(["0.5", bad]), "f", None)

@@ -265,6 +265,8 @@ def test_a_bare_model_saved_without_its_pooler_loads_with_a_fresh_one(tmp_path, 
     ("deberta-v3-tiny", "replaced_token_detection", "DebertaV2Model"),  # a GDES run's discriminator: no RTD class
     ("electra-tiny-discriminator", "replaced_token_detection", "ElectraModel"),
     ("bert-tiny", "pretraining", "BertModel"),  # the pooler is kept
+    ("bert-tiny", "sequence_classification", "BertModel"),  # its dense layer is BERT's pooler
+    ("albert-tiny", "multiple_choice", "AlbertModel"),
 ])
 def test_to_hf_head_encoder_writes_the_bare_encoder(preset, head, transformers_class, tmp_path, capsys):
     """`convert --to-hf DIR --head encoder`: the backbone without its head, which transformers loads as the family's
@@ -286,8 +288,10 @@ def test_to_hf_head_encoder_writes_the_bare_encoder(preset, head, transformers_c
     ids = np.arange(3, 19).reshape(2, 8) % VOCAB
     mask = np.ones_like(ids)
     mask[1, 5:] = 0
-    bare = bertjax.MODEL_CLASSES["encoder"](model.config)
+    bare = bertjax.MODEL_CLASSES["encoder"](model.config.replace(task=None))
     kept = {name: params[name] for name in ("embeddings", "encoder", "pooler") if name in params}
+    if head in ("sequence_classification", "multiple_choice"):  # the head's dense layer is the family's pooler
+        kept["pooler"] = {"dense": params["classifier"]["dense"]}
     ours = bare.apply({"params": kept}, jnp.asarray(ids), attention_mask=jnp.asarray(mask))
     with torch.no_grad():
         theirs = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
@@ -295,7 +299,10 @@ def test_to_hf_head_encoder_writes_the_bare_encoder(preset, head, transformers_c
     # Weights drawn from N(0, 1) (random_params): activations of order 1-10, float32 sums of such terms.
     np.testing.assert_allclose(np.asarray(ours.last_hidden_state)[real], theirs.last_hidden_state.numpy()[real],
                                rtol=1e-4, atol=1e-4)
-    assert (ours.pooler_output is not None) == (head == "pretraining")
+    theirs_pooled = getattr(theirs, "pooler_output", None)
+    assert (ours.pooler_output is not None) == (theirs_pooled is not None) == model.config.pooler
+    if model.config.pooler:
+        np.testing.assert_allclose(np.asarray(ours.pooler_output), theirs_pooled.numpy(), rtol=1e-4, atol=1e-4)
     capsys.readouterr()
     assert cli_main(["convert", "--to-hf", str(tmp_path / "model"), "--head", "masked_lm",
                      "--out", str(tmp_path / "x")]) == 2
@@ -305,7 +312,7 @@ def test_to_hf_head_encoder_writes_the_bare_encoder(preset, head, transformers_c
         save_model_dir(tmp_path / "mlm", mlm, random_params(mlm))
         assert cli_main(["convert", "--to-hf", str(tmp_path / "mlm"), "--head", "encoder",
                          "--out", str(tmp_path / "y")]) == 2
-        assert "the masked_lm model has no pooler, which a bert encoder has" in capsys.readouterr().err
+        assert "the masked_lm model has no trained pooler, which the bert encoder has" in capsys.readouterr().err
 
 
 def test_unexpected_tensor_is_an_error(bert_mlm_copy):

@@ -132,17 +132,25 @@ def cast_model(model, params, dtype: str, source: str):
 
 def bare_encoder(model, params, source: str):
     """The backbone of any bertjax model (embeddings, layers, and the pooler where the family has one) with its
-    parameters: the head's are left out."""
+    parameters: the head's are left out. BERT's and ALBERT's classification and multiple-choice heads keep the
+    pooler as their dense layer (`classifier/dense`, written as `bert.pooler.dense`): it is the encoder's pooler."""
     from bertjax.hf.pretrained import head_of
+    from bertjax.hf.registry import FAMILIES
     from bertjax.models import MODEL_CLASSES
 
-    if model.config.pooler and "pooler" not in params:
-        # transformers' BertModel (...) has a pooler, which an MLM head does not train: it loads the head's own export
-        # and draws the pooler fresh, as from any *ForMaskedLM checkpoint.
-        raise ValueError(f"--to-hf {source} --head encoder: the {head_of(model)} model has no pooler, which a "
-                         f"{model.config.family} encoder has; export it with its head (no --head), which "
-                         f"transformers' {model.config.family} *Model class loads, with a fresh pooler")
+    head = head_of(model)
     kept = {name: params[name] for name in ("embeddings", "encoder", "pooler") if name in params}
+    if model.config.pooler and "pooler" not in kept:
+        family = FAMILIES.get(model.config.family)
+        keys = family.task_heads.keys.get(head) if family is not None and family.task_heads else None
+        if keys is not None and keys.dense and keys.dense.removesuffix(".dense").endswith("pooler"):
+            kept["pooler"] = {"dense": params["classifier"]["dense"]}
+        else:
+            # transformers' BertModel (...) has a pooler, which an MLM head does not train: it loads the head's own
+            # export and draws the pooler fresh, as from any *ForMaskedLM checkpoint.
+            raise ValueError(f"--to-hf {source} --head encoder: the {head} model has no trained pooler, which the "
+                             f"{model.config.family} encoder has; export it with its head (no --head): transformers' "
+                             f"{model.config.family} *Model class loads that, with a fresh pooler")
     return MODEL_CLASSES["encoder"](model.config.replace(task=None)), kept
 
 

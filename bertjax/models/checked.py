@@ -101,16 +101,21 @@ def checked(fn: Callable) -> Callable:
 
 def _refuse_wrapping_integers(args, kwargs) -> None:
     """jax.jit turns a numpy int64 array into int32 (64-bit types are off by default) before any check sees it, so
-    2**32 + 5 would arrive as 5, a valid wrong id; such arrays are refused here, as an eager call refuses them."""
+    2**32 + 5 would arrive as 5, a valid wrong id; such arrays are refused here, as an eager call refuses them.
+    Only direct calls: under jax.vmap the values reach `checked` already converted."""
     import numpy as np
 
-    bounds = np.iinfo(np.int32)
     for path, leaf in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]:
-        if isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.integer) and leaf.dtype.itemsize >= 4 \
-                and leaf.size and (leaf.min() < bounds.min or leaf.max() > bounds.max):
+        if not (isinstance(leaf, np.ndarray) and np.issubdtype(leaf.dtype, np.integer) and leaf.size):
+            continue
+        target = np.dtype(jax.dtypes.canonicalize_dtype(leaf.dtype))
+        if target == leaf.dtype:
+            continue  # kept as it is (uint32, int32; int64 with jax_enable_x64)
+        bounds = np.iinfo(target)
+        if leaf.min() < bounds.min or leaf.max() > bounds.max:
             top, inner = path[1], jax.tree_util.keystr(path[2:])
             where = f"argument {top.idx}{inner}" if path[0].idx == 0 else f"{top.key}{inner}"
-            raise ValueError(f"{where}: {leaf.dtype} values in [{leaf.min()}, {leaf.max()}] do not fit in int32, "
+            raise ValueError(f"{where}: {leaf.dtype} values in [{leaf.min()}, {leaf.max()}] do not fit in {target}, "
                              "which jax.jit converts them to (they would wrap around silently)")
 
 

@@ -115,8 +115,8 @@ def pretrain(config: RunConfig, workdir: str | Path, *,
     `on_log(step, metrics)` is called with every record written to metrics.jsonl (a live plot in a notebook, an
     early stop), the held-out loss at step 0 and the phase records included. Returning True for a train step's
     record stops the run there as Ctrl-C does: a checkpoint is saved and calling `pretrain` again resumes from it
-    (for the records written before this call's first step the answer is ignored). On several processes it is
-    called on each with the same metrics and must decide the same everywhere.
+    (the answer to any other record, a phase's start or the step-0 held-out loss, is ignored). On several processes
+    it is called on each with the same metrics and must decide the same everywhere.
     `config_path` (a keyword, taken by workdir.exclusive): the run config's file, named in the workdir
     checks' errors when it is the workdir's own config.yaml.
     """

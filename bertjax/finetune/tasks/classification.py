@@ -1,9 +1,9 @@
 """Sequence classification and regression: one text (or a pair) -> one label, or one number.
 
-Regression when task.problem_type is regression, task.num_labels is 1, or (no problem_type given) the training
-labels are numbers that are not all integers (STS-B's similarity scores); integer labels are classes, and whole
-numbers written as decimals (1.0, 2.0) too, with a note saying so. task.problem_type=single_label_classification
-makes any labels classes. With data.packing, several short
+Regression when task.problem_type is regression, task.num_labels is 1, or (neither problem_type nor num_labels
+given) the training labels are numbers that are not all integers (STS-B's similarity scores); integer labels are
+classes, and whole numbers written as decimals (1.0, 2.0) too, with a note saying so.
+task.problem_type=single_label_classification, or task.num_labels >= 2, makes any labels classes. With data.packing, several short
 examples share a row (segment ids 1, 2, ...) and the model pools each one separately (`max_segments`). Each row
 has its text_pair or not (a missing or null one: a single text), in training and in `bertjax predict` alike.
 """
@@ -76,7 +76,9 @@ class SequenceClassification(Task):
         problem_type = self.task_config.problem_type
         forced = problem_type == "regression" or self.task_config.num_labels == 1
         numeric = all(is_number(v) for v in values)
-        if forced or (numeric and problem_type is None and not all(float(v).is_integer() for v in values)):
+        # Classes were asked for by problem_type, or by num_labels >= 2: fractional numbers are then class names.
+        classes_asked = problem_type is not None or (self.task_config.num_labels or 0) >= 2
+        if forced or (numeric and not classes_asked and not all(float(v).is_integer() for v in values)):
             if not numeric:
                 bad = next(v for v in values if not is_number(v))
                 raise ValueError(f"{source}: regression needs numeric labels, got {bad!r} in column "
