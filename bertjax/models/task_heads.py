@@ -61,7 +61,9 @@ HEAD_DROPOUTS = {
     # ContextPooler's pooler_dropout is 0 by default; token classification uses hidden_dropout_prob, not cls_dropout.
     "deberta": HeadDropouts(token="hidden"),
     "deberta-v2": HeadDropouts(token="hidden"),
-    "xlnet": HeadDropouts(token=None),  # summary_first_dropout None by default; no token-head dropout
+    # The summary drops out before its dense layer only when config.json sets summary_first_dropout (not modelled:
+    # published configs have none); no token-head dropout.
+    "xlnet": HeadDropouts(token=None),
     "modernbert": HeadDropouts(question="classifier"),  # classifier_dropout before every head's classifier
     "eurobert": HeadDropouts(sequence=(None, None), token=None),  # no dropout in its heads
 }
