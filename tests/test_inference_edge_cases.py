@@ -410,6 +410,11 @@ def test_embedding_commands_refuse_a_tokenizer_larger_than_the_model(small_vocab
     assert run_cli("train-embedder", "--model", model, "--train", pairs, "--workdir", tmp_path / "w",
                    "train.batch_size=4", "train.steps=1") == 2
     assert expected in capsys.readouterr().err and not (tmp_path / "w").exists()
+    # fill-mask failed only for a text holding the extra words, and convert passed the pair on (both directions).
+    assert run_cli("fill-mask", "--model", model, "good [MASK] day") == 2
+    assert expected in capsys.readouterr().err
+    assert run_cli("convert", "--from-hf", model, "--out", tmp_path / "converted") == 2
+    assert expected in capsys.readouterr().err and not (tmp_path / "converted").exists()
 
     from bertjax.data.tokenizers import WordPieceTokenizer
     from finetune_helpers import VOCAB, tiny_model_dir

@@ -159,6 +159,11 @@ def test_convert_from_hf_refuses_a_broken_tokenizer_before_writing(tmp_path, cap
     err = capsys.readouterr().err
     assert f"{tokenizer_json} is not a valid tokenizer" in err, err
     assert not (tmp_path / "broken").exists()
+    tokenizer_json.unlink()  # an emptied vocab.txt is damage too (it was a warning, and copied empty)
+    (source / "vocab.txt").write_text("")
+    assert main(["convert", "--from-hf", str(source), "--out", str(tmp_path / "emptied")]) == 2
+    assert "vocab.txt is not a valid tokenizer: its WordPiece vocabulary is empty" in capsys.readouterr().err
+    assert not (tmp_path / "emptied").exists()
     # A readable tokenizer with special tokens bertjax does not know is no damage: copied, with a warning.
     from tokenizers import Tokenizer, models
 

@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from bertjax import hf
     from bertjax.output_paths import check_output_dir
     from bertjax.data.tokenizer_export import save_for_model
+    from bertjax.inference.texts import check_tokenizer_fits
     from bertjax.model_dirs import load_model_dir, read_token_ids, save_model_dir
 
     source = args.from_hf or args.to_hf
@@ -170,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         token_ids = hf.special_token_ids(args.from_hf)
         # the files copied below: a broken one would surface only at the next use
         tokenizer = check_tokenizer(args.from_hf)
+        if tokenizer is not None:  # a pair that could not run is not passed on (remove the files: weights alone)
+            check_tokenizer_fits(tokenizer, model.config, f"--from-hf {source}")
         copied = tokenizer_files(args.from_hf)
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything
         save_model_dir(args.out, model, params, token_ids=token_ids)
@@ -182,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         model, params, tokenizer = load_model_dir(args.to_hf, step=args.step, allow_pickle=args.allow_pickle)
         if args.head == "encoder":
             model, params = bare_encoder(model, params, args.to_hf)
+        if tokenizer is not None:
+            check_tokenizer_fits(tokenizer, model.config, f"--to-hf {source}")
         if args.dtype is not None:  # a bfloat16 export of float32 master weights, as checkpoints are published
             model, params = cast_model(model, params, args.dtype, f"--to-hf {args.to_hf}")
         check_output_dir(args.out, reading=[source], overwrite=args.overwrite)  # before writing anything

@@ -438,8 +438,8 @@ class WordPieceTokenizer(HuggingFaceTokenizer):
         from tokenizers import AddedToken, Tokenizer as HfTokenizer, decoders, models, normalizers, pre_tokenizers
 
         tokens = vocab_text.splitlines()
-        if not tokens:
-            raise ValueError(f"WordPiece vocabulary {source} is empty")
+        if not tokens:  # a file emptied (truncated to nothing): damaged, not a tokenizer bertjax cannot use
+            raise InvalidTokenizerFile(f"{source} is not a valid tokenizer: its WordPiece vocabulary is empty")
         vocab = {token: i for i, token in enumerate(tokens)}
         if lowercase is None:
             # An uncased vocabulary holds no capital letters outside its [BRACKETED] specials.

@@ -46,7 +46,12 @@ def read_torch_bin(path: str) -> dict[str, np.ndarray]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # weights_only refuses pickles holding anything but tensors and plain containers
-        raise ValueError(f"{path}: torch.load(weights_only=True) refused or failed to read it ({error})") from error
+        # Only torch's first line that says why: its advice to retry with weights_only=False is not for such files.
+        reason = next((line.strip() for line in str(error).splitlines()
+                       if line.strip().startswith(("Trying to load unsupported GLOBAL", "Unsupported global"))),
+                      str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__).rstrip(".")
+        raise ValueError(f"{path}: torch.load(weights_only=True) refused or failed to read it: {reason}. A "
+                         "checkpoint holds tensors only; a file that needs more may run code when unpickled") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path}: expected a flat {{name: tensor}} state dict")
     # float32 holds bfloat16/float16 values exactly; numpy has no bfloat16 of its own.

@@ -186,6 +186,7 @@ def make_predictor(model, params, tokenizer, *,
 
 def load_predictor(model_dir: str | Path, step: int | None = None,
                    allow_pickle: bool = False) -> Callable[[str, int], list[list[Prediction]]]:
+    from bertjax.inference.texts import check_tokenizer_fits
     from bertjax.model_dirs import EXPORTS_DIR, load_model_dir
 
     model, params, tokenizer = load_model_dir(model_dir, step=step, allow_pickle=allow_pickle)
@@ -197,6 +198,7 @@ def load_predictor(model_dir: str | Path, step: int | None = None,
         raise FileNotFoundError(f"--model {model_dir}: no tokenizer in the directory (tokenizer.json, *.model, "
                                 "vocab.txt or vocab.json + merges.txt); copy the checkpoint's tokenizer files next "
                                 "to its weights")
+    check_tokenizer_fits(tokenizer, model.config, f"--model {model_dir}")  # before any text: ids past the table
     return make_predictor(model, params, tokenizer)
 
 
