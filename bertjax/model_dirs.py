@@ -103,8 +103,11 @@ def read_model(directory: Path):
 
     described = read_model_config(directory)
     head = described.get("head")
-    if head not in MODEL_CLASSES:
+    if not isinstance(head, str) or head not in MODEL_CLASSES:
         raise ValueError(f"{directory / MODEL_CONFIG_FILE}: head {head!r} is not one of {sorted(MODEL_CLASSES)}")
+    if not isinstance(described.get("config"), dict):
+        raise ValueError(f"{directory / MODEL_CONFIG_FILE}: 'config' must be an object of EncoderConfig fields, got "
+                         f"{type(described.get('config')).__name__}")
     try:
         config = EncoderConfig.from_dict(described["config"])
     except ValueError as error:  # the config's own checks name the field; this names the file

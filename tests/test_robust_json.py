@@ -89,6 +89,21 @@ def test_a_vocab_size_beyond_int32_is_refused_naming_the_file(hf_dir, tmp_path):
         bertjax.from_pretrained(str(bomb))
 
 
+@pytest.mark.parametrize("key,value,match", [
+    ("layer_norm_eps", [1e-12], "layer_norm_eps must be a number, got list"),  # float() raised a bare TypeError
+    ("hidden_dropout_prob", "0.1", "hidden_dropout_prob must be a number, got str"),
+    ("hidden_act", ["gelu"], "unsupported activation hidden_act=\\['gelu'\\]"),  # unhashable: a TypeError
+    ("model_type", ["bert"], "unknown model_type \\['bert'\\]"),
+])
+def test_config_values_of_the_wrong_json_type_are_named(hf_dir, tmp_path, key, value, match):
+    import bertjax
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    bad = edited(hf_dir, tmp_path / "bad", "config.json", json.dumps({**config, key: value}))
+    with pytest.raises(ValueError, match=f"bad/config.json: {match}"):
+        bertjax.from_pretrained(str(bad))
+
+
 @pytest.mark.parametrize("weight_map,match", [
     (["model.safetensors"],
      "not a checkpoint index: 'weight_map' must map tensor names to shard file names, got an array"),

@@ -39,13 +39,13 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         layers_per_group=read("inner_group_num"),
         max_position_embeddings=read("max_position_embeddings"), type_vocab_size=read("type_vocab_size"),
         position_embedding="learned", position_offset=0,
-        norm="layernorm", norm_eps=float(read("layer_norm_eps")), norm_bias=True, norm_placement="post",
+        norm="layernorm", norm_eps=read.number("layer_norm_eps"), norm_bias=True, norm_placement="post",
         embedding_norm=True, final_norm=False, attention_bias=True, mlp_bias=True, activation=activation,
         mlp="dense", global_attention_every=1, tie_word_embeddings=read("tie_word_embeddings"),
         decoder_bias=True, head_dense_bias=True, head_activation=activation,
         pooler=True,  # AlbertModel's; AlbertForMaskedLM has none but never reads the flag (bert.py says why)
         pad_token_id=read("pad_token_id"),
-        dropout_rate=float(read("hidden_dropout_prob")), initializer_range=float(read("initializer_range")))
+        dropout_rate=read.number("hidden_dropout_prob"), initializer_range=read.number("initializer_range"))
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:

@@ -54,7 +54,7 @@ class BertLikeConfig:
             embedding_size=read("embedding_size") if self.factorised_embedding else None,
             max_position_embeddings=read("max_position_embeddings"), type_vocab_size=read("type_vocab_size"),
             position_embedding="learned", position_offset=pad + 1 if self.positions_after_padding else 0,
-            norm="layernorm", norm_eps=float(read("layer_norm_eps")), norm_bias=True, norm_placement="post",
+            norm="layernorm", norm_eps=read.number("layer_norm_eps"), norm_bias=True, norm_placement="post",
             embedding_norm=True, final_norm=False, attention_bias=True, mlp_bias=True, activation=activation,
             mlp="dense", global_attention_every=1, tie_word_embeddings=read("tie_word_embeddings"),
             decoder_bias=True, head_dense_bias=True,
@@ -64,7 +64,7 @@ class BertLikeConfig:
             # export of a preset come back equal, and EncoderModel(config) the base model the family has.
             pooler=self.pooler, pad_token_id=pad,
             # bertjax has one dropout rate (no attention-probability dropout); dropout never changes inference.
-            dropout_rate=float(read("hidden_dropout_prob")), initializer_range=float(read("initializer_range")))
+            dropout_rate=read.number("hidden_dropout_prob"), initializer_range=read.number("initializer_range"))
 
     def to_hf_config(self, config: EncoderConfig, head: str) -> dict:
         refuse = Refusals(config, self.model_type)

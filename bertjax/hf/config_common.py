@@ -44,9 +44,17 @@ class ConfigReader:
             return self.defaults[key]
         raise ValueError(f"config.json: missing required key {key!r}")
 
+    def number(self, key: str, *aliases: str) -> float:
+        """A float key (eps, dropout, range): a JSON number, else an error naming the key (float() of a list raised
+        a bare TypeError, and of a string took "1e-12" that transformers' layers would not)."""
+        value = self(key, *aliases)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"config.json: {key} must be a number, got {type(value).__name__} {value!r}")
+        return float(value)
+
     def activation(self, key: str) -> str:
         name = self(key)
-        if name not in HF_ACTIVATIONS:
+        if not isinstance(name, str) or name not in HF_ACTIVATIONS:
             raise ValueError(f"config.json: unsupported activation {key}={name!r}; supported: {sorted(HF_ACTIVATIONS)}")
         return HF_ACTIVATIONS[name]
 

@@ -90,13 +90,13 @@ def _to_encoder_config(version: _Version, values: dict, head: str) -> EncoderCon
         embedding_size=None if embedding_size in (None, hidden) else embedding_size,
         max_position_embeddings=read("max_position_embeddings"), type_vocab_size=read("type_vocab_size"),
         position_embedding="learned" if read("position_biased_input") else "none", position_offset=0,
-        norm="layernorm", norm_eps=float(read("layer_norm_eps")), norm_bias=True, norm_placement="post",
+        norm="layernorm", norm_eps=read.number("layer_norm_eps"), norm_bias=True, norm_placement="post",
         embedding_norm=True, final_norm=False, attention_bias=True, mlp_bias=True, activation=activation, mlp="dense",
         global_attention_every=1, attention_kind="disentangled", disentangled=disentangled,
         tie_word_embeddings=read("tie_word_embeddings"), decoder_bias=True, head_dense_bias=True,
         head_activation=activation, mlm_head_transform=True, pooler=False,
         classifier_activation=read.activation("pooler_hidden_act"), pad_token_id=read("pad_token_id"),
-        dropout_rate=float(read("hidden_dropout_prob")), initializer_range=float(read("initializer_range")))
+        dropout_rate=read.number("hidden_dropout_prob"), initializer_range=read.number("initializer_range"))
 
 
 def _to_hf_config(version: _Version, config: EncoderConfig, head: str) -> dict:

@@ -46,7 +46,7 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         global_attention_every=1, tie_word_embeddings=read("tie_word_embeddings"), decoder_bias=True,
         head_dense_bias=True, head_activation=activation, pooler=False, pad_token_id=read("pad_token_id"),
         # bertjax has one dropout rate (no attention-probability dropout); dropout never changes inference.
-        dropout_rate=float(read("dropout")), initializer_range=float(read("initializer_range")))
+        dropout_rate=read.number("dropout"), initializer_range=read.number("initializer_range"))
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:

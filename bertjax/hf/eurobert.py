@@ -36,13 +36,13 @@ def rope_theta(read: ConfigReader, values: dict) -> float:
         raise ValueError(f"config.json: rope_scaling={scaling!r} is not supported (only default RoPE)")
     parameters = values.get("rope_parameters")
     if parameters is None:
-        return float(read("rope_theta"))
+        return read.number("rope_theta")
     if not isinstance(parameters, dict):
         raise ValueError(f"config.json: rope_parameters must be a dict, got {parameters!r}")
     if parameters.get("rope_type", "default") != "default":
         raise ValueError(f"config.json: rope_parameters.rope_type={parameters['rope_type']!r} is not supported "
                          "(only 'default' RoPE)")
-    return float(parameters["rope_theta"]) if parameters.get("rope_theta") is not None else float(read("rope_theta"))
+    return float(parameters["rope_theta"]) if parameters.get("rope_theta") is not None else read.number("rope_theta")
 
 
 def to_encoder_config(values: dict, head: str) -> EncoderConfig:
@@ -59,13 +59,13 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         # GQA and the head width are stored only where they differ from the defaults, so equal configs compare equal.
         attention_head_dim=head_dim if head_dim not in (None, hidden // heads) else None,
         max_position_embeddings=read("max_position_embeddings"), type_vocab_size=0, position_embedding="rope",
-        rope_theta_global=theta, rope_theta_local=theta, norm="rmsnorm", norm_eps=float(read("rms_norm_eps")),
+        rope_theta_global=theta, rope_theta_local=theta, norm="rmsnorm", norm_eps=read.number("rms_norm_eps"),
         norm_bias=False, norm_placement="pre", embedding_norm=False, final_norm=True,
         attention_bias=read("attention_bias"), mlp_bias=mlp_bias, activation=read.activation("hidden_act"),
         mlp="glu", global_attention_every=1, tie_word_embeddings=read("tie_word_embeddings"),
         decoder_bias=mlp_bias, mlm_head_transform=False, pooler=False, pad_token_id=read("pad_token_id"),
         # EuroBERT has no residual dropout (only an attention-probability dropout, 0 in the published configs).
-        dropout_rate=0.0, initializer_range=float(read("initializer_range")))
+        dropout_rate=0.0, initializer_range=read.number("initializer_range"))
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:

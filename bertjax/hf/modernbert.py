@@ -57,7 +57,7 @@ def _rope_thetas(read: ConfigReader, values: dict) -> tuple[float, float]:
         if rope_type != "default":
             raise ValueError(f"config.json: rope_parameters.{layer_type}.rope_type={rope_type!r} is not supported "
                              "(only 'default' RoPE)")
-        thetas.append(float(entry["rope_theta"]) if entry.get("rope_theta") is not None else float(read(legacy_key)))
+        thetas.append(float(entry["rope_theta"]) if entry.get("rope_theta") is not None else read.number(legacy_key))
     return thetas[0], thetas[1]
 
 
@@ -69,14 +69,14 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     else:  # transformers 4 format
         every = read("global_attn_every_n_layers")
     rope_global, rope_local = _rope_thetas(read, values)
-    dropouts = [float(read(k)) for k in ("embedding_dropout", "attention_dropout", "mlp_dropout")]
+    dropouts = [read.number(k) for k in ("embedding_dropout", "attention_dropout", "mlp_dropout")]
     return EncoderConfig(
         family="modernbert",
         vocab_size=read("vocab_size"), hidden_size=read("hidden_size"), num_layers=num_layers,
         num_heads=read("num_attention_heads"), intermediate_size=read("intermediate_size"),
         max_position_embeddings=read("max_position_embeddings"), type_vocab_size=0,
         position_embedding="rope", rope_theta_global=rope_global, rope_theta_local=rope_local,
-        norm="layernorm", norm_eps=float(read("norm_eps")), norm_bias=read("norm_bias"),
+        norm="layernorm", norm_eps=read.number("norm_eps"), norm_bias=read("norm_bias"),
         norm_placement="pre", embedding_norm=True, final_norm=True, first_layer_attention_norm=False,
         attention_bias=read("attention_bias"), mlp_bias=read("mlp_bias"),
         activation=read.activation("hidden_activation"), mlp="glu", global_attention_every=every,
@@ -85,7 +85,7 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         head_activation=read.activation("classifier_activation"), pooler=False,
         pad_token_id=read("pad_token_id"),
         # bertjax has one dropout rate where ModernBERT has three; dropout never changes inference.
-        dropout_rate=max(dropouts), initializer_range=float(read("initializer_range")))
+        dropout_rate=max(dropouts), initializer_range=read.number("initializer_range"))
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:

@@ -42,7 +42,7 @@ def is_mosaicml_checkpoint(values: dict) -> bool:
 def to_encoder_config(values: dict, head: str) -> EncoderConfig:
     read = ConfigReader(values, DEFAULTS)
     read.expect("is_decoder", (False,))
-    norm_eps = float(read("layer_norm_eps"))
+    norm_eps = read.number("layer_norm_eps")
     if head in ("masked_lm", "pretraining") and norm_eps != HEAD_NORM_EPS:
         # bertjax has one norm eps; MosaicML's MLM head hard-codes 1e-12 beside the layers' layer_norm_eps.
         raise ValueError(f"config.json: layer_norm_eps={norm_eps} with MosaicML's MLM head, whose norm always uses "
@@ -59,8 +59,8 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         # The gated feed-forward always applies the exact GELU; hidden_act only reaches the MLM head's transform.
         activation="gelu", mlp="glu", global_attention_every=1, tie_word_embeddings=True, decoder_bias=True,
         head_dense_bias=True, head_activation=read.activation("hidden_act"), pooler=True,  # as bert.py's
-        pad_token_id=read("pad_token_id"), dropout_rate=float(read("hidden_dropout_prob")),
-        initializer_range=float(read("initializer_range")))
+        pad_token_id=read("pad_token_id"), dropout_rate=read.number("hidden_dropout_prob"),
+        initializer_range=read.number("initializer_range"))
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:

@@ -45,7 +45,7 @@ UNSUPPORTED: dict[str, tuple[str, bool]] = {
 
 def family_named(model_type: str, source: str = "config.json") -> HfFamily:
     """The family for a model_type; `source` names where it came from (config.json, or EncoderConfig.family)."""
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ValueError(f"{source}: unknown model_type {model_type!r}; Hugging Face families bertjax reads and "
                          f"writes: {sorted(FAMILIES)}")
     return FAMILIES[model_type]

@@ -58,12 +58,12 @@ def to_encoder_config(values: dict, head: str) -> EncoderConfig:
         family=MODEL_TYPE, vocab_size=read("vocab_size"), hidden_size=hidden, num_layers=read("n_layer"),
         num_heads=heads, intermediate_size=read("d_inner"), max_position_embeddings=MAX_LENGTH,
         type_vocab_size=TYPE_VOCAB_SIZE, position_embedding="none", norm="layernorm",
-        norm_eps=float(read("layer_norm_eps")), norm_bias=True, norm_placement="post", embedding_norm=False,
+        norm_eps=read.number("layer_norm_eps"), norm_bias=True, norm_placement="post", embedding_norm=False,
         final_norm=False, attention_bias=False, mlp_bias=True, activation=read.activation("ff_activation"),
         mlp="dense", attention_kind="two_stream", xlnet=XLNetOptions(clamp_len=int(read("clamp_len"))),
         tie_word_embeddings=read("tie_word_embeddings"), decoder_bias=True, mlm_head_transform=False, pooler=False,
-        pad_token_id=read("pad_token_id"), dropout_rate=float(read("dropout")),
-        initializer_range=float(read("initializer_range")), task=XLNET_TASK)  # task heads: replaced from the file
+        pad_token_id=read("pad_token_id"), dropout_rate=read.number("dropout"),
+        initializer_range=read.number("initializer_range"), task=XLNET_TASK)  # task heads: replaced from the file
 
 
 def to_hf_config(config: EncoderConfig, head: str) -> dict:
