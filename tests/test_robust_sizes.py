@@ -84,6 +84,39 @@ def test_a_million_layers_is_refused_by_the_config_whatever_the_file(hf_dir, tmp
     assert len(err.strip().splitlines()) == 1 and "num_layers must be at most 1024, got 1000000" in err, err
 
 
+def test_a_safetensors_header_claiming_a_huge_tensor_is_refused_before_reading_it(hf_dir, tmp_path):
+    """A header consistent with the file's size, the file sparse on disk (2.6 GB apparent, a few KB stored): it was
+    read whole (5 GB of memory) before the shape check refused it. Now the headers are compared first."""
+    import os
+    import shutil
+    import struct
+
+    import safetensors.numpy
+
+    target = tmp_path / "sparse"
+    shutil.copytree(hf_dir, target)
+    path = target / "model.safetensors"
+    tensors = safetensors.numpy.load_file(str(path))
+    table = next(name for name in tensors if name.endswith("word_embeddings.weight"))
+    rows, width = 20_000_000, tensors.pop(table).shape[1]
+    header, offset, chunks = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, value in tensors.items():
+        data = value.astype(np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(value.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    header[table] = {"dtype": "F32", "shape": [rows, width], "data_offsets": [offset, offset + rows * width * 4]}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(raw)) + raw + b"".join(chunks))
+        file.truncate(8 + len(raw) + offset + rows * width * 4)
+    assert os.path.getsize(path) > 2 * 10**9
+    with pytest.raises(ValueError, match=rf"tensor '{table}' has shape \({rows}, {width}\), more values than any "
+                                         "tensor"):
+        from_pretrained(str(target))
+
+
 def test_transformers_directory_whose_layers_match_still_loads(hf_dir):
     model, params = from_pretrained(str(hf_dir))
     assert model.config.num_layers == 2 and set(params["encoder"]) == {"layers_0", "layers_1"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 
@@ -92,10 +93,13 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
         family, saved_head = registry.architecture(values, head)
     except ValueError as error:
         raise ValueError(f"{os.path.join(path, CONFIG_FILE)}: {str(error).removeprefix(f'{CONFIG_FILE}: ')}") from None
-    tensors = None
-    if head is None and not values.get("architectures"):  # the class is unnamed: the file's tensors say it
+    if weights.weights_file(path) in weights.PICKLED:  # a trusted pickle (allow_pickle) is read whole, once
         tensors = weights.read_weights(path, allow_pickle=allow_pickle)
-        saved_head = _head_the_names_hold(family, values, tensors)
+        shapes = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
+    else:  # safetensors: the headers first, the tensors once their shapes are known to fit config.json
+        tensors, shapes = None, weights.tensor_shapes(path)
+    if head is None and not values.get("architectures"):  # the class is unnamed: the file's tensors say it
+        saved_head = _head_the_names_hold(family, values, shapes)
     head = head or saved_head
     if head not in MODEL_CLASSES:
         raise ValueError(f"unknown head {head!r}; known: {sorted(MODEL_CLASSES)}")
@@ -119,9 +123,10 @@ def from_pretrained(path: str, dtype=None, *, head: str | None = None, seed: int
         config = config.replace(task=config.task_or_default.replace(**task))
     config = config.replace(dtype=dtype_name, param_dtype=dtype_name)
     # The file first: its layers are compared with config.json's before the model is traced (tracing is per layer).
+    _check_layer_count(path, values, config, shapes)
+    _check_claimed_sizes(path, family.mapping(config, head), shapes)
     if tensors is None:
         tensors = weights.read_weights(path, allow_pickle=allow_pickle)
-    _check_layer_count(path, values, config, tensors)
     config = _untied_where_the_file_differs(path, family, values, config, head, tensors)
     model = MODEL_CLASSES[head](config)
     expected = expected_params(model)
@@ -168,7 +173,19 @@ _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|albert_layer_groups)\.(\d+)\
 _LAYER_FIELDS = ("num_hidden_groups", "num_hidden_layers", "n_layers", "n_layer")
 
 
-def _check_layer_count(path: str, values: dict, config: EncoderConfig, tensors: dict[str, np.ndarray]) -> None:
+def _check_claimed_sizes(path: str, mapping: KeyMapping, shapes: dict[str, tuple[int, ...]]) -> None:
+    """No tensor of the file may hold more values than the largest tensor of the model config.json describes
+    (in the file's layout: fused projections whole): a header claiming a [10**9, 32] table (a sparse file of a few
+    kilobytes on disk) would otherwise be read whole before the per-tensor shape checks."""
+    largest = max(math.prod(rule.hf_shape) for rule in mapping.rules)
+    for name, shape in shapes.items():
+        if math.prod(shape) > largest:
+            raise ValueError(f"{path}: tensor {name!r} has shape {shape}, more values than any tensor of the "
+                             f"model its config.json describes ({largest} at most); the file does not belong to "
+                             "that config.json, or is damaged")
+
+
+def _check_layer_count(path: str, values: dict, config: EncoderConfig, tensors) -> None:
     """config.json's layer count against the layers the weights file holds, before the model is traced: tracing
     costs ~50 ms and ~0.25 MB per layer, so `num_hidden_layers: 1000000` over a 2-layer file would run for hours
     before the first missing tensor is noticed. Only a claim beyond the file is refused here: extra layers in the

@@ -35,6 +35,15 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
         raise ValueError(f"{path}: not a readable safetensors file ({error})") from error
 
 
+def safetensors_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor a safetensors file holds, from its header alone (nothing is read)."""
+    try:
+        with safetensors.safe_open(path, framework="numpy") as file:
+            return {name: tuple(file.get_slice(name).get_shape()) for name in file.keys()}
+    except Exception as error:  # safetensors raises its own error types for truncated or corrupt headers
+        raise ValueError(f"{path}: not a readable safetensors file ({error})") from error
+
+
 def read_torch_bin(path: str) -> dict[str, np.ndarray]:
     try:
         import torch
@@ -85,6 +94,17 @@ READERS: dict[str, Callable[[str], dict[str, np.ndarray]]] = {
     TORCH_BIN: lambda d: read_torch_bin(os.path.join(d, TORCH_BIN)),
     TORCH_BIN_INDEX: lambda d: _read_index(d, TORCH_BIN_INDEX, read_torch_bin),
 }
+
+
+def tensor_shapes(directory: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in the safetensors checkpoint (one file or shards) in `directory`, from the headers: a
+    file claiming tensors larger than its config.json allows is refused before gigabytes are read."""
+    name = weights_file(directory)
+    if name == SAFETENSORS:
+        return safetensors_shapes(os.path.join(directory, SAFETENSORS))
+    if name == SAFETENSORS_INDEX:
+        return _read_index(directory, SAFETENSORS_INDEX, safetensors_shapes)
+    raise ValueError(f"{directory}: {name} is a pickle; its tensors' shapes are known only by reading it")
 
 
 def weights_file(directory: str) -> str:
