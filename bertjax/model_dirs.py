@@ -156,6 +156,12 @@ def save_model_dir(path: str | Path, model, params, tokenizer=None, token_ids: d
     with ocp.StandardCheckpointer(multiprocessing_options=options) as checkpointer:
         checkpointer.save(path / PARAMS_DIR, params, force=True)
         checkpointer.wait_until_finished()
+    if this_process_only or jax.process_index() == 0:
+        # A sha256 of every parameter file, as a workdir's checkpoints carry: a flipped byte in params/ otherwise
+        # loads as slightly different weights, without a word (orbax stores no checksums of its own).
+        from bertjax.train.checkpoints import write_checksums
+
+        write_checksums(path / PARAMS_DIR)
     if tokenizer is not None:
         tokenizer.save(path / TOKENIZER_DIR)
 
@@ -186,9 +192,15 @@ def _is_model_dir(path: Path) -> bool:
 
 
 def _load_model_dir(path: Path, step: int | None, allow_pickle: bool) -> LoadedModel:
-    from bertjax.train.checkpoints import restore_param_tree
+    from bertjax.train.checkpoints import CheckpointError, restore_param_tree, verify_checksums
 
     model = read_model(path)
+    try:  # directories written before checksums were recorded have none: nothing to compare
+        verify_checksums(path / PARAMS_DIR)
+    except CheckpointError as error:
+        detail = str(error).removeprefix(f"checkpoint {path / PARAMS_DIR}: file ")
+        raise CheckpointError(f"model directory {path}: {PARAMS_DIR}/{detail}; write the directory again from its "
+                              "source") from None
     # Checked as a workdir checkpoint's parameters are: shapes against model_config.json before reading, damaged
     # files, NaN/inf (a one-line error naming the directory each time).
     params = restore_param_tree(path / PARAMS_DIR, model, f"model directory {path}",

@@ -619,6 +619,12 @@ def test_damaged_bertjax_model_directory_is_a_one_line_error_naming_it(model_dir
     deleted = damaged("deleted")
     data_files = sorted((deleted / "params").glob("ocdbt.process_*/d/*"), key=lambda p: p.stat().st_size)
     data_files[-1].unlink()  # the largest: the embedding table is in it
+    # The directory's checksums name the missing file first; without them (a directory written before they were
+    # recorded) orbax's read fails, which must be one line too.
+    with pytest.raises(CheckpointError, match=rf"model directory .*deleted: params/.*{data_files[-1].name} is "
+                                              "missing; write the directory again"):
+        load_model_dir(deleted)
+    (deleted / "params" / "checksums.json").unlink()
     # The reads orbax abandons when one fails call back into its closed event loop ("RuntimeError: Event loop is
     # closed" through sys.unraisablehook, "exception was never retrieved" from asyncio): none of it gets through.
     unraisable = []
