@@ -80,13 +80,13 @@ def check_token_ids(sequences: Sequence[np.ndarray], vocab_size: int, what: str)
     every = np.concatenate([ids.ravel() for ids in arrays]) if arrays else np.zeros(0, np.int32)
     if every.size and np.issubdtype(every.dtype, np.integer) and every.min() >= 0 and every.max() < vocab_size:
         return  # the common case, in one pass
-    for i, ids in enumerate(arrays):  # find the first culprit, to name it
+    from bertjax.models.inputs import check_ids
+
+    for i, ids in enumerate(arrays):  # find the first culprit, to name it (the range check the models make)
         if ids.size and not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(f"{what} {i}: token ids must be integers, got an array of {ids.dtype}")
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-            bad = int(ids[(ids < 0) | (ids >= vocab_size)][0])
-            raise ValueError(f"{what} {i}: token id {bad} is outside the model's vocabulary [0, {vocab_size}); "
-                             "were these ids made by another tokenizer?")
+        check_ids(ids, vocab_size, f"{what} {i}: token ids", " (the model's vocabulary: were these ids made by "
+                  "another tokenizer?)")
 
 
 class TextInference:
