@@ -194,3 +194,28 @@ def test_a_flipped_byte_in_a_model_directory_is_found_by_its_checksums(tmp_path)
         load_model_dir(tmp_path / "model")
     (tmp_path / "model" / "params" / "checksums.json").unlink()  # as directories written before
     load_model_dir(tmp_path / "model")
+
+
+def test_a_model_directory_written_on_another_device_loads_here(tmp_path):
+    """Orbax records each array's device (`cpu:0` where `convert --from-hf` ran, `cuda:0` on a GPU host, process 0's
+    on a pod) and placed a restored array on it: on any other machine, or process 1 of a pod, the directory was
+    refused as damaged. Here it is written as a GPU host writes it and loads onto this machine's device."""
+    import json
+
+    import bertjax
+    from bertjax.model_dirs import save_model_dir
+    from bertjax.train.checkpoints import write_checksums
+
+    model = bertjax.EncoderForMaskedLM(bertjax.get_config("bert-tiny", vocab_size=64))
+    params = bertjax.init_params(model, jax.random.key(0))
+    save_model_dir(tmp_path / "model", model, params)
+    shardings = tmp_path / "model" / "params" / "_sharding"
+    recorded = json.loads(shardings.read_text())
+    assert all(json.loads(value)["device_str"] == "cpu:0" for value in recorded.values())
+    shardings.write_text(json.dumps({key: json.dumps({"sharding_type": "SingleDeviceSharding", "device_str": "cuda:0"})
+                                     for key in recorded}))
+    write_checksums(tmp_path / "model" / "params")  # as that host certified what it wrote
+    _, loaded, _ = load_model_dir(tmp_path / "model")
+    for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert a.devices() == {jax.local_devices()[0]}

@@ -334,7 +334,8 @@ def restore_params(step_dir: str | Path, device: jax.Device | None = None, model
     verify_checksums(step_dir)  # first: it names the missing or damaged file, as a resume does
     if not state_dir.is_dir():
         raise CheckpointError(f"checkpoint {step_dir} is incomplete (no state/ directory)")
-    sharding = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+    # This process's own device (jax.devices()[0] is process 0's on a pod, which no other process can write to).
+    sharding = jax.sharding.SingleDeviceSharding(device or jax.local_devices()[0])
     checkpointer = ocp.PyTreeCheckpointer()
     # Reading the state item on its own makes orbax warn that the step-level metadata is not in state/; it is
     # one directory up, as the manager wrote it, and nothing else is missing.
@@ -548,12 +549,22 @@ def restore_param_tree(params_dir: str | Path, model: Any, source: str, model_so
         except ModelMismatch as error:
             raise ModelMismatch(f"{error} {_WRITE_AGAIN}") from None
         try:
-            params = checkpointer.restore(params_dir, abstract_params(model))
+            params = checkpointer.restore(params_dir, on_this_host(abstract_params(model)))
         except Exception as error:  # orbax/tensorstore raise many types for damaged files
             raise CheckpointError(f"{damaged} ({describe_read_error(error)}); the directory is damaged. "
                                   f"{_WRITE_AGAIN}") from error
     check_finite(params, source)
     return params
+
+
+def on_this_host(abstract: Any) -> Any:
+    """`abstract` (ShapeDtypeStructs) with this process's first device as the sharding of every leaf that has none
+    (those traced under a mesh keep theirs). Orbax places a leaf without one where the writer's array was, by its
+    recorded device name: `cpu:0` of the machine that converted a checkpoint is not a device of a GPU or TPU host,
+    nor of any process but the first of a pod."""
+    single = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda leaf: leaf if getattr(leaf, "sharding", None) is not None
+                        else jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=single), abstract)
 
 
 # ---------------------------------------------------------------------------------------------------------------
