@@ -1,19 +1,25 @@
 """Two-process `bertjax finetune` on localhost (CPU, gloo collectives), as the pretraining multi-host test: the
 two processes together reproduce the single-process run (same global batches, same validation metrics over the
-whole validation file), and only process 0 writes the workdir's files."""
+whole validation file), and only process 0 writes the workdir's files.
+
+The model is a EuroBERT bertjax model directory fine-tuned for multiple choice, which transformers has no EuroBERT
+class for: every process restores the model with orbax (onto its own device: process 1's is not the writer's cpu:0)
+and best/ is a bertjax model directory that orbax writes (process 0 alone, without waiting for the others)."""
 
 import json
 import socket
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from bertjax.finetune.config import load_finetune_config
 from bertjax.finetune.tasks import task_class
 from bertjax.finetune.trainer import finetune
 from bertjax.train.metrics import read_metrics
-from finetune_helpers import sentiment_rows, tiny_model_dir, write_jsonl
+from finetune_helpers import NEGATIVE, POSITIVE, VOCAB, write_jsonl
 from train_helpers import REPO, cpu_env
 
 OVERRIDES = ["train.batch_size=8", "train.epochs=1", "train.learning_rate=3e-3", "data.max_length=16",
@@ -26,15 +32,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _eurobert_model_dir(path):
+    import bertjax
+    from bertjax.data.tokenizers import WordPieceTokenizer
+    from bertjax.model_dirs import save_model_dir
+    from bertjax.models import MODEL_CLASSES, init_params
+
+    config = bertjax.get_config("eurobert-tiny", vocab_size=len(VOCAB), pad_token_id=0, dropout_rate=0.0)
+    model = MODEL_CLASSES["masked_lm"](config)
+    save_model_dir(path, model, init_params(model, jax.random.key(0)), WordPieceTokenizer("\n".join(VOCAB)))
+    return path
+
+
+def choice_rows(count: int, seed: int) -> list[dict]:
+    """Three choices, one of them made of positive words: the label."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        label = int(rng.integers(3))
+        choices = [" ".join(rng.choice(NEGATIVE, 2)) for _ in range(3)]
+        choices[label] = " ".join(rng.choice(POSITIVE, 2))
+        rows.append({"question": "which is good ?", "choices": choices, "label": label})
+    return rows
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune-multihost")
-    model = tiny_model_dir(root / "model")
-    train = write_jsonl(root / "train.jsonl", sentiment_rows(32, 0))
-    validation = write_jsonl(root / "validation.jsonl", sentiment_rows(20, 1))  # 20: not a multiple of 16
+    model = _eurobert_model_dir(root / "model")
+    train = write_jsonl(root / "train.jsonl", choice_rows(32, 0))
+    validation = write_jsonl(root / "validation.jsonl", choice_rows(20, 1))  # 20: not a multiple of 16
     workdir = root / "two"
     coordinator = f"127.0.0.1:{_free_port()}"
-    command = [sys.executable, "-m", "bertjax", "finetune", "--model", str(model), "--task", "sequence-classification",
+    command = [sys.executable, "-m", "bertjax", "finetune", "--model", str(model), "--task", "multiple-choice",
                "--train", str(train), "--validation", str(validation), "--workdir", str(workdir), *OVERRIDES,
                "--coordinator", coordinator, "--num-processes", "2"]
     processes = [subprocess.Popen(command + ["--process-id", str(i)], env=cpu_env(devices=1), cwd=REPO,
@@ -43,8 +73,8 @@ def runs(tmp_path_factory):
     for i, process in enumerate(processes):
         assert process.returncode == 0, f"process {i}:\n{outputs[i]}"
     single = root / "one"
-    config = load_finetune_config(None, OVERRIDES, task_class("sequence-classification").defaults)
-    finetune(model, task_class("sequence-classification"), train, validation, single, config, say=lambda _: None)
+    config = load_finetune_config(None, OVERRIDES, task_class("multiple-choice").defaults)
+    finetune(model, task_class("multiple-choice"), train, validation, single, config, say=lambda _: None)
     return workdir, single, outputs
 
 
@@ -63,7 +93,22 @@ def test_two_processes_reproduce_the_single_process_run(runs):
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5), (a["step"], a["split"], key)
     results = json.loads((two / "results.json").read_text())
     assert results["finished"] and results["best"] == json.loads((one / "results.json").read_text())["best"]
-    assert (two / "best" / "config.json").is_file() and (two / "best" / "finetune.json").is_file()
+    assert (two / "best" / "finetune.json").is_file() and not (two / "best" / "config.json").exists()
+
+
+def test_best_is_a_bertjax_model_directory_that_predicts_what_was_measured(runs):
+    from bertjax.finetune.prediction import predict
+    from bertjax.model_dirs import load_model_dir
+
+    two, _, _ = runs
+    loaded = load_model_dir(two / "best")  # verifies params/checksums.json, which process 0 wrote alone
+    assert (two / "best" / "params" / "checksums.json").is_file()
+    assert loaded.model.config.family == "eurobert" and loaded.tokenizer is not None
+    validation = two.parent / "validation.jsonl"
+    gold = [json.loads(line)["label"] for line in validation.read_text().splitlines()]
+    predictions = predict(two / "best", validation)
+    best = json.loads((two / "results.json").read_text())["best"]
+    assert np.mean([p["label"] == g for p, g in zip(predictions, gold)]) == pytest.approx(best["accuracy"])
 
 
 def test_only_process_0_reports(runs):

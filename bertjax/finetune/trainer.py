@@ -224,7 +224,8 @@ def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Lab
         kind = "transformers"
     except ValueError as error:  # a family or head transformers has no class for
         say(f"best/: {error}; writing a bertjax model directory instead")
-        save_model_dir(str(directory), model, host_params, token_ids=token_ids)
+        # By process 0 alone (the others returned above): orbax's default options wait for every process.
+        save_model_dir(str(directory), model, host_params, token_ids=token_ids, this_process_only=True)
         kind = "bertjax"
     tokenizer.save(directory)
     if kind == "transformers":  # AutoTokenizer reads tokenizer.json; a bare tokenizer.model has no special tokens
