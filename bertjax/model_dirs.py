@@ -166,6 +166,25 @@ def save_model_dir(path: str | Path, model, params, tokenizer=None, token_ids: d
         tokenizer.save(path / TOKENIZER_DIR)
 
 
+def save_model_dir_from_process_0(path: str | Path, model, host_params, tokenizer=None,
+                                  token_ids: dict[str, int] | None = None) -> None:
+    """Called on every process of a run with the same host arrays (e.g. `process_allgather`ed): process 0 writes the
+    directory alone (`this_process_only`: a per-host disk is fine), and the others advance orbax's count of saves as
+    its save does. Orbax keeps that count per process and names the signals of the next save made together (a
+    checkpoint) by it: a save made by process 0 alone left the processes waiting forever on differently named
+    signals at the run's next checkpoint."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    if jax.process_index() == 0:
+        save_model_dir(path, model, host_params, tokenizer, token_ids, this_process_only=True)
+        return
+    me = jax.process_index()
+    options = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    with ocp.StandardCheckpointer(multiprocessing_options=options) as checkpointer:
+        checkpointer.synchronize_next_awaitable_signal_operation_id()  # what each save does first, alone
+
+
 def check_params_match(model, params) -> None:
     """ValueError naming the first parameter path whose shape differs between `params` (unboxed) and what `model`
     creates, or that only one of them has: a directory written from such a tree would never load."""

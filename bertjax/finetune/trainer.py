@@ -211,27 +211,32 @@ def save_best(directory: Path, model, params, tokenizer, task: Task, labels: Lab
     them."""
     import bertjax
     from bertjax.data.tokenizer_export import save_for_model
-    from bertjax.model_dirs import save_model_dir
+    from bertjax.hf.pretrained import hf_config_of
+    from bertjax.model_dirs import save_model_dir_from_process_0
 
     from jax.experimental import multihost_utils
 
     host_params = multihost_utils.process_allgather(params, tiled=True)  # every process: it is a collective
-    if jax.process_index() != 0:
+    try:  # decided on every process alike: writing a bertjax model directory involves them all
+        hf_config_of(model, token_ids)
+        problem = None
+    except ValueError as error:  # a family or head transformers has no class for
+        problem = error
+    primary = jax.process_index() == 0
+    if problem is not None:
+        if primary:
+            say(f"best/: {problem}; writing a bertjax model directory instead")
+        save_model_dir_from_process_0(directory, model, host_params, token_ids=token_ids)
+    if not primary:
         return "none (only process 0 writes)"
     directory.mkdir(parents=True, exist_ok=True)
-    try:
+    if problem is None:
         bertjax.save_pretrained(str(directory), model, host_params, token_ids=token_ids)
-        kind = "transformers"
-    except ValueError as error:  # a family or head transformers has no class for
-        say(f"best/: {error}; writing a bertjax model directory instead")
-        # By process 0 alone (the others returned above): orbax's default options wait for every process.
-        save_model_dir(str(directory), model, host_params, token_ids=token_ids, this_process_only=True)
-        kind = "bertjax"
     tokenizer.save(directory)
-    if kind == "transformers":  # AutoTokenizer reads tokenizer.json; a bare tokenizer.model has no special tokens
+    if problem is None:  # AutoTokenizer reads tokenizer.json; a bare tokenizer.model has no special tokens
         save_for_model(tokenizer, directory, model.config)
     write_run_file(directory, task, labels, config)
-    return kind
+    return "transformers" if problem is None else "bertjax"
 
 
 def write_run_file(directory: Path, task: Task, labels: Labels, config: FinetuneConfig,

@@ -366,6 +366,19 @@ def special_token_ids(directory: str) -> dict[str, int]:
             and not isinstance(value, bool)}
 
 
+def hf_config_of(model: nn.Module, token_ids: dict[str, int] | None = None) -> dict:
+    """The config.json `save_pretrained` writes for `model` (but its dtype), reading no parameter: a ValueError where
+    its family has no transformers class for its head or cannot express a field of its config."""
+    config: EncoderConfig = model.config
+    head = head_of(model)
+    family = registry.family_named(config.family, source="EncoderConfig.family")
+    hf_config = {"architectures": [family.architecture_for(head)], **family.hf_config(config, head)}
+    for key, value in (token_ids or {}).items():  # where the family leaves an id unset (None), not over its own
+        if hf_config.get(key) is None:
+            hf_config[key] = value
+    return hf_config
+
+
 def save_pretrained(path: str, model: nn.Module, params: dict, token_ids: dict[str, int] | None = None) -> None:
     """Write `config.json` + `model.safetensors` that transformers loads into the matching architecture.
 
@@ -377,10 +390,7 @@ def save_pretrained(path: str, model: nn.Module, params: dict, token_ids: dict[s
     config: EncoderConfig = model.config
     head = head_of(model)
     family = registry.family_named(config.family, source="EncoderConfig.family")
-    hf_config = {"architectures": [family.architecture_for(head)], **family.hf_config(config, head)}
-    for key, value in (token_ids or {}).items():  # where the family leaves an id unset (None), not over its own
-        if hf_config.get(key) is None:
-            hf_config[key] = value
+    hf_config = hf_config_of(model, token_ids)
     flat = _flatten_checked(model, params)
     mapping = family.mapping(config, head)
     _check_mapping_covers(mapping, expected_params(model))

@@ -332,12 +332,10 @@ def save_exports(workdir: Path, exports: dict, tokenizer) -> None:
     `<workdir>/models/<name>/`, with the run's tokenizer, ready for `bertjax convert --to-hf`."""
     from jax.experimental import multihost_utils
 
-    from bertjax.model_dirs import EXPORTS_DIR, save_model_dir
+    from bertjax.model_dirs import EXPORTS_DIR, save_model_dir_from_process_0
 
     for name, (model, params) in exports.items():
         # Gathered to every host (a collective), written by process 0 alone: on a pod the workdir is often each
         # host's own disk, where a save by every process into "one" directory never completes.
         host = multihost_utils.process_allgather(params, tiled=True) if jax.process_count() > 1 else params
-        if jax.process_index() == 0:
-            directory = workdir / EXPORTS_DIR / name
-            save_model_dir(str(directory), model, host, tokenizer, this_process_only=True)
+        save_model_dir_from_process_0(workdir / EXPORTS_DIR / name, model, host, tokenizer)
