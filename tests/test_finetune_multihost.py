@@ -107,8 +107,8 @@ def test_best_is_a_bertjax_model_directory_that_predicts_what_was_measured(runs)
     validation = two.parent / "validation.jsonl"
     gold = [json.loads(line)["label"] for line in validation.read_text().splitlines()]
     predictions = predict(two / "best", validation)
-    best = json.loads((two / "results.json").read_text())["best"]
-    assert np.mean([p["label"] == g for p, g in zip(predictions, gold)]) == pytest.approx(best["accuracy"])
+    measured = json.loads((two / "results.json").read_text())["best_metrics"]["accuracy"]
+    assert np.mean([p["label"] == g for p, g in zip(predictions, gold)]) == pytest.approx(measured)
 
 
 def test_only_process_0_reports(runs):
