@@ -49,9 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with final_report():  # a reader gone by now takes the summary, not the run's status
         print("\n" + "\n".join(summary(result, config.objective.name)))
-        # A permutation LM predicts through its query stream: the content stream's fill-mask would be noise.
-        if not result.preempted and config.eval.fill_mask_examples and jax.process_count() == 1 \
-                and config.objective.name != "permutation_lm":
+        if not result.preempted and config.eval.fill_mask_examples and jax.process_count() == 1:
             try:
                 show_fill_mask(config, result)
             except (ValueError, FileNotFoundError) as error:  # a demonstration: the run itself succeeded

@@ -59,6 +59,21 @@ class SpecialTemplate:
             position += first_length if item.token == TEXT else 1
         raise ValueError(f"internal: the template has no text {text}")
 
+    def ends_with(self, token: int) -> bool:
+        """Whether one text's row ends with `token` after the text (XLNet's `A <sep> <cls>`: its heads read the last
+        position, so its tokenizer pads on the left and question answering puts the context first)."""
+        return self.single[0].token == TEXT and self.single[-1].token == token
+
+    def position_of(self, token: int, first_length: int, second_length: int | None = None) -> int | None:
+        """Row position of the first `token` the layout adds (of a pair's when `second_length` is given), the texts
+        being that long; None when the layout has no such token."""
+        position = 0
+        for item in self.layout(second_length is not None):
+            if item.token == token:
+                return position
+            position += 1 if item.token != TEXT else first_length if item.text == 0 else second_length
+        return None
+
     def build(self, first: Sequence[int], second: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
         """(ids, token type ids) of a row holding `first` (and `second`) with the special tokens."""
         texts = (list(first), None if second is None else list(second))

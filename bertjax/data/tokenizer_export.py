@@ -181,12 +181,7 @@ def _tagged_added_token(value):
 def _padding_side(tokenizer: Tokenizer) -> dict[str, str]:
     """Left padding for a layout that ends with its [CLS] (XLNet's `A <sep> <cls>`), as XLNetTokenizer pads:
     transformers' heads of such models read the last position. (A checkpoint's own padding_side wins.)"""
-    from bertjax.data.special_template import TEXT
-
-    single = tokenizer.special_template.single
-    if single[0].token == TEXT and single[-1].token == tokenizer.cls_id:
-        return {"padding_side": "left"}
-    return {}
+    return {"padding_side": "left"} if tokenizer.special_template.ends_with(tokenizer.cls_id) else {}
 
 
 def save_for_model(tokenizer: Tokenizer, directory: str | Path, config) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 
 # Keys that stay on the host (mapping predictions back to words, windows and packed slots).
-HOST_KEYS = frozenset({"word_of_token", "offsets", "window_example", "slot_example"})
+HOST_KEYS = frozenset({"word_of_token", "offsets", "cls_index", "window_example", "slot_example"})
 
 
 def steps_per_epoch(rows: int, batch_size: int) -> int:

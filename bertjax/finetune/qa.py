@@ -2,13 +2,16 @@
 character offsets, and start/end logits mapped back to answer text.
 
 A row is `[CLS] question [SEP] context-window [SEP]` (in the tokenizer's own layout: RoBERTa's
-`<s> question </s></s> window </s>`). A context longer than the room left by the question is
+`<s> question </s></s> window </s>`); where the layout ends with its [CLS] (XLNet's `A <sep> B <sep> <cls>`, a
+tokenizer that pads on the left), the context comes first, `window <sep> question <sep> <cls>`, as transformers'
+run_qa lays it out then. A context longer than the room left by the question is
 split into windows that share `doc_stride` tokens, so an answer cut by one window's edge lies whole in the next.
 A window that does not hold the whole answer (and an unanswerable question, SQuAD v2) is labelled with the
-[CLS] position, 0, as BERT does. Prediction takes, per question, the best-scoring valid span (start <= end,
-at most max_answer_length tokens, inside the context) over all its windows; with unanswerable questions allowed,
-the empty answer wins when the [CLS] score beats every span by more than `null_score_diff_threshold` (0 by
-default; transformers' run_qa option of that name; SQuAD v2's evaluation reports the best one as best_f1_thresh).
+[CLS] position (0, as BERT does; XLNet's last), as run_qa labels it. Prediction takes, per question, the best-scoring
+valid span (start <= end, at most max_answer_length tokens, inside the context) over all its windows; with
+unanswerable questions allowed, the empty answer wins when the [CLS] score beats every span by more than
+`null_score_diff_threshold` (0 by default; transformers' run_qa option of that name; SQuAD v2's evaluation reports
+the best one as best_f1_thresh).
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ class Windows:
     segment_ids: np.ndarray
     token_type_ids: np.ndarray
     offsets: np.ndarray  # [windows, max_length, 2] character span in the context, NO_OFFSET outside it
-    start_positions: np.ndarray  # [windows] row position of the answer's first token, 0 ([CLS]) when absent
+    start_positions: np.ndarray  # [windows] row position of the answer's first token, cls_index when absent
     end_positions: np.ndarray
+    cls_index: np.ndarray  # [windows] row position of [CLS]: the empty answer's start and end
     question_cut: bool = False  # the question was longer than half a row and lost its end
 
 
@@ -88,25 +92,31 @@ def make_windows(tokenizer, question: str, context: str, answer: Answer | None, 
         end_char = answer.start + len(answer.text)
         inside = np.nonzero((context_offsets[:, 0] < end_char) & (context_offsets[:, 1] > answer.start))[0]
         span = (int(inside[0]), int(inside[-1])) if inside.size else None
-    rows, offsets, starts, ends = [], [], [], []
-    first_context = template.text_start(1, len(question_ids), pair=True)  # row position of the first context token
+    context_first = template.ends_with(tokenizer.cls_id)
+    rows, offsets, starts, ends, nulls = [], [], [], [], []
     for begin in window_starts(len(context_ids), room, stride):
         window = [int(t) for t in context_ids[begin:begin + room]]
-        rows.append(layout(tokenizer, question_ids, window, max_length))
+        first, second = (window, question_ids) if context_first else (question_ids, window)
+        rows.append(layout(tokenizer, first, second, max_length))
+        # Row positions of the first context token and of [CLS] (a layout without one: the first position).
+        first_context = template.text_start(0 if context_first else 1, len(first), pair=True)
+        null = template.position_of(tokenizer.cls_id, len(first), len(second)) or 0
         row_offsets = np.full((max_length, 2), NO_OFFSET, np.int32)
         row_offsets[first_context:first_context + len(window)] = context_offsets[begin:begin + len(window)]
         offsets.append(row_offsets)
+        nulls.append(null)
         if span is not None and span[0] >= begin and span[1] < begin + len(window):
             starts.append(first_context + span[0] - begin)
             ends.append(first_context + span[1] - begin)
         else:
-            starts.append(0)
-            ends.append(0)
+            starts.append(null)
+            ends.append(null)
     return Windows(input_ids=np.stack([r["input_ids"] for r in rows]),
                    segment_ids=np.stack([r["segment_ids"] for r in rows]),
                    token_type_ids=np.stack([r["token_type_ids"] for r in rows]),
                    offsets=np.stack(offsets), start_positions=np.asarray(starts, np.int32),
-                   end_positions=np.asarray(ends, np.int32), question_cut=question_cut)
+                   end_positions=np.asarray(ends, np.int32), cls_index=np.asarray(nulls, np.int32),
+                   question_cut=question_cut)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,14 +132,17 @@ class SpanPrediction:
 
 
 def best_span(start_logits: np.ndarray, end_logits: np.ndarray, offsets: np.ndarray, context: str, *,
-              n_best: int, max_answer_length: int, allow_empty: bool,
-              null_score_diff_threshold: float = 0.0) -> SpanPrediction:
-    """The answer of one question from the logits of its windows ([windows, max_length] each)."""
+              n_best: int, max_answer_length: int, allow_empty: bool, null_score_diff_threshold: float = 0.0,
+              cls_index: np.ndarray | None = None) -> SpanPrediction:
+    """The answer of one question from the logits of its windows ([windows, max_length] each); `cls_index`
+    [windows]: where each window's empty answer is scored (default 0, BERT's [CLS])."""
     best = SpanPrediction("", -1, -1, -np.inf)
     null_score = np.inf
-    for starts, ends, window_offsets in zip(np.asarray(start_logits), np.asarray(end_logits), np.asarray(offsets)):
+    nulls = np.zeros(len(start_logits), np.int64) if cls_index is None else np.asarray(cls_index)
+    for starts, ends, window_offsets, null in zip(np.asarray(start_logits), np.asarray(end_logits),
+                                                  np.asarray(offsets), nulls):
         # The [CLS] score of the window that most believes in an answer, as transformers' run_qa takes it.
-        null_score = min(null_score, float(starts[0] + ends[0]))
+        null_score = min(null_score, float(starts[null] + ends[null]))
         # The n_best among context tokens only: question tokens and padding (whose logits training never pushes
         # down) ranked with them could fill the n_best and leave a window without any candidate.
         valid = window_offsets[:, 0] != NO_OFFSET

@@ -67,9 +67,12 @@ def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, t
     token ids and their probabilities (the special tokens and the rows from `tokenizer_size` on, beyond the
     tokenizer's vocabulary, banned), float32; zeros at the other tokens. The MLM head projects only the first
     `mask_slots` masks of a row onto the vocabulary (the caller's bound on masks per row): that projection, not
-    the encoder, is most of the cost at every token. Cached on hashable arguments: predictors of an equal model
+    the encoder, is most of the cost at every token. XLNet predicts through its query stream, as it was pretrained:
+    no token sees a mask's content (`perm_mask`) and a query slot reads each mask's position (`target_mapping`),
+    the use of XLNetLMHeadModel transformers documents. Cached on hashable arguments: predictors of an equal model
     share programs."""
     type_vocab_size = model.config.type_vocab_size
+    query_stream = model.config.attention_kind == "two_stream"
     banned = np.zeros(model.config.vocab_size, bool)
     banned[[i for i in special_ids if i < model.config.vocab_size]] = True
     banned[tokenizer_size:] = True  # padding rows of an embedding larger than the vocabulary
@@ -78,9 +81,15 @@ def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, t
         ids = batch["input_ids"]
         is_mask = (ids == mask_id) & (batch["segment_ids"] != 0)
         positions, valid = flagged_first(is_mask, mask_slots)
-        kwargs = {"token_type_ids": jnp.zeros_like(ids)} if type_vocab_size else {}
-        logits = model.apply({"params": params}, ids, segment_ids=batch["segment_ids"], masked_positions=positions,
-                             **kwargs).logits
+        # The layout's token types where the batch has them (XLNet's <cls> has its own), else all 0.
+        types = batch.get("token_type_ids")
+        kwargs = {"token_type_ids": jnp.zeros_like(ids) if types is None else types} if type_vocab_size else {}
+        if query_stream:
+            kwargs["perm_mask"] = jnp.broadcast_to(is_mask[:, None, :], (*ids.shape, ids.shape[1])).astype(jnp.float32)
+            kwargs["target_mapping"] = jax.nn.one_hot(positions, ids.shape[1]) * valid[..., None]
+        else:
+            kwargs["masked_positions"] = positions
+        logits = model.apply({"params": params}, ids, segment_ids=batch["segment_ids"], **kwargs).logits
         probs = jax.nn.softmax(jnp.where(jnp.asarray(banned), -jnp.inf, logits.astype(jnp.float32)), axis=-1)
         top_probs, top_ids = jax.lax.top_k(probs, top_k)
         # Back to per-token outputs, zeros at the tokens that are no mask.
@@ -122,6 +131,7 @@ def make_predictor(model, params, tokenizer, *,
 
     check_masked_lm(model)
     config = model.config
+    template = tokenizer.special_template
     special_ids = tuple(sorted(int(i) for i in tokenizer.special_ids))
     if all(i in special_ids for i in range(min(tokenizer.vocab_size, config.vocab_size))):
         # Every candidate banned: the softmax would be NaN, and the error would blame the dtype.
@@ -157,7 +167,10 @@ def make_predictor(model, params, tokenizer, *,
         inference = by_k[k, slots]
         if not placed:
             placed.append(inference.runner.place_params(params))
-        outputs = inference.run_sequences(placed[0], [ids for ids, _ in encoded])
+        # The layout's token types (XLNet's <cls> has its own), the text's tokens being all of one type.
+        specials = template.specials(pair=False)
+        types = [np.asarray(template.build([0] * (len(ids) - specials))[1], np.int32) for ids, _ in encoded]
+        outputs = inference.run_sequences(placed[0], [ids for ids, _ in encoded], token_inputs={"token_type_ids": types})
         for text, (_, masks), top_probs in zip(texts, encoded, outputs.tokens["top_probs"]):
             if not np.isfinite(top_probs[list(masks)]).all():  # else read as "no candidate decodes to text"
                 raise ValueError(f"the model's outputs are not finite (NaN or infinity) for {text[:60]!r}; it computes "

@@ -101,11 +101,20 @@ class TextInference:
         self.vocab_size = None if vocab_size is None else int(vocab_size)  # None: ids unchecked
         self.runner = Runner(row_fn, mesh)
         self.tokenizer = tokenizer
-        self.format = sequence_format or SequenceFormat.for_tokenizer(tokenizer, max_length)
+        self.max_length = max_length
+        self._format = sequence_format
         self.plan = plan_buckets(buckets, max_length, self.runner.devices, self.runner.platform)
         self.packing = packing and buckets.max_segments > 1
         self.overflow, self.stride = overflow, stride
         self.pad_id = int(tokenizer.pad_id)
+
+    @property
+    def format(self) -> SequenceFormat:
+        """How a text becomes a sequence: built when texts are first given, so that `run_sequences` (complete rows,
+        such as XLNet's `text <sep> <cls>` with its own token types) serves tokenizers whose layout texts can't."""
+        if self._format is None:
+            self._format = SequenceFormat.for_tokenizer(self.tokenizer, self.max_length)
+        return self._format
 
     @property
     def compiles(self) -> int:

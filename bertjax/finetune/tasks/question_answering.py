@@ -84,7 +84,8 @@ class QuestionAnswering(Task):
 
     def encode(self, tokenizer, rows, labels, source, *, with_targets, training=False):
         self._columns(rows, source, with_targets)
-        keys = ("input_ids", "segment_ids", "token_type_ids", "offsets", "start_positions", "end_positions")
+        keys = ("input_ids", "segment_ids", "token_type_ids", "offsets", "cls_index", "start_positions",
+                "end_positions")
         parts: dict[str, list] = {k: [] for k in keys + ("window_example",)}
         questions, misplaced, cut = [], 0, 0
         for i, row in enumerate(rows):
@@ -150,7 +151,8 @@ class QuestionAnswering(Task):
                                       encoded.arrays["offsets"][rows], question.context, n_best=self.data.n_best,
                                       max_answer_length=self.data.max_answer_length,
                                       allow_empty=labels.unanswerable,
-                                      null_score_diff_threshold=self.data.null_score_diff_threshold)
+                                      null_score_diff_threshold=self.data.null_score_diff_threshold,
+                                      cls_index=encoded.arrays["cls_index"][rows])
 
     def metrics(self, outputs, encoded, labels):
         spans = list(self._spans(outputs, encoded, labels))
