@@ -45,7 +45,7 @@ class _PrintVersion(argparse.Action):
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, **kwargs):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
-                         help="print the versions of bertjax, JAX, Flax, Optax, Orbax and Grain, then exit")
+                         help="print the versions of bertjax, JAX, jaxlib, Flax, Optax, Orbax and Grain, then exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(version_line())

@@ -18,6 +18,7 @@ HELP = "fine-tune a model on a classification, tagging, question-answering or mu
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bertjax.finetune.readers import DATA_FILES
     from bertjax.finetune.tasks import TASKS
     from bertjax.train import distributed
 
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a transformers directory, a bertjax model directory or a pretraining workdir")
     parser.add_argument("--task", required=True, choices=list(TASKS), metavar="TASK",
                         help=f"one of: {', '.join(TASKS)}")
-    parser.add_argument("--train", required=True, metavar="FILE", help="training data (.csv, .tsv, .jsonl, .parquet)")
+    parser.add_argument("--train", required=True, metavar="FILE", help=f"training data ({DATA_FILES})")
     parser.add_argument("--validation", required=True, metavar="FILE", help="validation data, same columns")
     parser.add_argument("--workdir", required=True, metavar="DIR",
                         help="checkpoints, metrics.jsonl, results.json, best/, TensorBoard events, finetune.png")

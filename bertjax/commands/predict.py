@@ -16,8 +16,10 @@ HELP = "predict with a fine-tuned model: labels with scores, word-aligned tags, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bertjax.finetune.readers import DATA_FILES
+
     parser.add_argument("--model", required=True, metavar="DIR", help="a fine-tuned model (the best/ of a workdir)")
-    parser.add_argument("--input", required=True, metavar="FILE", help="examples (.csv, .tsv, .jsonl, .parquet)")
+    parser.add_argument("--input", required=True, metavar="FILE", help=f"examples ({DATA_FILES})")
     parser.add_argument("--output", required=True, metavar="FILE.jsonl", help="where the predictions go")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     parser.add_argument("--max-tokens", type=int, default=None,

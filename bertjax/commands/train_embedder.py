@@ -22,13 +22,14 @@ HELP = "fine-tune an embedding model on (anchor, positive[, negative]) pairs wit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bertjax.finetune.readers import DATA_FILES
     from bertjax.train import distributed
 
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="a sentence-transformers, transformers or bertjax model directory, or a pretraining "
                              "workdir")
     parser.add_argument("--train", required=True, metavar="FILE",
-                        help="pairs (.jsonl, .csv, .tsv, .parquet) with columns anchor, positive and optional negative "
+                        help=f"pairs ({DATA_FILES}) with columns anchor, positive and optional negative "
                              "(or negative_1 ... negative_n)")
     parser.add_argument("--validation", default=None, metavar="FILE",
                         help="held-out pairs, same columns: recall@k and MRR@k before, during and after training")

@@ -159,6 +159,9 @@ READERS: dict[str, Callable[[Path], list[Row]]] = {
     ".parquet": read_parquet,
 }
 
+# For --help texts: the suffixes READERS reads.
+DATA_FILES = ", ".join(READERS)
+
 # suffix -> parser of text already decoded (`bertjax embed --errors replace` repairs the bytes first): every format
 # of READERS but Parquet, which is binary.
 TEXT_PARSERS: dict[str, Callable[[str, Path], list[Row]]] = {

@@ -34,12 +34,13 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
 
 # Classes of these families that bertjax does not model, and why. `backbone`: the encoder inside is bidirectional,
 # so `from_pretrained(path, head=...)` takes it and starts the asked-for head; the others were trained as decoders.
-UNSUPPORTED: dict[str, tuple[str, bool]] = {
+# `instead`: the head to suggest.
+UNSUPPORTED: dict[str, tuple[str, bool] | tuple[str, bool, str]] = {
     "BertLMHeadModel": ("a causal (left-to-right) language model", False),
     "RobertaForCausalLM": ("a causal (left-to-right) language model", False),
     "ElectraForCausalLM": ("a causal (left-to-right) language model", False),
-    "XLNetForQuestionAnswering": ("a beam-search span head (start/end top-k and an answerability classifier); "
-                                  "XLNetForQuestionAnsweringSimple is the span head bertjax has", True),
+    "XLNetForQuestionAnswering": ("a beam-search span head (start/end top-k and an answerability classifier)",
+                                  True, "head='question_answering': XLNetForQuestionAnsweringSimple's span head"),
 }
 
 
@@ -86,10 +87,11 @@ def architecture(values: dict, head: str | None = None) -> tuple[HfFamily, str]:
         raise ValueError(f"config.json: architecture {name!r} is a {ARCHITECTURES[name][0]} model but model_type "
                          f"is {model_type!r}")
     if name in UNSUPPORTED:
-        why, backbone = UNSUPPORTED[name]
+        why, backbone, *instead = UNSUPPORTED[name]
         if backbone and head is not None:
             return family, name
-        hint = (" To start another head on its encoder, pass head= (e.g. head='encoder')." if backbone else "")
+        suggested = "".join(f", or {s}" for s in instead)
+        hint = f" To start another head on its encoder, pass head= (e.g. head='encoder'{suggested})." if backbone else ""
         raise ValueError(f"config.json: {name} is {why}, which bertjax does not model.{hint} {family.model_type} "
                          f"classes bertjax reads: {sorted(family.heads)}")
     raise ValueError(f"config.json: unsupported architecture {name!r}; {family.model_type} classes bertjax reads: "
