@@ -44,6 +44,17 @@ def sentiment_rows(count: int, seed: int) -> list[dict]:
     return rows
 
 
+def choice_rows(rng: np.random.Generator, count: int) -> list[dict]:
+    """Multiple choice: three answers, one of them made of positive words (the label)."""
+    rows = []
+    for _ in range(count):
+        label = int(rng.integers(3))
+        choices = [" ".join(rng.choice(NEGATIVE, 2)) for _ in range(3)]
+        choices[label] = " ".join(rng.choice(POSITIVE, 2))
+        rows.append({"question": "which is good ?", "choices": choices, "label": label})
+    return rows
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

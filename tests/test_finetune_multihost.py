@@ -19,7 +19,7 @@ from bertjax.finetune.config import load_finetune_config
 from bertjax.finetune.tasks import task_class
 from bertjax.finetune.trainer import finetune
 from bertjax.train.metrics import read_metrics
-from finetune_helpers import NEGATIVE, POSITIVE, VOCAB, write_jsonl
+from finetune_helpers import VOCAB, choice_rows, write_jsonl
 from train_helpers import REPO, cpu_env
 
 OVERRIDES = ["train.batch_size=8", "train.epochs=1", "train.learning_rate=3e-3", "data.max_length=16",
@@ -44,24 +44,12 @@ def _eurobert_model_dir(path):
     return path
 
 
-def choice_rows(count: int, seed: int) -> list[dict]:
-    """Three choices, one of them made of positive words: the label."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(count):
-        label = int(rng.integers(3))
-        choices = [" ".join(rng.choice(NEGATIVE, 2)) for _ in range(3)]
-        choices[label] = " ".join(rng.choice(POSITIVE, 2))
-        rows.append({"question": "which is good ?", "choices": choices, "label": label})
-    return rows
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune-multihost")
     model = _eurobert_model_dir(root / "model")
-    train = write_jsonl(root / "train.jsonl", choice_rows(32, 0))
-    validation = write_jsonl(root / "validation.jsonl", choice_rows(20, 1))  # 20: not a multiple of 16
+    train = write_jsonl(root / "train.jsonl", choice_rows(np.random.default_rng(0), 32))
+    validation = write_jsonl(root / "validation.jsonl", choice_rows(np.random.default_rng(1), 20))  # 20: not a multiple of 16
     workdir = root / "two"
     coordinator = f"127.0.0.1:{_free_port()}"
     command = [sys.executable, "-m", "bertjax", "finetune", "--model", str(model), "--task", "multiple-choice",

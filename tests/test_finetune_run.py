@@ -12,7 +12,7 @@ from bertjax.finetune.config import load_finetune_config
 from bertjax.finetune.tasks import task_class
 from bertjax.finetune.trainer import finetune
 from bertjax.train.metrics import read_metrics
-from finetune_helpers import NEGATIVE, NEUTRAL, POSITIVE, finetune_files, tiny_model_dir, write_jsonl
+from finetune_helpers import NEUTRAL, POSITIVE, choice_rows, finetune_files, tiny_model_dir, write_jsonl
 
 FAST = ["train.batch_size=16", "train.learning_rate=3e-3", "data.max_length=16", "train.progress_bar=false",
         "eval.batch_size=32"]
@@ -364,20 +364,10 @@ def _questions(rng, count):
     return rows
 
 
-def _choices(rng, count):
-    rows = []
-    for _ in range(count):
-        label = int(rng.integers(3))
-        choices = [" ".join(rng.choice(NEGATIVE, 2)) for _ in range(3)]
-        choices[label] = " ".join(rng.choice(POSITIVE, 2))
-        rows.append({"question": "which is good ?", "choices": choices, "label": label})
-    return rows
-
-
 @pytest.mark.parametrize("task, make, overrides, metric", [
     ("token-classification", _tagging, [], "f1"),
     ("question-answering", _questions, ["data.doc_stride=4", "train.epochs=3"], "f1"),
-    ("multiple-choice", _choices, [], "accuracy"),
+    ("multiple-choice", choice_rows, [], "accuracy"),
 ])
 def test_each_task_trains_and_predicts(files, tmp_path, task, make, overrides, metric):
     from bertjax.cli import main
