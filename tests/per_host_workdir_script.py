@@ -1,7 +1,8 @@
 """Run by tests/test_train_multihost.py as two processes on localhost, each with its own workdir (a TPU pod's
 per-host layout): the end-of-run exports of a two-model objective are written by process 0 alone (the test reads
-them back), and a checkpoint directory that is not shared is refused on every process. Prints `EXPORTED`, then
-`REFUSED <message>`."""
+them back), a checkpoint directory that is not shared is refused on every process, and a distillation teacher read
+from a bertjax model directory (arrays on each host's own device) is laid out over the mesh of both hosts. Prints
+`EXPORTED`, `REFUSED <message>`, then `TEACHER <sum of its parameters>`."""
 
 import sys
 from pathlib import Path
@@ -38,6 +39,15 @@ def main(coordinator: str, process_id: int, root: str, tokenizer_dir: str) -> No
         check_shared_by_every_process(workdir / "checkpoints")
     except CheckpointError as error:
         print(f"REFUSED {error}", flush=True)
+    from bertjax.train.mesh import build_mesh
+    from bertjax.train.objectives import build_objective
+    from bertjax.train.objectives.distillation import DistillationOptions
+    from bertjax.train.run_config import MeshConfig
+
+    objective = build_objective(DistillationOptions(teacher=str(Path(root) / "teacher")), model.config)
+    frozen, _ = objective.frozen_params(build_mesh(MeshConfig(data=1, fsdp=2, tensor=1)))
+    total = sum(float(jax.jit(lambda x: x.astype(np.float32).sum())(leaf)) for leaf in jax.tree.leaves(frozen))
+    print(f"TEACHER {total:.6f}", flush=True)
 
 
 if __name__ == "__main__":

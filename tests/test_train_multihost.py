@@ -78,11 +78,22 @@ def test_processes_started_with_other_settings_are_refused(tmp_path):
 
 def test_per_host_workdirs_export_from_process_0_and_refuse_unshared_checkpoints(tmp_path):
     """tpu_pod.sh's layout: --workdir on each host's own disk. ELECTRA's end-of-run exports (orbax, every process
-    into "one" directory) and fine-tuning's default <workdir>/checkpoints hung forever there."""
+    into "one" directory) and fine-tuning's default <workdir>/checkpoints hung forever there. A distillation teacher
+    from a bertjax model directory was refused on several hosts (a cross-host transfer)."""
+    import re
     import sys
+
+    from bertjax.config import get_config
+    from bertjax.data import load_tokenizer
+    from bertjax.model_dirs import save_model_dir
+    from bertjax.models import MODEL_CLASSES, init_params
 
     coordinator = f"127.0.0.1:{_free_port()}"
     tokenizer = small_tokenizer()
+    teacher = MODEL_CLASSES["masked_lm"](get_config("bert-tiny", vocab_size=512, hidden_size=32, num_layers=1,
+                                                    num_heads=2, intermediate_size=48))
+    teacher_params = init_params(teacher, jax.random.key(1))
+    save_model_dir(tmp_path / "teacher", teacher, teacher_params, load_tokenizer(tokenizer))
     processes = [subprocess.Popen([sys.executable, "tests/per_host_workdir_script.py", coordinator, str(i),
                                    str(tmp_path), str(tokenizer)], env=cpu_env(devices=1), cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
@@ -90,9 +101,10 @@ def test_per_host_workdirs_export_from_process_0_and_refuse_unshared_checkpoints
     for i, output in enumerate(outputs):
         assert processes[i].returncode == 0 and "EXPORTED" in output, f"process {i}:\n{output}"
         assert "REFUSED checkpoint directory" in output and "process(es) 1 do not see" in output, output
-    from bertjax.config import get_config
+        expected_sum = sum(float(np.asarray(leaf, np.float32).sum()) for leaf in jax.tree.leaves(teacher_params))
+        laid_out = re.search(r"TEACHER (\S+)", output)
+        assert laid_out and float(laid_out.group(1)) == pytest.approx(expected_sum, rel=1e-5), output
     from bertjax.model_dirs import load_model_dir
-    from bertjax.models import MODEL_CLASSES, init_params
 
     model = MODEL_CLASSES["masked_lm"](get_config("bert-tiny", vocab_size=512, hidden_size=32, num_layers=1,
                                                   num_heads=2, intermediate_size=48))

@@ -158,7 +158,9 @@ class Distillation(MaskedLM):
         if abstract:
             placed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
         else:
-            placed = jax.device_put(params, shardings)
+            # From the host: a teacher read from a directory sits on this process's own device, and a put from
+            # there onto a mesh spanning other hosts is a cross-host transfer the runtime refuses.
+            placed = jax.device_put(jax.device_get(params), shardings)
         return {"teacher": placed}, {"teacher": shardings}
 
     def warm_start(self, params, frozen):
