@@ -44,6 +44,26 @@ def _eurobert_model_dir(path):
     return path
 
 
+def run_two_processes(root, workdir: str, overrides: list[str], timeout: float = 400) -> list[str]:
+    """`bertjax finetune` (multiple choice on root's model and data) as two processes; "{i}" in `workdir` is the
+    process id. Their outputs, once both exit 0 (killed at `timeout`: a hang fails the test instead of the suite)."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    command = [sys.executable, "-m", "bertjax", "finetune", "--model", str(root / "model"), "--task",
+               "multiple-choice", "--train", str(root / "train.jsonl"), "--validation", str(root / "validation.jsonl"),
+               *overrides, "--coordinator", coordinator, "--num-processes", "2"]
+    processes = [subprocess.Popen(command + ["--workdir", workdir.replace("{i}", str(i)), "--process-id", str(i)],
+                                  env=cpu_env(devices=1), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for i in range(2)]
+    try:
+        outputs = [process.communicate(timeout=timeout)[0] for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    for i, process in enumerate(processes):
+        assert process.returncode == 0, f"process {i}:\n{outputs[i]}"
+    return outputs
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune-multihost")
@@ -51,15 +71,7 @@ def runs(tmp_path_factory):
     train = write_jsonl(root / "train.jsonl", choice_rows(np.random.default_rng(0), 32))
     validation = write_jsonl(root / "validation.jsonl", choice_rows(np.random.default_rng(1), 20))  # 20: not a multiple of 16
     workdir = root / "two"
-    coordinator = f"127.0.0.1:{_free_port()}"
-    command = [sys.executable, "-m", "bertjax", "finetune", "--model", str(model), "--task", "multiple-choice",
-               "--train", str(train), "--validation", str(validation), "--workdir", str(workdir), *OVERRIDES,
-               "--coordinator", coordinator, "--num-processes", "2"]
-    processes = [subprocess.Popen(command + ["--process-id", str(i)], env=cpu_env(devices=1), cwd=REPO,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    outputs = [process.communicate(timeout=400)[0] for process in processes]
-    for i, process in enumerate(processes):
-        assert process.returncode == 0, f"process {i}:\n{outputs[i]}"
+    outputs = run_two_processes(root, str(workdir), OVERRIDES)
     single = root / "one"
     config = load_finetune_config(None, OVERRIDES, task_class("multiple-choice").defaults)
     finetune(model, task_class("multiple-choice"), train, validation, single, config, say=lambda _: None)
@@ -103,3 +115,16 @@ def test_only_process_0_reports(runs):
     _, _, outputs = runs
     assert "best validation accuracy" in outputs[0]
     assert "best validation" not in outputs[1] and "initialised from" not in outputs[1]
+
+
+def test_per_host_workdirs_resume_on_process_0s_records(runs):
+    """Each host's own --workdir (checkpoints shared): only process 0's holds metrics.jsonl, and on a rerun process 1
+    decided on no records at all. After an early stop it trained on alone, waiting forever on the others."""
+    root = runs[0].parent
+    overrides = [*OVERRIDES, "train.epochs=4", "eval.every=1", "train.early_stopping_patience=1",
+                 f"checkpoint.directory={root / 'shared-checkpoints'}"]
+    first = run_two_processes(root, str(root / "host{i}"), overrides, timeout=200)
+    results = json.loads((root / "host0" / "results.json").read_text())
+    assert results["stopped_early"] and results["steps"] < results["total_steps"], first[0]
+    again = run_two_processes(root, str(root / "host{i}"), overrides, timeout=120)
+    assert f"steps {results['steps']} -> {results['steps']}" in again[0], again[0]

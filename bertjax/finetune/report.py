@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from bertjax.jsonl import write_json_objects
 from bertjax.train.metrics import read_metrics
 
@@ -101,11 +103,15 @@ class EvaluationLog:
         """`write` False (every process but 0 of a multi-host run): the records are kept, nothing is written."""
         from bertjax.train.metrics import METRICS_FILE, TENSORBOARD_DIR, summary_writer
 
+        import jax
+
         path = workdir / METRICS_FILE
-        kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step] if start_step else []
-        self.records = kept
+        kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step] \
+            if start_step and jax.process_index() == 0 else []
+        # Process 0's records on every process: each decides on them (the best so far, early stopping), and a host
+        # reading another file (its own empty workdir on a per-host disk) took other collectives and hung.
+        self.records = kept = _from_process_0(kept)
         self._file = self._tensorboard = None
-        _all_processes_read("finetune metrics.jsonl read")  # before process 0 rewrites it
         if write:
             write_json_objects(path, kept)
             self._file = open(path, "a", encoding="utf-8")  # as write_json_objects writes it
@@ -128,9 +134,18 @@ class EvaluationLog:
             self._tensorboard.close()
 
 
-def _all_processes_read(name: str) -> None:
+def _from_process_0(records: list[dict]) -> list[dict]:
+    """`records` as process 0 has them, on every process: a collective, so also a barrier (process 0 rewrites the
+    file it read only once every process has them)."""
     import jax
 
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(name)
+    if jax.process_count() == 1:
+        return records
+    from jax.experimental import multihost_utils
+
+    encoded = np.frombuffer(json.dumps(records).encode(), np.uint8)
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(encoded.size)))
+    buffer = np.zeros(size, np.uint8)
+    if jax.process_index() == 0:
+        buffer[:] = encoded
+    return json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(buffer))).decode())
