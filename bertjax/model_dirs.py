@@ -234,25 +234,38 @@ def _is_workdir(path: Path) -> bool:
     return (path / MODEL_CONFIG_FILE).is_file() and (path / RUN_CONFIG_FILE).is_file()
 
 
-def checkpoints_dir(workdir: Path) -> Path:
-    """Where the run's checkpoints are: checkpoint.directory of its config, else <workdir>/checkpoints."""
+def _run_config(workdir: Path) -> dict:
+    """A workdir's config.yaml as written ({} when it has none)."""
     import yaml
 
     run_config = workdir / RUN_CONFIG_FILE
-    if run_config.is_file():
-        try:
-            saved = yaml.safe_load(run_config.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
-            raise ValueError(f"{run_config} cannot be read ({str(error).splitlines()[0]}): this workdir's run "
-                             "config is damaged") from None
-        checkpoint = saved.get("checkpoint") if isinstance(saved, dict) else None
-        if not isinstance(saved, dict) or not isinstance(checkpoint, (dict, type(None))):
-            raise ValueError(f"{run_config}: this workdir's run config is damaged (not a mapping of sections with a "
-                             "checkpoint: mapping)")
-        directory = (checkpoint or {}).get("directory")
-        if directory:
-            return Path(directory)
-    return workdir / CHECKPOINTS_DIR
+    if not run_config.is_file():
+        return {}
+    try:
+        saved = yaml.safe_load(run_config.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ValueError(f"{run_config} cannot be read ({str(error).splitlines()[0]}): this workdir's run "
+                         "config is damaged") from None
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(section), (dict, type(None)))
+                                              for section in ("checkpoint", "objective")):
+        raise ValueError(f"{run_config}: this workdir's run config is damaged (not a mapping of sections with "
+                         "checkpoint: and objective: mappings)")
+    return saved
+
+
+def checkpoints_dir(workdir: Path) -> Path:
+    """Where the run's checkpoints are: checkpoint.directory of its config, else <workdir>/checkpoints."""
+    directory = (_run_config(workdir).get("checkpoint") or {}).get("directory")
+    return Path(directory) if directory else workdir / CHECKPOINTS_DIR
+
+
+def trained_objective(path: str | Path) -> str | None:
+    """The objective a pretraining workdir trains (`objective.name` of its config.yaml, "mlm" by default); None
+    for any other directory."""
+    path = Path(path)
+    if not _is_workdir(path):
+        return None
+    return str((_run_config(path).get("objective") or {}).get("name", "mlm"))
 
 
 def step_dirs(workdir: Path) -> list[int]:

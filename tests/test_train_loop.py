@@ -148,9 +148,8 @@ def test_mfu_is_against_the_datasheet_peak_or_not_reported(monkeypatch, platform
     assert report["tokens_per_sec"] > 0 and ("mfu" in report) == (peak is not None)
 
 
-def test_the_command_shows_fill_mask_examples_except_after_a_permutation_lm(finished_run, monkeypatch, tmp_path):
-    """XLNet's permutation LM predicts through its query stream: content-stream fill-mask examples printed after
-    such a run were noise."""
+def test_the_command_shows_fill_mask_examples_after_mlm_and_permutation_lm(finished_run, monkeypatch, tmp_path):
+    """After XLNet's permutation LM too: its fill-mask predicts through the query stream it trained."""
     import argparse
 
     import bertjax.train.loop
@@ -165,4 +164,4 @@ def test_the_command_shows_fill_mask_examples_except_after_a_permutation_lm(fini
         args = argparse.Namespace(config=str(config), overrides=[], workdir=str(tmp_path / name), coordinator=None,
                                   num_processes=None, process_id=None)
         assert command.run(args) == 0
-    assert shown == ["mlm"]
+    assert shown == ["mlm", "permutation_lm"]

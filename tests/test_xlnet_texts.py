@@ -134,3 +134,45 @@ def test_predict_answers_from_the_logits_transformers_gives(checkpoints, tmp_pat
                          n_best=20, max_answer_length=30, allow_empty=False)
     assert ours["answer"].strip() == expected.text.strip() and ours["answer"]
     assert ours["score"] == pytest.approx(expected.score, abs=1e-4)
+
+
+def test_an_xlnet_trained_as_a_masked_lm_fills_masks_from_its_content_stream(checkpoints):
+    """The `mlm` objective trains XLNet's content stream only: its workdir's fill-mask reads that stream, as
+    XLNetLMHeadModel does without perm_mask and target_mapping."""
+    from bertjax.inference.fill_mask import make_predictor
+    from bertjax.model_dirs import load_model_dir
+
+    root, tokenizer = checkpoints
+    model, params, ours = load_model_dir(root / "mlm")
+    text = "The loop <mask> when the iterator is exhausted."
+    (predictions,) = make_predictor(model, params, ours, query_stream=False)(text, 3)
+    encoded = tokenizer(text, return_token_type_ids=True, return_tensors="np")
+    logits = _reference(root / "mlm", transformers.XLNetLMHeadModel, **encoded).logits[0].numpy()
+    row = logits[int(np.flatnonzero(encoded["input_ids"][0] == tokenizer.mask_token_id)[0])]
+    row[tokenizer.all_special_ids] = -np.inf
+    expected = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+    for prediction in predictions:
+        assert prediction.probability == pytest.approx(expected[prediction.token_id], abs=1e-6)
+
+
+def test_which_stream_a_workdir_predicts_through_is_its_objectives(tmp_path):
+    from bertjax.model_dirs import trained_objective
+
+    for objective, expected in ((None, "mlm"), ("permutation_lm", "permutation_lm")):
+        workdir = tmp_path / str(objective)
+        workdir.mkdir()
+        (workdir / "model_config.json").write_text("{}")
+        (workdir / "config.yaml").write_text("train: {steps: 2}\n" if objective is None else
+                                             f"objective: {{name: {objective}}}\n")
+        assert trained_objective(workdir) == expected
+    assert trained_objective(tmp_path) is None  # not a workdir
+
+
+def test_only_a_layout_ending_with_sep_then_cls_reads_its_last_token():
+    """XLNet's `A <sep> <cls>` pads on the left and puts QA's context first; `A </s>` of a tokenizer that names no
+    [CLS] (its last token is taken for one) keeps BERT's order."""
+    from bertjax.data.special_template import TEXT, Item, SpecialTemplate
+
+    xlnet = SpecialTemplate(single=(Item(TEXT, 0), Item(4, 0), Item(3, 2)), pair=None)
+    eos_only = SpecialTemplate(single=(Item(TEXT, 0), Item(2, 0)), pair=None)
+    assert xlnet.ends_with(3) and not xlnet.ends_with(4) and not eos_only.ends_with(2)

@@ -84,7 +84,8 @@ def show_fill_mask(config, result) -> None:
     sentences = feed_lib.held_out_sentences(data, result.tokenizer, config.eval.fill_mask_examples)
     if not sentences:
         return
-    predictor = make_predictor(result.model, result.params, result.tokenizer)
+    predictor = make_predictor(result.model, result.params, result.tokenizer,
+                               query_stream=config.objective.name == "permutation_lm")
     rng = np.random.default_rng(FILL_MASK_SEED)
     print("\nfill-mask on held-out sentences (the masked word in brackets is the model's best guess):")
     for sentence in sentences:

@@ -60,9 +60,11 @@ class SpecialTemplate:
         raise ValueError(f"internal: the template has no text {text}")
 
     def ends_with(self, token: int) -> bool:
-        """Whether one text's row ends with `token` after the text (XLNet's `A <sep> <cls>`: its heads read the last
-        position, so its tokenizer pads on the left and question answering puts the context first)."""
-        return self.single[0].token == TEXT and self.single[-1].token == token
+        """Whether one text's row ends with `token` after a separator (XLNet's `A <sep> <cls>`: its heads read the
+        last position, so its tokenizer pads on the left and question answering puts the context first). A layout
+        `A </s>` does not: a tokenizer that names no [CLS] has its last token taken for one."""
+        single = self.single
+        return len(single) >= 3 and single[0].token == TEXT and single[-1].token == token != single[-2].token
 
     def position_of(self, token: int, first_length: int, second_length: int | None = None) -> int | None:
         """Row position of the first `token` the layout adds (of a pair's when `second_length` is given), the texts

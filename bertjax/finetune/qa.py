@@ -98,9 +98,10 @@ def make_windows(tokenizer, question: str, context: str, answer: Answer | None, 
         window = [int(t) for t in context_ids[begin:begin + room]]
         first, second = (window, question_ids) if context_first else (question_ids, window)
         rows.append(layout(tokenizer, first, second, max_length))
-        # Row positions of the first context token and of [CLS] (a layout without one: the first position).
+        # Row positions of the first context token and of the empty answer: XLNet's <cls> at the end, else the
+        # first position, BERT's [CLS] (also where a tokenizer that names none has its last token taken for it).
         first_context = template.text_start(0 if context_first else 1, len(first), pair=True)
-        null = template.position_of(tokenizer.cls_id, len(first), len(second)) or 0
+        null = template.position_of(tokenizer.cls_id, len(first), len(second)) if context_first else 0
         row_offsets = np.full((max_length, 2), NO_OFFSET, np.int32)
         row_offsets[first_context:first_context + len(window)] = context_offsets[begin:begin + len(window)]
         offsets.append(row_offsets)

@@ -62,17 +62,19 @@ def encode_with_masks(tokenizer, text: str) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=16)
 def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, top_k: int, mask_id: int,
-                     mask_slots: int):
+                     mask_slots: int, query_stream: bool = False):
     """Row function (bertjax.inference.runner) of a masked language model: at each [MASK] (`mask_id`), the top_k
     token ids and their probabilities (the special tokens and the rows from `tokenizer_size` on, beyond the
     tokenizer's vocabulary, banned), float32; zeros at the other tokens. The MLM head projects only the first
     `mask_slots` masks of a row onto the vocabulary (the caller's bound on masks per row): that projection, not
-    the encoder, is most of the cost at every token. XLNet predicts through its query stream, as it was pretrained:
-    no token sees a mask's content (`perm_mask`) and a query slot reads each mask's position (`target_mapping`),
-    the use of XLNetLMHeadModel transformers documents. Cached on hashable arguments: predictors of an equal model
-    share programs."""
+    the encoder, is most of the cost at every token. `query_stream` (XLNet pretrained as a permutation LM): predict
+    through the query stream, as it was trained: no token sees a mask's content (`perm_mask`) and a query slot reads
+    each mask's position (`target_mapping`), the use of XLNetLMHeadModel transformers documents. Cached on hashable
+    arguments: predictors of an equal model share programs."""
     type_vocab_size = model.config.type_vocab_size
-    query_stream = model.config.attention_kind == "two_stream"
+    if query_stream and model.config.attention_kind != "two_stream":
+        raise ValueError(f"query_stream: the model has no query stream (attention_kind "
+                         f"{model.config.attention_kind!r}; XLNet's is 'two_stream')")
     banned = np.zeros(model.config.vocab_size, bool)
     banned[[i for i in special_ids if i < model.config.vocab_size]] = True
     banned[tokenizer_size:] = True  # padding rows of an embedding larger than the vocabulary
@@ -121,16 +123,19 @@ def check_masked_lm(model, source: str | None = None, elsewhere: str = "") -> No
                      f"{elsewhere or 'e.g. an MLM pretraining workdir or a *ForMaskedLM checkpoint'}")
 
 
-def make_predictor(model, params, tokenizer, *,
-                   max_tokens: int | None = None) -> Callable[[str, int], list[list[Prediction]]]:
+def make_predictor(model, params, tokenizer, *, max_tokens: int | None = None,
+                   query_stream: bool | None = None) -> Callable[[str, int], list[list[Prediction]]]:
     """`predict(text, top_k)`: for each [MASK] of `text`, the top_k tokens and their probabilities.
     `predict.many(texts, top_k)` does a list of texts in packed batches (bertjax.inference, as `embed`).
-    A model without an MLM head is a ValueError."""
+    A model without an MLM head is a ValueError. `query_stream`: predict through XLNet's query stream (None: where
+    the model has one, as every XLNet pretrained as a permutation LM; False for one trained by the `mlm` objective,
+    whose query stream never learned)."""
     from bertjax.inference import BucketConfig, TextInference, model_max_length, supports_packing
     from bertjax.models.inputs import check_ids
 
     check_masked_lm(model)
     config = model.config
+    query_stream = config.attention_kind == "two_stream" if query_stream is None else query_stream
     template = tokenizer.special_template
     special_ids = tuple(sorted(int(i) for i in tokenizer.special_ids))
     if all(i in special_ids for i in range(min(tokenizer.vocab_size, config.vocab_size))):
@@ -161,7 +166,8 @@ def make_predictor(model, params, tokenizer, *,
         most = max(int(np.sum(ids == tokenizer.mask_id)) for ids, _ in encoded)
         slots = min(buckets.max_segments * (1 << (most - 1).bit_length()), max_length)
         if (k, slots) not in by_k:
-            row_fn = fill_mask_row_fn(model, special_ids, tokenizer.vocab_size, k, tokenizer.mask_id, slots)
+            row_fn = fill_mask_row_fn(model, special_ids, tokenizer.vocab_size, k, tokenizer.mask_id, slots,
+                                      query_stream)
             by_k[k, slots] = TextInference(row_fn, tokenizer, max_length, buckets=buckets, packing=packing,
                                            vocab_size=config.vocab_size)
         inference = by_k[k, slots]
@@ -200,7 +206,7 @@ def make_predictor(model, params, tokenizer, *,
 def load_predictor(model_dir: str | Path, step: int | None = None,
                    allow_pickle: bool = False) -> Callable[[str, int], list[list[Prediction]]]:
     from bertjax.inference.texts import check_tokenizer_fits
-    from bertjax.model_dirs import EXPORTS_DIR, load_model_dir
+    from bertjax.model_dirs import EXPORTS_DIR, load_model_dir, trained_objective
 
     model, params, tokenizer = load_model_dir(model_dir, step=step, allow_pickle=allow_pickle)
     # An ELECTRA workdir reads as its discriminator; the run's masked language model is its generator export.
@@ -212,7 +218,9 @@ def load_predictor(model_dir: str | Path, step: int | None = None,
                                 "vocab.txt or vocab.json + merges.txt); copy the checkpoint's tokenizer files next "
                                 "to its weights")
     check_tokenizer_fits(tokenizer, model.config, f"--model {model_dir}")  # before any text: ids past the table
-    return make_predictor(model, params, tokenizer)
+    objective = trained_objective(model_dir)  # a pretraining workdir's; None for a model directory
+    return make_predictor(model, params, tokenizer,
+                          query_stream=None if objective is None else objective == "permutation_lm")
 
 
 def format_predictions(text: str, predictions: list[list[Prediction]]) -> str:
