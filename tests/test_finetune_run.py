@@ -405,6 +405,32 @@ def test_each_task_trains_and_predicts(files, tmp_path, task, make, overrides, m
         assert all(len(p["scores"]) == 3 for p in predictions)
 
 
+def test_a_sharded_mesh_fine_tunes_as_one_device(files, tmp_path):
+    """A token-classification run over 8 devices as data x fsdp x tensor = 2 x 2 x 2 (weights and the per-token
+    head split) logs the metrics of the same run on one device."""
+    import subprocess
+    import sys
+
+    from train_helpers import REPO, cpu_env
+
+    rng = np.random.default_rng(0)
+    train = write_jsonl(tmp_path / "train.jsonl", _tagging(rng, 32))
+    validation = write_jsonl(tmp_path / "validation.jsonl", _tagging(rng, 12))
+    overrides = ["train.batch_size=8", "train.epochs=1", "eval.every=2", "eval.batch_size=8"]
+    finetune(files["model"], task_class("token-classification"), train, validation, tmp_path / "one",
+             config("token-classification", *overrides), say=lambda _: None)
+    run = subprocess.run([sys.executable, "-m", "bertjax", "finetune", "--model", str(files["model"]), "--task",
+                          "token-classification", "--train", str(train), "--validation", str(validation), "--workdir",
+                          str(tmp_path / "eight"), *FAST, *overrides, "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"],
+                         env=cpu_env(devices=8), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    one, eight = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "eight")
+    assert [(r["step"], r["split"]) for r in eight] == [(r["step"], r["split"]) for r in one] and len(one) == 4
+    for a, b in zip(eight, one):
+        for key, value in b.items():
+            assert a[key] == (value if isinstance(value, str) else pytest.approx(value, abs=1e-6)), (b["step"], key)
+
+
 def test_packed_rows_predict_what_padded_rows_do(files, full_run):
     """Packing only moves examples into shared rows: every example gets the scores it gets alone."""
     workdir, _ = full_run
