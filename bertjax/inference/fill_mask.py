@@ -85,6 +85,8 @@ def fill_mask_row_fn(model, special_ids: tuple[int, ...], tokenizer_size: int, t
         positions, valid = flagged_first(is_mask, mask_slots)
         # The layout's token types where the batch has them (XLNet's <cls> has its own), else all 0.
         types = batch.get("token_type_ids")
+        if types is None and query_stream:  # XLNet's <cls> is of type 2: zeros would be a layout it never saw
+            raise ValueError("fill_mask_row_fn(query_stream=True): the batch needs the layout's token_type_ids")
         kwargs = {"token_type_ids": jnp.zeros_like(ids) if types is None else types} if type_vocab_size else {}
         if query_stream:
             kwargs["perm_mask"] = jnp.broadcast_to(is_mask[:, None, :], (*ids.shape, ids.shape[1])).astype(jnp.float32)
