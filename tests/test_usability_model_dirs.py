@@ -219,3 +219,24 @@ def test_a_model_directory_written_on_another_device_loads_here(tmp_path):
     for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert a.devices() == {jax.local_devices()[0]}
+
+
+def test_every_process_advances_orbax_s_save_count_as_process_0_s_save_does(tmp_path, monkeypatch):
+    """save_model_dir_from_process_0: orbax numbers the signals of a save all processes make together by a count of
+    saves it keeps per process; process 0 saving alone must not leave it ahead of the others (the next checkpoint
+    then waited forever). Both branches, in one process: the others' is taken by patching process_index."""
+    import bertjax
+    from bertjax.model_dirs import save_model_dir_from_process_0
+    from orbax.checkpoint._src.futures.synchronization import OperationIdGenerator
+
+    count = lambda: int(OperationIdGenerator.get_current_operation_id())  # noqa: E731
+    model = bertjax.EncoderForMaskedLM(bertjax.get_config("bert-tiny", vocab_size=64))
+    params = bertjax.init_params(model, jax.random.key(0))
+    before = count()
+    save_model_dir_from_process_0(tmp_path / "written", model, params)
+    by_process_0 = count() - before
+    monkeypatch.setattr(jax, "process_index", lambda *args: 1)
+    before = count()
+    save_model_dir_from_process_0(tmp_path / "not-written", model, params)
+    assert by_process_0 >= 1 and count() - before == by_process_0
+    assert (tmp_path / "written" / "params").is_dir() and not (tmp_path / "not-written").exists()
