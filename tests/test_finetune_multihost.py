@@ -69,7 +69,8 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("finetune-multihost")
     model = _eurobert_model_dir(root / "model")
     train = write_jsonl(root / "train.jsonl", choice_rows(np.random.default_rng(0), 32))
-    validation = write_jsonl(root / "validation.jsonl", choice_rows(np.random.default_rng(1), 20))  # 20: not a multiple of 16
+    # 20: not a multiple of the evaluation batch (16)
+    validation = write_jsonl(root / "validation.jsonl", choice_rows(np.random.default_rng(1), 20))
     workdir = root / "two"
     outputs = run_two_processes(root, str(workdir), OVERRIDES)
     single = root / "one"

@@ -101,9 +101,9 @@ class EvaluationLog:
 
     def __init__(self, workdir: Path, start_step: int, write: bool = True):
         """`write` False (every process but 0 of a multi-host run): the records are kept, nothing is written."""
-        from bertjax.train.metrics import METRICS_FILE, TENSORBOARD_DIR, summary_writer
-
         import jax
+
+        from bertjax.train.metrics import METRICS_FILE, TENSORBOARD_DIR, summary_writer
 
         path = workdir / METRICS_FILE
         kept = [r for r in read_metrics(workdir) if r.get("step", 0) <= start_step] \

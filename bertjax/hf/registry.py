@@ -91,7 +91,8 @@ def architecture(values: dict, head: str | None = None) -> tuple[HfFamily, str]:
         if backbone and head is not None:
             return family, name
         suggested = "".join(f", or {s}" for s in instead)
-        hint = f" To start another head on its encoder, pass head= (e.g. head='encoder'{suggested})." if backbone else ""
+        hint = (f" To start another head on its encoder, pass head= (e.g. head='encoder'{suggested})."
+                if backbone else "")
         raise ValueError(f"config.json: {name} is {why}, which bertjax does not model.{hint} {family.model_type} "
                          f"classes bertjax reads: {sorted(family.heads)}")
     raise ValueError(f"config.json: unsupported architecture {name!r}; {family.model_type} classes bertjax reads: "

@@ -178,7 +178,8 @@ def make_predictor(model, params, tokenizer, *, max_tokens: int | None = None,
         # The layout's token types (XLNet's <cls> has its own), the text's tokens being all of one type.
         specials = template.specials(pair=False)
         types = [np.asarray(template.build([0] * (len(ids) - specials))[1], np.int32) for ids, _ in encoded]
-        outputs = inference.run_sequences(placed[0], [ids for ids, _ in encoded], token_inputs={"token_type_ids": types})
+        outputs = inference.run_sequences(placed[0], [ids for ids, _ in encoded],
+                                          token_inputs={"token_type_ids": types})
         for text, (_, masks), top_probs in zip(texts, encoded, outputs.tokens["top_probs"]):
             if not np.isfinite(top_probs[list(masks)]).all():  # else read as "no candidate decodes to text"
                 raise ValueError(f"the model's outputs are not finite (NaN or infinity) for {text[:60]!r}; it computes "

@@ -110,7 +110,8 @@ def build_model_config(config: RunConfig, *, vocab_size: int, pad_id: int, max_s
     longest = max_seq_len + model_config.position_offset
     if longest > model_config.max_position_embeddings:
         raise ConfigError(f"{seq_len_key} ({max_seq_len}) does not fit the model's max_position_embeddings "
-                          f"({model_config.max_position_embeddings}); lower it or raise model.overrides.max_position_embeddings")
+                          f"({model_config.max_position_embeddings}); lower it or raise "
+                          "model.overrides.max_position_embeddings")
     return model_config
 
 

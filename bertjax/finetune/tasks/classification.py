@@ -3,8 +3,9 @@
 Regression when task.problem_type is regression, task.num_labels is 1, or (neither problem_type nor num_labels
 given) the training labels are numbers that are not all integers (STS-B's similarity scores); integer labels are
 classes, and whole numbers written as decimals (1.0, 2.0) too, with a note saying so.
-task.problem_type=single_label_classification, or task.num_labels >= 2, makes any labels classes. With data.packing, several short
-examples share a row (segment ids 1, 2, ...) and the model pools each one separately (`max_segments`). Each row
+task.problem_type=single_label_classification, or task.num_labels >= 2, makes any labels classes. With
+data.packing, several short examples share a row (segment ids 1, 2, ...) and the model pools each one separately
+(`max_segments`). Each row
 has its text_pair or not (a missing or null one: a single text), in training and in `bertjax predict` alike.
 """
 
